@@ -1,0 +1,30 @@
+# Two commands set everything up on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch; set TORCH="torch" (or a CUDA build spec) on a GPU machine.
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-gpu bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/rla-sweep launch sweeps/smoke.yaml
+	$(VENV)/bin/rla-sweep dashboard smoke
+
+test: $(STAMP)
+	$(PY) -m pytest -q -x tests
+
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu tests
+
+clean:
+	rm -rf $(VENV) rla-runs .pytest_cache

@@ -1,0 +1,144 @@
+"""Safe YAML loading that remembers where every key is, so validation errors can name file and line.
+
+`load_yaml(path)` returns a `LocatedYAML`: the plain data (as `yaml.safe_load` gives it) and a
+`line(path)` lookup from a key path such as ("train", "lr") to its 1-based line.
+`validate(model, located)` turns pydantic errors into one `UserError` that names file, line, key,
+what was wrong and, for unknown keys, the allowed keys with a did-you-mean.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from rla_ablate.errors import UserError
+
+
+@dataclass
+class LocatedYAML:
+    data: Any
+    file: str
+    lines: dict[tuple, int] = field(default_factory=dict)
+
+    def line(self, path: tuple) -> int | None:
+        """Line of the deepest known prefix of `path` (an unknown key still points at its parent)."""
+        path = tuple(path)
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            path = path[:-1]
+        return self.lines.get((), None)
+
+
+def _index(node: yaml.Node, prefix: tuple, out: dict[tuple, int]) -> None:
+    out.setdefault(prefix, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            out[prefix + (key,)] = key_node.start_mark.line + 1
+            _index(value_node, prefix + (key,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _index(item, prefix + (i,), out)
+
+
+def load_yaml_text(text: str, file: str) -> LocatedYAML:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise UserError(f"malformed YAML: {problem}", file=file, line=line) from None
+    lines: dict[tuple, int] = {}
+    if node is not None:
+        _index(node, (), lines)
+    return LocatedYAML(data=data, file=file, lines=lines)
+
+
+def load_yaml(path: str | Path) -> LocatedYAML:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError("no such file", file=str(path))
+    return load_yaml_text(path.read_text(encoding="utf-8"), str(path))
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model class that owns the last key of `loc` (for listing allowed keys)."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            f = current.model_fields.get(part)
+            if f is None:
+                return None
+            current = f.annotation
+        elif isinstance(part, int):
+            pass
+        else:
+            pass
+        # unwrap Optional / list / dict to reach the nested model
+        for _ in range(4):
+            args = [a for a in typing.get_args(current) if a is not type(None)]
+            if isinstance(current, type) and issubclass(current, BaseModel):
+                break
+            if not args:
+                break
+            models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+            current = models[0] if models else args[-1]
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _describe(err: dict, model: type[BaseModel], loc: tuple) -> str:
+    got = err.get("input")
+    if err["type"] == "extra_forbidden":
+        owner = _model_at(model, loc)
+        allowed = sorted(owner.model_fields) if owner else []
+        msg = f"unknown key '{loc[-1]}'"
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        if close:
+            msg += f" (did you mean '{close[0]}'?)"
+        return msg + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+    if err["type"] in ("literal_error", "enum"):
+        expected = str((err.get("ctx") or {}).get("expected", ""))
+        choices = [c.strip(" '") for c in re.split(r",| or ", expected) if c.strip(" '")]
+        msg = f"{got!r} is not allowed; allowed: {', '.join(choices)}"
+        close = difflib.get_close_matches(str(got), choices, n=1)
+        return msg + (f" (did you mean '{close[0]}'?)" if close else "")
+    msg = err["msg"]
+    if err["type"] != "missing" and not isinstance(got, (dict, list)):
+        msg += f" (got {got!r})"
+    return msg
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel], located: LocatedYAML) -> UserError:
+    problems = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        problems.append((located.line(loc), ".".join(str(p) for p in loc) or "(top level)", _describe(err, model, loc)))
+    if len(problems) == 1:
+        line, key, msg = problems[0]
+        return UserError(msg, file=located.file, line=line, key=key)
+    body = "\n".join(f"{located.file}:{line}: {key}: {msg}" if line else f"{located.file}: {key}: {msg}"
+                     for line, key, msg in problems)
+    return UserError(f"{len(problems)} problems\n{body}", file=located.file)
+
+
+def validate(model: type[BaseModel], located: LocatedYAML, data: Any = None):
+    """Validate `data` (default: the located YAML's data) against `model`; errors name file and line."""
+    payload = located.data if data is None else data
+    if payload is None:
+        payload = {}
+    try:
+        return model.model_validate(payload)
+    except ValidationError as exc:
+        raise format_validation_error(exc, model, located) from None
+    except ValueError as exc:
+        raise UserError(str(exc), file=located.file) from None

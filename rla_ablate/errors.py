@@ -1,0 +1,24 @@
+"""User-facing errors: the CLI prints them without a traceback and exits with their code."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input from the user (a file, a flag, a key). Printed as is; exit code 2."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None, key: str | None = None):
+        self.file, self.line, self.key = file, line, key
+        where = ""
+        if file:
+            where = f"{file}:{line}: " if line else f"{file}: "
+        if key:
+            where += f"{key}: "
+        super().__init__(where + message)
+
+
+class JobFailed(Exception):
+    """A job could not finish; the message says why and how to resume."""
+
+    exit_code = 1
