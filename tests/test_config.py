@@ -1,0 +1,83 @@
+"""YAML loading with line numbers and validation errors that name file, line, key and what is allowed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from rla_ablate.config import load_yaml, validate
+from rla_ablate.config.yamlio import load_yaml_text
+from rla_ablate.errors import UserError
+
+
+class Inner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    learning_rate: float = 3e-4
+    schedule: Literal["cosine", "linear"] = "cosine"
+
+
+class Outer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    train: Inner = Inner()
+    seeds: list[int] = [0]
+
+
+def test_lines_are_remembered_for_nested_keys():
+    located = load_yaml_text("name: x\ntrain:\n  learning_rate: 0.1\nseeds:\n  - 1\n  - 2\n", "f.yaml")
+    assert located.line(("train", "learning_rate")) == 3
+    assert located.line(("seeds", 1)) == 6
+    # an unknown deeper key points at its deepest known parent
+    assert located.line(("train", "nope")) == 2
+
+
+def test_unknown_key_names_file_line_key_and_did_you_mean():
+    located = load_yaml_text("name: x\ntrain:\n  learnig_rate: 0.1\n", "sweep.yaml")
+    with pytest.raises(UserError) as info:
+        validate(Outer, located)
+    msg = str(info.value)
+    assert msg.startswith("sweep.yaml:3: train.learnig_rate: unknown key 'learnig_rate'")
+    assert "did you mean 'learning_rate'?" in msg
+    assert "allowed: learning_rate, schedule" in msg
+
+
+def test_literal_error_lists_allowed_values():
+    located = load_yaml_text("name: x\ntrain:\n  schedule: cosin\n", "s.yaml")
+    with pytest.raises(UserError) as info:
+        validate(Outer, located)
+    msg = str(info.value)
+    assert "s.yaml:3: train.schedule:" in msg and "allowed: cosine, linear" in msg and "did you mean 'cosine'" in msg
+
+
+def test_wrong_type_and_missing_key_reported_together():
+    located = load_yaml_text("train:\n  learning_rate: fast\n", "s.yaml")
+    with pytest.raises(UserError) as info:
+        validate(Outer, located)
+    msg = str(info.value)
+    assert "2 problems" in msg
+    assert "s.yaml:2: train.learning_rate:" in msg and "'fast'" in msg
+    assert "name: Field required" in msg
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\ntrain: [1, 2\nseeds: 3\n")
+    with pytest.raises(UserError) as info:
+        load_yaml(path)
+    assert str(info.value).startswith(f"{path}:") and "malformed YAML" in str(info.value)
+
+
+def test_unsafe_yaml_tags_are_refused():
+    with pytest.raises(UserError, match="malformed YAML"):
+        load_yaml_text("name: !!python/object/apply:os.system ['true']\n", "evil.yaml")
+
+
+def test_cli_prints_user_errors_without_traceback_and_exits_2(tmp_path):
+    # `rla-sweep` with an unknown command is an argparse error (exit 2, no traceback)
+    proc = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "no-such-command"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
