@@ -1,0 +1,173 @@
+"""The `fla` backend: RLA / RDN composed from FLA 0.6.0's public chunk kernels, autograd through all of them.
+
+Both rules share S_t = alpha_t S_{t-1} + u_t k_t^T, and FLA's chunk kernels return inclusive reads S_t x_t. The
+residual needs the old read S_{t-1} x_t for two queries at once (x = k_t for the prediction, x = q_t for the base
+output), so the base recurrence runs once over a sequence with its writes shifted one slot later:
+
+    slot:    0        1        2      ...   L
+    write:   none     token 0  token 1 ...  token L-1      (g = 0, beta = 0, k = v = 0 in slot 0)
+    read:    token 0  token 1  token 2 ...  nothing
+
+Slot s holds S_{s-1}, so the inclusive read at slot t is the old read S_{t-1} x_t, and the state after the last slot
+is S_L. The two queries ride as two copies of the heads, [q * scale; k], with scale 1 in the kernel. Then
+
+    r_t = T(v_t - S_{t-1} k_t)
+    fit="residual": R by FLA again on (q, k, gamma r, g) (additive) or (q, k, r, g, beta=gamma) (delta)
+    fit="none":     R_t q_t = r_t (k_t . q_t)
+    fit="off":      one plain FLA call, the baseline itself.
+
+Cost: the base pass runs 2H heads plus one H-head auxiliary pass, about three baseline calls. The `triton` backend
+exists to remove that redundancy; this one is the readable, FLA-checked composition.
+FLA's conventions: g = log alpha (fp32), additive kernel has no beta (folded into v), states as [N, H, V, K]
+through `state_v_first=True`, initial states in fp32. Varlen: `cu_seqlens` [N + 1] with B = 1, as in FLA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from rla_ablate.ops import register_backend
+from rla_ablate.ops.spec import ResidualSpec
+
+# (q, k, v, g, scale, h0 [N,H,V,K] | None, cu_seqlens) -> (o [B,T,H,V], h_T [N,H,V,K])
+AdditiveKernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+# (q, k, v, g, beta, scale, h0, cu_seqlens) -> (o, h_T)
+DeltaKernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+# FLA 0.6.0 computes a wrong dk on Hopper with triton in [3.4, 3.7.1) and refuses the gated backward there (#640).
+MIN_TRITON_HOPPER = (3, 7, 1)
+
+
+@dataclass(frozen=True)
+class BaseKernels:
+    """The two chunk kernels the composition is written against (FLA on CUDA; any exact recurrence in tests)."""
+
+    additive: AdditiveKernel
+    delta: DeltaKernel
+
+
+def _fla_additive(q, k, v, g, scale, h0, cu_seqlens):
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    return chunk_simple_gla(q, k, v, g=g, scale=scale, initial_state=h0, output_final_state=True,
+                            state_v_first=True, cu_seqlens=cu_seqlens)
+
+
+def _fla_delta(q, k, v, g, beta, scale, h0, cu_seqlens):
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    return chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True,
+                                  state_v_first=True, cu_seqlens=cu_seqlens)
+
+
+FLA_KERNELS = BaseKernels(additive=_fla_additive, delta=_fla_delta)
+
+
+def shift_slots(B: int, T: int, cu_seqlens: torch.Tensor | None, device) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
+    """Slots of the shifted base pass: (write slot of each token, read slot of each token, length, its cu_seqlens).
+
+    Each sequence gets one extra slot in front; token t of sequence n is written at t + n + 1 and read at t + n.
+    """
+    t = torch.arange(T, device=device)
+    if cu_seqlens is None:
+        return t + 1, t, T + 1, None
+    seq_of_token = torch.searchsorted(cu_seqlens, t, right=True) - 1
+    shifted_cu = cu_seqlens + torch.arange(cu_seqlens.numel(), device=device, dtype=cu_seqlens.dtype)
+    return t + seq_of_token + 1, t + seq_of_token, T + cu_seqlens.numel() - 1, shifted_cu
+
+
+def _place(x: torch.Tensor, slots: torch.Tensor, length: int) -> torch.Tensor:
+    """x [B, T, ...] scattered along time into zeros [B, length, ...] at `slots` (differentiable)."""
+    out = x.new_zeros(x.shape[0], length, *x.shape[2:])
+    return out.index_copy(1, slots, x)
+
+
+def _last_tokens(T: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:
+    if cu_seqlens is None:
+        return torch.tensor([T - 1], device=device)
+    return cu_seqlens[1:] - 1
+
+
+def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float,
+                               initial_state, cu_seqlens: torch.Tensor | None = None):
+    """RLA / RDN from two exact chunk recurrences (see the module docstring). States are [N, H, V, K] fp32."""
+    B, T, H, K = q.shape
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={B}")
+    S0, R0 = initial_state if initial_state is not None else (None, None)
+    S0 = S0.float() if S0 is not None else None
+    R0 = R0.float() if R0 is not None else None
+    g32 = g.float()
+    dtype = q.dtype
+
+    if spec.fit == "off":
+        if spec.rule == "additive":
+            o, S_T = kernels.additive(q, k, v * beta.to(v.dtype)[..., None], g32, scale, S0, cu_seqlens)
+        else:
+            o, S_T = kernels.delta(q, k, v, g32, beta.to(dtype), scale, S0, cu_seqlens)
+        return o, (S_T, None)
+
+    write, read, length, shifted_cu = shift_slots(B, T, cu_seqlens, q.device)
+    two = lambda x: torch.cat([x, x], dim=2)  # noqa: E731  (the same write for both query copies)
+    queries = _place(torch.cat([q * scale, k], dim=2), read, length)
+    k_w = two(_place(k, write, length))
+    g_w = two(_place(g32, write, length))
+    h0 = torch.cat([S0, S0], dim=1) if S0 is not None else None
+    if spec.rule == "additive":
+        v_w = two(_place(v * beta.to(v.dtype)[..., None], write, length))
+        o2, S2 = kernels.additive(queries, k_w, v_w, g_w, 1.0, h0, shifted_cu)
+    else:
+        v_w = two(_place(v, write, length))
+        beta_w = two(_place(beta.to(dtype), write, length))
+        o2, S2 = kernels.delta(queries, k_w, v_w, g_w, beta_w, 1.0, h0, shifted_cu)
+    reads = o2.index_select(1, read)
+    base_read, pred = reads[:, :, :H].float(), reads[:, :, H:].float()  # S_{t-1} q_t (scaled), S_{t-1} k_t
+    S_T = S2[:, :H]
+    r = spec.apply_target(v.float() - pred)
+
+    if spec.fit == "none":
+        corr = r * ((q.float() * k.float()).sum(-1, keepdim=True) * scale)
+        last = _last_tokens(T, cu_seqlens, q.device)
+        R_T = torch.einsum("nhv,nhk->nhvk", r[:, last].flatten(0, 1) if cu_seqlens is None else r[0, last],
+                           k.float()[:, last].flatten(0, 1) if cu_seqlens is None else k.float()[0, last])
+    elif spec.rule == "additive":
+        corr, R_T = kernels.additive(q, k, (gamma.float()[..., None] * r).to(v.dtype), g32, scale, R0, cu_seqlens)
+    else:
+        corr, R_T = kernels.delta(q, k, r.to(v.dtype), g32, gamma.to(dtype), scale, R0, cu_seqlens)
+
+    if spec.output_gates:
+        o = g32.exp()[..., None] * base_read + gamma.float()[..., None] * corr.float()
+    else:
+        o = base_read + corr.float()
+    return o.to(dtype), (S_T, R_T)
+
+
+def fla_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
+                           cu_seqlens: torch.Tensor | None = None):
+    """The `fla` backend (signature of `naive_residual_attention`, plus FLA-style `cu_seqlens`)."""
+    return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in text.split("+")[0].split(".")[:3])
+
+
+def fla_available(x: torch.Tensor) -> bool:
+    """FLA runs on CUDA tensors of bf16/fp16/fp32, on Hopper only with triton >= 3.7.1 (see MIN_TRITON_HOPPER)."""
+    if not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return False
+    try:
+        import triton
+
+        import fla.ops  # noqa: F401
+    except ImportError:
+        return False
+    if torch.cuda.get_device_capability(x.device)[0] == 9 and _version(triton.__version__) < MIN_TRITON_HOPPER:
+        return False
+    return True
+
+
+register_backend("fla", fla_residual_attention, fla_available, cuda_rank=0)
