@@ -1,0 +1,124 @@
+"""RLA / RDN kernels on one GPU against their FLA baselines and SDPA: forward and forward+backward, bf16.
+
+    python benchmarks/kernels.py [--tokens 65536] [--seq-lens 2048 8192 32768] [--long 131072] [--json out.json]
+
+Each T runs B = tokens / T sequences of H=16 heads of dimension 128; --long adds one forward-only row set at B=1.
+Baselines: FLA chunk_simple_gla (sGLA, the additive base) and chunk_gated_delta_rule (Gated DeltaNet, the delta
+base), and causal SDPA (flash). RLA and RDN run through every GPU backend of `residual_attention` with the paper
+defaults (fit=residual, target=clip, output gates). Median milliseconds by `triton.testing.do_bench`; the ratio
+column divides by the FLA baseline of the same rule. The table prints last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+
+import torch
+import torch.nn.functional as F
+
+from rla_ablate.ops import BACKENDS, _load_gpu_backends, residual_attention
+
+H, D = 16, 128
+
+
+def make_inputs(B, T, grad):
+    dev, bf = "cuda", torch.bfloat16
+    x = lambda *s: torch.randn(*s, device=dev, dtype=bf)  # noqa: E731
+    q, v = x(B, T, H, D), x(B, T, H, D)
+    k = F.normalize(torch.randn(B, T, H, D, device=dev), dim=-1).to(bf)
+    g = F.logsigmoid(torch.randn(B, T, H, device=dev) + 3.0)
+    beta = torch.rand(B, T, H, device=dev).to(bf)
+    gamma = torch.rand(B, T, H, device=dev).to(bf)
+    tensors = dict(q=q, k=k, v=v, g=g, beta=beta, gamma=gamma)
+    if grad:
+        for t in tensors.values():
+            t.requires_grad_(True)
+    return tensors
+
+
+def candidates(backends):
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    def sdpa(x):
+        q, k, v = (x[n].transpose(1, 2) for n in ("q", "k", "v"))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    runs = {
+        "sGLA (FLA)": ("additive", lambda x: chunk_simple_gla(x["q"], x["k"], x["v"], g=x["g"])[0]),
+        "GDN (FLA)": ("delta", lambda x: chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])[0]),
+        "SDPA causal": (None, sdpa),
+    }
+    for backend in backends:
+        for name, rule in (("RLA", "additive"), ("RDN", "delta")):
+            runs[f"{name} [{backend}]"] = (rule, lambda x, rule=rule, backend=backend: residual_attention(
+                x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], rule=rule, backend=backend)[0])
+    return runs
+
+
+def bench(fn, x, mode):
+    from triton.testing import do_bench
+
+    if mode == "fwd":
+        with torch.no_grad():
+            return do_bench(lambda: fn(x), warmup=50, rep=200, return_mode="median")
+    leaves = list(x.values())
+    do = torch.randn_like(fn(x))
+
+    def step():
+        fn(x).backward(do)
+
+    return do_bench(step, warmup=50, rep=200, grad_to_none=leaves, return_mode="median")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=65536, help="tokens per call (B = tokens / T)")
+    parser.add_argument("--seq-lens", type=int, nargs="+", default=[2048, 8192, 32768])
+    parser.add_argument("--long", type=int, default=131072, help="forward-only length at B=1 (0 to skip)")
+    parser.add_argument("--backends", nargs="+", default=None, help="residual_attention backends (default: all GPU)")
+    parser.add_argument("--json", default=None, help="write every measurement here")
+    args = parser.parse_args()
+    _load_gpu_backends()
+    backends = args.backends or [b for b in BACKENDS if b not in ("naive", "chunk")]
+    runs = candidates(backends)
+    base_of = {"additive": "sGLA (FLA)", "delta": "GDN (FLA)"}
+    shapes = [(args.tokens // T, T, mode) for T in args.seq_lens for mode in ("fwd", "fwd+bwd")]
+    if args.long:
+        shapes.append((1, args.long, "fwd"))
+
+    rows, records = [], []
+    for B, T, mode in shapes:
+        times = {}
+        for name, (rule, fn) in runs.items():
+            torch.manual_seed(0)
+            x = make_inputs(B, T, grad=mode != "fwd")
+            try:
+                times[name] = bench(fn, x, mode)
+            except torch.OutOfMemoryError:
+                times[name] = float("nan")
+            del x
+            torch.cuda.empty_cache()
+            base = times.get(base_of.get(rule)) if rule else None
+            ratio = times[name] / base if base and name != base_of.get(rule) else None
+            sdpa = times.get("SDPA causal")
+            records.append(dict(B=B, T=T, mode=mode, kernel=name, ms=times[name], ratio_to_fla_base=ratio,
+                                ratio_to_sdpa=times[name] / sdpa if sdpa else None))
+            rows.append((f"{B}x{T}", mode, name, f"{times[name]:.2f}", f"{ratio:.2f}x" if ratio else ""))
+            print(f"{B}x{T} {mode:8s} {name:18s} {times[name]:9.2f} ms", flush=True)
+
+    header = ("B x T", "pass", "kernel", "ms", "/ FLA base")
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | H={H} D={D} bf16 | median of do_bench")
+    for r in [header] + rows:
+        print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+    if args.json:
+        meta = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, python=platform.python_version())
+        with open(args.json, "w") as f:
+            json.dump(dict(meta=meta, results=records), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

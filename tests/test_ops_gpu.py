@@ -1,0 +1,143 @@
+"""Every backend on CUDA against the naive contract: outputs, final states and every gradient (initial states too).
+
+Fresh random inputs, seed 42, H=2, K=V=128 (the benchmark head size, so one autotune serves both), random upstream gradients, lengths 100 and 37 (not multiples of the chunk size 64),
+every rule x fit x target x output_gates combination, fp32 and bf16. The reference is `naive` in float64 on the
+same (rounded) inputs. Skipped without CUDA.
+
+Tolerances (relative RMS error, absolute floor; `rla_ablate.ops.testing.assert_close`), a written decision:
+- fp32: 5e-3. FLA's and our Triton dots run fp32 operands as tf32 (about 3e-4 per product) through up to three
+  chained recurrences.
+- bf16: 6e-2 for everything. Operands and the base reads are bf16 (about 4e-3 each); on top, a clipped residual
+  that sits within rounding of +-c takes the other branch in a few elements, and their gradients differ by the whole
+  upstream value: a relative RMS error near sqrt(fraction of flipped elements).
+The measured errors of every case are appended to $RLA_GPU_ERRORS (JSON lines) when it is set.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rla_ablate.ops import BACKENDS, _load_gpu_backends, residual_attention
+from rla_ablate.ops.testing import assert_close, rel_rms_error
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+COMBOS = [
+    (rule, fit, target, og)
+    for rule, fit, target, og in itertools.product(
+        ["additive", "delta"], ["residual", "none", "off"], ["clip", "tanh", "identity"], [True, False])
+    if fit != "off" or (target == "clip" and og)
+]
+TOLERANCE = {torch.float32: dict(ratio=5e-3, atol=1e-4), torch.bfloat16: dict(ratio=6e-2, atol=1e-3)}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+NAMES = ("q", "k", "v", "g", "beta", "gamma", "S0", "R0")
+
+
+def gpu_backends() -> list[str]:
+    _load_gpu_backends()
+    return [name for name in BACKENDS if name != "naive"]
+
+
+def combo_id(c):
+    rule, fit, target, og = c
+    return f"{rule}-{fit}-{target}-{'gates' if og else 'nogates'}"
+
+
+def make_inputs(B=2, T=100, H=2, K=128, V=128, N=None, seed=42):
+    """float64 master copies on CUDA; N states when packing sequences (B = 1)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen, device="cuda", dtype=torch.float64)  # noqa: E731
+    uni = lambda *s: torch.rand(*s, generator=gen, device="cuda", dtype=torch.float64)  # noqa: E731
+    N = B if N is None else N
+    return {
+        "q": rnd(B, T, H, K), "k": F.normalize(rnd(B, T, H, K), dim=-1), "v": rnd(B, T, H, V),
+        "g": F.logsigmoid(rnd(B, T, H) + 2.0), "beta": uni(B, T, H), "gamma": uni(B, T, H),
+        "S0": rnd(N, H, V, K) * 0.5, "R0": rnd(N, H, V, K) * 0.5,
+    }
+
+
+def leaves(master, dtype):
+    """Inputs in `dtype` (states stay fp32, as the backends keep them) as fresh leaves requiring grad."""
+    return {n: x.to(torch.float32 if n in ("S0", "R0") and dtype != torch.float64 else dtype).requires_grad_(True)
+            for n, x in master.items()}
+
+
+def run_case(x, backend, combo, cu_seqlens=None):
+    rule, fit, target, og = combo
+    fn = BACKENDS[backend][0] if cu_seqlens is not None else None
+    gamma = None if fit == "off" else x["gamma"]
+    if fn is None:
+        o, (S, R) = residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], gamma, rule=rule, fit=fit,
+                                       target=target, output_gates=og, initial_state=(x["S0"], x["R0"]),
+                                       backend=backend)
+    else:
+        from rla_ablate.ops.spec import ResidualSpec
+
+        spec = ResidualSpec(rule=rule, fit=fit, target=target, output_gates=og)
+        o, (S, R) = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], gamma, spec, x["q"].shape[-1] ** -0.5,
+                       (x["S0"], x["R0"]), cu_seqlens=cu_seqlens)
+    outs = {"o": o, "S_T": S} | ({"R_T": R} if R is not None else {})
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    upstream = {n: torch.randn(t.shape, generator=gen, device="cuda", dtype=torch.float64) for n, t in outs.items()}
+    loss = sum((t.double() * upstream[n]).sum() for n, t in outs.items())
+    grads = torch.autograd.grad(loss, [x[n] for n in NAMES], allow_unused=True)
+    return outs | {f"d{n}": (torch.zeros_like(x[n]) if gr is None else gr) for n, gr in zip(NAMES, grads)}
+
+
+@functools.lru_cache(maxsize=None)
+def reference(combo, T):
+    return run_case(leaves(make_inputs(T=T), torch.float64), "naive", combo)
+
+
+def check(case: str, ref: dict, got: dict, dtype):
+    log = os.environ.get("RLA_GPU_ERRORS")
+    if log:
+        with open(log, "a") as f:
+            errors = {n: rel_rms_error(ref[n], got[n].to(ref[n].dtype)) for n in ref}
+            f.write(json.dumps({"case": case, "errors": errors}) + "\n")
+    for name in ref:
+        assert got[name].dtype in (torch.float32, torch.bfloat16, torch.float64), name
+        assert_close(f"{case} {name}", ref[name], got[name], **TOLERANCE[dtype])
+
+
+# Every combination at T=100; the paper-default switches (clip, output gates) also at T=37, shorter than a chunk.
+CASES = [(c, 100) for c in COMBOS] + [(c, 37) for c in COMBOS if c[2] == "clip" and c[3]]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+@pytest.mark.parametrize("combo, T", CASES, ids=[f"{combo_id(c)}-T{T}" for c, T in CASES])
+@pytest.mark.parametrize("backend", gpu_backends())
+def test_backend_matches_naive(backend, combo, T, dtype):
+    got = run_case(leaves(make_inputs(T=T), DTYPES[dtype]), backend, combo)
+    check(f"{backend}-{combo_id(combo)}-{dtype}-T{T}", reference(combo, T), got, DTYPES[dtype])
+
+
+@pytest.mark.parametrize("combo", [c for c in COMBOS if c[2] == "clip" and c[3]], ids=combo_id)
+@pytest.mark.parametrize("backend", [b for b in gpu_backends() if b in ("fla", "triton")])
+def test_packed_sequences_match_naive_per_sequence(backend, combo):
+    lengths = [70, 1, 129, 33]
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda")
+    master = make_inputs(B=1, T=sum(lengths), N=len(lengths))
+    got = run_case(leaves(master, torch.bfloat16), backend, combo, cu_seqlens=cu)
+    for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        part = {name: (x[:, a:b] if name not in ("S0", "R0") else x[n:n + 1]) for name, x in master.items()}
+        ref = run_case(leaves(part, torch.float64), "naive", combo)
+        assert_close(f"o[seq {n}]", ref["o"], got["o"][:, a:b], **TOLERANCE[torch.bfloat16])
+        assert_close(f"S_T[seq {n}]", ref["S_T"], got["S_T"][n:n + 1], **TOLERANCE[torch.bfloat16])
+        if "R_T" in ref:
+            assert_close(f"R_T[seq {n}]", ref["R_T"], got["R_T"][n:n + 1], **TOLERANCE[torch.bfloat16])
+
+
+def test_auto_picks_a_gpu_backend_and_names_it():
+    from rla_ablate.ops import select_backend
+
+    x = torch.zeros(1, 8, 1, 16, device="cuda", dtype=torch.bfloat16)
+    name = select_backend(x, "auto")
+    assert name in ("triton", "fla"), name
