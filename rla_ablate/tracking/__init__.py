@@ -1,0 +1,16 @@
+"""MLflow tracking: the local server, the job's logger, and reading runs back for dashboards.
+
+    with TrackingServer("rla-runs/smoke/mlflow") as server:
+        parent = server.ensure_parent_run("smoke")
+        run_id = server.create_or_get_child_run("smoke", job_id, tags={...}, config=resolved_config)
+        logger = MLflowLogger(server.uri, run_id)      # the job's MetricLogger
+"""
+
+from rla_ablate.tracking.logger import RUN_STATUS, MLflowLogger, system_metrics
+from rla_ablate.tracking.runs import (ablations_tag, create_or_get_child_run, ensure_experiment, ensure_parent_run,
+                                      experiment_name, flatten, git_commit)
+from rla_ablate.tracking.server import TrackingServer, is_healthy
+
+__all__ = ["TrackingServer", "MLflowLogger", "RUN_STATUS", "ablations_tag", "create_or_get_child_run",
+           "ensure_experiment", "ensure_parent_run", "experiment_name", "flatten", "git_commit", "is_healthy",
+           "system_metrics"]

@@ -1,0 +1,166 @@
+"""Experiments and runs of a sweep: one experiment per sweep, one parent run, one child run per job.
+
+Every call is idempotent: runs are found again by their tags (`rla.role`, `sweep`, `job_id`), so a
+relaunched sweep reuses its runs and never creates a duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Param, RunTag
+from mlflow.tracking import MlflowClient
+
+# Tag keys shared by the launcher, the jobs and the dashboards.
+ROLE, SWEEP, JOB_ID = "rla.role", "sweep", "job_id"
+FAMILY, ABLATIONS, SEED = "family", "ablations", "seed"
+GIT_COMMIT, BACKEND, HOST = "git_commit", "kernel_backend", "host"
+STATUS, STATUS_REASON = "rla.status", "rla.status_reason"
+NO_ABLATION = "none"
+CONFIG_ARTIFACT = "config.json"
+_MAX_PARAM_LEN = 6000
+_MAX_PER_BATCH = 100
+
+
+def experiment_name(sweep: str) -> str:
+    return f"rla-sweep/{sweep}"
+
+
+def ablations_tag(ablations: list[str] | tuple[str, ...] | str | None) -> str:
+    """Canonical tag value: sorted names joined by '+', or 'none' for the parent model."""
+    if isinstance(ablations, str):
+        ablations = [a for a in ablations.replace(",", "+").split("+") if a and a != NO_ABLATION]
+    names = sorted(set(ablations or []))
+    return "+".join(names) if names else NO_ABLATION
+
+
+@lru_cache(maxsize=1)
+def git_commit() -> str:
+    """HEAD of the source tree this package runs from, '+dirty' when it has local changes."""
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, str]:
+    """{"model": {"hidden": 64}, "eval": [{"name": "val"}]} -> {"model.hidden": "64", "eval.0.name": "val"}."""
+    out: dict[str, str] = {}
+    if isinstance(config, dict):
+        for key, value in config.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+    elif isinstance(config, (list, tuple)) and config and any(isinstance(x, (dict, list)) for x in config):
+        for i, value in enumerate(config):
+            out.update(flatten(value, f"{prefix}{i}."))
+    else:
+        text = json.dumps(config) if isinstance(config, (list, tuple, bool)) or config is None else str(config)
+        out[prefix[:-1]] = text[:_MAX_PARAM_LEN]
+    return out
+
+
+def accounting_params(config: dict) -> dict[str, str]:
+    """params, state elements per layer and FLOPs per token of the job's model (for matched-budget plots)."""
+    model = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model, dict):
+        return {}
+    try:
+        from rla_ablate import models
+        cfg = models.ModelConfig.model_validate(model)
+        seq_len = (config.get("data") or {}).get("seq_len") or (config.get("train") or {}).get("seq_len") or 2048
+        return {"accounting.params": str(models.count_params(cfg)),
+                "accounting.state_elements_per_layer": str(models.state_elements_per_layer(cfg)),
+                "accounting.flops_per_token": str(models.flops_per_token(cfg, int(seq_len)))}
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return {}
+
+
+def ensure_experiment(tracking_uri: str, name: str) -> str:
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name)
+    except Exception:
+        # Another process created it between our lookup and create.
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def _find_run(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> str | None:
+    query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+    runs = client.search_runs([experiment_id], filter_string=query, max_results=2,
+                              order_by=["attributes.start_time ASC"])
+    return runs[0].info.run_id if runs else None
+
+
+def _log_tags_params(client: MlflowClient, run_id: str, tags: dict, params: dict) -> None:
+    tag_list = [RunTag(str(k), str(v)) for k, v in tags.items()]
+    existing = client.get_run(run_id).data.params
+    # MLflow params are immutable: log only new keys (a job id hashes its config, so values agree).
+    param_list = [Param(str(k), str(v)[:_MAX_PARAM_LEN]) for k, v in params.items() if str(k) not in existing]
+    for i in range(0, len(tag_list), _MAX_PER_BATCH):
+        client.log_batch(run_id, tags=tag_list[i:i + _MAX_PER_BATCH])
+    for i in range(0, len(param_list), _MAX_PER_BATCH):
+        client.log_batch(run_id, params=param_list[i:i + _MAX_PER_BATCH])
+
+
+def ensure_parent_run(tracking_uri: str, sweep: str, tags: dict | None = None) -> str:
+    """The sweep's parent run (created once, found again by tag)."""
+    client = MlflowClient(tracking_uri)
+    exp_id = ensure_experiment(tracking_uri, experiment_name(sweep))
+    run_id = _find_run(client, exp_id, {ROLE: "sweep", SWEEP: sweep})
+    base = {ROLE: "sweep", SWEEP: sweep, GIT_COMMIT: git_commit(), HOST: socket.gethostname()}
+    if run_id is None:
+        run_id = client.create_run(exp_id, tags={**base, "mlflow.runName": sweep}, run_name=sweep).info.run_id
+    if tags:
+        _log_tags_params(client, run_id, tags, {})
+    return run_id
+
+
+def create_or_get_child_run(tracking_uri: str, sweep: str, job_id: str, tags: dict | None = None,
+                            params: dict | None = None, config: dict | None = None) -> str:
+    """The job's run under the sweep's parent run; found by `job_id` on relaunch, never duplicated.
+
+    `tags` should carry family, ablations (see `ablations_tag`) and seed; `params` default to the
+    flattened `config`, which is also stored as the artifact `config.json`.
+    """
+    client = MlflowClient(tracking_uri)
+    parent = ensure_parent_run(tracking_uri, sweep)
+    exp_id = client.get_run(parent).info.experiment_id
+    tags = dict(tags or {})
+    if ABLATIONS in tags:
+        tags[ABLATIONS] = ablations_tag(tags[ABLATIONS])
+    tags = {k: str(v) for k, v in tags.items()}
+    all_tags = {ROLE: "job", SWEEP: sweep, JOB_ID: job_id, GIT_COMMIT: git_commit(),
+                "mlflow.parentRunId": parent, **tags}
+    run_id = _find_run(client, exp_id, {ROLE: "job", SWEEP: sweep, JOB_ID: job_id})
+    created = run_id is None
+    if created:
+        name = "-".join(str(x) for x in (tags.get(FAMILY), tags.get(ABLATIONS), f"s{tags[SEED]}" if SEED in tags else None)
+                        if x) or job_id
+        run = client.create_run(exp_id, tags={**all_tags, "mlflow.runName": f"{name}-{job_id[:8]}"})
+        run_id = run.info.run_id
+        # A freshly created run is "scheduled", not running, until a job's logger opens it.
+        client.update_run(run_id, status="SCHEDULED")
+    all_params = dict(params) if params is not None else (flatten(config) if config is not None else {})
+    if config is not None:
+        all_params.update(accounting_params(config))
+    _log_tags_params(client, run_id, {} if created else all_tags, all_params)
+    if config is not None:
+        client.log_text(run_id, json.dumps(config, indent=1, sort_keys=True, default=str), CONFIG_ARTIFACT)
+    return run_id

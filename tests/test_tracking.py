@@ -1,0 +1,154 @@
+"""The local MLflow server, idempotent runs and the MLflow logger, against a real `mlflow server` process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from rla_ablate.tracking import (MLflowLogger, TrackingServer, ablations_tag, create_or_get_child_run, flatten,
+                                 is_healthy)
+from rla_ablate.tracking.server import free_port
+
+pytestmark = pytest.mark.slow
+
+CONFIG = {"model": {"family": "rla", "hidden": 64, "n_layers": 2}, "train": {"lr": 3e-4, "seed": 1},
+          "eval": [{"name": "val", "every": 100}]}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with TrackingServer(tmp_path_factory.mktemp("mlflow")) as srv:
+        yield srv
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_flatten_and_ablations_tag():
+    assert flatten(CONFIG) == {"model.family": "rla", "model.hidden": "64", "model.n_layers": "2",
+                               "train.lr": "0.0003", "train.seed": "1", "eval.0.name": "val", "eval.0.every": "100"}
+    assert flatten({"a": [1, 2], "b": None, "c": True}) == {"a": "[1, 2]", "b": "null", "c": "true"}
+    assert ablations_tag(["tied_gamma", "no_clip"]) == "no_clip+tied_gamma"
+    assert ablations_tag([]) == ablations_tag(None) == ablations_tag("none") == "none"
+    assert ablations_tag("no_norm,no_clip") == "no_clip+no_norm"
+
+
+def test_runs_are_idempotent_and_status_is_mirrored(server):
+    client = MlflowClient(server.uri)
+    parent = server.ensure_parent_run("idem")
+    assert server.ensure_parent_run("idem") == parent
+    tags = {"family": "rla", "ablations": ["tied_gamma"], "seed": 1}
+    run_id = server.create_or_get_child_run("idem", "job-a", tags=tags, config=CONFIG)
+    # A relaunch finds the same run, from a fresh client as a new launcher process would.
+    assert create_or_get_child_run(server.uri, "idem", "job-a", tags=tags, config=CONFIG) == run_id
+    other = server.create_or_get_child_run("idem", "job-b", tags={**tags, "seed": 2}, config=CONFIG)
+    assert other != run_id
+    exp = client.get_experiment_by_name("rla-sweep/idem")
+    runs = client.search_runs([exp.experiment_id])
+    assert sorted(r.info.run_id for r in runs) == sorted([parent, run_id, other])
+
+    run = client.get_run(run_id)
+    assert run.info.status == "SCHEDULED"
+    assert run.data.tags["mlflow.parentRunId"] == parent
+    assert {k: run.data.tags[k] for k in ("sweep", "job_id", "family", "ablations", "seed")} == {
+        "sweep": "idem", "job_id": "job-a", "family": "rla", "ablations": "tied_gamma", "seed": "1"}
+    assert run.data.tags["git_commit"]
+    assert run.data.params["model.hidden"] == "64" and run.data.params["eval.0.name"] == "val"
+    path = client.download_artifacts(run_id, "config.json", dst_path=str(server.root / "dl"))
+    assert json.loads(open(path).read()) == CONFIG
+
+    logger = MLflowLogger(server.uri, run_id, flush_interval_s=0.1, system_metrics_interval_s=0.0)
+    logger.log({"train/loss": 2.5, "lr": 1e-4}, step=1024)
+    logger.log({"train/loss": float("nan")}, step=2048)
+    logger.event("backend", 0, {"backend": "chunk"})
+    assert logger.flush(timeout=60)
+    assert client.get_run(run_id).info.status == "RUNNING"
+    logger.close("cancelled", "SIGTERM from rla-sweep cancel")
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED"
+    assert run.data.tags["rla.status"] == "cancelled"
+    assert run.data.tags["rla.status_reason"] == "SIGTERM from rla-sweep cancel"
+    assert run.data.tags["kernel_backend"] == "chunk" and run.data.tags["host"]
+    losses = history(client, run_id, "train/loss")
+    assert losses[0] == (1024, 2.5) and losses[1][0] == 2048 and losses[1][1] != losses[1][1]
+    assert "system/cpu_percent" in run.data.metrics and "system/process_rss_gb" in run.data.metrics
+    events = client.download_artifacts(run_id, "events.jsonl", dst_path=str(server.root / "dl"))
+    assert [json.loads(line)["name"] for line in open(events)] == ["backend"]
+
+    done = server.create_or_get_child_run("idem", "job-b")
+    MLflowLogger(server.uri, done, system_metrics_interval_s=None).close("diverged", "loss is NaN at step 4096")
+    assert client.get_run(done).info.status == "FAILED"
+
+
+def test_outage_loses_and_duplicates_no_metric(tmp_path):
+    """Stop the real server mid-run, keep logging, restart it: every (key, step) arrives exactly once."""
+    root, port = tmp_path / "mlflow", free_port()
+    srv = TrackingServer(root, port=port).start()
+    run_id = srv.create_or_get_child_run("outage", "job", tags={"family": "rdn", "seed": 0})
+    keys = ["train/loss", "lr", "grad_norm", "layer_00/attn_out_norm", "layer_01/attn_out_norm"]
+    logger = MLflowLogger(srv.uri, run_id, flush_interval_s=0.05, request_timeout_s=2.0, system_metrics_interval_s=None)
+
+    def train(steps):
+        for step in steps:
+            logger.log({k: step * 0.001 + i for i, k in enumerate(keys)}, step=step * 512)
+            time.sleep(0.002)
+
+    try:
+        train(range(0, 200))
+        srv.stop()
+        assert not is_healthy(f"http://127.0.0.1:{port}")
+        train(range(200, 400))
+        time.sleep(0.5)
+        assert logger.failures > 0
+        assert not logger.flush(timeout=0.5)
+        srv = TrackingServer(root, port=port).start()
+        train(range(400, 600))
+        logger.close("finished")
+        client = MlflowClient(srv.uri)
+        for i, key in enumerate(keys):
+            assert history(client, run_id, key) == [(s * 512, s * 0.001 + i) for s in range(600)], key
+        assert client.get_run(run_id).info.status == "FINISHED"
+
+        # A job resumed from a checkpoint at step 500 re-logs steps 500..599: the server already has them.
+        again = MLflowLogger(srv.uri, run_id, flush_interval_s=0.05, system_metrics_interval_s=None)
+        for step in range(500, 700):
+            again.log({k: step * 0.001 + i for i, k in enumerate(keys)}, step=step * 512)
+        again.close("finished")
+        for i, key in enumerate(keys):
+            assert history(client, run_id, key) == [(s * 512, s * 0.001 + i) for s in range(700)], key
+    finally:
+        srv.stop()
+
+
+def test_server_reuse_and_stale_cleanup(tmp_path):
+    """A live server is reused by a second process; one whose owner was SIGKILLed does not outlive it."""
+    root = tmp_path / "mlflow"
+    code = ("import sys, time; from rla_ablate.tracking import TrackingServer; "
+            "s = TrackingServer(sys.argv[1]).start(); print(s.uri, flush=True); time.sleep(600)")
+    owner = subprocess.Popen([sys.executable, "-c", code, str(root)], stdout=subprocess.PIPE, text=True)
+    try:
+        uri = owner.stdout.readline().strip()
+        assert is_healthy(uri)
+        record = json.loads((root / "server.json").read_text())
+        with TrackingServer(root) as reused:
+            assert reused.uri == uri and not reused.owned
+        assert is_healthy(uri)
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        with TrackingServer(root) as fresh:
+            assert fresh.owned and is_healthy(fresh.uri)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and os.path.exists(f"/proc/{record['pid']}"):
+                time.sleep(0.1)
+            assert not os.path.exists(f"/proc/{record['pid']}"), "the orphaned server is still running"
+        assert not (root / "server.json").exists()
+    finally:
+        owner.kill()
