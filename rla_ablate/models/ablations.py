@@ -1,0 +1,80 @@
+"""The named ablations and controls of BRIEF §3: what each changes, where the paper shows it, which families it fits.
+
+    from rla_ablate.models.ablations import ABLATIONS, apply_ablation
+    cfg_no_fit = apply_ablation("no_fitting", cfg)          # = ABLATIONS["no_fitting"].apply(cfg)
+
+Sweeps check names and families when they are expanded (`check(name, family)`), before anything is scheduled.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Callable
+
+from rla_ablate.errors import UserError
+from rla_ablate.models.budget import matched_state
+from rla_ablate.models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Ablation:
+    name: str
+    families: tuple[str, ...]
+    """The families it applies to."""
+    change: str
+    """What it changes, in the words of BRIEF §2."""
+    evidence: str
+    """Where the paper shows it (or that it never ran)."""
+    _apply: Callable[[ModelConfig], ModelConfig]
+
+    def apply(self, cfg: ModelConfig) -> ModelConfig:
+        """The ablated copy of `cfg`; raises UserError when `cfg.family` is not one this ablation fits."""
+        check(self.name, cfg.family)
+        return self._apply(cfg)
+
+
+def _set(**changes) -> Callable[[ModelConfig], ModelConfig]:
+    return lambda cfg: cfg.replace(**changes)
+
+
+_RESIDUAL = ("rla", "rdn")
+ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
+    Ablation("no_fitting", _RESIDUAL, "fit=none: R_t = r_t k_t^T, no memory in R",
+             "Table 4 (50B tokens)", _set(fit="none")),
+    Ablation("tied_gamma", _RESIDUAL, "gamma_t := beta_t", "Fig. 3a/3b", _set(tied_gamma=True)),
+    Ablation("no_output_gates", _RESIDUAL, "output_gates=False: o_t = S_{t-1} q_t + R_t q_t",
+             "Table 5", _set(output_gates=False)),
+    Ablation("no_clip", _RESIDUAL, "target=identity (plain L2 residual)", "Fig. 4b (RDN vs RDN w/o clip)",
+             _set(target="identity")),
+    Ablation("no_norm", ("sgla", "gdn", "rla", "rdn"), "qk_norm=none (no L2 norm of q and k)", "Fig. 4",
+             _set(qk_norm="none")),
+    Ablation("no_clip_no_norm", _RESIDUAL, "target=identity and qk_norm=none", "Fig. 4a/4b (RLA)",
+             _set(target="identity", qk_norm="none")),
+    Ablation("logcosh", _RESIDUAL, "target=tanh: c * tanh(x / c) (log-cosh loss)", "App. B proposal, never run",
+             _set(target="tanh")),
+    Ablation("matched_state", _RESIDUAL,
+             "the baseline (rla -> sgla, rdn -> gdn) widened along expand_v to the residual model's state",
+             "none: the paper's open question (no equal-state control was run)",
+             lambda cfg: matched_state(cfg, axis="expand_v").config),
+)}
+
+
+def get_ablation(name: str) -> Ablation:
+    if name not in ABLATIONS:
+        close = difflib.get_close_matches(name, list(ABLATIONS), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UserError(f"unknown ablation '{name}'{hint}; allowed: {', '.join(ABLATIONS)}")
+    return ABLATIONS[name]
+
+
+def check(name: str, family: str) -> None:
+    """Raise UserError unless ablation `name` exists and fits `family`."""
+    ablation = get_ablation(name)
+    if family not in ablation.families:
+        raise UserError(f"ablation '{name}' ({ablation.change}) does not apply to family '{family}'; "
+                        f"it applies to: {', '.join(ablation.families)}")
+
+
+def apply_ablation(name: str, cfg: ModelConfig) -> ModelConfig:
+    return get_ablation(name).apply(cfg)

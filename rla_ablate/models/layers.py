@@ -1,0 +1,250 @@
+"""Token mixers, FLA style: one residual attention layer for sgla / gdn / rla / rdn, and softmax attention.
+
+`ResidualAttention` is written after `fla.layers.GatedDeltaNet` and `fla.layers.SimpleGatedLinearAttention`,
+in plain torch around `rla_ablate.ops.residual_attention`. Every family runs the same code: projections, short
+conv + SiLU, q/k norm, output RMSNorm * SiLU gate, o_proj. Only the gates differ, as each baseline has them:
+
+    sgla, rla:  g = logsigmoid(gk_proj(x)) / 16          (FLA's gate_logit_normalizer)
+    gdn,  rdn:  g = -exp(A_log) * softplus(a_proj(x) + dt_bias)
+    beta  = sigmoid(b_proj(x))                           (sgla: beta = 1, no b_proj)
+    gamma = sigmoid(c_proj(x)), or beta when tied        (baselines: none)
+
+so an ablation differs from its reference only where the paper says it does.
+
+Both mixers take and return a per-layer decoding state, so the same forward serves training (state None),
+prefill and one-token steps; its outputs are those of the parallel forward (tests/test_models.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from rla_ablate.models.config import ModelConfig
+from rla_ablate.ops import residual_attention, select_backend
+
+# FLA's SimpleGatedLinearAttention default: keeps alpha = sigmoid(x)^(1/16) close to 1 at init.
+GATE_LOGIT_NORMALIZER = 16
+# FLA's l2norm epsilon (fla.modules.l2norm).
+L2_EPS = 1e-6
+
+
+@dataclass
+class LinearState:
+    """Decoding state of one linear layer: S, R [B, H, V, K] and the last conv_size - 1 inputs of each conv."""
+
+    S: torch.Tensor | None = None
+    R: torch.Tensor | None = None
+    conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    seen: int = 0
+
+
+@dataclass
+class KVState:
+    """Decoding state of one attention layer: keys and values so far, [B, T, H_kv, D]."""
+
+    k: torch.Tensor | None = None
+    v: torch.Tensor | None = None
+
+    @property
+    def seen(self) -> int:
+        return 0 if self.k is None else self.k.shape[1]
+
+
+class ShortConvolution(nn.Conv1d):
+    """Causal depthwise conv over time followed by SiLU, as `fla.modules.ShortConvolution`, in plain torch.
+
+    y_t = SiLU(sum_{i<W} w_i x_{t-W+1+i}); inputs before the sequence are zeros, or the cached last W - 1 inputs.
+    """
+
+    def __init__(self, channels: int, kernel_size: int):
+        super().__init__(channels, channels, kernel_size, groups=channels, bias=False)
+
+    def forward(self, x_BTD: torch.Tensor, cache_BWD: torch.Tensor | None = None):
+        B, T, D = x_BTD.shape
+        W = self.kernel_size[0]
+        if cache_BWD is None:
+            cache_BWD = x_BTD.new_zeros(B, W - 1, D)
+        x_full = torch.cat([cache_BWD.to(x_BTD.dtype), x_BTD], dim=1)  # [B, W - 1 + T, D]
+        y_BDT = F.conv1d(x_full.transpose(1, 2), self.weight, groups=D)
+        new_cache = x_full[:, x_full.shape[1] - (W - 1):]
+        return F.silu(y_BDT.transpose(1, 2)), new_cache
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+class ResidualAttention(nn.Module):
+    """The linear mixer of every linear family; `cfg.family` picks the gates and the residual path."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        H, K, V, D = cfg.num_heads, cfg.head_dim, cfg.head_v_dim, cfg.hidden_size
+        self.num_heads, self.head_k_dim, self.head_v_dim = H, K, V
+        self.rule = cfg.rule
+        self.q_proj = nn.Linear(D, H * K, bias=False)
+        self.k_proj = nn.Linear(D, H * K, bias=False)
+        self.v_proj = nn.Linear(D, H * V, bias=False)
+        if cfg.use_short_conv:
+            self.q_conv1d = ShortConvolution(H * K, cfg.conv_size)
+            self.k_conv1d = ShortConvolution(H * K, cfg.conv_size)
+            self.v_conv1d = ShortConvolution(H * V, cfg.conv_size)
+        if cfg.family in ("sgla", "rla"):
+            self.gk_proj = nn.Linear(D, H, bias=True)
+        else:
+            self.a_proj = nn.Linear(D, H, bias=False)
+            self.A_log = nn.Parameter(torch.zeros(H))
+            self.dt_bias = nn.Parameter(torch.zeros(H))
+            self.A_log._no_weight_decay = True
+            self.dt_bias._no_weight_decay = True
+        if cfg.family != "sgla":
+            self.b_proj = nn.Linear(D, H, bias=False)
+        if cfg.is_residual and not cfg.tied_gamma:
+            self.c_proj = nn.Linear(D, H, bias=False)
+        self.g_proj = nn.Linear(D, H * V, bias=False)
+        self.o_norm = nn.RMSNorm(V, eps=cfg.norm_eps)
+        self.o_proj = nn.Linear(H * V, D, bias=False)
+        self.backend_used: str | None = None
+        self.stats_enabled = False
+        self.stats: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def reset_gate_parameters(self) -> None:
+        """GDN's init of A_log (A ~ U(0, 16)) and dt_bias (softplus^-1 of dt ~ logU(1e-3, 1e-1), floor 1e-4)."""
+        if not hasattr(self, "A_log"):
+            return
+        H = self.A_log.shape[0]
+        self.A_log.copy_(torch.empty(H).uniform_(0, 16).log())
+        dt = torch.exp(torch.rand(H) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def forward(self, x_BTD: torch.Tensor, state: LinearState | None = None):
+        cfg = self.cfg
+        B, T, _ = x_BTD.shape
+        H, K, V = self.num_heads, self.head_k_dim, self.head_v_dim
+        q, k, v = self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD)
+        conv_state = None
+        if cfg.use_short_conv:
+            cq, ck, cv = state.conv if state is not None and state.conv is not None else (None, None, None)
+            q, cq = self.q_conv1d(q, cq)
+            k, ck = self.k_conv1d(k, ck)
+            v, cv = self.v_conv1d(v, cv)
+            conv_state = (cq, ck, cv)
+        else:
+            # GDN applies SiLU to q, k, v also without the conv; doing the same keeps conv on/off a pure ablation.
+            q, k, v = F.silu(q), F.silu(k), F.silu(v)
+        q_BTHK, k_BTHK, v_BTHV = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, V)
+        if cfg.qk_norm == "l2":
+            q_BTHK, k_BTHK = _l2norm(q_BTHK), _l2norm(k_BTHK)
+
+        # Gates in at least float32, as FLA computes them, whatever the activation dtype.
+        acc = torch.promote_types(x_BTD.dtype, torch.float32)
+        if cfg.family in ("sgla", "rla"):
+            g_BTH = F.logsigmoid(self.gk_proj(x_BTD).to(acc)) / GATE_LOGIT_NORMALIZER
+        else:
+            g_BTH = -self.A_log.to(acc).exp() * F.softplus(self.a_proj(x_BTD).to(acc) + self.dt_bias.to(acc))
+        if cfg.family == "sgla":
+            beta_BTH = torch.ones_like(g_BTH)
+        else:
+            beta_BTH = torch.sigmoid(self.b_proj(x_BTD).to(acc))
+        if not cfg.is_residual:
+            gamma_BTH = None
+        elif cfg.tied_gamma:
+            gamma_BTH = beta_BTH
+        else:
+            gamma_BTH = torch.sigmoid(self.c_proj(x_BTD).to(acc))
+
+        initial = (state.S, state.R) if state is not None and state.S is not None else None
+        self.backend_used = select_backend(q_BTHK, cfg.backend)
+        o_BTHV, (S, R) = residual_attention(
+            q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, gamma_BTH,
+            rule=self.rule, fit=cfg.fit, target=cfg.target, clip=cfg.clip, output_gates=cfg.output_gates,
+            initial_state=initial, backend=self.backend_used,
+        )
+        if self.stats_enabled:
+            self._record_stats(o_BTHV, S, R)
+
+        gate_BTHV = self.g_proj(x_BTD).view(B, T, H, V)
+        y = self.o_norm(o_BTHV.to(x_BTD.dtype)) * F.silu(gate_BTHV)
+        y_BTD = self.o_proj(y.reshape(B, T, H * V))
+        new_state = None
+        if state is not None:
+            new_state = LinearState(S=S, R=R, conv=conv_state, seen=state.seen + T)
+        return y_BTD, new_state
+
+    @torch.no_grad()
+    def _record_stats(self, o_BTHV, S, R):
+        # Per token, the L2 norm over all heads of the op output (before the output norm, which would hide it).
+        self.stats = {"attn_out_norm": o_BTHV.float().flatten(2).norm(dim=-1).mean()}
+        # Frobenius norm of each sequence's final state over all heads, averaged over the batch.
+        self.stats["S_norm"] = S.float().flatten(1).norm(dim=-1).mean()
+        if R is not None:
+            self.stats["R_norm"] = R.float().flatten(1).norm(dim=-1).mean()
+
+
+def _rope(x_BTHD: torch.Tensor, positions_T: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding, rotate-half convention (Llama / torchtitan's HF layout)."""
+    D = x_BTHD.shape[-1]
+    inv_freq = 1.0 / theta ** (torch.arange(0, D, 2, device=x_BTHD.device, dtype=torch.float64) / D)
+    angles_TD = torch.outer(positions_T.to(torch.float64), inv_freq).repeat(1, 2)
+    cos = angles_TD.cos().to(x_BTHD.dtype)[None, :, None, :]
+    sin = angles_TD.sin().to(x_BTHD.dtype)[None, :, None, :]
+    x1, x2 = x_BTHD[..., : D // 2], x_BTHD[..., D // 2:]
+    return x_BTHD * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Causal softmax attention with RoPE and grouped-query attention (the Transformer baseline)."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        D, H, Hkv, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        if Dh % 2:
+            raise ValueError(f"RoPE needs an even head_dim (got {Dh})")
+        self.num_heads, self.num_kv_heads, self.head_dim = H, Hkv, Dh
+        self.q_proj = nn.Linear(D, H * Dh, bias=False)
+        self.k_proj = nn.Linear(D, Hkv * Dh, bias=False)
+        self.v_proj = nn.Linear(D, Hkv * Dh, bias=False)
+        self.o_proj = nn.Linear(H * Dh, D, bias=False)
+        self.backend_used: str | None = None
+        self.stats_enabled = False
+        self.stats: dict[str, torch.Tensor] = {}
+
+    def forward(self, x_BTD: torch.Tensor, state: KVState | None = None):
+        B, T, _ = x_BTD.shape
+        H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        past = state.seen if state is not None else 0
+        positions = torch.arange(past, past + T, device=x_BTD.device)
+        q_BTHD = _rope(self.q_proj(x_BTD).view(B, T, H, Dh), positions, self.cfg.rope_theta)
+        k_BTHD = _rope(self.k_proj(x_BTD).view(B, T, Hkv, Dh), positions, self.cfg.rope_theta)
+        v_BTHD = self.v_proj(x_BTD).view(B, T, Hkv, Dh)
+        if state is not None and state.k is not None:
+            k_BTHD = torch.cat([state.k, k_BTHD], dim=1)
+            v_BTHD = torch.cat([state.v, v_BTHD], dim=1)
+        mask = None
+        if past and T > 1:
+            # Query i (absolute position past + i) sees keys 0 .. past + i.
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=x_BTD.device).tril(past)
+        o_BHTD = F.scaled_dot_product_attention(
+            q_BTHD.transpose(1, 2), k_BTHD.transpose(1, 2), v_BTHD.transpose(1, 2),
+            attn_mask=mask, is_causal=(past == 0 and T > 1), enable_gqa=(H != Hkv),
+        )
+        self.backend_used = "sdpa"
+        o_BTHD = o_BHTD.transpose(1, 2)
+        if self.stats_enabled:
+            with torch.no_grad():
+                self.stats = {"attn_out_norm": o_BTHD.float().flatten(2).norm(dim=-1).mean()}
+        y_BTD = self.o_proj(o_BTHD.reshape(B, T, H * Dh))
+        new_state = KVState(k=k_BTHD, v=v_BTHD) if state is not None else None
+        return y_BTD, new_state
+
+
+def build_mixer(cfg: ModelConfig, layer_idx: int) -> nn.Module:
+    return Attention(cfg, layer_idx) if cfg.family == "transformer" else ResidualAttention(cfg, layer_idx)

@@ -1,0 +1,111 @@
+"""The causal LM: embeddings, blocks (RMSNorm, mixer, RMSNorm, SwiGLU MLP), final RMSNorm, head.
+
+    model = build_model(cfg)
+    logits_BTV = model(input_ids_BT)                 # training / evaluation
+    cache = model.new_cache()                        # decoding: per-layer (S, R, conv) or KV state
+    logits_BTV = model(prompt_BT, cache=cache)       # prefill; cache now holds the states after the prompt
+    logits_BV = model.step(next_token_B, cache)      # one token; equals the parallel forward's last position
+
+`model.backend_used` names the op backend that ran last; with `model.track_stats(True)`, `model.layer_stats()`
+returns `{"layer_00/attn_out_norm": ..., "layer_00/S_norm": ..., "layer_00/R_norm": ...}` from the last forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from rla_ablate.models.config import ModelConfig
+from rla_ablate.models.layers import KVState, LinearState, ResidualAttention, build_mixer
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.attn = build_mixer(cfg, layer_idx)
+        self.mlp_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x_BTD: torch.Tensor, state=None):
+        h, state = self.attn(self.attn_norm(x_BTD), state)
+        x_BTD = x_BTD + h
+        return x_BTD + self.mlp(self.mlp_norm(x_BTD)), state
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) for every linear, conv and embedding weight, zero biases, GDN's gate init."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Conv1d, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.RMSNorm):
+                nn.init.ones_(module.weight)
+            elif isinstance(module, ResidualAttention):
+                module.reset_gate_parameters()
+
+    def new_cache(self) -> list:
+        """Empty per-layer decoding states; pass the list to `forward(..., cache=)` / `step`, which update it."""
+        return [KVState() if self.cfg.family == "transformer" else LinearState() for _ in self.layers]
+
+    def forward(self, input_ids: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+        x_BTD = self.embed(input_ids)
+        for i, layer in enumerate(self.layers):
+            x_BTD, new_state = layer(x_BTD, None if cache is None else cache[i])
+            if cache is not None:
+                cache[i] = new_state
+        return self.lm_head(self.norm(x_BTD))
+
+    def step(self, token_ids: torch.Tensor, cache: list) -> torch.Tensor:
+        """One decoding step: token_ids [B] -> logits [B, vocab]; `cache` is updated in place."""
+        return self.forward(token_ids[:, None], cache=cache)[:, -1]
+
+    @property
+    def backend_used(self) -> str | None:
+        """The op backend that ran in the last forward ('sdpa' for the transformer)."""
+        names = [layer.attn.backend_used for layer in self.layers if layer.attn.backend_used is not None]
+        return names[-1] if names else None
+
+    def track_stats(self, enabled: bool = True) -> None:
+        """Record per-layer attention-output and state norms on every forward (costs a few reductions)."""
+        for layer in self.layers:
+            layer.attn.stats_enabled = bool(enabled)
+            layer.attn.stats = {}
+
+    def layer_stats(self) -> dict[str, float]:
+        """`layer_XX/attn_out_norm`, `layer_XX/S_norm`, `layer_XX/R_norm` from the last forward, as floats."""
+        out: dict[str, float] = {}
+        for i, layer in enumerate(self.layers):
+            for name, value in layer.attn.stats.items():
+                out[f"layer_{i:02d}/{name}"] = float(value)
+        return out
+
+
+def build_model(cfg: ModelConfig) -> CausalLM:
+    return CausalLM(cfg)

@@ -1,0 +1,41 @@
+"""Model presets: `models/<scale>-<family>.yaml` at the repository root, one ModelConfig each.
+
+    load_preset("tiny-rla")            # by name
+    load_preset("path/to/my.yaml")     # or by path
+    list_presets()                     # ["1.5b-gdn", ..., "tiny-transformer"]
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from rla_ablate.config import load_yaml, validate
+from rla_ablate.errors import UserError
+from rla_ablate.models.config import ModelConfig
+
+PRESET_DIR = Path(__file__).resolve().parents[2] / "models"
+
+
+def list_presets() -> list[str]:
+    """Names of the presets in models/, sorted."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def preset_path(name_or_path: str | Path) -> Path:
+    text = str(name_or_path)
+    if text.endswith((".yaml", ".yml")) or "/" in text:
+        return Path(text)
+    path = PRESET_DIR / f"{text}.yaml"
+    if not path.is_file():
+        names = list_presets()
+        close = difflib.get_close_matches(text, names, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UserError(f"unknown model preset '{text}'{hint}; available: {', '.join(names)} "
+                        "or a path to a .yaml file")
+    return path
+
+
+def load_preset(name_or_path: str | Path) -> ModelConfig:
+    """A validated ModelConfig from a preset name or a YAML file; errors name file, line and key."""
+    return validate(ModelConfig, load_yaml(preset_path(name_or_path)))

@@ -1,0 +1,194 @@
+"""Layers and the LM: step-by-step decoding == parallel forward, batch consistency, switches that reach the op,
+stats and backends, and the config's validation. (The op itself is covered by tests/test_ops.py.)"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from rla_ablate.models import ABLATIONS, ModelConfig, build_model
+from rla_ablate.ops.testing import assert_close
+
+# A large init std makes every path carry signal (at 0.006 the logits barely depend on the mixers).
+SHAPE = dict(vocab_size=50, hidden_size=32, num_layers=2, intermediate_size=48, num_heads=2, head_dim=8,
+             init_std=0.25)
+VARIANTS = {
+    "transformer": dict(family="transformer", num_heads=4, num_kv_heads=2),
+    "transformer-mha": dict(family="transformer"),
+    "sgla": dict(family="sgla"),
+    "gdn": dict(family="gdn"),
+    "rla": dict(family="rla"),
+    "rdn": dict(family="rdn"),
+    "rla-none-tied-noconv": dict(family="rla", fit="none", tied_gamma=True, use_short_conv=False),
+    "rdn-tanh-nogates-nonorm-ev": dict(family="rdn", target="tanh", output_gates=False, qk_norm="none",
+                                       expand_v=1.5),
+    "gdn-noconv": dict(family="gdn", use_short_conv=False),
+}
+
+
+def make(variant: str, **extra) -> ModelConfig:
+    return ModelConfig(**{**SHAPE, **VARIANTS[variant], **extra})
+
+
+def built(cfg: ModelConfig, seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model(cfg).double().eval()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_decoding_equals_parallel(variant):
+    model = built(make(variant))
+    ids = torch.randint(0, 50, (2, 13), generator=torch.Generator().manual_seed(42))
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache()
+        # Prefill an odd-length prompt, then one token at a time.
+        pieces = [model(ids[:, :5], cache=cache)]
+        for t in range(5, ids.shape[1]):
+            pieces.append(model.step(ids[:, t], cache)[:, None])
+        decoded = torch.cat(pieces, dim=1)
+        # Two prefills of different lengths exercise the cache with T > 1 (the transformer's offset mask).
+        cache2 = model.new_cache()
+        two = torch.cat([model(ids[:, :7], cache=cache2), model(ids[:, 7:], cache=cache2)], dim=1)
+    assert_close(f"{variant} step", full, decoded, ratio=1e-12)
+    assert_close(f"{variant} two prefills", full, two, ratio=1e-12)
+    # Decoding must really depend on the carried state, not only on the current token.
+    with torch.no_grad():
+        fresh = model(ids[:, -1:])
+    assert (fresh[:, 0] - full[:, -1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("variant", ["transformer", "rla", "rdn"])
+def test_right_padded_batch_matches_each_sequence(variant):
+    model = built(make(variant))
+    gen = torch.Generator().manual_seed(7)
+    lengths = [9, 4]
+    ids = torch.randint(0, 50, (2, 9), generator=gen)
+    ids[1, 4:] = 0
+    with torch.no_grad():
+        batch = model(ids)
+        for i, n in enumerate(lengths):
+            alone = model(ids[i:i + 1, :n])
+            assert_close(f"{variant} seq {i}", alone[0], batch[i, :n], ratio=1e-12)
+
+
+def test_backend_and_stats():
+    rla = built(make("rla"))
+    rla.track_stats(True)
+    rla(torch.zeros(1, 6, dtype=torch.long))
+    assert rla.backend_used == "chunk"
+    stats = rla.layer_stats()
+    assert sorted(stats) == sorted(f"layer_{i:02d}/{k}" for i in range(2) for k in ("attn_out_norm", "S_norm", "R_norm"))
+    assert all(isinstance(v, float) and v > 0 for v in stats.values())
+    rla.track_stats(False)
+    rla(torch.zeros(1, 6, dtype=torch.long))
+    assert rla.layer_stats() == {}
+
+    gdn = built(make("gdn"))
+    gdn.track_stats(True)
+    gdn(torch.zeros(1, 3, dtype=torch.long))
+    assert sorted(gdn.layer_stats()) == sorted(f"layer_{i:02d}/{k}" for i in range(2) for k in ("attn_out_norm", "S_norm"))
+
+    tf = built(make("transformer"))
+    tf.track_stats(True)
+    tf(torch.zeros(1, 3, dtype=torch.long))
+    assert tf.backend_used == "sdpa"
+    assert sorted(tf.layer_stats()) == ["layer_00/attn_out_norm", "layer_01/attn_out_norm"]
+
+
+def test_attn_out_norm_is_the_op_output_norm():
+    model = built(make("rdn"))
+    model.track_stats(True)
+    captured = {}
+    layer = model.layers[0].attn
+    hook = layer.o_norm.register_forward_pre_hook(lambda mod, args: captured.setdefault("o", args[0]))
+    model(torch.arange(10)[None] % 50)
+    hook.remove()
+    expected = captured["o"].flatten(2).norm(dim=-1).mean().item()
+    assert model.layer_stats()["layer_00/attn_out_norm"] == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("family", ["rla", "rdn"])
+def test_naive_backend_agrees_with_chunk(family):
+    ids = torch.randint(0, 50, (2, 70), generator=torch.Generator().manual_seed(3))
+    chunk = built(make(family))
+    naive = built(make(family, backend="naive"))
+    naive.load_state_dict(chunk.state_dict())
+    with torch.no_grad():
+        assert_close(family, chunk(ids), naive(ids), ratio=1e-12)
+    assert naive.backend_used == "naive"
+
+
+def test_families_share_everything_but_their_gates():
+    def mixer_params(cfg):
+        return {k.split(".attn.")[1] for k in build_model(cfg).state_dict() if k.startswith("layers.0.attn.")}
+
+    sgla, gdn, rla, rdn = (mixer_params(make(f)) for f in ("sgla", "gdn", "rla", "rdn"))
+    shared = {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_conv1d.weight", "k_conv1d.weight",
+              "v_conv1d.weight", "g_proj.weight", "o_norm.weight", "o_proj.weight"}
+    assert sgla == shared | {"gk_proj.weight", "gk_proj.bias"}
+    assert gdn == shared | {"a_proj.weight", "A_log", "dt_bias", "b_proj.weight"}
+    assert rla == sgla | {"b_proj.weight", "c_proj.weight"}
+    assert rdn == gdn | {"c_proj.weight"}
+    assert mixer_params(make("rla", tied_gamma=True)) == rla - {"c_proj.weight"}
+
+
+@pytest.mark.parametrize("name", [n for n in ABLATIONS if n != "matched_state"])
+@pytest.mark.parametrize("family", ["rla", "rdn"])
+def test_every_ablation_switch_reaches_the_output(name, family):
+    ref_cfg = make(family)
+    abl_cfg = ABLATIONS[name].apply(ref_cfg)
+    ref, abl = built(ref_cfg), built(abl_cfg)
+    missing, unexpected = abl.load_state_dict(ref.state_dict(), strict=False)
+    assert not missing
+    ids = torch.randint(0, 50, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (ref(ids) - abl(ids)).abs().max() > 1e-6, f"{name} changed nothing"
+
+
+@pytest.mark.parametrize("variant", ["transformer", "sgla", "rla", "rdn"])
+def test_backward_reaches_every_parameter(variant):
+    model = built(make(variant))
+    model.train()
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(5))
+    logits = model(ids)
+    torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 50), ids[:, 1:].reshape(-1)).backward()
+    no_grad = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not no_grad
+
+
+def test_init_std_from_config():
+    model = build_model(ModelConfig(**{**SHAPE, "family": "rla", "hidden_size": 256, "init_std": 0.006}))
+    std = model.layers[0].mlp.up_proj.weight.std().item()
+    assert std == pytest.approx(0.006, rel=0.05)
+    A = build_model(make("gdn")).layers[0].attn.A_log.exp()
+    assert torch.all((A > 0) & (A <= 16))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(family="sgla", tied_gamma=True), "only apply to residual families"),
+    (dict(family="gdn", target="identity"), "only apply to residual families"),
+    (dict(family="rla", fit="off"), "use family 'sgla'"),
+    (dict(family="gdn", fit="none"), "fit must be 'off'"),
+    (dict(family="rla", num_kv_heads=1), "num_kv_heads is for the transformer"),
+    (dict(family="transformer", qk_norm="l2"), "transformer uses qk_norm='none'"),
+    (dict(family="transformer", num_heads=3, num_kv_heads=2), "multiple of num_kv_heads"),
+    (dict(family="rdn", expand_v=1.3), "head_dim * expand_v must be a positive integer"),
+    (dict(family="rdn", fit="partial"), "fit"),
+    (dict(family="rdn", colour="red"), "colour"),
+])
+def test_invalid_configs_are_rejected(bad, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ModelConfig(**{**SHAPE, **bad})
+
+
+def test_unset_switches_resolve_per_family():
+    rla, sgla, tf = make("rla"), make("sgla"), make("transformer")
+    assert (rla.fit, rla.qk_norm, rla.use_short_conv, rla.rule) == ("residual", "l2", True, "additive")
+    assert (sgla.fit, make("gdn").rule) == ("off", "delta")
+    assert (tf.fit, tf.qk_norm, tf.use_short_conv, tf.num_kv_heads) == ("off", "none", False, 2)
+    # The resolved JSON (what job ids hash) validates back to the same config.
+    assert ModelConfig.model_validate_json(rla.model_dump_json()) == rla
+    assert rla.replace(family="sgla").fit == "off"
