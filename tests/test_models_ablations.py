@@ -1,0 +1,59 @@
+"""The ablation registry of BRIEF §3: names, families, what each changes, and the errors a sweep sees."""
+
+from __future__ import annotations
+
+import pytest
+
+from rla_ablate.errors import UserError
+from rla_ablate.models import ABLATIONS, apply_ablation, load_preset
+from rla_ablate.models.ablations import check
+
+EXPECTED = {
+    "no_fitting": {"fit": "none"},
+    "tied_gamma": {"tied_gamma": True},
+    "no_output_gates": {"output_gates": False},
+    "no_clip": {"target": "identity"},
+    "no_norm": {"qk_norm": "none"},
+    "no_clip_no_norm": {"target": "identity", "qk_norm": "none"},
+    "logcosh": {"target": "tanh"},
+}
+
+
+def test_registry_names_and_evidence():
+    assert set(ABLATIONS) == set(EXPECTED) | {"matched_state"}
+    for ablation in ABLATIONS.values():
+        assert ablation.evidence and ablation.change and set(ablation.families) <= {"sgla", "gdn", "rla", "rdn"}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.parametrize("family", ["rla", "rdn"])
+def test_each_ablation_changes_exactly_its_switches(name, family):
+    ref = load_preset(f"tiny-{family}")
+    out = ABLATIONS[name].apply(ref)
+    before, after = ref.model_dump(), out.model_dump()
+    assert {k: after[k] for k in after if after[k] != before[k]} == EXPECTED[name]
+
+
+def test_matched_state_control():
+    out = apply_ablation("matched_state", load_preset("tiny-rdn"))
+    assert out.family == "gdn" and out.expand_v == 2.0
+
+
+def test_no_norm_fits_baselines_too():
+    assert apply_ablation("no_norm", load_preset("tiny-gdn")).qk_norm == "none"
+
+
+@pytest.mark.parametrize("name", ["no_fitting", "tied_gamma", "logcosh", "matched_state"])
+@pytest.mark.parametrize("family", ["sgla", "gdn", "transformer"])
+def test_wrong_family_lists_the_families_it_fits(name, family):
+    with pytest.raises(UserError) as err:
+        ABLATIONS[name].apply(load_preset(f"tiny-{family}"))
+    assert f"does not apply to family '{family}'" in str(err.value)
+    assert "it applies to: rla, rdn" in str(err.value)
+
+
+def test_unknown_ablation_suggests_a_name():
+    with pytest.raises(UserError, match="did you mean 'no_clip'"):
+        check("no_clips", "rla")
+    with pytest.raises(UserError, match="allowed: no_fitting, tied_gamma"):
+        apply_ablation("bogus", load_preset("tiny-rla"))
