@@ -71,29 +71,41 @@ def load_yaml(path: str | Path) -> LocatedYAML:
     return load_yaml_text(path.read_text(encoding="utf-8"), str(path))
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models inside an annotation, looking through Optional, Union, list, dict and Annotated."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _is_tag(part: Any, candidates: list[type[BaseModel]]) -> bool:
+    """A discriminated union puts the chosen member's tag (a Literal value, e.g. kind: text) in the location."""
+    if not isinstance(part, str) or len(candidates) < 2 or any(part in m.model_fields for m in candidates):
+        return False
+    return any(part in typing.get_args(f.annotation) for m in candidates for f in m.model_fields.values()
+               if typing.get_origin(f.annotation) is typing.Literal)
+
+
+def _walk(model: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, tuple]:
+    """The model that owns the last key of `loc`, and `loc` as the user wrote it (union tags removed)."""
+    owner, candidates, shown = None, [model], []
+    for part in loc:
+        if _is_tag(part, candidates):
+            candidates = [m for m in candidates if any(part in typing.get_args(f.annotation)
+                                                       for f in m.model_fields.values())]
+            continue
+        shown.append(part)
+        if isinstance(part, int):
+            continue
+        owner = candidates[0] if candidates else None
+        f = owner.model_fields.get(part) if owner else None
+        candidates = _models_in(f.annotation) if f else []
+    return owner, tuple(shown)
+
+
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     """The pydantic model class that owns the last key of `loc` (for listing allowed keys)."""
-    current: Any = model
-    for part in loc[:-1]:
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            f = current.model_fields.get(part)
-            if f is None:
-                return None
-            current = f.annotation
-        elif isinstance(part, int):
-            pass
-        else:
-            pass
-        # unwrap Optional / list / dict to reach the nested model
-        for _ in range(4):
-            args = [a for a in typing.get_args(current) if a is not type(None)]
-            if isinstance(current, type) and issubclass(current, BaseModel):
-                break
-            if not args:
-                break
-            models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
-            current = models[0] if models else args[-1]
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+    return _walk(model, loc)[0]
 
 
 def _describe(err: dict, model: type[BaseModel], loc: tuple) -> str:
@@ -122,7 +134,9 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], locate
     problems = []
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        problems.append((located.line(loc), ".".join(str(p) for p in loc) or "(top level)", _describe(err, model, loc)))
+        shown = _walk(model, loc)[1]
+        problems.append((located.line(shown), ".".join(str(p) for p in shown) or "(top level)",
+                         _describe(err, model, loc)))
     if len(problems) == 1:
         line, key, msg = problems[0]
         return UserError(msg, file=located.file, line=line, key=key)

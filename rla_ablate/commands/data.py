@@ -1,0 +1,117 @@
+"""`rla-sweep data prepare SRC OUT`: tokenize a text file/folder or a saved HF dataset into memory-mapped shards.
+
+`rla-sweep data show CONFIG`: what a data config (a YAML file holding `data:` or a bare data mapping) yields.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rla_ablate.errors import UserError
+
+
+def _source_config(src: str, args):
+    from rla_ablate.data.config import HFDiskData, StdlibData, TextData
+
+    common = {"tokenizer": args.tokenizer, "eos_token": args.eos_token}
+    try:
+        if src == "stdlib":
+            return StdlibData(split=args.split or "train", **common)
+        path = Path(src)
+        if not path.exists():
+            raise UserError(f"no such file or folder: {path}", key="SRC")
+        if path.is_dir() and any((path / f).is_file() for f in ("dataset_info.json", "dataset_dict.json",
+                                                                  "state.json")):
+            return HFDiskData(path=path, split=args.split, text_column=args.text_column, **common)
+        if args.split:
+            raise UserError("--split applies to the embedded corpus and to HF datasets", key="--split")
+        return TextData(path=path, glob=args.glob, **common)
+    except ValueError as exc:
+        raise UserError(str(exc).split("\n", 1)[-1].strip(), key="SRC") from None
+
+
+def prepare(args) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from rla_ablate.data.shards import ShardWriter, choose_dtype
+    from rla_ablate.data.sources import count_documents, iter_documents, tokenize_documents
+    from rla_ablate.data.tokenizer import load_tokenizer
+
+    if args.shard_tokens < 1:
+        raise UserError(f"must be >= 1 (got {args.shard_tokens})", key="--shard-tokens")
+    cfg = _source_config(args.src, args)
+    tok = load_tokenizer(cfg.tokenizer, cfg.eos_token)
+    dtype = choose_dtype(tok.vocab_size, args.dtype)
+    writer = ShardWriter(Path(args.out), dtype=dtype, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
+                         tokenizer_file=cfg.tokenizer, eos_token=getattr(tok, "eos_token", None),
+                         shard_tokens=args.shard_tokens,
+                         source=args.src if args.src == "stdlib" else str(Path(args.src).resolve()))
+    total = count_documents(cfg)
+    columns = (TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("documents"),
+               TextColumn("{task.fields[tokens]:,} tokens"), TimeRemainingColumn())
+    with Progress(*columns, transient=False) as progress:
+        task = progress.add_task("prepare", total=total, tokens=0)
+        tokens = 0
+        for ids in tokenize_documents(iter_documents(cfg), tok):
+            writer.add(ids)
+            tokens += ids.size + 1
+            progress.update(task, advance=1, tokens=tokens)
+    index = writer.close()
+    print(f"wrote {index['tokens']:,} tokens ({index['documents']:,} documents, {dtype}, vocabulary "
+          f"{index['vocab_size']}) in {len(index['shards'])} shard(s) to {args.out}")
+    print(f"use it with: data: {{kind: shards, path: {Path(args.out).resolve()}}}")
+    return 0
+
+
+def show(args) -> int:
+    from pydantic import BaseModel
+
+    from rla_ablate.config import load_yaml, validate
+    from rla_ablate.data import DataConfig, EvalConfig, make_eval_batches, vocab_size
+    from rla_ablate.data.sources import open_source
+
+    class _File(BaseModel):
+        data: DataConfig
+
+    located = load_yaml(args.config)
+    payload = located.data if isinstance(located.data, dict) and "data" in located.data else {"data": located.data}
+    cfg = validate(_File, located, {"data": payload["data"]}).data
+    print(f"kind: {cfg.kind}, vocabulary: {vocab_size(cfg)}")
+    if cfg.kind in ("mqar", "niah"):
+        ev = EvalConfig(name="show", data=cfg, examples=1)
+        batch = make_eval_batches(ev, args.seq_len, 1)[0]
+        tok = open_source(cfg.haystack).tokenizer if cfg.kind == "niah" else None
+    else:
+        src = open_source(cfg)
+        print(f"tokens: {len(src):,}, windows of {args.seq_len + 1}: {(len(src) - 1) // args.seq_len:,}")
+        batch = make_eval_batches(EvalConfig(name="show", data=cfg, tokens=args.seq_len), args.seq_len, 1)[0]
+        tok = src.tokenizer
+    ids = batch.input_ids[0]
+    print("first example:", tok.decode(ids) if tok is not None else ids.tolist())
+    return 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("data", help="prepare and inspect training data",
+                                   description="Prepare and inspect training data.")
+    sub = parser.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    p = sub.add_parser("prepare", help="tokenize text or a saved HF dataset into memory-mapped shards",
+                       description="Tokenize SRC into memory-mapped shards in OUT (read with "
+                                   "`data: {kind: shards, path: OUT}`).")
+    p.add_argument("src", metavar="SRC", help="a text file, a folder of text files, a folder written by "
+                                              "datasets' save_to_disk, or 'stdlib' (the embedded corpus)")
+    p.add_argument("out", metavar="OUT", help="a new folder for index.json and the shard files")
+    p.add_argument("--tokenizer", type=Path, help="a tokenizers JSON file (default: UTF-8 bytes)")
+    p.add_argument("--eos-token", help="the end-of-document token of the tokenizer (default: guessed)")
+    p.add_argument("--dtype", choices=["uint16", "uint32"], help="token width (default: uint16 if it fits)")
+    p.add_argument("--glob", default="**/*.txt", help="files of a folder to read (default: **/*.txt)")
+    p.add_argument("--split", help="HF DatasetDict split, or train/validation of the embedded corpus")
+    p.add_argument("--text-column", default="text", help="HF dataset column with the text (default: text)")
+    p.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard file (default: 2^28)")
+    p.set_defaults(func=prepare)
+    s = sub.add_parser("show", help="print the vocabulary, size and first example of a data config",
+                       description="Print what a data config yields: vocabulary, size, first example.")
+    s.add_argument("config", metavar="CONFIG", type=Path, help="YAML with a `data:` mapping (or a bare one)")
+    s.add_argument("--seq-len", type=int, default=256, help="sequence length (default: 256)")
+    s.set_defaults(func=show)

@@ -1,0 +1,175 @@
+"""Token sources: every text-like data config becomes one long token stream, documents ended by EOS.
+
+`open_source(cfg)` returns an object with `len()`, `window(start, stop) -> int64 array`, `vocab_size`, `eos_id`,
+`tokenizer` and `fingerprint` (changes whenever the tokens could). Text, HF-on-disk and the embedded corpus are
+tokenized in memory once per process; shards are memory-mapped. `iter_documents` yields the documents of a text
+source without tokenizing them, for `data prepare`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from rla_ablate.data.config import HFDiskData, ShardsData, StdlibData, TextData
+from rla_ablate.data.shards import ShardReader
+from rla_ablate.data.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
+from rla_ablate.errors import UserError
+
+CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
+SNAPSHOT = CORPUS_DIR / "stdlib.jsonl.gz"
+MANIFEST = CORPUS_DIR / "stdlib.manifest.json"
+
+
+def path_fraction(name: str) -> float:
+    """A number in [0, 1) that depends only on `name` (the SHA-256 of its UTF-8 bytes)."""
+    digest = hashlib.sha256(name.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+@lru_cache(maxsize=1)
+def _stdlib_records() -> tuple[tuple[str, str, str], ...]:
+    raw = gzip.decompress(SNAPSHOT.read_bytes())
+    expected = json.loads(MANIFEST.read_text())["sha256_uncompressed"]
+    if hashlib.sha256(raw).hexdigest() != expected:
+        raise RuntimeError(f"{SNAPSHOT} is corrupted (SHA-256 differs from {MANIFEST.name}); reinstall rla-sweep")
+    return tuple((r["path"], r["split"], r["text"]) for r in map(json.loads, raw.decode("utf-8").splitlines()))
+
+
+def _text_files(cfg: TextData) -> list[tuple[str, Path]]:
+    if cfg.path.is_file():
+        files = [(cfg.path.name, cfg.path)]
+    else:
+        files = sorted((p.relative_to(cfg.path).as_posix(), p) for p in cfg.path.glob(cfg.glob) if p.is_file())
+        if not files:
+            raise UserError(f"no file under {cfg.path} matches {cfg.glob!r}", key="glob")
+    if cfg.split != "all":
+        want_val = cfg.split == "validation"
+        files = [(n, p) for n, p in files if (path_fraction(n) < cfg.validation_fraction) == want_val]
+        if not files:
+            raise UserError(f"no file of {cfg.path} falls in the {cfg.split} split (validation_fraction="
+                            f"{cfg.validation_fraction}, chosen by a hash of each file's path); raise "
+                            "validation_fraction or add files", key="split")
+    return files
+
+
+def _hf_dataset(cfg: HFDiskData):
+    try:
+        import datasets
+    except ImportError:
+        raise UserError("kind hf_disk needs the `datasets` package: pip install datasets", key="kind") from None
+    try:
+        ds = datasets.load_from_disk(str(cfg.path))
+    except Exception as exc:
+        raise UserError(f"{cfg.path} is not a dataset saved with save_to_disk: {exc}", key="path") from None
+    if isinstance(ds, datasets.DatasetDict):
+        names = list(ds)
+        split = cfg.split or (names[0] if len(names) == 1 else "train")
+        if split not in ds:
+            raise UserError(f"split {split!r} is not in {cfg.path}; allowed: {', '.join(names)}", key="split")
+        ds = ds[split]
+    elif cfg.split is not None:
+        raise UserError(f"{cfg.path} is a single Dataset without splits; remove split", key="split")
+    if cfg.text_column not in ds.column_names:
+        raise UserError(f"column {cfg.text_column!r} is not in {cfg.path}; allowed: {', '.join(ds.column_names)}",
+                        key="text_column")
+    return ds
+
+
+def count_documents(cfg: StdlibData | TextData | HFDiskData) -> int:
+    if isinstance(cfg, StdlibData):
+        return sum(1 for _, split, _ in _stdlib_records() if split == cfg.split)
+    if isinstance(cfg, TextData):
+        return len(_text_files(cfg))
+    return len(_hf_dataset(cfg))
+
+
+def iter_documents(cfg: StdlibData | TextData | HFDiskData) -> Iterator[str]:
+    """The documents of a text-like source, in their fixed order."""
+    if isinstance(cfg, StdlibData):
+        yield from (text for _, split, text in _stdlib_records() if split == cfg.split)
+    elif isinstance(cfg, TextData):
+        for name, p in _text_files(cfg):
+            try:
+                yield p.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start}); narrow glob",
+                                key="path") from None
+    else:
+        ds = _hf_dataset(cfg)
+        for batch in ds.iter(batch_size=1000):
+            for text in batch[cfg.text_column]:
+                yield "" if text is None else str(text)
+
+
+class ArraySource:
+    """A token stream held in memory (uint16/uint32 array)."""
+
+    def __init__(self, tokens: np.ndarray, tokenizer, fingerprint: str):
+        self.tokens = tokens
+        self.tokenizer = tokenizer
+        self.vocab_size = tokenizer.vocab_size
+        self.eos_id = tokenizer.eos_id
+        self.fingerprint = fingerprint
+
+    def __len__(self) -> int:
+        return int(self.tokens.size)
+
+    def window(self, start: int, stop: int) -> np.ndarray:
+        return self.tokens[start:stop].astype(np.int64)
+
+
+class ShardSource(ShardReader):
+    """A memory-mapped shard folder as a token source."""
+
+    def __init__(self, folder: Path):
+        super().__init__(folder)
+        self.tokenizer = (ByteTokenizer() if self.tokenizer_file is None
+                          else JsonTokenizer(self.tokenizer_file, self.eos_token))
+
+
+def tokenize_documents(docs, tokenizer, batch: int = 256) -> Iterator[np.ndarray]:
+    """Token ids of each document (no EOS), encoding `batch` documents at a time."""
+    pending: list[str] = []
+    for text in docs:
+        pending.append(text)
+        if len(pending) == batch:
+            yield from tokenizer.encode_batch(pending)
+            pending = []
+    if pending:
+        yield from tokenizer.encode_batch(pending)
+
+
+def _pack(arrays: list[np.ndarray], eos_id: int, vocab_size: int) -> np.ndarray:
+    dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
+    out = np.empty(sum(a.size + 1 for a in arrays), dtype=dtype)
+    pos = 0
+    for a in arrays:
+        out[pos:pos + a.size] = a
+        out[pos + a.size] = eos_id
+        pos += a.size + 1
+    return out
+
+
+@lru_cache(maxsize=8)
+def _open_cached(key: str, cfg):
+    if isinstance(cfg, ShardsData):
+        return ShardSource(cfg.path)
+    tok = load_tokenizer(cfg.tokenizer, cfg.eos_token)
+    if isinstance(tok, ByteTokenizer):
+        arrays = [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in iter_documents(cfg)]
+    else:
+        arrays = list(tokenize_documents(iter_documents(cfg), tok))
+    tokens = _pack(arrays, tok.eos_id, tok.vocab_size)
+    return ArraySource(tokens, tok, f"{key}:{tok.fingerprint}:{hashlib.sha256(tokens.tobytes()).hexdigest()}")
+
+
+def open_source(cfg: StdlibData | TextData | ShardsData | HFDiskData):
+    """The token stream of a text-like data config (cached per process)."""
+    return _open_cached(cfg.model_dump_json(), cfg)

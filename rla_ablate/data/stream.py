@@ -1,0 +1,165 @@
+"""Training streams and eval sets: what the training job calls.
+
+A stream is an endless, resumable iterator of `Batch`es. Sample g of the global order (all ranks together) is a
+pure function of (data, seq_len, seed, g): text-like data cuts its token stream into windows of seq_len + 1 tokens
+and visits them in a fresh pseudo-random permutation every epoch; recall tasks generate example g. Batch s of
+rank r holds samples (s·W + r)·B ... (s·W + r)·B + B - 1, so ranks never overlap and the state is one number.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rla_ablate.data.config import MQARData, NIAHData, RECALL_KINDS, EvalConfig
+from rla_ablate.data.recall import NeedleTask, mqar_examples
+from rla_ablate.data.rng import Permutation, derive_key
+from rla_ablate.data.sources import open_source
+from rla_ablate.errors import UserError
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Batch:
+    """`labels[b, t]` is the target of the prediction at `input_ids[b, t]` (already shifted; -100 = not scored)."""
+
+    input_ids: torch.Tensor
+    """[B, T] int64."""
+    labels: torch.Tensor
+    """[B, T] int64."""
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        return Batch(self.input_ids.to(device, non_blocking=non_blocking),
+                     self.labels.to(device, non_blocking=non_blocking))
+
+
+def _batch(inputs: np.ndarray, labels: np.ndarray) -> Batch:
+    return Batch(torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.int64)),
+                 torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)))
+
+
+def vocab_size(cfg) -> int:
+    """The smallest model vocabulary that covers every token id this data config produces."""
+    if isinstance(cfg, MQARData):
+        return cfg.vocab_size
+    if isinstance(cfg, NIAHData):
+        return open_source(cfg.haystack).vocab_size
+    return open_source(cfg).vocab_size
+
+
+def _recall_len(cfg, seq_len: int) -> int:
+    own = cfg.seq_len if isinstance(cfg, MQARData) else cfg.context_length
+    return own or seq_len
+
+
+class _Windows:
+    """Windows of seq_len + 1 tokens of a token source: window c is tokens [c·T, c·T + T + 1)."""
+
+    def __init__(self, cfg, seq_len: int):
+        self.source = open_source(cfg)
+        self.seq_len = seq_len
+        self.count = (len(self.source) - 1) // seq_len
+        if self.count < 1:
+            raise UserError(f"the data has {len(self.source)} tokens, fewer than seq_len + 1 = {seq_len + 1}",
+                            key="data")
+
+    def rows(self, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        T = self.seq_len
+        w = np.stack([self.source.window(int(c) * T, int(c) * T + T + 1) for c in chunks])
+        return w[:, :-1], w[:, 1:]
+
+
+class TrainStream(Iterator[Batch]):
+    """Endless batches for one rank; `state_dict()` after k batches resumes at batch k + 1 exactly."""
+
+    def __init__(self, rows: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], fingerprint: str,
+                 batch_size: int, rank: int, world_size: int):
+        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need batch_size >= 1 and 0 <= rank < world_size (got {batch_size}, {rank}, "
+                             f"{world_size})")
+        self._rows, self.fingerprint = rows, fingerprint
+        self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.samples_seen = 0
+        """Samples consumed by all ranks together (global)."""
+
+    def __next__(self) -> Batch:
+        first = self.samples_seen + self.rank * self.batch_size
+        batch = _batch(*self._rows(np.arange(first, first + self.batch_size, dtype=np.int64)))
+        self.samples_seen += self.batch_size * self.world_size
+        return batch
+
+    def state_dict(self) -> dict:
+        """The same on every rank; plain ints and strings (fits `torch.save` with weights_only loading)."""
+        return {"version": STATE_VERSION, "samples_seen": self.samples_seen, "fingerprint": self.fingerprint}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise UserError(f"data position from an unknown format version {state.get('version')!r}", key="data")
+        if state["fingerprint"] != self.fingerprint:
+            raise UserError("the checkpoint was written for different data (source, tokenizer, seq_len or seed "
+                            "changed); resume with the original data config or start a new run", key="data")
+        self.samples_seen = int(state["samples_seen"])
+
+
+def _fingerprint(*parts: object) -> str:
+    return hashlib.sha256("/".join(str(p) for p in parts).encode()).hexdigest()
+
+
+def make_train_stream(cfg, seq_len: int, batch_size: int, seed: int, rank: int = 0,
+                      world_size: int = 1) -> TrainStream:
+    """An endless, resumable stream of `Batch`es [batch_size, T] for `rank` of `world_size`.
+
+    T is `seq_len`, except for mqar/niah configs that set their own length. Ranks read disjoint samples."""
+    if cfg.kind == "mqar":
+        T = _recall_len(cfg, seq_len)
+        key = derive_key("mqar", "train", seed, cfg.seed)
+        return TrainStream(lambda g: mqar_examples(cfg, T, key, g), _fingerprint(cfg.model_dump_json(), T, key),
+                           batch_size, rank, world_size)
+    if cfg.kind == "niah":
+        T = _recall_len(cfg, seq_len)
+        task = NeedleTask(cfg, open_source(cfg.haystack), T)
+        key = derive_key("niah", "train", seed, cfg.seed)
+        return TrainStream(lambda g: task.examples(key, g),
+                           _fingerprint(cfg.model_dump_json(), task.source.fingerprint, T, key),
+                           batch_size, rank, world_size)
+    windows = _Windows(cfg, seq_len)
+    perms: dict[int, Permutation] = {}
+
+    def rows(g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        epoch, pos = np.divmod(g, windows.count)
+        chunks = np.empty_like(g)
+        for e in np.unique(epoch):
+            if int(e) not in perms:
+                perms.clear()
+                perms[int(e)] = Permutation(windows.count, derive_key("lm-order", seed, int(e)))
+            chunks[epoch == e] = perms[int(e)][pos[epoch == e]]
+        return windows.rows(chunks)
+
+    return TrainStream(rows, _fingerprint(windows.source.fingerprint, seq_len, seed), batch_size, rank, world_size)
+
+
+def make_eval_batches(eval_cfg: EvalConfig, seq_len: int, batch_size: int) -> list[Batch]:
+    """The fixed batches of an eval set (the last one may be smaller); the same for every job and machine.
+
+    Text-like data: ceil(tokens / seq_len) windows spread evenly over the whole set. mqar / niah: `examples`
+    examples from the data config's own seed."""
+    cfg = eval_cfg.data
+    if cfg.kind in RECALL_KINDS:
+        T = _recall_len(cfg, seq_len)
+        idx = np.arange(eval_cfg.examples, dtype=np.int64)
+        if cfg.kind == "mqar":
+            key = derive_key("mqar", "eval", cfg.seed)
+            inputs, labels = mqar_examples(cfg, T, key, idx)
+        else:
+            key = derive_key("niah", "eval", cfg.seed)
+            inputs, labels = NeedleTask(cfg, open_source(cfg.haystack), T).examples(key, idx)
+    else:
+        windows = _Windows(cfg, seq_len)
+        count = min(windows.count, -(-eval_cfg.tokens // seq_len))
+        inputs, labels = windows.rows((np.arange(count, dtype=np.int64) * windows.count) // count)
+    return [_batch(inputs[i:i + batch_size], labels[i:i + batch_size]) for i in range(0, len(inputs), batch_size)]
