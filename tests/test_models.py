@@ -175,6 +175,7 @@ def test_init_std_from_config():
     (dict(family="rla", num_kv_heads=1), "num_kv_heads is for the transformer"),
     (dict(family="transformer", qk_norm="l2"), "transformer uses qk_norm='none'"),
     (dict(family="transformer", num_heads=3, num_kv_heads=2), "multiple of num_kv_heads"),
+    (dict(family="transformer", head_dim=7), "even head_dim"),
     (dict(family="rdn", expand_v=1.3), "head_dim * expand_v must be a positive integer"),
     (dict(family="rdn", fit="partial"), "fit"),
     (dict(family="rdn", colour="red"), "colour"),

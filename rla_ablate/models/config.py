@@ -107,6 +107,9 @@ class ModelConfig(BaseModel):
                 raise ValueError("use_short_conv is a linear-attention switch; the transformer has no short conv")
             if self.expand_v != 1.0:
                 raise ValueError(f"expand_v must be 1 for the transformer (got {self.expand_v})")
+            if self.head_dim % 2:
+                raise ValueError(f"RoPE rotates pairs of dimensions: the transformer needs an even head_dim "
+                                 f"(got {self.head_dim})")
             kv = self.num_kv_heads or self.num_heads
             if self.num_heads % kv:
                 raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={kv}")

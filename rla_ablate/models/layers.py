@@ -206,8 +206,6 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg, self.layer_idx = cfg, layer_idx
         D, H, Hkv, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        if Dh % 2:
-            raise ValueError(f"RoPE needs an even head_dim (got {Dh})")
         self.num_heads, self.num_kv_heads, self.head_dim = H, Hkv, Dh
         self.q_proj = nn.Linear(D, H * Dh, bias=False)
         self.k_proj = nn.Linear(D, Hkv * Dh, bias=False)
