@@ -1,0 +1,52 @@
+"""`rla-sweep plan FILE`: every job of a sweep with params, state, FLOPs and GPU-hours, before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="list a sweep's jobs with params, state size, FLOPs/token, tokens and GPU-hours",
+        description="Expand and validate a sweep file without running anything. GPU-hours assume "
+                    "resources.assumed_tflops sustained training TFLOP/s per GPU.")
+    parser.add_argument("file", help="the sweep file (YAML)")
+    parser.add_argument("--json", action="store_true",
+                        help='print {"jobs": [{job_id, name, family, ablations, params, state_elements, '
+                             'flops_per_token, tokens, gpu_hours}], "totals": {...}}')
+    parser.set_defaults(func=run)
+
+
+def _h(n: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.sweep.plan import plan
+
+    doc = plan(load_sweep(args.file))
+    if args.json:
+        print(json.dumps(doc, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = doc["totals"]
+    table = Table(title=f"sweep {t['sweep']}: {t['jobs']} jobs, {_h(t['tokens'])} tokens, "
+                        f"{t['gpu_hours']:,.1f} GPU-hours at {t['assumed_tflops']:g} TFLOP/s per GPU")
+    for col, justify in (("job", "left"), ("id", "left"), ("family", "left"), ("ablations", "left"),
+                         ("params", "right"), ("state/layer", "right"), ("FLOPs/tok", "right"),
+                         ("tokens", "right"), ("GPU-h", "right")):
+        table.add_column(col, justify=justify)
+    for r in doc["jobs"]:
+        table.add_row(r["name"], r["job_id"][:8], r["family"], "+".join(r["ablations"]) or "-", _h(r["params"]),
+                      _h(r["state_elements"]), _h(r["flops_per_token"]), _h(r["tokens"]), f"{r['gpu_hours']:,.2f}")
+    if "search_trials" in t:
+        table.caption = f"Optuna search: the base job above runs as {t['search_trials']} trials (totals include them)"
+    Console().print(table)
+    return 0

@@ -1,0 +1,395 @@
+"""Expansion: a sweep file becomes a flat, ordered list of fully resolved jobs before anything is scheduled.
+
+Order (deterministic): model arm, grid/zip point, variant (unablated first, then ablations in file order),
+seed; then the derived controls in the same order. Every problem is a `UserError` naming the line of the
+sweep file it comes from: unknown presets, ablations and config keys, an ablation that does not fit a
+family, values a config rejects.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from rla_ablate.config import LocatedYAML, load_yaml, validate
+from rla_ablate.errors import UserError
+from rla_ablate.sweep.ids import job_id
+from rla_ablate.sweep.schema import AblationRef, ControlRef, SweepConfig
+
+RESIDUAL_BASELINE = {"rla": "sgla", "rdn": "gdn"}
+FAMILIES = ("transformer", "sgla", "gdn", "rla", "rdn")
+
+
+@dataclass
+class ResolvedJob:
+    """One job of a sweep: a resolved `JobConfig` and how it came about."""
+
+    job_id: str
+    name: str
+    family: str
+    ablations: list[str]
+    seed: int
+    job: BaseModel
+    """The resolved `rla_ablate.train.JobConfig`."""
+    point: dict[str, Any] = field(default_factory=dict)
+    """The grid/zip/search values that produced it."""
+    control_of: str | None = None
+    """For a derived control: the name of the residual job whose budget it matches."""
+    control_report: dict[str, Any] | None = None
+    """For a derived control: what else moved when the baseline was widened."""
+    arm: int = 0
+    """Index of the model arm (in `models:`) it comes from."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "name": self.name, "family": self.family, "ablations": list(self.ablations),
+                "seed": self.seed, "point": dict(self.point), "control_of": self.control_of,
+                "control_report": self.control_report}
+
+
+@dataclass
+class Sweep:
+    """A validated sweep file and its expansion."""
+
+    config: SweepConfig
+    source: LocatedYAML
+    jobs: list[ResolvedJob]
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Load, validate and expand a sweep file; raises `UserError` on any problem, before anything runs."""
+    located = load_yaml(path)
+    if not isinstance(located.data, dict):
+        raise UserError("a sweep file is a mapping with at least 'name' and 'models'", file=located.file, line=1)
+    cfg = validate(SweepConfig, located)
+    if cfg.search is not None:
+        for key, bad in (("models", len(cfg.models) != 1), ("seeds", len(cfg.seeds) != 1), ("grid", bool(cfg.grid)),
+                         ("zip", bool(cfg.zip)), ("ablations", bool(cfg.ablations)), ("controls", bool(cfg.controls))):
+            if bad:
+                raise _err(located, (key,), "a search sweep tunes one model with one seed: give exactly one model "
+                                            "and one seed, and no grid, zip, ablations or controls")
+    jobs = expand(cfg, located)
+    check_vocab(jobs, located)
+    return Sweep(config=cfg, source=located, jobs=jobs)
+
+
+def check_vocab(jobs: list[ResolvedJob], located: LocatedYAML) -> None:
+    """Every model's vocabulary covers its data's token ids (caught here, not in a worker an hour later)."""
+    from rla_ablate.data import vocab_size
+    from rla_ablate.sweep.ids import canonical_json
+
+    needed: dict[str, int] = {}
+
+    def need(data: BaseModel) -> int:
+        key = canonical_json(data)
+        if key not in needed:
+            needed[key] = vocab_size(data)
+        return needed[key]
+
+    for job in jobs:
+        want = max([need(job.job.data)] + [need(e.data) for e in job.job.eval])
+        if job.job.model.vocab_size < want:
+            raise _err(located, ("models", job.arm),
+                       f"the model's vocab_size is {job.job.model.vocab_size} but the data needs {want} token ids "
+                       f"(bytes + end-of-document = 257); add `overrides: {{vocab_size: {want}}}`")
+
+
+def _err(located: LocatedYAML, path: tuple, message: str) -> UserError:
+    return UserError(message, file=located.file, line=located.line(path), key=".".join(str(p) for p in path))
+
+
+def _pydantic_message(exc: ValidationError, prefix: str = "") -> str:
+    parts = []
+    for e in exc.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        where = f"{prefix}{loc}" if loc else prefix.rstrip(".")
+        if e["type"] == "extra_forbidden":
+            parts.append(f"unknown key '{where}'")
+        else:
+            got = e.get("input")
+            shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+            parts.append(f"{where}: {e['msg']}{shown}" if where else f"{e['msg']}{shown}")
+    return "; ".join(parts)
+
+
+def _with_allowed(message: str, exc: ValidationError, owner: type[BaseModel] | None) -> str:
+    unknown = [str(e["loc"][-1]) for e in exc.errors() if e["type"] == "extra_forbidden" and e["loc"]]
+    if owner is None or not unknown:
+        return message
+    allowed = sorted(owner.model_fields)
+    close = difflib.get_close_matches(unknown[0], allowed, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"{message}{hint}; allowed: {', '.join(allowed)}"
+
+
+def set_dotted(tree: dict, key: str, value: Any) -> None:
+    """Set `model.num_heads` style keys inside nested dicts (creating missing levels)."""
+    parts = key.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise KeyError(f"'{part}' is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def grid_points(cfg: SweepConfig) -> list[dict[str, Any]]:
+    """Every combination of `grid` crossed with the rows of `zip` (one empty point when both are empty)."""
+    grid_keys = list(cfg.grid)
+    combos = list(itertools.product(*(cfg.grid[k] for k in grid_keys))) or [()]
+    zip_keys = list(cfg.zip)
+    rows = list(zip(*(cfg.zip[k] for k in zip_keys))) if zip_keys else [()]
+    points = []
+    for combo in combos:
+        for row in rows:
+            point = dict(zip(grid_keys, combo))
+            point.update(zip(zip_keys, row))
+            points.append(point)
+    return points
+
+
+def _point_label(point: dict[str, Any]) -> str:
+    return ",".join(f"{k.split('.', 1)[1]}={v}" for k, v in point.items())
+
+
+class _Resolver:
+    """Builds JobConfigs, caching model configs (they do not depend on seed or train keys: 10,000 jobs plan fast)."""
+
+    def __init__(self, cfg: SweepConfig, located: LocatedYAML):
+        from rla_ablate import models as M
+        from rla_ablate.train import JobConfig
+
+        self.cfg, self.located, self.M, self.JobConfig = cfg, located, M, JobConfig
+        self._model_cache: dict[tuple, BaseModel] = {}
+
+    def arm(self, i: int) -> BaseModel:
+        arm = self.cfg.models[i]
+        try:
+            base = self.M.load_preset(arm.preset)
+        except UserError as exc:
+            raise _err(self.located, ("models", i, "preset"), str(exc)) from None
+        except (FileNotFoundError, KeyError, ValueError):
+            names = list(self.M.list_presets())
+            close = difflib.get_close_matches(arm.preset, names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise _err(self.located, ("models", i, "preset"),
+                       f"unknown preset '{arm.preset}'{hint}; available: {', '.join(names)} or a path to a .yaml file") from None
+        if not arm.overrides:
+            return base
+        data = base.model_dump()
+        data.update(arm.overrides)
+        try:
+            return type(base).model_validate(data)
+        except ValidationError as exc:
+            msg = _with_allowed(_pydantic_message(exc), exc, type(base))
+            raise _err(self.located, ("models", i, "overrides"), msg) from None
+
+    def model(self, i: int, arm_cfg: BaseModel, point: dict[str, Any], ablation: str | None) -> BaseModel:
+        model_keys = tuple((k, repr(v)) for k, v in point.items() if k.startswith("model."))
+        cache_key = (i, model_keys, ablation)
+        if cache_key in self._model_cache:
+            return self._model_cache[cache_key]
+        cfg = arm_cfg
+        if model_keys:
+            data = cfg.model_dump()
+            for k, v in point.items():
+                if k.startswith("model."):
+                    set_dotted(data, k.split(".", 1)[1], v)
+            try:
+                cfg = type(cfg).model_validate(data)
+            except ValidationError as exc:
+                key = next(k for k in point if k.startswith("model."))
+                msg = _with_allowed(_pydantic_message(exc, "model."), exc, type(cfg))
+                raise _err(self.located, self._key_path(key), msg) from None
+        if ablation is not None:
+            cfg = self.M.ABLATIONS[ablation].apply(cfg)
+        self._model_cache[cache_key] = cfg
+        return cfg
+
+    def job(self, model_cfg: BaseModel, point: dict[str, Any], seed: int) -> BaseModel:
+        data = copy.deepcopy(self.cfg.base)
+        data.setdefault("train", {})
+        for k, v in point.items():
+            if not k.startswith("model."):
+                try:
+                    set_dotted(data, k, v)
+                except KeyError as exc:
+                    raise _err(self.located, self._key_path(k), str(exc)) from None
+        data["train"]["seed"] = seed
+        data["model"] = model_cfg
+        try:
+            return self.JobConfig.model_validate(data)
+        except ValidationError as exc:
+            raise self._job_error(exc) from None
+
+    def _key_path(self, key: str) -> tuple:
+        """Where a swept key sits in the sweep file."""
+        if key in self.cfg.grid:
+            return ("grid", key)
+        if key in self.cfg.zip:
+            return ("zip", key)
+        return ("search", "params", key)
+
+    def _job_error(self, exc: ValidationError) -> UserError:
+        """Point at the sweep line the bad value came from: a grid/zip key, or the base section."""
+        first = exc.errors()[0]
+        loc = tuple(first["loc"])
+        dotted = ".".join(str(p) for p in loc)
+        owner = self._owner(loc)
+        msg = _with_allowed(_pydantic_message(exc), exc, owner)
+        for key in itertools.chain(self.cfg.grid, self.cfg.zip, (self.cfg.search.params if self.cfg.search else {})):
+            if dotted.startswith(key):
+                return _err(self.located, self._key_path(key), msg)
+        return _err(self.located, ("base",) + loc, msg)
+
+    def _owner(self, loc: tuple) -> type[BaseModel] | None:
+        """The config class holding the last key of `loc` (to list allowed keys), when it is a plain model."""
+        current: Any = self.JobConfig
+        for part in loc[:-1]:
+            if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
+                return None
+            current = current.model_fields[part].annotation
+        return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _ablation_refs(cfg: SweepConfig) -> list[AblationRef]:
+    return [AblationRef(name=a) if isinstance(a, str) else a for a in cfg.ablations]
+
+
+def _control_refs(cfg: SweepConfig) -> list[ControlRef]:
+    return [ControlRef(name=c) if isinstance(c, str) else c for c in cfg.controls]
+
+
+def check_ablations(cfg: SweepConfig, located: LocatedYAML, arm_families: list[str], registry: dict) -> dict[int, list[str]]:
+    """For each ablation (by position): the arm families it will be applied to. Errors name the line."""
+    present = sorted(set(arm_families))
+    out: dict[int, list[str]] = {}
+    for j, ref in enumerate(_ablation_refs(cfg)):
+        path = ("ablations", j)
+        if ref.name not in registry:
+            names = sorted(registry)
+            close = difflib.get_close_matches(ref.name, names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise _err(located, path, f"unknown ablation '{ref.name}'{hint}; allowed: {', '.join(names)}")
+        fits = list(registry[ref.name].families)
+        if ref.families is not None:
+            for fam in ref.families:
+                if fam not in fits:
+                    raise _err(located, path + ("families",),
+                               f"ablation '{ref.name}' does not apply to family '{fam}'; it applies to {', '.join(fits)}")
+                if fam not in present:
+                    raise _err(located, path + ("families",),
+                               f"family '{fam}' has no model in this sweep; models here: {', '.join(present)}")
+            out[j] = list(ref.families)
+        else:
+            hit = [f for f in present if f in fits]
+            if not hit:
+                raise _err(located, path, f"ablation '{ref.name}' applies to {', '.join(fits)}; "
+                                          f"this sweep's models are {', '.join(present)}")
+            out[j] = hit
+    return out
+
+
+def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] | None = None) -> list[ResolvedJob]:
+    """The sweep's jobs, in a fixed order, each with its id; `points` replaces the grid (used by search)."""
+    r = _Resolver(cfg, located)
+    arms = [r.arm(i) for i in range(len(cfg.models))]
+    labels = [a.name or a.preset for a in cfg.models]
+    if len(set(labels)) != len(labels):
+        dup = next(lab for lab in labels if labels.count(lab) > 1)
+        raise _err(located, ("models",), f"two models are labelled '{dup}'; give one a 'name:'")
+    families = [str(a.family) for a in arms]
+    ablation_refs = _ablation_refs(cfg)
+    targets = check_ablations(cfg, located, families, r.M.ABLATIONS)
+    controls = _control_refs(cfg)
+    for j, ref in enumerate(controls):
+        wanted = ref.families if ref.families is not None else [f for f in families if f in RESIDUAL_BASELINE]
+        bad = [f for f in wanted if f not in RESIDUAL_BASELINE]
+        if bad or not [f for f in families if f in wanted]:
+            raise _err(located, ("controls", j),
+                       f"control '{ref.name}' is derived from residual models (rla, rdn); "
+                       f"this sweep's models are {', '.join(sorted(set(families)))}")
+    if points is None:
+        points = grid_points(cfg)
+
+    jobs: list[ResolvedJob] = []
+    seen: dict[str, str] = {}
+
+    def add(job: ResolvedJob) -> None:
+        # Two routes to one config (e.g. an ablation that changes nothing for this preset) run once.
+        if job.job_id in seen:
+            return
+        seen[job.job_id] = job.name
+        jobs.append(job)
+
+    for i, arm_cfg in enumerate(arms):
+        for point in points:
+            variants: list[str | None] = [None] + [ref.name for j, ref in enumerate(ablation_refs)
+                                                   if families[i] in targets[j]]
+            for ablation in variants:
+                model_cfg = r.model(i, arm_cfg, point, ablation)
+                for seed in cfg.seeds:
+                    job = r.job(model_cfg, point, seed)
+                    name = "/".join(p for p in (labels[i], ablation, _point_label(point), f"seed{seed}") if p)
+                    add(ResolvedJob(job_id=job_id(job), name=name, family=str(model_cfg.family),
+                                    ablations=[ablation] if ablation else [], seed=seed, job=job, point=dict(point),
+                                    arm=i))
+
+    for j, ref in enumerate(controls):
+        derive = r.M.matched_state if ref.name == "matched_state" else r.M.matched_params
+        wanted = ref.families if ref.families is not None else list(RESIDUAL_BASELINE)
+        for i, arm_cfg in enumerate(arms):
+            if families[i] not in wanted:
+                continue
+            baseline = RESIDUAL_BASELINE[families[i]]
+            for point in points:
+                target_cfg = r.model(i, arm_cfg, point, None)
+                try:
+                    derived = derive(target_cfg, baseline, axis=ref.axis)
+                except ValueError as exc:
+                    raise _err(located, ("controls", j), f"cannot derive {ref.name} for '{labels[i]}': {exc}") from None
+                model_cfg, report = _split_control(derived)
+                for seed in cfg.seeds:
+                    job = r.job(model_cfg, point, seed)
+                    target_name = "/".join(p for p in (labels[i], _point_label(point)) if p)
+                    tag = ref.name if ref.axis == "expand_v" else f"{ref.name}[{ref.axis}]"
+                    name = "/".join(p for p in (f"{baseline}~{tag}({labels[i]})", _point_label(point),
+                                                f"seed{seed}") if p)
+                    add(ResolvedJob(job_id=job_id(job), name=name, family=baseline, ablations=[ref.name], seed=seed,
+                                    job=job, point=dict(point), control_of=target_name, control_report=report,
+                                    arm=i))
+    return jobs
+
+
+def _split_control(derived: Any) -> tuple[BaseModel, dict[str, Any] | None]:
+    """matched_state/matched_params return a config, a (config, report) pair, or an object with .config."""
+    if isinstance(derived, BaseModel) and hasattr(derived, "family"):
+        return derived, None
+    if isinstance(derived, tuple):
+        cfg, report = derived
+    else:
+        cfg = derived.config
+        report = derived
+    if hasattr(report, "summary"):
+        report = report.summary()
+    elif hasattr(report, "model_dump"):
+        report = report.model_dump(mode="json", exclude={"config"})
+    elif hasattr(report, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        report = {k: v for k, v in asdict(report).items() if k != "config"}
+    if isinstance(report, dict):
+        report = {k: v for k, v in report.items() if not isinstance(v, BaseModel)}
+    return cfg, report

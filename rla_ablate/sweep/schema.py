@@ -1,0 +1,230 @@
+"""The sweep file: one YAML that names every job of an ablation study.
+
+    name: smoke
+    models:                      # the arms: presets (models/<scale>-<family>.yaml) or paths, with overrides
+      - preset: tiny-rla
+      - {preset: tiny-rdn, overrides: {clip: 0.5}}
+    base: {train: {...}, data: {...}, eval: [...]}   # the rest of a JobConfig, shared by every job
+    ablations: [no_fitting, {name: no_clip, families: [rdn]}]
+    controls: [matched_state]
+    grid: {train.lr: [1e-3, 3e-4]}
+    zip: {train.lr: [...], train.warmup_tokens: [...]}
+    seeds: [0, 1]
+    resources: {gpus: 0.25, cpus: 1}
+    search: {...}                # an Optuna study instead of the grid (see SearchConfig)
+
+Only the shape of the file is checked here; `rla_ablate.sweep.expand` resolves presets, ablations and
+dotted keys against the model and training configs and reports problems at the line they come from.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelArm(_Strict):
+    """One model of the study; every ablation, grid point and seed is applied to it."""
+
+    preset: str
+    """A preset name (`tiny-rla`, `1.5b-gdn`: models/<scale>-<family>.yaml) or a path to a preset file."""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """ModelConfig fields that replace the preset's, e.g. `{num_layers: 2}`."""
+    name: str | None = None
+    """Short label used in job names; default: the preset name."""
+
+
+class AblationRef(_Strict):
+    """An ablation from the registry (BRIEF §3), optionally limited to some families."""
+
+    name: str
+    """Registry name: no_fitting, tied_gamma, no_output_gates, no_clip, no_norm, no_clip_no_norm, logcosh."""
+    families: list[str] | None = None
+    """Apply only to the models of these families (each must be one the ablation fits); default: all it fits."""
+
+
+class ControlRef(_Strict):
+    """A derived baseline for each residual model: the baseline family widened to a matched budget."""
+
+    name: Literal["matched_state", "matched_params"]
+    """matched_state: baseline widened to the residual model's recurrent state; matched_params: to its params."""
+    families: list[str] | None = None
+    """Residual families to derive controls for (rla -> sgla, rdn -> gdn); default: every residual model."""
+    axis: Literal["expand_v", "heads", "head_dim"] = "expand_v"
+    """How the baseline is widened: value dim (dv' = 2 dv), heads (H' = 2 H) or key dim (dk' = 2 dk)."""
+
+
+class Resources(_Strict):
+    """What one job asks Ray for."""
+
+    gpus: float = 0.0
+    """GPUs per job; fractions below 1 share a GPU (0.25 = four jobs per GPU), above 1 must be whole."""
+    cpus: float = 1.0
+    """CPU cores per job (torch intra-op threads follow it)."""
+    retries: int = Field(default=2, ge=0, le=20)
+    """Times a failed job is rerun from its last checkpoint before the sweep reports it failed (diverged: never)."""
+    assumed_tflops: float = Field(default=400.0, gt=0)
+    """Sustained training TFLOP/s per GPU used for the plan's GPU-hours estimate (H200 bf16 at ~40% MFU)."""
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus_possible(cls, v: float) -> float:
+        if v < 0 or not math.isfinite(v):
+            raise ValueError("must be >= 0")
+        if v > 1 and v != int(v):
+            raise ValueError("a job can share one GPU (0 < gpus <= 1) or use whole GPUs (2, 4, 8), not a fraction above 1")
+        return v
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus_possible(cls, v: float) -> float:
+        if v <= 0 or not math.isfinite(v):
+            raise ValueError("must be > 0")
+        return v
+
+
+class SearchParam(_Strict):
+    """One searched config key."""
+
+    type: Literal["float", "int", "categorical"]
+    """How Optuna samples it."""
+    low: float | None = None
+    """Lower bound (float, int)."""
+    high: float | None = None
+    """Upper bound (float, int)."""
+    log: bool = False
+    """Sample on a log scale (float, int)."""
+    choices: list[Any] | None = None
+    """The values to choose from (categorical)."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "SearchParam":
+        if self.type == "categorical":
+            if not self.choices:
+                raise ValueError("a categorical parameter needs a non-empty 'choices' list")
+        else:
+            if self.low is None or self.high is None:
+                raise ValueError(f"a {self.type} parameter needs 'low' and 'high'")
+            if self.low > self.high:
+                raise ValueError(f"low ({self.low}) is above high ({self.high})")
+            if self.log and self.low <= 0:
+                raise ValueError("log scale needs low > 0")
+        return self
+
+
+class SearchConfig(_Strict):
+    """An Optuna study run through Ray: each trial is one job of the sweep and one MLflow child run."""
+
+    params: dict[str, SearchParam]
+    """Dotted config keys to search (`train.lr`, `model.num_heads`) and how to sample each."""
+    n_trials: int = Field(gt=0)
+    """Trials to complete (pruned trials count) before the study stops."""
+    metric: str = "eval/val/loss"
+    """The logged metric to optimize; intermediate values of it drive pruning."""
+    direction: Literal["minimize", "maximize"] = "minimize"
+    """Optimization direction of `metric`."""
+    sampler: Literal["tpe", "random"] = "tpe"
+    """Optuna sampler."""
+    pruner: Literal["median", "hyperband", "none"] = "median"
+    """Optuna pruner fed with intermediate values of `metric` (step = tokens seen)."""
+    seed: int = 0
+    """Sampler seed (the study is reproducible given the same completion order)."""
+
+    @field_validator("params")
+    @classmethod
+    def _keys_dotted(cls, v: dict) -> dict:
+        for key in v:
+            if key.split(".")[0] not in ("model", "train", "data"):
+                raise ValueError(f"search key '{key}' must start with model., train. or data.")
+        return v
+
+
+class SweepConfig(_Strict):
+    """A whole sweep file."""
+
+    name: str
+    """Sweep name: the MLflow experiment and the folder under --root (letters, digits, '_', '-', '.')."""
+    description: str = ""
+    """Free text, logged on the parent MLflow run."""
+    models: list[ModelArm] = Field(min_length=1)
+    """The model arms."""
+    base: dict[str, Any] = Field(default_factory=dict)
+    """The JobConfig sections shared by every job: train, data, eval."""
+    ablations: list[str | AblationRef] = Field(default_factory=list)
+    """Ablation variants added next to each model's unablated job, for the families they fit."""
+    controls: list[ControlRef | Literal["matched_state", "matched_params"]] = Field(default_factory=list)
+    """Derived equal-budget baselines for the residual models (BRIEF §3, the paper's open question)."""
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    """Dotted key -> values; every combination runs."""
+    zip: dict[str, list[Any]] = Field(default_factory=dict)
+    """Dotted key -> values; the i-th values run together (all lists the same length)."""
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    """Training seeds (train.seed); each job runs once per seed."""
+    resources: Resources = Field(default_factory=Resources)
+    """What each job asks Ray for."""
+    search: SearchConfig | None = None
+    """An Optuna study over the base job instead of a fixed grid."""
+
+    @field_validator("name")
+    @classmethod
+    def _name_ok(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("use letters, digits, '_', '-' and '.' (it names a folder and an MLflow experiment)")
+        return v
+
+    @field_validator("base")
+    @classmethod
+    def _base_sections(cls, v: dict) -> dict:
+        extra = sorted(set(v) - {"train", "data", "eval"})
+        if extra:
+            raise ValueError(f"unknown section(s) {', '.join(extra)} in base; allowed: train, data, eval "
+                             "(the model comes from 'models:')")
+        return v
+
+    @field_validator("grid", "zip")
+    @classmethod
+    def _dotted(cls, v: dict) -> dict:
+        for key, values in v.items():
+            if key.split(".")[0] not in ("model", "train", "data") or "." not in key:
+                raise ValueError(f"key '{key}' must be dotted and start with model., train. or data.")
+            if not values:
+                raise ValueError(f"'{key}' has no values")
+        return v
+
+    @field_validator("zip")
+    @classmethod
+    def _zip_lengths(cls, v: dict) -> dict:
+        lengths = {k: len(vals) for k, vals in v.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError("zip lists must have the same length; got "
+                             + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("give at least one seed")
+        if len(set(v)) != len(v):
+            raise ValueError("seeds repeat")
+        return v
+
+    @model_validator(mode="after")
+    def _no_overlap(self) -> "SweepConfig":
+        both = set(self.grid) & set(self.zip)
+        if both:
+            raise ValueError(f"key(s) {', '.join(sorted(both))} are in both grid and zip")
+        if self.search is not None:
+            clash = set(self.search.params) & (set(self.grid) | set(self.zip))
+            if clash:
+                raise ValueError(f"key(s) {', '.join(sorted(clash))} are both searched and swept")
+        return self

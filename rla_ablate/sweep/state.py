@@ -1,0 +1,227 @@
+"""A sweep's folder under --root: what ran, what is running, and who owns the processes.
+
+    <root>/<sweep>/
+        sweep.yaml            the file of the last launch (resume reads it)
+        sweep.json            {name, tracking_uri, backend_uri, parent_run_id}
+        jobs.json             the current expansion: [{job_id, name, family, ablations, seed, tokens_target, ...}]
+        jobs/<job_id>/        run_job's out_dir (checkpoints/, metrics.jsonl) plus job.json and status.json
+        launch.lock           flock held by the running launch (the kernel drops it when the process dies)
+        launch.json           {pid, pgid, host, started, children: [[pid, create_time], ...]}
+        cancel.request        written by `rla-sweep cancel`; the launch stops its jobs at their next step
+        mlflow/               the embedded tracking server's SQLite store and artifacts
+        triton-cache/         TRITON_CACHE_DIR of every worker: kernels compile once per node
+        optuna.db             the study of a `search:` sweep
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from rla_ablate.errors import UserError
+
+STATUSES = ("pending", "running", "finished", "failed", "diverged", "cancelled")
+# Final states a relaunch does not rerun: a diverged job diverges again (same config, same seed).
+TERMINAL = ("finished", "diverged")
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomic: a reader (status, a relaunch after SIGKILL) never sees a torn file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return default
+
+
+@dataclass
+class JobStatus:
+    status: str = "pending"
+    mlflow_run_id: str | None = None
+    tokens_done: int = 0
+    tokens_target: int = 0
+    error: str | None = None
+    attempts: int = 0
+    tracking_uri: str | None = None
+    updated: float = 0.0
+
+
+class SweepDir:
+    """The state of one sweep under a root folder."""
+
+    def __init__(self, root: str | Path, name: str):
+        self.root = Path(root).resolve()
+        self.name = name
+        self.path = self.root / name
+        self._lock_fd: int | None = None
+
+    # layout
+    @property
+    def jobs_dir(self) -> Path:
+        return self.path / "jobs"
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.jobs_dir / job_id
+
+    @property
+    def mlflow_dir(self) -> Path:
+        return self.path / "mlflow"
+
+    @property
+    def triton_cache(self) -> Path:
+        return self.path / "triton-cache"
+
+    @property
+    def cancel_path(self) -> Path:
+        return self.path / "cancel.request"
+
+    @property
+    def optuna_uri(self) -> str:
+        return f"sqlite:///{self.path / 'optuna.db'}"
+
+    def exists(self) -> bool:
+        return (self.path / "sweep.json").exists()
+
+    # sweep-level records
+    def meta(self) -> dict:
+        return read_json(self.path / "sweep.json", {}) or {}
+
+    def write_meta(self, **changes: Any) -> dict:
+        meta = self.meta()
+        meta.update(changes, name=self.name)
+        write_json(self.path / "sweep.json", meta)
+        return meta
+
+    def job_list(self) -> list[dict]:
+        return read_json(self.path / "jobs.json", []) or []
+
+    def write_job_list(self, jobs: list[dict]) -> None:
+        write_json(self.path / "jobs.json", jobs)
+
+    # per-job records
+    def status(self, job_id: str) -> JobStatus:
+        data = read_json(self.job_dir(job_id) / "status.json")
+        if not data:
+            return JobStatus()
+        known = {k: v for k, v in data.items() if k in JobStatus.__dataclass_fields__}
+        return JobStatus(**known)
+
+    def set_status(self, job_id: str, **changes: Any) -> JobStatus:
+        st = self.status(job_id)
+        for key, value in changes.items():
+            setattr(st, key, value)
+        st.updated = time.time()
+        self.job_dir(job_id).mkdir(parents=True, exist_ok=True)
+        write_json(self.job_dir(job_id) / "status.json", asdict(st))
+        return st
+
+    # ownership
+    def lock_held_by_other(self) -> bool:
+        """True while a live launch of this sweep holds the lock."""
+        path = self.path / "launch.lock"
+        if not path.exists():
+            return False
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+        finally:
+            os.close(fd)
+
+    def acquire(self) -> None:
+        """Take the launch lock or raise a UserError naming the running launch."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / "launch.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            rec = read_json(self.path / "launch.json", {}) or {}
+            raise UserError(f"sweep '{self.name}' is already being launched (pid {rec.get('pid', '?')} on "
+                            f"{rec.get('host', '?')}); watch it with `rla-sweep status {self.name}` or stop it "
+                            f"with `rla-sweep cancel {self.name}`", file=str(self.path / "launch.lock")) from None
+        self._lock_fd = fd
+        self.cleanup_stale()
+        self.cancel_path.unlink(missing_ok=True)
+        write_json(self.path / "launch.json", {"pid": os.getpid(), "pgid": os.getpgid(0), "host": socket.gethostname(),
+                                               "started": time.time(), "children": []})
+
+    def release(self) -> None:
+        if self._lock_fd is None:
+            return
+        rec = read_json(self.path / "launch.json", {}) or {}
+        if rec.get("pid") == os.getpid():
+            rec["children"] = []
+            rec["ended"] = time.time()
+            write_json(self.path / "launch.json", rec)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+    def record_children(self) -> None:
+        """Remember every descendant (Ray's GCS, raylet, workers; the MLflow server) with its start time."""
+        me = psutil.Process()
+        kids = []
+        for p in me.children(recursive=True):
+            try:
+                kids.append([p.pid, p.create_time()])
+            except psutil.Error:
+                continue
+        rec = read_json(self.path / "launch.json", {}) or {}
+        known = {tuple(k) for k in rec.get("children", [])}
+        if known >= {tuple(k) for k in kids} and rec.get("pid") == os.getpid():
+            return
+        rec["children"] = sorted({tuple(k) for k in kids} | known)
+        write_json(self.path / "launch.json", rec)
+
+    def cleanup_stale(self) -> list[int]:
+        """Stop what a dead launch left behind (matched by pid and start time, never by name). Returns the pids."""
+        rec = read_json(self.path / "launch.json", {}) or {}
+        if not rec or rec.get("pid") == os.getpid() or rec.get("host") != socket.gethostname():
+            return []
+        procs = []
+        for pid, created in rec.get("children", []):
+            try:
+                p = psutil.Process(int(pid))
+                if abs(p.create_time() - float(created)) < 0.01:
+                    procs.append(p)
+            except psutil.Error:
+                continue
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=5)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        return [p.pid for p in procs]
+
+    def request_cancel(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.cancel_path.write_text(str(time.time()))
+
+    def cancel_requested(self) -> bool:
+        return self.cancel_path.exists()

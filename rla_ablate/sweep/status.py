@@ -1,0 +1,75 @@
+"""What `rla-sweep status` and `cancel` read and write: the sweep folder, never a live process."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rla_ablate.errors import UserError
+from rla_ablate.sweep.state import SweepDir
+
+INTERRUPTED = "the launch stopped before this job ended; `rla-sweep resume {name}` resumes it from its checkpoint"
+
+
+def resolve_name(name_or_file: str) -> str:
+    """A sweep name, or the name inside a sweep file given by path."""
+    p = Path(name_or_file)
+    if name_or_file.endswith((".yaml", ".yml")) and p.is_file():
+        from rla_ablate.config import load_yaml
+
+        data = load_yaml(p).data
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            return data["name"]
+    return name_or_file
+
+
+def open_sweep(root: str | Path, name_or_file: str) -> SweepDir:
+    sdir = SweepDir(root, resolve_name(name_or_file))
+    if not sdir.path.is_dir() or not (sdir.path / "jobs.json").exists():
+        known = sorted(p.name for p in sdir.root.glob("*/jobs.json") for p in [p.parent]) if sdir.root.is_dir() else []
+        hint = f"; sweeps under {sdir.root}: {', '.join(known)}" if known else f"; nothing under {sdir.root}"
+        raise UserError(f"no sweep '{sdir.name}'{hint}", key="name")
+    return sdir
+
+
+def sweep_status(sdir: SweepDir) -> dict[str, Any]:
+    """The `status --json` document."""
+    meta = sdir.meta()
+    live = sdir.lock_held_by_other()
+    jobs = []
+    for rec in sdir.job_list():
+        st = sdir.status(rec["job_id"])
+        status, error = st.status, st.error
+        if status in ("pending", "running") and not live and st.attempts:
+            status, error = "pending", error or INTERRUPTED.format(name=sdir.name)
+        jobs.append({"job_id": rec["job_id"], "name": rec["name"], "ablations": rec.get("ablations", []),
+                     "status": status, "mlflow_run_id": st.mlflow_run_id, "tokens_done": int(st.tokens_done),
+                     "tokens_target": int(rec.get("tokens_target") or st.tokens_target), "error": error})
+    # Embedded server: its SQLite store opens the runs after the launch (and its server) are gone.
+    uri = meta.get("backend_uri") if meta.get("embedded_tracking", True) else meta.get("tracking_uri")
+    return {"sweep": sdir.name, "root": str(sdir.root), "tracking_uri": uri, "jobs": jobs}
+
+
+def cancel(sdir: SweepDir, wait_s: float, say=print) -> bool:
+    """Ask the running launch to stop (jobs checkpoint first); True once it has exited within `wait_s`."""
+    if not sdir.lock_held_by_other():
+        changed = 0
+        for rec in sdir.job_list():
+            st = sdir.status(rec["job_id"])
+            if st.status in ("pending", "running"):
+                sdir.set_status(rec["job_id"], status="cancelled", error="cancelled by `rla-sweep cancel`")
+                changed += 1
+        say(f"no launch of sweep '{sdir.name}' is running" + (f"; marked {changed} unfinished jobs cancelled"
+                                                              if changed else ""))
+        return True
+    sdir.request_cancel()
+    say(f"asked the launch of '{sdir.name}' to stop; its jobs save a checkpoint first")
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if not sdir.lock_held_by_other():
+            say("stopped; `rla-sweep resume " + sdir.name + "` continues from the checkpoints")
+            return True
+        time.sleep(0.5)
+    say(f"still stopping after {wait_s:.0f} s; check `rla-sweep status {sdir.name}`")
+    return False

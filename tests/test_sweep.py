@@ -1,0 +1,218 @@
+"""Sweep files: every committed one validates and plans; expansion is deterministic; bad files give exit 2 with
+file, line and key (through the real CLI entry point); no Ray, no MLflow, no training here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rla_ablate.cli import main
+from rla_ablate.sweep.expand import load_sweep
+from rla_ablate.sweep.ids import job_id
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
+JOB_KEYS = {"job_id", "name", "family", "ablations", "params", "state_elements", "flops_per_token", "tokens",
+            "gpu_hours"}
+
+
+def test_committed_sweeps_exist():
+    names = {p.name for p in SWEEPS}
+    assert {"ablations.yaml", "smoke.yaml", "matched-budget.yaml", "search-example.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
+def test_committed_sweep_plans(path, capsys):
+    assert main(["plan", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"jobs", "totals"}
+    assert doc["jobs"], "a sweep with no jobs"
+    for row in doc["jobs"]:
+        assert set(row) == JOB_KEYS
+        assert row["family"] in ("transformer", "sgla", "gdn", "rla", "rdn")
+        assert row["params"] > 0 and row["state_elements"] > 0 and row["flops_per_token"] > 0
+        assert row["gpu_hours"] == pytest.approx(row["flops_per_token"] * row["tokens"] / 400e12 / 3600)
+    ids = [r["job_id"] for r in doc["jobs"]]
+    assert len(set(ids)) == len(ids)
+    names = [r["name"] for r in doc["jobs"]]
+    assert len(set(names)) == len(names)
+    assert doc["totals"]["tokens"] >= sum(r["tokens"] for r in doc["jobs"])
+    assert main(["plan", str(path)]) == 0
+
+
+def test_ablation_suite_covers_the_paper():
+    sweep = load_sweep(REPO / "sweeps" / "ablations.yaml")
+    by = {(j.family, tuple(j.ablations)) for j in sweep.jobs}
+    for fam in ("rla", "rdn"):
+        for abl in ("no_fitting", "no_output_gates", "tied_gamma"):
+            assert (fam, (abl,)) in by
+    assert ("rla", ("no_clip_no_norm",)) in by and ("rdn", ("no_clip",)) in by
+    assert ("sgla", ()) in by and ("gdn", ()) in by
+    assert ("sgla", ("matched_state",)) in by and ("gdn", ("matched_state",)) in by
+    assert all(j.job.train.tokens == 50_000_000_000 for j in sweep.jobs)
+    assert {j.seed for j in sweep.jobs} == {0, 1, 2}
+    from rla_ablate.models import state_elements_per_layer
+
+    for j in sweep.jobs:
+        if j.control_of:
+            target = next(t for t in sweep.jobs if t.name == f"{j.control_of}/seed{j.seed}")
+            assert state_elements_per_layer(j.job.model) == state_elements_per_layer(target.job.model)
+
+
+def test_expansion_is_deterministic_and_ids_ignore_key_order(tmp_path):
+    src = REPO / "sweeps" / "smoke.yaml"
+    a = load_sweep(src)
+    b = load_sweep(src)
+    assert [(j.job_id, j.name) for j in a.jobs] == [(j.job_id, j.name) for j in b.jobs]
+    data = yaml.safe_load(src.read_text())
+
+    def reverse(x):
+        if isinstance(x, dict):
+            return {k: reverse(x[k]) for k in reversed(list(x))}
+        if isinstance(x, list):
+            return [reverse(v) for v in x]
+        return x
+
+    shuffled = tmp_path / "smoke.yaml"
+    shuffled.write_text(yaml.safe_dump(reverse(data), sort_keys=False))
+    c = load_sweep(shuffled)
+    assert [(j.job_id, j.name) for j in c.jobs] == [(j.job_id, j.name) for j in a.jobs]
+    # The id is the hash of the canonical config: equal for its plain JSON data, different for any change.
+    job = a.jobs[0].job
+    assert job_id(json.loads(job.model_dump_json())) == a.jobs[0].job_id
+    changed = job.model_copy(update={"train": job.train.model_copy(update={"lr": job.train.lr * 2})})
+    assert job_id(changed) != a.jobs[0].job_id
+
+
+def test_ids_are_stable_across_processes():
+    code = ("from rla_ablate.sweep.expand import load_sweep;"
+            "print(' '.join(j.job_id for j in load_sweep('sweeps/smoke.yaml').jobs))")
+    env = dict(os.environ, PYTHONHASHSEED="123")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [j.job_id for j in load_sweep(REPO / "sweeps" / "smoke.yaml").jobs]
+
+
+def test_edit_changes_only_the_edited_jobs(tmp_path):
+    data = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())
+    before = {j.name: j.job_id for j in load_sweep(REPO / "sweeps" / "smoke.yaml").jobs}
+    data["models"][0]["overrides"]["clip"] = 0.5
+    data["ablations"].append("no_norm")
+    edited = tmp_path / "smoke.yaml"
+    edited.write_text(yaml.safe_dump(data, sort_keys=False))
+    after = {j.name: j.job_id for j in load_sweep(edited).jobs}
+    changed = {n for n in after if before.get(n) != after[n]}
+    # The rla arm changed (all its jobs, incl. its derived control); no_norm adds one job to each of the 4 arms.
+    added = {n for n in after if n.split("/")[1] == "no_norm"}
+    assert len(added) == 4
+    assert all(n.startswith(("tiny-rla", "sgla~matched_state(tiny-rla)")) or n in added for n in changed)
+    assert {n for n in after if n.startswith("tiny-rdn")} - changed
+
+
+def test_grid_and_zip_expand(tmp_path):
+    f = tmp_path / "g.yaml"
+    f.write_text(textwrap.dedent("""
+        name: g
+        models: [{preset: tiny-rla, overrides: {vocab_size: 257}}, {preset: tiny-gdn, overrides: {vocab_size: 257}}]
+        base: {train: {tokens: 1024, seq_len: 64, micro_batch_size: 2, batch_tokens: 128}, data: {kind: stdlib}}
+        grid: {train.lr: [1.0e-3, 3.0e-3], model.num_layers: [1, 2]}
+        zip: {train.warmup_tokens: [0, 128], train.min_lr: [1.0e-5, 2.0e-5]}
+        seeds: [0, 1]
+    """))
+    jobs = load_sweep(f).jobs
+    assert len(jobs) == 2 * 2 * 2 * 2 * 2
+    rows = {(j.job.train.warmup_tokens, j.job.train.min_lr) for j in jobs}
+    assert rows == {(0, 1e-5), (128, 2e-5)}
+    assert {j.job.model.num_layers for j in jobs} == {1, 2}
+    assert len({j.job_id for j in jobs}) == len(jobs)
+
+
+def test_plan_10000_jobs_is_fast(tmp_path):
+    f = tmp_path / "big.yaml"
+    f.write_text(textwrap.dedent("""
+        name: big
+        models: [{preset: 1.5b-rla}, {preset: 1.5b-rdn}]
+        base: {train: {tokens: 1000000000}, data: {kind: stdlib}}
+        ablations: [no_fitting, tied_gamma, no_output_gates, no_clip, logcosh]
+        grid: {train.lr: [1.0e-4, 2.0e-4, 3.0e-4, 4.0e-4, 5.0e-4, 6.0e-4, 7.0e-4, 8.0e-4, 9.0e-4, 1.0e-3]}
+        zip: {train.warmup_tokens: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+                                    21, 22, 23, 24, 25]}
+        seeds: [0, 1, 2, 3]
+    """))
+    t0 = time.perf_counter()
+    from rla_ablate.sweep.plan import plan
+
+    doc = plan(load_sweep(f))
+    elapsed = time.perf_counter() - t0
+    assert len(doc["jobs"]) == 2 * 6 * 10 * 25 * 4 == 12000
+    # Generous bound (shared CI cores); benchmarks/orchestration.py measures the real number.
+    assert elapsed < 60
+
+
+BAD = {
+    "unknown_key": ("name: x\nmodels: [{preset: tiny-rla}]\nablation: [no_fitting]\n", 3, "did you mean 'ablations'"),
+    "wrong_type": ("name: x\nmodels: [{preset: tiny-rla}]\nseeds: [zero]\n", 3, "seeds"),
+    "unknown_ablation": ("name: x\nmodels: [{preset: tiny-rla}]\nablations:\n  - no_fiting\n", 4,
+                         "did you mean 'no_fitting'"),
+    "unknown_preset": ("name: x\nmodels:\n  - preset: tiny-rlaa\n", 3, "did you mean 'tiny-rla'"),
+    "not_applicable": ("name: x\nmodels: [{preset: tiny-rla}, {preset: tiny-sgla}]\nablations:\n"
+                       "  - {name: no_clip, families: [sgla]}\n", 4, "does not apply to family 'sgla'"),
+    "applies_to_none": ("name: x\nmodels: [{preset: tiny-sgla}]\nablations: [tied_gamma]\n", 3,
+                        "applies to rla, rdn"),
+    "fractional_gpus": ("name: x\nmodels: [{preset: tiny-rla}]\nresources:\n  gpus: 1.5\n", 4, "whole GPUs"),
+    "malformed": ("name: x\nmodels: [{preset: tiny-rla}\nseeds: [0]\n", 3, "malformed YAML"),
+    "bad_grid_key": ("name: x\nmodels: [{preset: tiny-rla}]\nbase: {data: {kind: stdlib}}\n"
+                     "grid:\n  train.lrr: [0.1]\n", 5, "did you mean 'lr'"),
+    "bad_override": ("name: x\nmodels:\n  - preset: tiny-rla\n    overrides: {num_layer: 3}\n", 4,
+                     "did you mean 'num_layers'"),
+    "zip_lengths": ("name: x\nmodels: [{preset: tiny-rla}]\nzip:\n  train.lr: [0.1, 0.2]\n"
+                    "  train.min_lr: [0.01]\n", 3, "same length"),
+    "bad_value": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  data: {kind: stdlib}\n  train:\n"
+                  "    lr: -1\n", 6, "lr"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_sweep_file_exit_2(case, tmp_path, capsys):
+    text, line, needle = BAD[case]
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    assert main(["plan", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}:{line}:" in err, err
+    assert needle in err, err
+    assert "Traceback" not in err
+
+
+def test_impossible_resources_launch_nothing(tmp_path, capsys):
+    f = tmp_path / "gpu.yaml"
+    f.write_text("name: gpu\nmodels: [{preset: tiny-rla, overrides: {vocab_size: 257}}]\nbase: {data: {kind: stdlib}}\n"
+                 "resources:\n  gpus: 64\n")
+    root = tmp_path / "runs"
+    assert main(["launch", str(f), "--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert f"{f}:4: resources.gpus:" in err and "Ray cluster has" in err
+    assert not root.exists()
+
+
+def test_bad_file_process_exit_code_and_no_traceback(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text(BAD["unknown_ablation"][0])
+    out = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "launch", str(f), "--root", str(tmp_path / "r")],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and f"{f}:4:" in out.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_status_of_unknown_sweep(tmp_path, capsys):
+    assert main(["status", "nope", "--root", str(tmp_path)]) == 2
+    assert "no sweep 'nope'" in capsys.readouterr().err
