@@ -12,6 +12,8 @@ from rla_ablate.errors import UserError
 
 
 def _source_config(src: str, args):
+    from pydantic import ValidationError
+
     from rla_ablate.data.config import HFDiskData, StdlibData, TextData
 
     common = {"tokenizer": args.tokenizer, "eos_token": args.eos_token}
@@ -25,10 +27,13 @@ def _source_config(src: str, args):
                                                                   "state.json")):
             return HFDiskData(path=path, split=args.split, text_column=args.text_column, **common)
         if args.split:
-            raise UserError("--split applies to the embedded corpus and to HF datasets", key="--split")
+            raise UserError("applies to the embedded corpus and to HF datasets only", key="--split")
         return TextData(path=path, glob=args.glob, **common)
-    except ValueError as exc:
-        raise UserError(str(exc).split("\n", 1)[-1].strip(), key="SRC") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        flag = {"path": "SRC", "tokenizer": "--tokenizer", "eos_token": "--eos-token", "glob": "--glob",
+                "split": "--split", "text_column": "--text-column"}.get(str(err["loc"][0]), "SRC")
+        raise UserError(err["msg"].removeprefix("Value error, "), key=flag) from None
 
 
 def prepare(args) -> int:

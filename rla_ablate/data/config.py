@@ -149,8 +149,8 @@ LMDataConfig = Annotated[Union[StdlibData, TextData, ShardsData, HFDiskData], Fi
 
 
 class NIAHData(_Strict):
-    """Needle in a haystack: 'The secret number for <key> is <value>.' hidden in corpus text at a given depth,
-    then asked for at the end; only the value's tokens are scored."""
+    """Needle in a haystack: 'The secret code for <name> is <value>.' hidden in corpus text at a given depth,
+    then cued at the end ('The secret code for <name> is '); only the value's tokens are scored."""
 
     kind: Literal["niah"] = "niah"
     haystack: LMDataConfig = Field(default_factory=lambda: StdlibData(split="validation"))
@@ -160,7 +160,7 @@ class NIAHData(_Strict):
     depths: list[Annotated[float, Field(ge=0.0, le=1.0)]] = Field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     """Needle positions as a fraction of the filler; example i uses depths[i % len(depths)]."""
     value_digits: int = Field(6, ge=1, le=18)
-    """Digits of the secret number (the scored answer)."""
+    """Digits of the secret code (the scored answer)."""
     seed: int = 0
     """Fixes keys, values and filler offsets of an eval set; a training stream combines it with the job's seed."""
 

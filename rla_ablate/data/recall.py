@@ -72,17 +72,18 @@ _LETTERS = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
 
 
 class NeedleTask:
-    """Needle in a haystack over a token source: filler, the needle at a depth, more filler, the question, the
-    answer. The answer is tokenized on its own so its positions are exact under any tokenizer."""
+    """Needle in a haystack over a token source: filler, the needle 'The secret code for <name> is <value>.' at a
+    depth, more filler, the cue 'The secret code for <name> is ', the answer. The answer is tokenized on its own,
+    so its positions are exact under any tokenizer."""
 
     def __init__(self, cfg: NIAHData, source, context_length: int):
         self.cfg, self.source, self.tok = cfg, source, source.tokenizer
         self.context_length = context_length
-        # The longest needle and question the templates produce, to check the length up front.
+        # The longest needle and cue the templates produce, to check the length up front.
         longest = self._parts("zzzzzz", "9" * cfg.value_digits)
         fixed = sum(p.size for p in longest)
         if fixed + 16 > context_length + 1:
-            raise UserError(f"context_length={context_length} is too short for the needle and question "
+            raise UserError(f"context_length={context_length} is too short for the needle and cue "
                             f"({fixed} tokens); use at least {fixed + 16}", key="context_length")
         if len(source) < context_length + 1:
             raise UserError(f"the haystack has {len(source)} tokens, fewer than context_length={context_length}",
@@ -90,9 +91,10 @@ class NeedleTask:
 
     def _parts(self, name: str, value: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         enc = self.tok.encode
-        needle = enc(f"\nThe secret number for {name} is {value}.\n")
-        question = enc(f"\nWhat is the secret number for {name}? The secret number for {name} is ")
-        return needle, question, enc(value)
+        needle = enc(f"\nThe secret code for {name} is {value}.\n")
+        # The cue repeats the needle's wording, so even a small model trained on text can complete it.
+        cue = enc(f"\nThe secret code for {name} is ")
+        return needle, cue, enc(value)
 
     def examples(self, key: int, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         cfg, T = self.cfg, self.context_length
@@ -108,13 +110,13 @@ class NeedleTask:
         for row in range(n):
             name = letters[row].tobytes().decode("ascii")
             value = str(first[row]) + "".join(str(d) for d in rest[row, : cfg.value_digits - 1])
-            needle, question, answer = self._parts(name, value)
-            fill = T + 1 - needle.size - question.size - answer.size
+            needle, cue, answer = self._parts(name, value)
+            fill = T + 1 - needle.size - cue.size - answer.size
             start = int(random_below(derive_key(key, "offset"), idx[row:row + 1], len(self.source) - fill)[0])
             filler = self.source.window(start, start + fill)
             depth = cfg.depths[int(idx[row]) % len(cfg.depths)]
             cut = int(round(depth * fill))
-            seq = np.concatenate([filler[:cut], needle, filler[cut:], question, answer])
+            seq = np.concatenate([filler[:cut], needle, filler[cut:], cue, answer])
             inputs[row] = seq[:-1]
             a = seq.size - answer.size
             labels[row, a - 1:] = seq[a:]
