@@ -1,0 +1,151 @@
+"""`TrainConfig`: the optimizer, schedule, budget and bookkeeping of one training job.
+
+Defaults follow the paper (Lai et al., App. C): AdamW, cosine from 3e-4 to 3e-5, 0.5B warmup tokens,
+4M-token batches (2**22, so it splits into whole micro batches), weight decay 0.1, gradient clipping 1.0,
+a 50B-token budget. Choices the paper leaves open are documented on their fields.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PAPER_BATCH_TOKENS = 2**22
+
+
+class TrainConfig(BaseModel):
+    """How one model is trained: budget, optimizer, schedule, precision, logging and checkpoints."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: int = Field(50_000_000_000, gt=0)
+    """Token budget: training stops once this many tokens have been seen (paper: 50B). Rounded up to whole steps."""
+    seq_len: int = Field(2048, gt=0)
+    """Tokens per training sequence (the paper does not state its context length; 2048 as in FLA's 1.3B runs)."""
+    micro_batch_size: int = Field(8, gt=0)
+    """Sequences per forward/backward pass on one worker; gradients accumulate up to `batch_tokens`."""
+    batch_tokens: int = Field(PAPER_BATCH_TOKENS, gt=0)
+    """Tokens per optimizer step over all workers (paper: 4M). Must be a multiple of
+    micro_batch_size * seq_len * num_workers."""
+
+    lr: float = Field(3e-4, gt=0)
+    """Peak learning rate, reached at the end of warmup (paper: 3e-4)."""
+    min_lr: float = Field(3e-5, ge=0)
+    """Learning rate at the end of the cosine decay (paper: 3e-5)."""
+    warmup_tokens: int | None = Field(None, ge=0)
+    """Tokens of linear warmup from 0 to `lr`. null: 1% of the budget, which is the paper's 0.5B at 50B tokens."""
+    weight_decay: float = Field(0.1, ge=0)
+    """AdamW decoupled weight decay, applied to weight matrices and embeddings only, never to biases, norm
+    scales or other vectors (the nanoGPT / litgpt convention; the paper does not say)."""
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW beta1."""
+    adam_beta2: float = Field(0.95, ge=0, lt=1)
+    """AdamW beta2 (0.95, the usual value for LM pretraining; the paper does not say)."""
+    adam_eps: float = Field(1e-8, gt=0)
+    """AdamW epsilon."""
+    grad_clip: float | None = Field(1.0, gt=0)
+    """Clip the global gradient L2 norm to this value (paper: 1.0); null disables clipping."""
+
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """auto: bf16 autocast on CUDA, fp32 on CPU. bf16 keeps fp32 master weights and optimizer state."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train: auto picks CUDA when available."""
+    cpu_threads: int | None = Field(None, gt=0)
+    """torch intra-op threads on CPU. Fix it for bit-reproducible CPU runs; null keeps torch's default."""
+
+    eval_every_tokens: int | None = Field(None, gt=0)
+    """Evaluate every eval set each time this many tokens have passed, and at the end. null: 10 times per run."""
+    log_every_tokens: int | None = Field(None, gt=0)
+    """Log training metrics (means over the steps since the last log) at this interval. null: every step."""
+    checkpoint_every_tokens: int | None = Field(None, gt=0)
+    """Write a checkpoint at this interval and at the end. null: 10 times per run."""
+    keep_checkpoints: int = Field(2, ge=1)
+    """How many of the newest checkpoints to keep on disk."""
+    stats_every_tokens: int | None = Field(None, gt=0)
+    """Log per-layer attention-output and S/R state norms (Fig. 4a) at this interval. null: at every eval."""
+
+    seed: int = 0
+    """Seed for initialization, data order and every random number generator."""
+
+    max_skipped_steps: int = Field(10, ge=0)
+    """Steps with a NaN/Inf loss or gradient are skipped; one more than this fails the job as diverged."""
+    spike_zscore: float | None = Field(6.0, gt=0)
+    """A step whose loss lies this many standard deviations above the running mean is logged as a loss_spike
+    event (running mean and variance: EMA, decay 0.99, after 20 steps). null disables spike detection."""
+
+    peak_flops: float | None = Field(None, gt=0)
+    """Device peak FLOP/s per worker for MFU. null: looked up for known GPUs (bf16 dense); MFU is not logged
+    when unknown (e.g. on CPU)."""
+
+    num_workers: int = Field(1, ge=1)
+    """Data-parallel workers (one per GPU) through Ray Train's TorchTrainer; 1 runs in the calling process."""
+    fsdp: bool = False
+    """Shard parameters, gradients and optimizer state across workers (FSDP2, one unit per block) instead of
+    replicating them (DDP). Meant for the 1.5B shape; needs num_workers > 1."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        if self.batch_tokens > self.tokens:
+            raise ValueError(f"batch_tokens ({self.batch_tokens}) exceeds the token budget tokens ({self.tokens}); "
+                             "lower batch_tokens (with micro_batch_size and seq_len) or raise tokens")
+        if self.warmup_tokens is not None and self.warmup_tokens >= self.tokens:
+            raise ValueError(f"warmup_tokens ({self.warmup_tokens}) must be below the token budget ({self.tokens}); "
+                             "leave it unset for 1% of the budget")
+        per_pass = self.micro_batch_size * self.seq_len * self.num_workers
+        if self.batch_tokens % per_pass:
+            raise ValueError(
+                f"batch_tokens ({self.batch_tokens}) must be a multiple of micro_batch_size * seq_len * num_workers"
+                f" = {self.micro_batch_size} * {self.seq_len} * {self.num_workers} = {per_pass}"
+            )
+        if self.fsdp and self.num_workers < 2:
+            raise ValueError("fsdp needs num_workers >= 2")
+        return self
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        """Gradient accumulation steps on each worker."""
+        return self.batch_tokens // (self.micro_batch_size * self.seq_len * self.num_workers)
+
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps: the budget rounded up to whole batches."""
+        return math.ceil(self.tokens / self.batch_tokens)
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens the job actually trains on (the budget rounded up to whole batches)."""
+        return self.total_steps * self.batch_tokens
+
+    @property
+    def resolved_warmup_tokens(self) -> int:
+        return self.warmup_tokens if self.warmup_tokens is not None else self.tokens // 100
+
+    def every_steps(self, tokens: int | None, default_times: int | None) -> int:
+        """An interval in tokens turned into whole optimizer steps (at least one)."""
+        if tokens is None:
+            if default_times is None:
+                return 1
+            return max(1, math.ceil(self.total_steps / default_times))
+        return max(1, math.ceil(tokens / self.batch_tokens))
+
+    @property
+    def eval_every_steps(self) -> int:
+        return self.every_steps(self.eval_every_tokens, 10)
+
+    @property
+    def log_every_steps(self) -> int:
+        return self.every_steps(self.log_every_tokens, None)
+
+    @property
+    def checkpoint_every_steps(self) -> int:
+        return self.every_steps(self.checkpoint_every_tokens, 10)
+
+    @property
+    def stats_every_steps(self) -> int:
+        if self.stats_every_tokens is None:
+            return self.eval_every_steps
+        return self.every_steps(self.stats_every_tokens, None)

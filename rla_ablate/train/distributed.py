@@ -1,0 +1,176 @@
+"""Data-parallel training through Ray Train's TorchTrainer: DDP by default, FSDP2 for the large shapes.
+
+Every worker runs the same loop as a single process (`train_worker`) on disjoint data; rank 0 writes
+metrics.jsonl and the checkpoints, which must therefore live on storage the driver can read. The driver
+does no training: it forwards the records rank 0 appends to metrics.jsonl to the caller's logger, and turns
+the caller's `should_stop()` into a file the workers poll, so loggers never have to cross process borders.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from rla_ablate.train.checkpoint import list_checkpoints
+from rla_ablate.train.job import JobConfig, JobResult
+from rla_ablate.train.loggers import MetricLogger, truncate_jsonl
+
+STOP_FILE = "STOP"
+RESULT_FILE = "result.json"
+POLL_S = 0.5
+
+
+def _worker_loop(config: dict) -> None:
+    import ray.train
+    import ray.train.torch
+
+    from rla_ablate.train.loop import WorkerContext, train_worker
+
+    job = config["job"]
+    out_dir = Path(config["out_dir"])
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    device = ray.train.torch.get_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    stop_file = out_dir / STOP_FILE
+    ctx = WorkerContext(rank=rank, world_size=world, device=device)
+    result = train_worker(job, out_dir, None, lambda: rank == 0 and stop_file.exists(), ctx)
+    if rank == 0:
+        tmp = out_dir / f".{RESULT_FILE}.tmp"
+        tmp.write_text(json.dumps(result.to_dict()))
+        tmp.replace(out_dir / RESULT_FILE)
+
+
+class _Forwarder(threading.Thread):
+    """Follows metrics.jsonl and hands each new record to the logger; polls `should_stop` into the stop file."""
+
+    def __init__(self, path: Path, logger: MetricLogger | None, should_stop: Callable[[], bool] | None,
+                 stop_file: Path):
+        super().__init__(daemon=True)
+        self.path, self.logger, self.should_stop, self.stop_file = path, logger, should_stop, stop_file
+        self.offset = path.stat().st_size if path.exists() else 0
+        self.done = threading.Event()
+
+    def pump(self) -> None:
+        if not self.path.exists():
+            return
+        size = self.path.stat().st_size
+        if size < self.offset:
+            # Rank 0 truncated the log further back (it resumed from an older checkpoint): nothing new yet.
+            self.offset = size
+            return
+        with open(self.path, encoding="utf-8") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        # Only whole lines: rank 0 may be in the middle of writing the last one.
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self.offset += len(complete.encode("utf-8"))
+        for line in complete.splitlines():
+            record = json.loads(line)
+            if self.logger is None:
+                continue
+            if record["type"] == "metrics":
+                self.logger.log(record["values"], record["step"])
+            elif record["type"] == "event":
+                self.logger.event(record["name"], record["step"], record["detail"])
+
+    def run(self) -> None:
+        while not self.done.wait(POLL_S):
+            self.pump()
+            if self.should_stop is not None and self.should_stop():
+                self.stop_file.touch()
+
+
+def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger | None,
+                      should_stop: Callable[[], bool] | None) -> JobResult:
+    """Train `job` on `job.train.num_workers` Ray Train workers (GPUs when CUDA is there, else CPU + gloo)."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    use_gpu = job.train.device == "cuda" or (job.train.device == "auto" and torch.cuda.is_available())
+    metrics_path = out_dir / "metrics.jsonl"
+    stop_file, result_file = out_dir / STOP_FILE, out_dir / RESULT_FILE
+    stop_file.unlink(missing_ok=True)
+    result_file.unlink(missing_ok=True)
+    checkpoints = list_checkpoints(out_dir)
+    truncate_jsonl(metrics_path, checkpoints[-1][0] if checkpoints else -1)
+
+    started_ray = False
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, configure_logging=False)
+        started_ray = True
+    forwarder = _Forwarder(metrics_path, logger, should_stop, stop_file)
+    forwarder.start()
+    error = None
+    try:
+        trainer = TorchTrainer(
+            _worker_loop,
+            train_loop_config={"job": job, "out_dir": str(out_dir)},
+            scaling_config=ScalingConfig(num_workers=job.train.num_workers, use_gpu=use_gpu),
+            torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+            run_config=RunConfig(name="train", storage_path=str(out_dir / "ray"),
+                                 failure_config=FailureConfig(max_failures=0)),
+        )
+        trainer.fit()
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        forwarder.done.set()
+        forwarder.join()
+        forwarder.pump()
+        stop_file.unlink(missing_ok=True)
+        if started_ray:
+            ray.shutdown()
+    if result_file.exists():
+        data = json.loads(result_file.read_text())
+        result = JobResult(status=data["status"], tokens_done=data["tokens_done"], metrics=data["metrics"],
+                           error=data["error"], out_dir=out_dir)
+    else:
+        done = list_checkpoints(out_dir)
+        result = JobResult(status="failed", tokens_done=done[-1][0] if done else 0,
+                           error=error or "the workers ended without a result", out_dir=out_dir)
+    if logger is not None:
+        logger.close(result.status, result.error)
+    return result
+
+
+def shard_model(model: torch.nn.Module, job: JobConfig) -> torch.nn.Module:
+    """FSDP2: one unit per block plus the root (embeddings, final norm, head); bf16 compute, fp32 reductions."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from rla_ablate.train.loop import _uses_bf16
+
+    device = next(model.parameters()).device
+    mp = MixedPrecisionPolicy()
+    if _uses_bf16(device, job.train.precision):
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.layers:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Unsharded model and optimizer state on CPU (collective: every worker calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return {"model": get_model_state_dict(model, options=options),
+            "optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
+
+
+def load_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, state["model"], options=options)
+    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)

@@ -1,0 +1,83 @@
+"""`JobConfig`: everything that defines one training job, and `JobResult`, what running it returns.
+
+The canonical JSON of a resolved `JobConfig` (sorted keys, no whitespace) is what the sweep hashes into a
+job id, and what a checkpoint records so that a resume never continues a different configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rla_ablate.data.config import DataConfig, EvalConfig, StdlibData
+from rla_ablate.models.config import ModelConfig
+from rla_ablate.train.config import TrainConfig
+
+# Fields that change how a job is observed or stored, never the numbers it computes: a resume may change them.
+BOOKKEEPING_FIELDS = frozenset(
+    {"keep_checkpoints", "checkpoint_every_tokens", "log_every_tokens", "eval_every_tokens", "stats_every_tokens",
+     "peak_flops"}
+)
+
+
+def _default_eval() -> list[EvalConfig]:
+    return [EvalConfig(name="val", data=StdlibData(split="validation"))]
+
+
+class JobConfig(BaseModel):
+    """One model trained on one data stream for one token budget, evaluated on a list of eval sets."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelConfig
+    """The model (a preset's ModelConfig, possibly with overrides)."""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """Optimizer, schedule, budget, precision, logging, checkpoints and workers."""
+    data: DataConfig = Field(default_factory=StdlibData)
+    """The training data (default: the embedded corpus, byte tokens)."""
+    eval: list[EvalConfig] = Field(default_factory=_default_eval)
+    """Evaluation sets (default: the embedded corpus' validation split); names must be unique."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "JobConfig":
+        names = [e.name for e in self.eval]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"eval names must be unique; repeated: {', '.join(repeated)}")
+        return self
+
+    def canonical_json(self) -> str:
+        """Sorted keys, no whitespace, ASCII: equal configs give equal strings on every machine."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                          allow_nan=False)
+
+    def identity_json(self) -> str:
+        """The canonical JSON without bookkeeping fields: what a checkpoint must match to be resumed."""
+        data = self.model_dump(mode="json")
+        for key in BOOKKEEPING_FIELDS:
+            data["train"].pop(key, None)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+@dataclass
+class JobResult:
+    """What `run_job` returns; failures are values, not exceptions."""
+
+    status: str
+    """finished | diverged | failed | cancelled."""
+    tokens_done: int
+    """Training tokens seen when the job stopped."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The last value of every metric logged (final eval included)."""
+    error: str | None = None
+    """Why the job did not finish: "diverged at N tokens", a traceback, or "cancelled at N tokens"."""
+    out_dir: Path | None = None
+    """Where metrics.jsonl and checkpoints are."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "tokens_done": self.tokens_done, "metrics": dict(self.metrics),
+                "error": self.error, "out_dir": str(self.out_dir) if self.out_dir else None}

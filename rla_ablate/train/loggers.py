@@ -1,0 +1,214 @@
+"""Where a job's metrics go: the `MetricLogger` protocol, the JSONL ground truth, fan-out and a progress bar.
+
+Step is always the number of training tokens seen. Events carry what is not a time series: the job's
+start (budget, kernel backend that ran, device), skipped steps, loss spikes, checkpoints, resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class MetricLogger(Protocol):
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def event(self, name: str, step: int, detail: dict) -> None: ...
+
+    def close(self, status: str, reason: str | None = None) -> None: ...
+
+
+def _plain(value: Any) -> Any:
+    # JSON has no NaN/Inf; keep them readable and round-trippable as strings.
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class JSONLLogger:
+    """Appends one JSON object per line to `path`, flushed at once: the record that survives any crash.
+
+    Records: {"type": "metrics", "step", "time", "values"}, {"type": "event", "step", "time", "name",
+    "detail"}, {"type": "close", "time", "status", "reason"}.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def _write(self, record: dict) -> None:
+        self._file.write(json.dumps(_plain(record), sort_keys=True) + "\n")
+        self._file.flush()
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self._write({"type": "metrics", "step": int(step), "time": time.time(), "values": dict(metrics)})
+
+    def event(self, name: str, step: int, detail: dict) -> None:
+        self._write({"type": "event", "step": int(step), "time": time.time(), "name": name, "detail": dict(detail)})
+
+    def close(self, status: str, reason: str | None = None) -> None:
+        if self._file.closed:
+            return
+        self._write({"type": "close", "time": time.time(), "status": status, "reason": reason})
+        self._file.close()
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """All records of a metrics.jsonl file; a torn last line (a crash mid-write) is ignored."""
+    records = []
+    path = Path(path)
+    if not path.exists():
+        return records
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def metric_series(records: Iterable[dict], key: str) -> list[tuple[int, float]]:
+    """(step, value) pairs of one metric, in the order they were logged."""
+    out = []
+    for r in records:
+        if r.get("type") == "metrics" and key in r["values"]:
+            value = r["values"][key]
+            out.append((r["step"], float(value)))
+    return out
+
+
+def truncate_jsonl(path: str | Path, after_step: int) -> int:
+    """Drop metric and event records past `after_step` and any close record (a resumed job rewrites them).
+
+    Written to a temp file and renamed, so a crash here leaves the old file. Returns how many were dropped.
+    """
+    path = Path(path)
+    if not path.exists():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if record.get("type") == "close" or record.get("step", 0) > after_step:
+            dropped += 1
+            continue
+        keep.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    os.replace(tmp, path)
+    return dropped
+
+
+class CompositeLogger:
+    """Sends everything to several loggers; one that raises does not stop the others or the job."""
+
+    def __init__(self, *loggers: MetricLogger):
+        self.loggers = [lg for lg in loggers if lg is not None]
+        self.errors: list[str] = []
+
+    def _each(self, method: str, *args) -> None:
+        for lg in self.loggers:
+            try:
+                getattr(lg, method)(*args)
+            except Exception as exc:  # a tracking outage must never kill a training run
+                self.errors.append(f"{type(lg).__name__}.{method}: {exc!r}")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self._each("log", metrics, step)
+
+    def event(self, name: str, step: int, detail: dict) -> None:
+        self._each("event", name, step, detail)
+
+    def close(self, status: str, reason: str | None = None) -> None:
+        self._each("close", status, reason)
+
+
+class NullLogger:
+    """Discards everything (the JSONL log is written regardless)."""
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def event(self, name: str, step: int, detail: dict) -> None:
+        pass
+
+    def close(self, status: str, reason: str | None = None) -> None:
+        pass
+
+
+class ProgressLogger:
+    """A rich progress bar over the token budget with the latest loss, eval loss and throughput.
+
+    It learns the budget from the job's "start" event. Without a terminal (a log file, CI) it prints one
+    line per eval and per event instead of redrawing a bar.
+    """
+
+    def __init__(self, description: str = "train", console=None, interactive: bool | None = None):
+        from rich.console import Console
+
+        self.console = console or Console(stderr=True)
+        self.interactive = self.console.is_terminal if interactive is None else interactive
+        self.description = description
+        self._progress = None
+        self._task = None
+        self._fields = {"loss": "", "eval": "", "speed": ""}
+
+    def _start(self, total: int, done: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        if not self.interactive or self._progress is not None:
+            return
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("tokens"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[loss]} {task.fields[eval]} {task.fields[speed]}"),
+            console=self.console,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(self.description, total=total, completed=done, **self._fields)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if "train/loss" in metrics:
+            self._fields["loss"] = f"loss {metrics['train/loss']:.4f}"
+        if "train/tokens_per_s" in metrics:
+            self._fields["speed"] = f"{metrics['train/tokens_per_s']:,.0f} tok/s"
+        evals = {k: v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/loss")}
+        if evals:
+            self._fields["eval"] = " ".join(f"{k[5:-5]} {v:.4f}" for k, v in sorted(evals.items()))
+            if not self.interactive:
+                self.console.print(f"{self.description} {step:,} tokens: {self._fields['loss']} eval {self._fields['eval']}")
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, **self._fields)
+
+    def event(self, name: str, step: int, detail: dict) -> None:
+        if name == "start":
+            self._start(int(detail["tokens_total"]), int(step))
+            if not self.interactive:
+                self.console.print(f"{self.description}: {detail['tokens_total']:,} tokens from {step:,}")
+        elif name in ("skipped_step", "loss_spike", "resumed"):
+            text = f"{self.description} {step:,} tokens: {name} {detail}"
+            (self._progress.console if self._progress else self.console).print(text)
+
+    def close(self, status: str, reason: str | None = None) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        tail = f": {reason}" if reason else ""
+        self.console.print(f"{self.description}: {status}{tail}")

@@ -1,0 +1,465 @@
+"""`run_job`: train one model on a token budget, evaluate, log, checkpoint, resume, guard against divergence.
+
+One optimizer step consumes `batch_tokens` tokens: `micro_batches_per_step` forward/backward passes of
+`micro_batch_size` sequences on each of `num_workers` workers. The loss of a step is the mean over every
+scored token of the whole batch (all workers), whatever the split into micro batches, so a single process
+and N data-parallel workers compute the same update. The step of every metric is tokens seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from rla_ablate.data import make_eval_batches, make_train_stream, vocab_size
+from rla_ablate.errors import UserError
+from rla_ablate.models import build_model, flops_per_token
+from rla_ablate.train.checkpoint import capture_rng, list_checkpoints, load_latest, restore_rng, save_checkpoint
+from rla_ablate.train.guard import DivergenceGuard
+from rla_ablate.train.job import JobConfig, JobResult
+from rla_ablate.train.loggers import CompositeLogger, JSONLLogger, MetricLogger, NullLogger, truncate_jsonl
+from rla_ablate.train.schedule import lr_at
+
+IGNORE_INDEX = -100
+
+# Dense bf16 peak FLOP/s per device, for MFU when `peak_flops` is not set (vendor datasheets, SXM parts).
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
+
+
+@dataclass
+class WorkerContext:
+    """Who this process is in a data-parallel job (rank 0 of 1 when it runs alone)."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def run_job(job: JobConfig, out_dir: str | Path, logger: MetricLogger | None = None,
+            should_stop: Callable[[], bool] | None = None) -> JobResult:
+    """Train `job` in `out_dir`, resuming from its newest checkpoint when there is one.
+
+    `out_dir/metrics.jsonl` is always written; `logger` (MLflow, a progress bar, ...) receives the same
+    metrics and events. `should_stop()` is polled before every step: when it returns True the job saves a
+    checkpoint and returns with status "cancelled". Errors become a JobResult with status "failed"; a
+    configuration that cannot run at all raises UserError before training starts.
+    """
+    if job.train.num_workers > 1:
+        from rla_ablate.train.distributed import run_data_parallel
+
+        return run_data_parallel(job, out_dir, logger, should_stop)
+    return train_worker(job, out_dir, logger, should_stop, WorkerContext())
+
+
+def _resolve_device(job: JobConfig, ctx: WorkerContext) -> torch.device:
+    if ctx.device is not None:
+        return ctx.device
+    want = job.train.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise UserError("device 'cuda' requested but CUDA is not available", key="train.device")
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _uses_bf16(device: torch.device, precision: str) -> bool:
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def _peak_flops(job: JobConfig, device: torch.device) -> float | None:
+    if job.train.peak_flops is not None:
+        return job.train.peak_flops
+    if device.type != "cuda" or not _uses_bf16(device, job.train.precision):
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in PEAK_BF16_FLOPS.items():
+        if key in name:
+            return value
+    return None
+
+
+def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.dim() >= 2 else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class _LogWindow:
+    """Sums since the last train log; part of the checkpoint so a resumed run logs the same means."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss_sum, self.grad_norm_sum, self.steps = 0.0, 0.0, 0
+        self.seconds, self.tokens = 0.0, 0
+
+    def add(self, loss: float, grad_norm: float) -> None:
+        self.loss_sum += loss
+        self.grad_norm_sum += grad_norm
+        self.steps += 1
+
+    def state_dict(self) -> dict:
+        return {"loss_sum": self.loss_sum, "grad_norm_sum": self.grad_norm_sum, "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loss_sum, self.grad_norm_sum = float(state["loss_sum"]), float(state["grad_norm_sum"])
+        self.steps = int(state["steps"])
+
+
+class Trainer:
+    """The state of one worker's training run; `run()` returns the JobResult."""
+
+    def __init__(self, job: JobConfig, out_dir: Path, logger: MetricLogger | None, ctx: WorkerContext,
+                 should_stop: Callable[[], bool] | None):
+        self.job, self.cfg, self.out_dir, self.ctx = job, job.train, Path(out_dir), ctx
+        self.should_stop = should_stop
+        self.user_logger = logger
+        self.logger: MetricLogger = NullLogger()
+        self.jsonl: JSONLLogger | None = None
+        self.metrics: dict[str, float] = {}
+        self.step = 0
+        self.tokens = 0
+        self.window = _LogWindow()
+
+    # Setup
+
+    def setup(self) -> dict | None:
+        """Build everything; returns the checkpoint state a resume starts from, if any."""
+        cfg, job = self.cfg, self.job
+        if cfg.cpu_threads is not None:
+            torch.set_num_threads(cfg.cpu_threads)
+        self.device = _resolve_device(job, self.ctx)
+        data_vocab = vocab_size(job.data)
+        eval_vocab = max([vocab_size(e.data) for e in job.eval], default=0)
+        if max(data_vocab, eval_vocab) > job.model.vocab_size:
+            raise UserError(f"the model's vocab_size is {job.model.vocab_size} but the data needs "
+                            f"{max(data_vocab, eval_vocab)} token ids (e.g. bytes + end-of-document = 257); set "
+                            f"model.vocab_size={max(data_vocab, eval_vocab)}", key="model.vocab_size")
+
+        _seed_everything(cfg.seed)
+        model = build_model(job.model).to(self.device)
+        self.raw_model = model
+        self.model = self._wrap(model)
+        self.optimizer = torch.optim.AdamW(
+            _param_groups(self.raw_model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps, **({"fused": True} if self.device.type == "cuda" else {}),
+        )
+        self.stream = make_train_stream(job.data, cfg.seq_len, cfg.micro_batch_size, cfg.seed,
+                                        self.ctx.rank, self.ctx.world_size)
+        self.evals = {e.name: make_eval_batches(e, cfg.seq_len, cfg.micro_batch_size) for e in job.eval}
+        self.guard = DivergenceGuard(cfg.max_skipped_steps, cfg.spike_zscore)
+        self.flops_per_token = flops_per_token(job.model, cfg.seq_len)
+        self.peak_flops = _peak_flops(job, self.device)
+
+        found = load_latest(self.out_dir)
+        state = found[1] if found else None
+        if state is not None and state["job"] != job.identity_json():
+            raise UserError(f"{found[0]} was written by a different job configuration; use a new --out folder "
+                            "or the original configuration", key="out")
+        return state
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if not self.ctx.distributed:
+            return model
+        if self.cfg.fsdp:
+            from rla_ablate.train.distributed import shard_model
+
+            return shard_model(model, self.job)
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+
+    def open_logs(self, resume_tokens: int | None) -> None:
+        metrics_path = self.out_dir / "metrics.jsonl"
+        if self.ctx.rank != 0:
+            return
+        # Records past the checkpoint were written by the attempt that died; the resumed run rewrites them.
+        truncate_jsonl(metrics_path, -1 if resume_tokens is None else resume_tokens)
+        self.jsonl = JSONLLogger(metrics_path)
+        self.logger = CompositeLogger(self.jsonl, self.user_logger) if self.user_logger else self.jsonl
+
+    # Checkpoints
+
+    def _model_state(self) -> dict:
+        if self.cfg.fsdp and self.ctx.distributed:
+            from rla_ablate.train.distributed import full_state
+
+            return full_state(self.model, self.optimizer)
+        return {"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def _load_model_state(self, state: dict) -> None:
+        if self.cfg.fsdp and self.ctx.distributed:
+            from rla_ablate.train.distributed import load_full_state
+
+            load_full_state(self.model, self.optimizer, state)
+            return
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def _gather(self, obj):
+        if not self.ctx.distributed:
+            return [obj]
+        out = [None] * self.ctx.world_size
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def save(self, finished: bool = False) -> None:
+        model_state = self._model_state()
+        rngs = self._gather(capture_rng())
+        if self.ctx.rank == 0:
+            state = {
+                "job": self.job.identity_json(),
+                "step": self.step,
+                "world_size": self.ctx.world_size,
+                **model_state,
+                "data": self.stream.state_dict(),
+                "rng": rngs,
+                "guard": self.guard.state_dict(),
+                "log_window": self.window.state_dict(),
+                "metrics": dict(self.metrics),
+                "finished": finished,
+            }
+            path = save_checkpoint(self.out_dir, self.tokens, state, self.cfg.keep_checkpoints)
+            self.logger.event("checkpoint", self.tokens, {"path": path.name, "finished": finished})
+        if self.ctx.distributed:
+            torch.distributed.barrier()
+
+    def restore(self, state: dict) -> None:
+        if int(state["world_size"]) != self.ctx.world_size:
+            raise UserError(f"the checkpoint was written by {state['world_size']} workers, this job has "
+                            f"{self.ctx.world_size}; resume with the same train.num_workers", key="train.num_workers")
+        self._load_model_state(state)
+        self.stream.load_state_dict(state["data"])
+        self.guard.load_state_dict(state["guard"])
+        self.window.load_state_dict(state["log_window"])
+        self.metrics = {k: float(v) for k, v in state["metrics"].items()}
+        self.step, self.tokens = int(state["step"]), int(state["tokens"])
+        restore_rng(state["rng"][self.ctx.rank])
+
+    # One step
+
+    def _lr(self, tokens: int) -> float:
+        cfg = self.cfg
+        return lr_at(tokens, lr=cfg.lr, min_lr=cfg.min_lr, warmup_tokens=cfg.resolved_warmup_tokens,
+                     total_tokens=cfg.total_tokens)
+
+    def _all_reduce(self, values: list[float]) -> list[float]:
+        if not self.ctx.distributed:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t)
+        return t.tolist()
+
+    def _forward_loss(self, batch) -> torch.Tensor:
+        with _autocast(self.device, self.cfg.precision):
+            logits_BTV = self.model(batch.input_ids)
+        return F.cross_entropy(logits_BTV.float().flatten(0, 1), batch.labels.flatten(),
+                               ignore_index=IGNORE_INDEX, reduction="sum")
+
+    def train_step(self, want_stats: bool) -> tuple[float, float, dict[str, float]]:
+        """Forward/backward over the step's micro batches and clipping; returns (loss, grad norm, layer stats)."""
+        n_micro = self.cfg.micro_batches_per_step
+        batches = [next(self.stream).to(self.device, non_blocking=True) for _ in range(n_micro)]
+        local_scored = float(sum(int((b.labels != IGNORE_INDEX).sum()) for b in batches))
+        (scored,) = self._all_reduce([local_scored])
+        # DDP averages gradients over workers; scaling by world / scored makes the result the mean over all
+        # scored tokens of the global batch, exactly as one process computes it.
+        scale = self.ctx.world_size / max(scored, 1.0)
+        loss_sum = 0.0
+        stats: dict[str, float] = {}
+        for i, batch in enumerate(batches):
+            last = i == n_micro - 1
+            if want_stats and last:
+                self.raw_model.track_stats(True)
+            sync = contextlib.nullcontext()
+            if self.ctx.distributed and not last and hasattr(self.model, "no_sync"):
+                sync = self.model.no_sync()
+            with sync:
+                nll = self._forward_loss(batch)
+                (nll * scale).backward()
+            loss_sum += float(nll.detach())
+            if want_stats and last:
+                stats = self.raw_model.layer_stats()
+                self.raw_model.track_stats(False)
+        (total,) = self._all_reduce([loss_sum])
+        loss = total / max(scored, 1.0)
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        return loss, float(grad_norm), stats
+
+    # Evaluation
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        # Every worker scores every batch: sharded models need all workers in each forward, and the
+        # numbers are then those of a single process.
+        self.model.eval()
+        out = {}
+        for name, batches in self.evals.items():
+            nll, count, correct = 0.0, 0, 0
+            for batch in batches:
+                batch = batch.to(self.device)
+                with _autocast(self.device, self.cfg.precision):
+                    logits_BTV = self.model(batch.input_ids)
+                logits_BTV = logits_BTV.float()
+                mask = batch.labels != IGNORE_INDEX
+                nll += float(F.cross_entropy(logits_BTV.flatten(0, 1), batch.labels.flatten(),
+                                             ignore_index=IGNORE_INDEX, reduction="sum"))
+                count += int(mask.sum())
+                correct += int(((logits_BTV.argmax(-1) == batch.labels) & mask).sum())
+            loss = nll / max(count, 1)
+            out[f"eval/{name}/loss"] = loss
+            out[f"eval/{name}/ppl"] = math.exp(min(loss, 700.0))
+            out[f"eval/{name}/acc"] = correct / max(count, 1)
+        self.model.train()
+        return out
+
+    # The loop
+
+    def _log(self, values: dict[str, float]) -> None:
+        self.metrics.update(values)
+        self.logger.log(values, self.tokens)
+
+    def _stop_requested(self) -> bool:
+        flag = 1.0 if (self.should_stop is not None and self.should_stop()) else 0.0
+        (flag,) = self._all_reduce([flag])
+        return flag > 0
+
+    def _flush_window(self, lr: float) -> None:
+        w = self.window
+        if w.steps == 0:
+            return
+        values = {"train/loss": w.loss_sum / w.steps, "train/grad_norm": w.grad_norm_sum / w.steps, "train/lr": lr,
+                  "train/skipped_steps": float(self.guard.skipped)}
+        if w.seconds > 0:
+            tokens_per_s = w.tokens / w.seconds
+            values["train/tokens_per_s"] = tokens_per_s
+            if self.peak_flops:
+                values["train/mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.ctx.world_size)
+        self._log(values)
+        w.reset()
+
+    def run(self, state: dict | None) -> JobResult:
+        cfg = self.cfg
+        if state is not None:
+            self.restore(state)
+            self.logger.event("resumed", self.tokens, {"step": self.step})
+        self.logger.event("start", self.tokens, {
+            "tokens_total": cfg.total_tokens, "steps_total": cfg.total_steps, "batch_tokens": cfg.batch_tokens,
+            "micro_batches_per_step": cfg.micro_batches_per_step, "world_size": self.ctx.world_size,
+            "device": str(self.device), "bf16": _uses_bf16(self.device, cfg.precision),
+            "params": sum(p.numel() for p in self.raw_model.parameters()),
+            "flops_per_token": self.flops_per_token, "torch_threads": torch.get_num_threads(),
+        })
+        self.model.train()
+        backend_reported = False
+        while self.step < cfg.total_steps:
+            if self._stop_requested():
+                self.save()
+                return self._result("cancelled", f"cancelled at {self.tokens} tokens")
+            lr = self._lr(self.tokens + cfg.batch_tokens)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            next_step = self.step + 1
+            last = next_step == cfg.total_steps
+            want_stats = next_step % cfg.stats_every_steps == 0 or last
+            started = time.perf_counter()
+            loss, grad_norm, stats = self.train_step(want_stats)
+            verdict = self.guard.check(loss, grad_norm)
+            if verdict.skip:
+                self.optimizer.zero_grad(set_to_none=True)
+            else:
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            self.step, self.tokens = next_step, self.tokens + cfg.batch_tokens
+            self.window.seconds += time.perf_counter() - started
+            self.window.tokens += cfg.batch_tokens
+            if not backend_reported:
+                self.logger.event("info", self.tokens, {"backend": self.raw_model.backend_used})
+                backend_reported = True
+            if verdict.skip:
+                self.logger.event("skipped_step", self.tokens,
+                                  {"loss": loss, "grad_norm": grad_norm, "skipped": self.guard.skipped})
+                if verdict.diverged:
+                    self._flush_window(lr)
+                    return self._result("diverged", f"diverged at {self.tokens} tokens")
+            else:
+                self.window.add(loss, grad_norm)
+            if verdict.spike is not None:
+                self.logger.event("loss_spike", self.tokens, verdict.spike)
+            if next_step % cfg.log_every_steps == 0 or last:
+                self._flush_window(lr)
+            if stats:
+                self._log(stats)
+            if next_step % cfg.eval_every_steps == 0 or last:
+                self._log(self.evaluate())
+            if last:
+                self.save(finished=True)
+            elif next_step % cfg.checkpoint_every_steps == 0:
+                self.save()
+        return self._result("finished", None)
+
+    def _result(self, status: str, reason: str | None) -> JobResult:
+        return JobResult(status=status, tokens_done=self.tokens, metrics=dict(self.metrics), error=reason,
+                         out_dir=self.out_dir)
+
+
+def train_worker(job: JobConfig, out_dir: str | Path, logger: MetricLogger | None,
+                 should_stop: Callable[[], bool] | None, ctx: WorkerContext) -> JobResult:
+    """The training run of one worker (the whole job when it runs alone)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(job, out_dir, logger, ctx, should_stop)
+    try:
+        state = trainer.setup()
+    except UserError:
+        raise
+    except Exception:
+        trainer.open_logs(None)
+        result = trainer._result("failed", traceback.format_exc())
+        trainer.logger.close(result.status, result.error)
+        return result
+    if state is not None and state.get("finished"):
+        return JobResult(status="finished", tokens_done=int(state["tokens"]),
+                         metrics={k: float(v) for k, v in state["metrics"].items()}, out_dir=out_dir)
+    trainer.open_logs(None if state is None else int(state["tokens"]))
+    try:
+        result = trainer.run(state)
+    except UserError as exc:
+        result = trainer._result("failed", str(exc))
+    except Exception:
+        result = trainer._result("failed", traceback.format_exc())
+    trainer.logger.close(result.status, result.error)
+    return result

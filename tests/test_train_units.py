@@ -1,0 +1,175 @@
+"""Unit tests of the training job's parts: config, schedule, divergence guard, JSONL log, checkpoints, RNG."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from rla_ablate.models import load_preset
+from rla_ablate.train import CompositeLogger, JobConfig, JSONLLogger, TrainConfig, metric_series, read_jsonl
+from rla_ablate.train.checkpoint import capture_rng, list_checkpoints, load_checkpoint, load_latest, restore_rng, save_checkpoint
+from rla_ablate.train.guard import SPIKE_MIN_STEPS, DivergenceGuard
+from rla_ablate.train.loggers import truncate_jsonl
+from rla_ablate.train.schedule import lr_at
+
+
+def test_train_config_defaults_are_the_papers():
+    cfg = TrainConfig()
+    assert (cfg.lr, cfg.min_lr, cfg.weight_decay, cfg.grad_clip) == (3e-4, 3e-5, 0.1, 1.0)
+    assert cfg.batch_tokens == 2**22 and cfg.tokens == 50_000_000_000
+    assert cfg.resolved_warmup_tokens == 500_000_000
+    assert cfg.micro_batches_per_step == 2**22 // (8 * 2048)
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"batch_tokens": 1000}, r"multiple of micro_batch_size \* seq_len \* num_workers = 8 \* 2048 \* 1"),
+    ({"tokens": 1000}, "exceeds the token budget"),
+    ({"min_lr": 1.0}, "must not exceed lr"),
+    ({"warmup_tokens": 10**12}, "must be below the token budget"),
+    ({"fsdp": True}, "num_workers >= 2"),
+    ({"lerning_rate": 1.0}, "Extra inputs"),
+])
+def test_train_config_rejects(changes, words):
+    with pytest.raises(ValidationError, match=words):
+        TrainConfig(**changes)
+
+
+def test_intervals_round_to_whole_steps():
+    cfg = TrainConfig(tokens=10_000, seq_len=10, micro_batch_size=10, batch_tokens=1000, eval_every_tokens=2500,
+                      log_every_tokens=1)
+    assert cfg.total_steps == 10 and cfg.total_tokens == 10_000
+    assert cfg.eval_every_steps == 3 and cfg.log_every_steps == 1 and cfg.checkpoint_every_steps == 1
+    odd = TrainConfig(tokens=10_500, seq_len=10, micro_batch_size=10, batch_tokens=1000)
+    assert odd.total_steps == 11 and odd.total_tokens == 11_000
+
+
+def test_schedule_warmup_then_cosine_to_the_floor():
+    kw = dict(lr=3e-4, min_lr=3e-5, warmup_tokens=1000, total_tokens=11_000)
+    assert lr_at(0, **kw) == 0.0
+    assert lr_at(500, **kw) == pytest.approx(1.5e-4)
+    assert lr_at(1000, **kw) == pytest.approx(3e-4)
+    assert lr_at(6000, **kw) == pytest.approx((3e-4 + 3e-5) / 2)
+    assert lr_at(11_000, **kw) == pytest.approx(3e-5)
+    values = [lr_at(t, **kw) for t in range(1000, 11_001, 500)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
+def _job(**train):
+    model = load_preset("tiny-rla").replace(vocab_size=257)
+    return JobConfig(model=model, train=TrainConfig(tokens=4096, seq_len=64, micro_batch_size=2, batch_tokens=512,
+                                                    **train))
+
+
+def test_canonical_json_is_sorted_and_stable():
+    a, b = _job(), _job()
+    text = a.canonical_json()
+    assert text == b.canonical_json()
+    assert text == json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
+    assert _job(lr=1e-3).canonical_json() != text
+    # Bookkeeping does not change what a checkpoint must match, the optimizer does.
+    assert _job(keep_checkpoints=5).identity_json() == a.identity_json()
+    assert _job(lr=1e-3).identity_json() != a.identity_json()
+
+
+def test_job_rejects_repeated_eval_names():
+    model = load_preset("tiny-rla")
+    evals = [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}}] * 2
+    with pytest.raises(ValidationError, match="repeated: val"):
+        JobConfig.model_validate({"model": model.model_dump(), "eval": evals})
+
+
+def test_guard_skips_non_finite_and_fails_past_the_limit():
+    guard = DivergenceGuard(max_skipped_steps=2, spike_zscore=None)
+    assert not guard.check(2.0, 1.0).skip
+    first = guard.check(float("nan"), 1.0)
+    assert first.skip and not first.diverged
+    assert guard.check(2.0, float("inf")).skip
+    third = guard.check(float("inf"), float("nan"))
+    assert third.skip and third.diverged and guard.skipped == 3
+
+
+def test_guard_flags_a_spike_and_survives_a_round_trip():
+    guard = DivergenceGuard(max_skipped_steps=0, spike_zscore=6.0)
+    rng = random.Random(0)
+    for _ in range(SPIKE_MIN_STEPS + 30):
+        assert guard.check(3.0 + 0.01 * rng.random(), 1.0).spike is None
+    twin = DivergenceGuard(max_skipped_steps=0, spike_zscore=6.0)
+    twin.load_state_dict(guard.state_dict())
+    spike = guard.check(4.0, 1.0).spike
+    assert spike is not None and spike["zscore"] > 6.0 and spike["loss"] == 4.0
+    assert twin.check(4.0, 1.0).spike == spike
+
+
+def test_jsonl_logger_round_trip_and_truncation(tmp_path):
+    path = tmp_path / "m.jsonl"
+    log = JSONLLogger(path)
+    log.event("start", 0, {"tokens_total": 30})
+    for step in (10, 20, 30):
+        log.log({"train/loss": step / 10, "train/grad_norm": float("nan")}, step)
+    log.close("finished")
+    records = read_jsonl(path)
+    assert [r["type"] for r in records] == ["event", "metrics", "metrics", "metrics", "close"]
+    assert metric_series(records, "train/loss") == [(10, 1.0), (20, 2.0), (30, 3.0)]
+    assert math.isnan(metric_series(records, "train/grad_norm")[0][1])
+    with open(path, "a") as f:
+        f.write('{"type": "metrics", "step": 40, "val')
+    assert len(read_jsonl(path)) == 5
+    assert truncate_jsonl(path, 20) == 3
+    assert metric_series(read_jsonl(path), "train/loss") == [(10, 1.0), (20, 2.0)]
+
+
+class _Broken:
+    def log(self, metrics, step):
+        raise ConnectionError("tracking server down")
+
+    def event(self, name, step, detail):
+        raise ConnectionError("tracking server down")
+
+    def close(self, status, reason=None):
+        pass
+
+
+def test_composite_logger_keeps_going_when_one_logger_fails(tmp_path):
+    jsonl = JSONLLogger(tmp_path / "m.jsonl")
+    both = CompositeLogger(_Broken(), jsonl)
+    both.log({"train/loss": 1.0}, 8)
+    both.event("info", 8, {"backend": "chunk"})
+    both.close("finished")
+    assert len(both.errors) == 2 and "ConnectionError" in both.errors[0]
+    assert [r["type"] for r in read_jsonl(tmp_path / "m.jsonl")] == ["metrics", "event", "close"]
+
+
+def test_rng_capture_restores_every_generator():
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    np.random.normal()  # leaves a cached gaussian in numpy's state
+    state = capture_rng()
+    expected = (random.random(), np.random.normal(), np.random.rand(3).tolist(), torch.rand(3).tolist())
+    restore_rng(state)
+    assert (random.random(), np.random.normal(), np.random.rand(3).tolist(), torch.rand(3).tolist()) == expected
+
+
+def test_checkpoints_are_atomic_weights_only_and_pruned(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    for tokens in (100, 200, 300):
+        save_checkpoint(tmp_path, tokens, {"model": model.state_dict(), "rng": [capture_rng()], "note": "x"}, keep=2)
+    # A torn write (a crash between temp file and rename) is not a checkpoint.
+    (tmp_path / "checkpoints" / ".ckpt-000000000000400.pt.1.tmp").write_bytes(b"partial")
+    assert [t for t, _ in list_checkpoints(tmp_path)] == [200, 300]
+    path, state = load_latest(tmp_path)
+    assert state["tokens"] == 300 and path.name == "ckpt-000000000000300.pt"
+    assert torch.equal(state["model"]["weight"], model.weight)
+    restore_rng(state["rng"][0])
+    # A newest file that cannot be read falls back to the one before, with a warning.
+    path.write_bytes(b"garbage")
+    with pytest.warns(UserWarning, match="unreadable"):
+        _, older = load_latest(tmp_path)
+    assert older["tokens"] == 200
+    with pytest.raises(ValueError, match="format"):
+        torch.save({"format": 99}, tmp_path / "other.pt")
+        load_checkpoint(tmp_path / "other.pt")
