@@ -86,3 +86,13 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, corpus, capsys):
         f.truncate(10)
     with pytest.raises(UserError, match="should hold"):
         open_source(ShardsData(path=out))
+
+
+def test_show_prints_a_config(tmp_path, capsys):
+    (tmp_path / "job.yaml").write_text("model: tiny\ndata: {kind: niah, context_length: 200}\n")
+    assert main(["data", "show", str(tmp_path / "job.yaml"), "--seq-len", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "kind: niah, vocabulary: 257" in out and "The secret code for" in out
+    (tmp_path / "bad.yaml").write_text("kind: mqar\nnum_kv: 3\n")
+    assert main(["data", "show", str(tmp_path / "bad.yaml")]) == 2
+    assert "bad.yaml:2: data.num_kv: unknown key 'num_kv' (did you mean 'num_kv_pairs'?)" in capsys.readouterr().err

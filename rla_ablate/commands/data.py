@@ -72,7 +72,7 @@ def prepare(args) -> int:
 def show(args) -> int:
     from pydantic import BaseModel
 
-    from rla_ablate.config import load_yaml, validate
+    from rla_ablate.config import LocatedYAML, load_yaml, validate
     from rla_ablate.data import DataConfig, EvalConfig, make_eval_batches, vocab_size
     from rla_ablate.data.sources import open_source
 
@@ -80,8 +80,11 @@ def show(args) -> int:
         data: DataConfig
 
     located = load_yaml(args.config)
-    payload = located.data if isinstance(located.data, dict) and "data" in located.data else {"data": located.data}
-    cfg = validate(_File, located, {"data": payload["data"]}).data
+    if not (isinstance(located.data, dict) and "data" in located.data):
+        # A bare data mapping: file it under `data` so errors still point at the right lines.
+        located = LocatedYAML({"data": located.data}, located.file,
+                              {("data",) + k: line for k, line in located.lines.items()})
+    cfg = validate(_File, located, {"data": located.data["data"]}).data
     print(f"kind: {cfg.kind}, vocabulary: {vocab_size(cfg)}")
     if cfg.kind in ("mqar", "niah"):
         ev = EvalConfig(name="show", data=cfg, examples=1)

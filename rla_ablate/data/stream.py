@@ -9,17 +9,22 @@ rank r holds samples (s·W + r)·B ... (s·W + r)·B + B - 1, so ranks never ove
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from rla_ablate.data.config import MQARData, NIAHData, RECALL_KINDS, EvalConfig
+from rla_ablate.data.config import RECALL_KINDS, EvalConfig, MQARData, NIAHData, ShardsData
 from rla_ablate.data.recall import NeedleTask, mqar_examples
 from rla_ablate.data.rng import Permutation, derive_key
 from rla_ablate.data.sources import open_source
+from rla_ablate.data.tokenizer import load_tokenizer
 from rla_ablate.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 STATE_VERSION = 1
 
@@ -39,17 +44,22 @@ class Batch:
 
 
 def _batch(inputs: np.ndarray, labels: np.ndarray) -> Batch:
+    # Imported here so that configs and `vocab_size` (used by `plan`) stay instant to import.
+    import torch
+
     return Batch(torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.int64)),
                  torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)))
 
 
 def vocab_size(cfg) -> int:
-    """The smallest model vocabulary that covers every token id this data config produces."""
+    """The smallest model vocabulary that covers every token id this data config produces (reads no corpus)."""
     if isinstance(cfg, MQARData):
         return cfg.vocab_size
     if isinstance(cfg, NIAHData):
-        return open_source(cfg.haystack).vocab_size
-    return open_source(cfg).vocab_size
+        return vocab_size(cfg.haystack)
+    if isinstance(cfg, ShardsData):
+        return int(json.loads((cfg.path / "index.json").read_text())["vocab_size"])
+    return load_tokenizer(cfg.tokenizer, cfg.eos_token).vocab_size
 
 
 def _recall_len(cfg, seq_len: int) -> int:
