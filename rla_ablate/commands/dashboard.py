@@ -1,0 +1,49 @@
+"""`rla-sweep dashboard NAME`: paper-style figures and tables of a sweep, as PNG, SVG and one HTML page."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "dashboard", help="render the figures and tables of dashboards/*.yaml from a sweep's tracked runs",
+        description="Render every spec in dashboards/ (or --specs) from the sweep's MLflow runs to PNG and SVG, "
+                    "write one self-contained HTML page with the figures, tables (mean ± 95%% CI over seeds, "
+                    "paired differences) and run links, and log them to the sweep's parent run. Unfinished or "
+                    "missing jobs are shown as such.")
+    parser.add_argument("name", help="the sweep name")
+    parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
+    parser.add_argument("--specs", default=None, help="folder of figure specs (default: the repository's dashboards/)")
+    parser.add_argument("--out", default=None, help="output folder (default: ROOT/NAME/dashboard)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="read runs from this MLflow server instead of the sweep's own store")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from rla_ablate.dashboard.build import build_dashboard
+    from rla_ablate.dashboard.spec import load_specs
+
+    console = Console()
+    n = len(load_specs(args.specs))
+    with Progress(TextColumn("[bold]dashboard[/] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("starting the tracking server", total=n)
+        dash = build_dashboard(args.name, args.root, specs_dir=args.specs, out_dir=args.out,
+                               tracking_uri=args.tracking_uri,
+                               progress=lambda spec: bar.update(task, advance=1, description=spec.name))
+    for r in dash.rendered:
+        line = f"  {r.name:<28} {r.png}"
+        if r.notes:
+            line += f"  [yellow]({len(r.notes)} note{'s' if len(r.notes) > 1 else ''}: {r.notes[0]}"
+            line += " ...)" if len(r.notes) > 1 else ")"
+        console.print(line, highlight=False)
+    console.print(f"page: [bold]{dash.page.resolve()}[/]", highlight=False)
+    if dash.logged_to:
+        console.print(f"logged to MLflow run {dash.logged_to} (artifacts/dashboard/) in {dash.tracking_uri}",
+                      highlight=False)
+    return 0

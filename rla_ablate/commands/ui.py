@@ -1,0 +1,51 @@
+"""`rla-sweep ui [NAME]`: the MLflow UI on 127.0.0.1 for a sweep's tracking store."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "ui", help="serve the MLflow UI of a sweep on 127.0.0.1",
+        description="Serve the MLflow UI for the sweep's embedded tracking store until Ctrl-C. If a launch is "
+                    "serving it already, print that address instead. Dashboard pages link runs to "
+                    "http://127.0.0.1:5050, the default --port.")
+    parser.add_argument("name", nargs="?", default=None,
+                        help="the sweep name (default: the most recently launched sweep under --root)")
+    parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
+    parser.add_argument("--port", type=int, default=5050, help="port on 127.0.0.1 (default: 5050)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rla_ablate.dashboard.build import tracking_of
+    from rla_ablate.errors import UserError
+    from rla_ablate.tracking import TrackingServer
+
+    root = Path(args.root)
+    name = args.name
+    if name is None:
+        metas = sorted(root.glob("*/sweep.json"), key=lambda p: p.stat().st_mtime)
+        if not metas:
+            raise UserError(f"no sweep under {root.resolve()}; launch one with `rla-sweep launch FILE`")
+        name = metas[-1].parent.name
+    uri, store = tracking_of(root, name)
+    if uri is not None:
+        print(f"sweep {name} logs to {uri}: open it there")
+        return 0
+    if not (store / "mlflow.db").exists():
+        raise UserError(f"the sweep '{name}' has no tracking store yet ({store / 'mlflow.db'} is missing)")
+    server = TrackingServer(store, port=args.port).start()
+    if not server.owned:
+        print(f"sweep {name}: MLflow UI already served by the running launch at {server.uri}")
+        return 0
+    print(f"sweep {name}: MLflow UI at {server.uri}  (Ctrl-C to stop)", flush=True)
+    try:
+        while server.proc is not None and server.proc.poll() is None:
+            time.sleep(0.5)
+    finally:
+        server.stop()
+    return 0

@@ -1,0 +1,95 @@
+"""One self-contained HTML page: every figure embedded (PNG as data URI), tables, notes and run links."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from html import escape
+from pathlib import Path
+
+from rla_ablate.dashboard.render import Cell, Rendered
+
+CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1d1d1f; background: #fafafa; }
+header { padding: 18px 28px; background: #fff; border-bottom: 1px solid #e3e3e3; }
+header h1 { margin: 0 0 4px; font-size: 20px; }
+header p { margin: 2px 0; color: #555; }
+nav { padding: 8px 28px; background: #fff; border-bottom: 1px solid #e3e3e3; font-size: 13px; }
+nav a { margin-right: 14px; color: #0b57d0; text-decoration: none; }
+main { padding: 10px 28px 40px; max-width: 1400px; }
+section { background: #fff; border: 1px solid #e3e3e3; border-radius: 6px; padding: 14px 18px; margin: 18px 0; }
+section h2 { margin: 0 0 4px; font-size: 16px; }
+.caption { color: #555; margin: 0 0 10px; }
+figure { margin: 0; }
+figure img { max-width: 100%; height: auto; }
+table.results { border-collapse: collapse; margin: 8px 0; font-variant-numeric: tabular-nums; }
+table.results th, table.results td { border-bottom: 1px solid #eee; padding: 5px 12px 5px 0; text-align: left; }
+table.results th { border-bottom: 2px solid #ccc; }
+td.best { font-weight: 600; }
+ul.notes { color: #8a4b00; margin: 8px 0 0; padding-left: 18px; }
+details { margin-top: 8px; color: #444; font-size: 13px; }
+a.file { font-size: 12px; color: #666; margin-right: 10px; }
+"""
+
+
+def _cell(c: Cell, tag: str = "td") -> str:
+    text = escape(c.text)
+    if c.link:
+        text = f'<a href="{escape(c.link)}">{text}</a>'
+    cls = ' class="best"' if c.best else ""
+    return f"<{tag}{cls}>{text}</{tag}>"
+
+
+def _section(r: Rendered, run_url) -> str:
+    parts = [f'<section id="{escape(r.name)}" data-kind="{escape(r.kind)}">', f"<h2>{escape(r.title)}</h2>"]
+    if r.caption:
+        parts.append(f'<p class="caption">{escape(r.caption)}</p>')
+    if r.rows:
+        parts.append('<table class="results"><thead><tr>' + "".join(f"<th>{escape(h)}</th>" for h in r.header)
+                     + "</tr></thead><tbody>")
+        parts += ["<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in r.rows]
+        parts.append("</tbody></table>")
+        parts.append('<p class="caption">mean ± 95% t-interval over seeds (n seeds); Δ = row − reference, paired '
+                     "by seed, with its 95% interval and paired t-test p.</p>")
+    elif r.png is not None and r.png.exists():
+        data = base64.b64encode(r.png.read_bytes()).decode()
+        parts.append(f'<figure><img alt="{escape(r.title)}" src="data:image/png;base64,{data}"></figure>')
+    if r.notes:
+        parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in r.notes) + "</ul>")
+    files = [p for p in (r.png, r.svg) if p is not None]
+    if files:
+        parts.append("<p>" + "".join(f'<a class="file" href="{escape(p.name)}">{escape(p.name)}</a>' for p in files)
+                     + "</p>")
+    seen = set()
+    links = []
+    for label, name, run_id in r.runs:
+        if (run_id, name) in seen:
+            continue
+        seen.add((run_id, name))
+        url = run_url(run_id) if run_id else None
+        links.append(f'<li>{escape(label)}: <a href="{escape(url)}">{escape(name)}</a></li>' if url
+                     else f"<li>{escape(label)}: {escape(name)}</li>")
+    if links:
+        parts.append(f"<details><summary>{len(links)} runs</summary><ul>{''.join(links)}</ul></details>")
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def write_page(path: Path, sweep: str, rendered: list[Rendered], *, tracking: str, ui_hint: str, run_url,
+               n_runs: dict[str, int]) -> Path:
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(n_runs.items())) or "no job runs"
+    nav = "".join(f'<a href="#{escape(r.name)}">{escape(r.title)}</a>' for r in rendered)
+    body = "\n".join(_section(r, run_url) for r in rendered)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>rla-sweep dashboard: {escape(sweep)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
+<body><header><h1>Sweep <code>{escape(sweep)}</code></h1>
+<p>Runs: {escape(counts)}. Rendered {stamp} from {escape(tracking)}.</p>
+<p>Run links open in the MLflow UI: {escape(ui_hint)}</p></header>
+<nav>{nav}</nav><main>
+{body}
+</main></body></html>
+"""
+    path.write_text(page, encoding="utf-8")
+    return path

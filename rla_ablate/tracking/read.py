@@ -1,0 +1,81 @@
+"""Reading a sweep's runs back (for dashboards), through the server's HTTP URI or the SQLite store directly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mlflow.tracking import MlflowClient
+
+from rla_ablate.tracking.runs import JOB_ID, ROLE, SWEEP, ablations_tag, experiment_name
+
+# MLflow status -> what a dashboard says about a run that is not finished.
+STATE = {"FINISHED": "finished", "RUNNING": "running", "SCHEDULED": "queued", "FAILED": "failed",
+         "KILLED": "cancelled"}
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    experiment_id: str
+    status: str
+    """finished | running | queued | failed | cancelled."""
+    tags: dict[str, str]
+    params: dict[str, str]
+    metrics: dict[str, float]
+    """The value at the largest step of each metric."""
+    steps: dict[str, int] = field(default_factory=dict)
+    """The largest step of each metric."""
+
+    @property
+    def name(self) -> str:
+        return self.tags.get("mlflow.runName", self.run_id)
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+
+class SweepRuns:
+    """The parent run and the job runs of one sweep, with cached metric histories."""
+
+    def __init__(self, tracking_uri: str, sweep: str):
+        self.tracking_uri = tracking_uri
+        self.sweep = sweep
+        self.client = MlflowClient(tracking_uri)
+        exp = self.client.get_experiment_by_name(experiment_name(sweep))
+        self.experiment_id = exp.experiment_id if exp else None
+        self.parent: RunRecord | None = None
+        self.jobs: list[RunRecord] = []
+        self._history: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        if self.experiment_id is None:
+            return
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{SWEEP}` = '{sweep}'",
+                                       max_results=50000)
+        for run in runs:
+            rec = RunRecord(run.info.run_id, run.info.experiment_id, STATE.get(run.info.status, run.info.status.lower()),
+                            dict(run.data.tags), dict(run.data.params), dict(run.data.metrics),
+                            {m.key: m.step for m in getattr(run.data, "_metric_objs", [])})
+            if rec.tags.get(ROLE) == "sweep":
+                self.parent = rec
+            elif rec.tags.get(ROLE) == "job" or JOB_ID in rec.tags:
+                self.jobs.append(rec)
+        self.jobs.sort(key=lambda r: (r.tags.get("family", ""), r.tags.get("ablations", ""), r.tags.get("seed", "")))
+
+    def add_planned(self, jobs: list[dict]) -> None:
+        """Jobs of the sweep's expansion (its jobs.json) that have no run yet, shown as 'not started'."""
+        have = {r.tags.get(JOB_ID) for r in self.jobs}
+        for job in jobs:
+            if job.get("job_id") in have:
+                continue
+            tags = {SWEEP: self.sweep, JOB_ID: str(job.get("job_id")), "family": str(job.get("family")),
+                    "ablations": ablations_tag(job.get("ablations")), "seed": str(job.get("seed")),
+                    "mlflow.runName": str(job.get("name") or job.get("job_id"))}
+            self.jobs.append(RunRecord("", self.experiment_id or "", "not started", tags, {}, {}))
+
+    def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        """(step, value) of one metric, sorted by step; the last value logged wins at a repeated step."""
+        if (run_id, key) not in self._history:
+            points = sorted(self.client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+            by_step = {m.step: m.value for m in points}
+            self._history[(run_id, key)] = sorted(by_step.items())
+        return self._history[(run_id, key)]
