@@ -126,3 +126,13 @@ def test_niah_uses_the_haystack_and_checks_lengths(tmp_path):
         make_eval_batches(EvalConfig(name="n", data=cfg.model_copy(update={"context_length": 4096}), examples=1), 64, 1)
     stream = make_train_stream(NIAHData(haystack=StdlibData(), context_length=200), 999, 3, seed=4)
     assert next(stream).input_ids.shape == (3, 200)
+
+
+def test_mqar_keys_and_order_are_uniform():
+    # Floyd's algorithm plus a shuffle: every key equally likely, at every context slot.
+    inputs, _ = mqar_examples(MQARData(vocab_size=16, num_kv_pairs=3, random_non_queries=False), 12, 5,
+                              np.arange(14_000))
+    keys = inputs[:, 0:6:2]
+    for slot in range(3):
+        counts = np.bincount(keys[:, slot], minlength=8)[1:]
+        assert counts.min() > 0.9 * 2000 and counts.max() < 1.1 * 2000

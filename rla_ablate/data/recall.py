@@ -25,12 +25,14 @@ def _distinct(key: int, idx: np.ndarray, k: int, low: int, high: int) -> np.ndar
     n = idx.size
     chosen = np.empty((n, k), dtype=np.int64)
     base = idx.astype(np.uint64) * np.uint64(_STRIDE)
+    tops = m - k + np.arange(k, dtype=np.int64)
+    draws = random_below(key, (base[:, None] + np.arange(k, dtype=np.uint64)).ravel(),
+                         np.tile(tops + 1, n)).reshape(n, k)
     for j in range(k):
         # Floyd: draw t in [0, m - k + j]; if already chosen, take m - k + j itself. The set is uniform.
-        top = m - k + j
-        t = random_below(key, base + np.uint64(j), top + 1)
+        t = draws[:, j]
         taken = (chosen[:, :j] == t[:, None]).any(axis=1)
-        chosen[:, j] = np.where(taken, top, t)
+        chosen[:, j] = np.where(taken, tops[j], t)
     order = np.argsort(random_bits(key, base[:, None] + np.uint64(k) + np.arange(k, dtype=np.uint64)),
                        axis=1, kind="stable")
     return low + np.take_along_axis(chosen, order, axis=1)
