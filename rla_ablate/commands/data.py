@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from rla_ablate.errors import UserError

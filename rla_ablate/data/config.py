@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -136,7 +136,7 @@ class MQARData(_Strict):
     """Fixes the examples of an eval set; a training stream combines it with the job's seed."""
 
     @model_validator(mode="after")
-    def _fits(self) -> "MQARData":
+    def _fits(self) -> MQARData:
         if self.num_kv_pairs > self.vocab_size // 2 - 1:
             raise ValueError(f"num_kv_pairs={self.num_kv_pairs} distinct keys need vocab_size >= "
                              f"{2 * (self.num_kv_pairs + 1)}")
@@ -145,7 +145,7 @@ class MQARData(_Strict):
         return self
 
 
-LMDataConfig = Annotated[Union[StdlibData, TextData, ShardsData, HFDiskData], Field(discriminator="kind")]
+LMDataConfig = Annotated[StdlibData | TextData | ShardsData | HFDiskData, Field(discriminator="kind")]
 
 
 class NIAHData(_Strict):
@@ -172,7 +172,7 @@ class NIAHData(_Strict):
         return v
 
 
-DataConfig = Annotated[Union[StdlibData, TextData, ShardsData, HFDiskData, MQARData, NIAHData],
+DataConfig = Annotated[StdlibData | TextData | ShardsData | HFDiskData | MQARData | NIAHData,
                        Field(discriminator="kind")]
 """Any data source; YAML picks one with `kind`: stdlib | text | shards | hf_disk | mqar | niah."""
 
@@ -200,7 +200,7 @@ class EvalConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _right_budget(self) -> "EvalConfig":
+    def _right_budget(self) -> EvalConfig:
         recall = self.data.kind in RECALL_KINDS
         if recall and "tokens" in self.model_fields_set:
             raise ValueError(f"a {self.data.kind} eval set counts examples, not tokens; use examples")

@@ -95,7 +95,7 @@ def iter_documents(cfg: StdlibData | TextData | HFDiskData) -> Iterator[str]:
     if isinstance(cfg, StdlibData):
         yield from (text for _, split, text in _stdlib_records() if split == cfg.split)
     elif isinstance(cfg, TextData):
-        for name, p in _text_files(cfg):
+        for _, p in _text_files(cfg):
             try:
                 yield p.read_bytes().decode("utf-8")
             except UnicodeDecodeError as exc:

@@ -38,7 +38,7 @@ class Batch:
     labels: torch.Tensor
     """[B, T] int64."""
 
-    def to(self, device, non_blocking: bool = False) -> "Batch":
+    def to(self, device, non_blocking: bool = False) -> Batch:
         return Batch(self.input_ids.to(device, non_blocking=non_blocking),
                      self.labels.to(device, non_blocking=non_blocking))
 
