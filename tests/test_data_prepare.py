@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from rla_ablate.cli import main
-from rla_ablate.data import EvalConfig, HFDiskData, ShardsData, TextData, make_eval_batches, make_train_stream
+from rla_ablate.data import (
+    EvalConfig,
+    HFDiskData,
+    ShardsData,
+    TextData,
+    make_eval_batches,
+    make_train_stream,
+    vocab_size,
+)
 from rla_ablate.data.sources import open_source
 from rla_ablate.errors import UserError
 
@@ -31,6 +39,7 @@ def test_bytes_round_trip_across_many_shards(tmp_path, corpus, capsys):
     assert index["dtype"] == "uint16" and index["documents"] == 12 and len(index["shards"]) > 5
     shards, text = open_source(ShardsData(path=out)), open_source(TextData(path=corpus))
     assert len(shards) == len(text) == index["tokens"]
+    assert vocab_size(ShardsData(path=out)) == vocab_size(TextData(path=corpus)) == 257
     # Every window, including those that cross shard files, equals the in-memory tokens.
     assert all(np.array_equal(shards.window(a, a + 37), text.window(a, a + 37)) for a in range(0, len(text) - 37, 13))
     a = make_train_stream(ShardsData(path=out), 16, 3, seed=2)
