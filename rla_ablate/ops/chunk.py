@@ -23,17 +23,26 @@ DEFAULT_CHUNK = 64
 
 
 def _decays(g_BHC: torch.Tensor):
-    """Cumulative log decays and the masked decay matrices of one chunk."""
+    """Cumulative log decays and the masked decay matrices of one chunk.
+
+    The pairwise log decays b_t - b_i are summed per segment (seg[t, i] = g_{i+1} + ... + g_t, Mamba2's segsum),
+    never formed as a difference of two chunk-long cumulative sums: with very negative gates |b| grows to
+    ~|g|*C and the difference would lose ~ulp(|b|) (float32: 1e-4 relative at |b| = 1e3, O(1) at 1e7).
+    """
     C = g_BHC.shape[-1]
-    b = g_BHC.cumsum(-1)  # b_t, inclusive
-    b_prev = b - g_BHC  # b_{t-1}, with b_0 = 0
     idx = torch.arange(C, device=g_BHC.device)
     incl = idx[:, None] >= idx[None, :]
     strict = idx[:, None] > idx[None, :]
+    b = g_BHC.cumsum(-1)  # b_t, inclusive; only ever exponentiated (start-state decay), never differenced
+    b_prev = torch.nn.functional.pad(b[..., :-1], (1, 0))  # exactly b_{t-1}, b_0 = 0 (not b_t - g_t)
+    # seg[t, i] = sum_{i < j <= t} g_j: row i of a masked copy of g, cumulated along j, then transposed
+    zero = torch.zeros((), dtype=g_BHC.dtype, device=g_BHC.device)
+    seg = torch.where(strict.T, g_BHC[..., None, :], zero).cumsum(-1).transpose(-1, -2)
+    seg_prev = torch.nn.functional.pad(seg[..., :-1, :], (0, 0, 1, 0))  # seg[t-1, i] = b_{t-1} - b_i
     neg_inf = torch.tensor(float("-inf"), dtype=b.dtype, device=b.device)
     # Mask before exp so that entries above the diagonal never overflow.
-    D_incl = torch.where(incl, b[..., :, None] - b[..., None, :], neg_inf).exp()  # [B, H, C, C]
-    D_prev = torch.where(strict, b_prev[..., :, None] - b[..., None, :], neg_inf).exp()
+    D_incl = torch.where(incl, seg, neg_inf).exp()  # [B, H, C, C]
+    D_prev = torch.where(strict, seg_prev, neg_inf).exp()
     return b, b_prev, D_incl, D_prev
 
 
@@ -50,11 +59,11 @@ def _write_values(rule: str, rate_BHC, target_BHCV, X0k_BHCV, b_BHC, D_incl, kk_
     return torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
 
 
-def _carry(X0_BHVK, b_BHC, u_BHCV, k_BHCK):
-    """State at the end of the chunk: e^{b_C} X_0 + sum_i e^{b_C - b_i} u_i k_i^T."""
-    last = b_BHC[..., -1:]
-    decay_to_end = (last - b_BHC).exp()  # [B, H, C]
-    return last.exp()[..., None] * X0_BHVK + torch.einsum("bhcv,bhck->bhvk", u_BHCV * decay_to_end[..., None], k_BHCK)
+def _carry(X0_BHVK, b_BHC, u_BHCV, k_BHCK, D_incl):
+    """State at the end of the chunk: e^{b_C} X_0 + sum_i e^{b_C - b_i} u_i k_i^T (last row of D_incl)."""
+    decay_to_end = D_incl[..., -1, :]  # [B, H, C]
+    decayed_u_BHCV = u_BHCV * decay_to_end[..., None]
+    return b_BHC[..., -1:].exp()[..., None] * X0_BHVK + torch.einsum("bhcv,bhck->bhvk", decayed_u_BHCV, k_BHCK)
 
 
 def chunk_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
@@ -86,7 +95,7 @@ def chunk_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale:
 
         if spec.fit == "off":
             outputs.append(b.exp()[..., None] * S0q + (D_incl * qk) @ u)  # S_t q_t
-            S = _carry(S, b, u, k_c)
+            S = _carry(S, b, u, k_c, D_incl)
             continue
 
         gamma_c = gamma_BHT[:, :, sl]
@@ -100,12 +109,12 @@ def chunk_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale:
             R0k = k_c @ R.transpose(-1, -2)
             w = _write_values(spec.rule, gamma_c, r, R0k, b, D_incl, kk)
             corr_read = b.exp()[..., None] * (q_c @ R.transpose(-1, -2)) + (D_incl * qk) @ w  # R_t q_t
-            R = _carry(R, b, w, k_c)
+            R = _carry(R, b, w, k_c, D_incl)
         if spec.output_gates:
             outputs.append(g_c.exp()[..., None] * base_read + gamma_c[..., None] * corr_read)
         else:
             outputs.append(base_read + corr_read)
-        S = _carry(S, b, u, k_c)
+        S = _carry(S, b, u, k_c, D_incl)
 
     o_BHTV = torch.cat(outputs, dim=2) if outputs else v_BHTV
     return o_BHTV.transpose(1, 2).to(q.dtype), (S, None if spec.fit == "off" else R)
