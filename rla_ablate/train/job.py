@@ -24,8 +24,11 @@ BOOKKEEPING_FIELDS = frozenset(
 )
 
 
+DEFAULT_EVAL = ({"name": "val", "data": {"kind": "stdlib", "split": "validation"}},)
+
+
 def _default_eval() -> list[EvalConfig]:
-    return [EvalConfig(name="val", data=StdlibData(split="validation"))]
+    return [EvalConfig.model_validate(e) for e in DEFAULT_EVAL]
 
 
 class JobConfig(BaseModel):

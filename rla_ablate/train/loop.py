@@ -412,6 +412,7 @@ class Trainer:
             if verdict.skip:
                 self.logger.event("skipped_step", self.tokens,
                                   {"loss": loss, "grad_norm": grad_norm, "skipped": self.guard.skipped})
+                self._log({"train/skipped_steps": float(self.guard.skipped)})
                 if verdict.diverged:
                     self._flush_window(lr)
                     return self._result("diverged", f"diverged at {self.tokens} tokens")

@@ -1,0 +1,144 @@
+"""`rla-sweep train MODEL --out DIR`: one training job without a sweep, with a progress bar.
+
+Rerunning the same command resumes from the newest checkpoint in DIR; Ctrl-C stops at the next step with a
+checkpoint. `--set` takes dotted JobConfig keys (train.tokens=200000, model.fit=none, eval.0.tokens=8192).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+# Training profiles: starting points applied before --set. "cpu" is a short run a laptop finishes in seconds
+# with the tiny presets; "paper" is TrainConfig's defaults (paper App. C, 50B tokens).
+PROFILES: dict[str, list[str]] = {
+    "paper": [],
+    "cpu": [
+        "train.tokens=262144", "train.seq_len=128", "train.micro_batch_size=8", "train.batch_tokens=4096",
+        "train.lr=3e-3", "train.min_lr=3e-4", "eval.0.tokens=16384",
+    ],
+}
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train", help="train one model (no sweep), resumable, with a progress bar",
+        description="Train one model on a token budget and evaluate it: metrics in OUT/metrics.jsonl, checkpoints "
+                    "in OUT/checkpoints. Running the same command again resumes from the newest checkpoint.")
+    parser.add_argument("model", metavar="MODEL", help="a model preset name (tiny-rla) or YAML path (models/tiny-rla.yaml)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="folder for metrics.jsonl, job.json and checkpoints")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a JobConfig key, e.g. train.tokens=200000, model.fit=none, data.split=train "
+                             "(repeatable; applied after the profile)")
+    parser.add_argument("--data", metavar="DATA",
+                        help="training data: stdlib (default), mqar, niah, a text file or folder, a shards folder "
+                             "(index.json), a dataset saved with save_to_disk, or a YAML file with a data config")
+    parser.add_argument("--profile", choices=["auto", *PROFILES], default="auto",
+                        help="training defaults: cpu (a short run: 262K tokens, seq_len 128) or paper (App. C: "
+                             "50B tokens, 4M-token batches); auto = cpu without CUDA, paper with it")
+    parser.set_defaults(func=run)
+
+
+def data_config(spec: str | None) -> dict:
+    """The data config dict named by --data."""
+    from rla_ablate.config import load_yaml
+    from rla_ablate.errors import UserError
+
+    if spec is None or spec == "stdlib":
+        return {"kind": "stdlib"}
+    if spec in ("mqar", "niah"):
+        return {"kind": spec}
+    path = Path(spec)
+    if not path.exists():
+        raise UserError("no such file or folder; --data takes stdlib, mqar, niah, a text file or folder, a shards "
+                        "folder, a dataset saved with save_to_disk, or a YAML data config", file=spec, key="--data")
+    if path.is_file() and path.suffix in (".yaml", ".yml"):
+        located = load_yaml(path)
+        if not isinstance(located.data, dict):
+            raise UserError("a data config is a mapping with a 'kind' key, e.g. {kind: text, path: corpus/}",
+                            file=spec, line=1)
+        return dict(located.data)
+    if path.is_dir() and (path / "index.json").is_file():
+        return {"kind": "shards", "path": str(path)}
+    if path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
+        return {"kind": "hf_disk", "path": str(path)}
+    return {"kind": "text", "path": str(path)}
+
+
+def build_job(model: str, sets: list[str], data: str | None, profile: str):
+    """The resolved JobConfig: preset, then profile, then --data, then --set."""
+    from rla_ablate.models import load_preset
+    from rla_ablate.train import JobConfig
+    from rla_ablate.train.job import DEFAULT_EVAL
+    from rla_ablate.train.overrides import apply_overrides
+
+    base = {
+        "model": load_preset(model).model_dump(),
+        "train": {},
+        "data": data_config(data),
+        "eval": [dict(e) for e in DEFAULT_EVAL],
+    }
+    return apply_overrides(JobConfig, base, PROFILES[profile] + list(sets))
+
+
+def _summary(console, result, out: Path) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{result.status} after {result.tokens_done:,} tokens", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    keys = [k for k in result.metrics if k.startswith(("eval/", "train/loss", "train/tokens_per_s", "train/mfu"))]
+    for key in sorted(keys):
+        table.add_row(key, f"{result.metrics[key]:.6g}")
+    console.print(table)
+    console.print(f"metrics: {out / 'metrics.jsonl'}   checkpoints: {out / 'checkpoints'}")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from rich.console import Console
+
+    from rla_ablate.errors import JobFailed
+    from rla_ablate.models import count_params
+    from rla_ablate.train import ProgressLogger, run_job
+    from rla_ablate.train.checkpoint import list_checkpoints
+
+    profile = args.profile
+    if profile == "auto":
+        profile = "paper" if torch.cuda.is_available() else "cpu"
+    job = build_job(args.model, args.sets, args.data, profile)
+    out = Path(args.out)
+    console = Console(stderr=True)
+    t = job.train
+    console.print(f"[bold]{job.model.family}[/] {args.model}: {count_params(job.model):,} params; profile {profile}"
+                  f"{' (auto)' if args.profile == 'auto' else ''}: {t.total_tokens:,} tokens in {t.total_steps:,} "
+                  f"steps of {t.batch_tokens:,}, seq_len {t.seq_len}; data {job.data.kind}")
+    done = list_checkpoints(out)
+    if done:
+        console.print(f"resuming from {done[-1][1]} ({done[-1][0]:,} tokens)")
+
+    stop = {"requested": False}
+
+    def on_sigint(signum, frame):
+        if stop["requested"]:
+            raise KeyboardInterrupt
+        stop["requested"] = True
+        console.print("stopping after this step (checkpoint); press Ctrl-C again to abort at once")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        result = run_job(job, out, ProgressLogger(description=args.model, console=console),
+                         should_stop=lambda: stop["requested"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    _summary(console, result, out)
+    resume = f"rerun the same command to resume from {out / 'checkpoints'}"
+    if result.status == "finished":
+        return 0
+    if result.status == "cancelled":
+        console.print(f"cancelled at {result.tokens_done:,} tokens; {resume}")
+        return 130
+    raise JobFailed(f"job {result.status}: {result.error}\n{resume}" if result.status == "failed" else
+                    f"job {result.status}: {result.error} (see loss_spike / skipped_step events in "
+                    f"{out / 'metrics.jsonl'}); lower train.lr or raise train.max_skipped_steps, then {resume}")

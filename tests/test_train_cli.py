@@ -1,0 +1,71 @@
+"""`rla-sweep train`: one job from a preset, --set overrides with did-you-mean, --data forms, resume on rerun."""
+
+from __future__ import annotations
+
+import pytest
+
+from rla_ablate.cli import main
+from rla_ablate.commands.train import build_job, data_config
+from rla_ablate.errors import UserError
+from rla_ablate.train import metric_series, read_jsonl
+
+SMALL = ["model.vocab_size=257", "train.tokens=2048", "train.seq_len=64", "train.micro_batch_size=4",
+         "train.batch_tokens=512", "train.cpu_threads=1", "eval.0.tokens=512"]
+
+
+def test_set_reaches_every_section():
+    job = build_job("tiny-rla", SMALL + ["model.fit=none", "train.lr=1e-3", "data.split=validation"], None, "cpu")
+    assert job.model.fit == "none" and job.train.lr == 1e-3 and job.train.tokens == 2048
+    assert job.data.kind == "stdlib" and job.data.split == "validation"
+    assert job.eval[0].tokens == 512
+    # The profile sits under --set: what --set leaves alone comes from it.
+    assert job.train.min_lr == 3e-4 and job.train.resolved_warmup_tokens == 20
+    paper = build_job("tiny-rla", [], None, "paper")
+    assert paper.train.tokens == 50_000_000_000 and paper.train.batch_tokens == 2**22
+
+
+@pytest.mark.parametrize("sets, words", [
+    (["train.tokne=5"], "train.tokne: unknown key 'tokne' (did you mean 'tokens'?)"),
+    (["trian.lr=1"], "unknown section 'trian' (did you mean 'train'?)"),
+    (["model.fit=bogus"], "'bogus' is not allowed; allowed: residual, none, off"),
+    (["eval.4.tokens=5"], "use an index 0..0"),
+    (["train.tokens"], "expected KEY=VALUE"),
+])
+def test_bad_set_is_a_user_error(sets, words):
+    with pytest.raises(UserError, match=None) as info:
+        build_job("tiny-rla", sets, None, "cpu")
+    assert words in str(info.value)
+
+
+def test_data_forms(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text("hello")
+    assert data_config(None) == {"kind": "stdlib"} and data_config("mqar") == {"kind": "mqar"}
+    assert data_config(str(tmp_path / "corpus")) == {"kind": "text", "path": str(tmp_path / "corpus")}
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "index.json").write_text("{}")
+    assert data_config(str(tmp_path / "shards"))["kind"] == "shards"
+    spec = tmp_path / "data.yaml"
+    spec.write_text("kind: text\npath: corpus\nglb: '*.txt'\n")
+    with pytest.raises(UserError, match="did you mean 'glob'"):
+        build_job("tiny-rla", [], str(spec), "cpu")
+    with pytest.raises(UserError, match="no such file"):
+        data_config(str(tmp_path / "missing"))
+
+
+def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "tiny-rla", "--out", str(out), "--profile", "cpu"] + [a for s in SMALL for a in ("--set", s)]
+    assert main(argv) == 0
+    losses = metric_series(read_jsonl(out / "metrics.jsonl"), "train/loss")
+    assert [s for s, _ in losses] == [512, 1024, 1536, 2048]
+    assert (out / "checkpoints").is_dir()
+    err = capsys.readouterr().err
+    assert "finished after 2,048 tokens" in err and "eval/val/loss" in err
+    assert main(argv) == 0
+    assert "resuming from" in capsys.readouterr().err
+    assert main(["train", "tiny-rla", "--out", str(out), "--set", "train.lr=fast"]) == 2
+    err = capsys.readouterr().err
+    assert "--set: train.lr:" in err and "Traceback" not in err
+    assert main(["train", "tiny-rla", "--out", str(tmp_path / "other"), "--profile", "cpu"]) == 2
+    assert "model.vocab_size=257" in capsys.readouterr().err

@@ -1,0 +1,244 @@
+"""The training loop end to end on the CPU-tiny RLA preset: golden loss curve, bit-exact resume in a new
+process after a crash, the divergence guard with injected NaNs, cancellation and idempotent reruns.
+
+Regenerate the golden curve (after a deliberate change to the numbers) with
+    python tests/test_train_loop.py --regenerate
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rla_ablate.errors import UserError
+from rla_ablate.models import load_preset
+from rla_ablate.train import JobConfig, TrainConfig, metric_series, read_jsonl, run_job
+from rla_ablate.train.checkpoint import list_checkpoints, load_checkpoint
+
+GOLDEN = Path(__file__).parent / "assets" / "losses" / "tiny-rla.json"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_job(**train) -> JobConfig:
+    """24 steps of 512 tokens (2 micro batches of 4 x 64), evals every 4 steps, checkpoints every 3."""
+    settings = dict(tokens=12288, seq_len=64, micro_batch_size=4, batch_tokens=512, lr=3e-3, min_lr=3e-4,
+                    warmup_tokens=1024, eval_every_tokens=2048, checkpoint_every_tokens=1536, keep_checkpoints=3,
+                    cpu_threads=1, seed=0)
+    settings.update(train)
+    return JobConfig.model_validate({
+        "model": load_preset("tiny-rla").replace(vocab_size=257).model_dump(),
+        "train": TrainConfig(**settings).model_dump(exclude_unset=True),
+        "data": {"kind": "stdlib"},
+        "eval": [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 1024}],
+    })
+
+
+def curves(out: Path) -> dict[str, list]:
+    records = read_jsonl(out / "metrics.jsonl")
+    return {key: metric_series(records, key) for key in ("train/loss", "train/grad_norm", "train/lr", "eval/val/loss")}
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight")
+    result = run_job(tiny_job(), out)
+    assert result.status == "finished", result.error
+    return out, result
+
+
+def test_finishes_with_every_metric(straight):
+    out, result = straight
+    assert result.tokens_done == 12288 and result.error is None
+    records = read_jsonl(out / "metrics.jsonl")
+    keys = set().union(*(r["values"] for r in records if r["type"] == "metrics"))
+    for key in ("train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/skipped_steps",
+                "eval/val/loss", "eval/val/ppl", "eval/val/acc", "layer_00/attn_out_norm", "layer_01/S_norm",
+                "layer_01/R_norm"):
+        assert key in keys, key
+    # MFU needs a device peak: none is known for a CPU.
+    assert "train/mfu" not in keys
+    events = {r["name"]: r for r in records if r["type"] == "event"}
+    assert events["info"]["detail"]["backend"] == "chunk"
+    assert events["start"]["detail"]["tokens_total"] == 12288
+    assert records[-1] == {**records[-1], "type": "close", "status": "finished"}
+    c = curves(out)
+    assert [s for s, _ in c["train/loss"]] == list(range(512, 12289, 512))
+    assert [s for s, _ in c["eval/val/loss"]] == list(range(2048, 12289, 2048))
+    assert c["train/loss"][-1][1] < c["train/loss"][0][1] - 0.5
+    assert c["train/lr"][-1][1] == pytest.approx(3e-4)
+    assert result.metrics["eval/val/ppl"] == pytest.approx(math.exp(result.metrics["eval/val/loss"]))
+    assert [t for t, _ in list_checkpoints(out)] == [9216, 10752, 12288]
+
+
+def test_golden_loss_curve(straight):
+    out, _ = straight
+    golden = json.loads(GOLDEN.read_text())
+    assert golden["job"] == tiny_job().canonical_json(), "the golden job changed: regenerate (see module docstring)"
+    got = curves(out)
+    # Exact: same code, same torch, one thread. A mismatch is a change in the numbers (or in torch's CPU kernels).
+    assert got["train/loss"] == [tuple(x) for x in golden["train/loss"]], (
+        f"loss curve differs from {GOLDEN} (torch {torch.__version__}, golden from torch {golden['torch']}); "
+        "if the change is intended: python tests/test_train_loop.py --regenerate")
+    assert got["eval/val/loss"] == [tuple(x) for x in golden["eval/val/loss"]]
+
+
+_CHILD = """
+import os, pickle, sys
+from rla_ablate.train import run_job
+job = pickle.load(open(sys.argv[1], "rb"))
+calls = {"n": 0}
+def crash_before(step):
+    def should_stop():
+        calls["n"] += 1
+        if calls["n"] == step:
+            os._exit(17)   # a hard crash: no checkpoint, no close record
+        return False
+    return should_stop
+kill_at = int(sys.argv[3])
+result = run_job(job, sys.argv[2], should_stop=crash_before(kill_at) if kill_at else None)
+print(result.status, result.tokens_done)
+"""
+
+
+def _child(job_file: Path, out: Path, kill_at: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _CHILD, str(job_file), str(out), str(kill_at)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_resume_in_a_new_process_is_bit_exact(straight, tmp_path):
+    ref_out, _ = straight
+    job_file = tmp_path / "job.pkl"
+    job_file.write_bytes(pickle.dumps(tiny_job()))
+    out = tmp_path / "run"
+    # Crash before step 9: the checkpoint at step 6 survives, steps 7-8 were logged and must be rewritten.
+    crashed = _child(job_file, out, kill_at=9)
+    assert crashed.returncode == 17, crashed.stderr
+    assert [t for t, _ in list_checkpoints(out)] == [1536, 3072]
+    assert max(s for s, _ in curves(out)["train/loss"]) == 4096
+    resumed = _child(job_file, out, kill_at=0)
+    assert resumed.returncode == 0 and resumed.stdout.split() == ["finished", "12288"], resumed.stderr
+    assert curves(out) == curves(ref_out)
+    records = read_jsonl(out / "metrics.jsonl")
+    assert [(r["name"], r["step"]) for r in records if r["type"] == "event" and r["name"] == "resumed"] == [
+        ("resumed", 3072)]
+    assert sum(r["type"] == "close" for r in records) == 1
+    ref, got = (load_checkpoint(list_checkpoints(d)[-1][1]) for d in (ref_out, out))
+    assert ref["model"].keys() == got["model"].keys()
+    for name, tensor in ref["model"].items():
+        assert torch.equal(tensor, got["model"][name]), name
+    for pid, state in ref["optimizer"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, got["optimizer"]["state"][pid][key]), (pid, key)
+    assert ref["data"] == got["data"]
+
+
+def test_finished_job_reruns_as_a_no_op(straight):
+    out, first = straight
+    size = (out / "metrics.jsonl").stat().st_size
+    again = run_job(tiny_job(), out)
+    assert (again.status, again.tokens_done, again.metrics) == ("finished", 12288, first.metrics)
+    assert (out / "metrics.jsonl").stat().st_size == size
+
+
+def test_a_different_config_does_not_resume_a_folder(straight):
+    out, _ = straight
+    with pytest.raises(UserError, match="different job configuration"):
+        run_job(tiny_job(lr=1e-3), out)
+
+
+def test_cancel_checkpoints_and_resume_finishes(tmp_path):
+    job = tiny_job(tokens=2048, eval_every_tokens=None, checkpoint_every_tokens=None)
+    calls = {"n": 0}
+
+    def stop_before_third_step():
+        calls["n"] += 1
+        return calls["n"] == 3
+
+    cancelled = run_job(job, tmp_path, should_stop=stop_before_third_step)
+    assert (cancelled.status, cancelled.tokens_done) == ("cancelled", 1024)
+    assert cancelled.error == "cancelled at 1024 tokens"
+    assert [t for t, _ in list_checkpoints(tmp_path)][-1] == 1024
+    done = run_job(job, tmp_path)
+    assert (done.status, done.tokens_done) == ("finished", 2048)
+
+
+def test_vocab_too_small_for_the_data_is_a_user_error(tmp_path):
+    job = tiny_job()
+    job = job.model_copy(update={"model": job.model.replace(vocab_size=256)})
+    with pytest.raises(UserError, match="model.vocab_size=257"):
+        run_job(job, tmp_path)
+
+
+class _NaNInjector:
+    """Wraps the real model: NaN logits on chosen forward calls, NaN gradients on chosen backward calls."""
+
+    def __init__(self, nan_loss_steps, nan_grad_steps, micro_batches):
+        self.nan_loss_steps, self.nan_grad_steps, self.micro = set(nan_loss_steps), set(nan_grad_steps), micro_batches
+        self.forwards = 0
+
+    def build(self, real_build):
+        def build(cfg):
+            model = real_build(cfg)
+
+            def forward_hook(module, args, logits):
+                step = self.forwards // self.micro + 1
+                self.forwards += 1 if module.training else 0
+                if module.training and step in self.nan_loss_steps:
+                    return logits * float("nan")
+                if module.training and step in self.nan_grad_steps:
+                    logits.register_hook(lambda grad: grad * float("inf"))
+                return logits
+
+            model.register_forward_hook(forward_hook)
+            return model
+
+        return build
+
+
+def test_divergence_guard_skips_then_fails_with_the_reason(tmp_path, monkeypatch):
+    import rla_ablate.train.loop as loop
+
+    injector = _NaNInjector(nan_loss_steps={3, 7, 8}, nan_grad_steps={5}, micro_batches=2)
+    monkeypatch.setattr(loop, "build_model", injector.build(loop.build_model))
+    result = run_job(tiny_job(max_skipped_steps=3), tmp_path)
+    # Steps 3 (NaN loss) and 5 (Inf gradient) and 7 are skipped; the fourth skip, step 8, exceeds the limit.
+    assert (result.status, result.error, result.tokens_done) == ("diverged", "diverged at 4096 tokens", 4096)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    skipped = [(r["step"], r["detail"]["skipped"]) for r in records if r.get("name") == "skipped_step"]
+    assert skipped == [(1536, 1), (2560, 2), (3584, 3), (4096, 4)]
+    grad_skip = next(r for r in records if r.get("name") == "skipped_step" and r["step"] == 2560)
+    # JSON has no NaN or Inf: the log writes them as strings.
+    assert math.isfinite(grad_skip["detail"]["loss"]) and not math.isfinite(float(grad_skip["detail"]["grad_norm"]))
+    assert records[-1]["status"] == "diverged" and records[-1]["reason"] == "diverged at 4096 tokens"
+    # Skipped steps never reach the logged loss; the surviving steps still train.
+    losses = metric_series(records, "train/loss")
+    assert all(math.isfinite(v) for _, v in losses)
+    assert [s for s, _ in losses] == [512, 1024, 2048, 3072]
+    assert result.metrics["train/skipped_steps"] == 4.0
+
+
+def regenerate() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_job(tiny_job(), tmp)
+        assert result.status == "finished", result.error
+        got = curves(Path(tmp))
+    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+    GOLDEN.write_text(json.dumps({"job": tiny_job().canonical_json(), "torch": torch.__version__,
+                                  "train/loss": got["train/loss"], "eval/val/loss": got["eval/val/loss"]},
+                                 indent=1) + "\n")
+    print(f"wrote {GOLDEN}: {len(got['train/loss'])} losses, last {got['train/loss'][-1][1]:.6f}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--regenerate"]:
+        sys.exit("usage: python tests/test_train_loop.py --regenerate")
+    regenerate()
