@@ -92,13 +92,32 @@ def _series_order(spec: _Spec, s: Series) -> tuple:
     return tuple(out)
 
 
-def resolve_metric(pattern: str, runs: list[RunRecord]) -> str | None:
-    """The metric key a (possibly glob) name refers to: itself, or the first matching key present."""
-    keys = sorted({k for r in runs for k in r.metrics})
+def _preference(key: str) -> tuple:
+    # The LM validation set first: "eval loss" in a paper means held-out text, not a recall probe.
+    parts = key.split("/")
+    return (0 if any(p in ("val", "valid", "validation") for p in parts) else 1, key)
+
+
+def matching_metrics(pattern: str, runs: list[RunRecord]) -> list[str]:
+    """Metric keys a (possibly glob) name refers to, validation sets first, then alphabetical."""
+    keys = {k for r in runs for k in r.metrics}
     if pattern in keys:
-        return pattern
-    hits = [k for k in keys if fnmatch.fnmatchcase(k, pattern)]
+        return [pattern]
+    return sorted((k for k in keys if fnmatch.fnmatchcase(k, pattern)), key=_preference)
+
+
+def resolve_metric(pattern: str, runs: list[RunRecord]) -> str | None:
+    """The one metric a name refers to: itself, or the preferred matching key (see `matching_metrics`)."""
+    hits = matching_metrics(pattern, runs)
     return hits[0] if hits else None
+
+
+def glob_part(pattern: str, key: str) -> str:
+    """What the single '*' of `pattern` matched in `key` ('val' for eval/*/loss and eval/val/loss)."""
+    if pattern.count("*") != 1:
+        return key
+    head, tail = pattern.split("*")
+    return key[len(head):len(key) - len(tail)] if key.startswith(head) and key.endswith(tail) else key
 
 
 def final_by_seed(series: Series, key: str | None) -> dict[str, float]:

@@ -34,7 +34,9 @@ a.file { font-size: 12px; color: #666; margin-right: 10px; }
 
 def _cell(c: Cell, tag: str = "td") -> str:
     text = escape(c.text)
-    if c.link:
+    if c.links:
+        text = " ".join(f'<a href="{escape(url)}">{escape(t)}</a>' if url else escape(t) for t, url in c.links)
+    elif c.link:
         text = f'<a href="{escape(c.link)}">{text}</a>'
     cls = ' class="best"' if c.best else ""
     return f"<{tag}{cls}>{text}</{tag}>"

@@ -33,6 +33,8 @@ class Cell:
     text: str
     link: str | None = None
     best: bool = False
+    links: list[tuple[str, str | None]] = field(default_factory=list)
+    """Several links in one cell (a row's runs, one per seed)."""
 
 
 @dataclass
@@ -285,15 +287,21 @@ def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered):
 
 def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url) -> None:
     panels = D.group(spec, runs)
-    jobs = runs.jobs
-    out.header = ["model"] + [h for c in spec.columns for h in (c.label or c.metric, f"Δ {c.label or c.metric}")]
-    out.header += ["runs"]
+    # A glob column becomes one column per matching metric (eval/*/loss -> eval loss (val), eval loss (mqar)).
+    columns = []
+    for c in spec.columns:
+        keys = D.matching_metrics(c.metric, runs.jobs) or [None]
+        for key in keys:
+            label = c.label or c.metric
+            if len(keys) > 1:
+                label += f" ({D.glob_part(c.metric, key)})"
+            columns.append((c, key, label))
+    out.header = ["model"] + [h for _, _, label in columns for h in (label, f"Δ {label}")] + ["runs"]
     for panel, series in panels.items():
         _note_missing(out, spec, panel, series)
-        keys = [D.resolve_metric(c.metric, jobs) for c in spec.columns]
-        summaries = {id(s): [mean_ci(list(D.final_by_seed(s, k).values())) for k in keys] for s in series}
+        summaries = {id(s): [mean_ci(list(D.final_by_seed(s, k).values())) for _, k, _ in columns] for s in series}
         best = []
-        for j, c in enumerate(spec.columns):
+        for j, (c, _, _) in enumerate(columns):
             means = [summaries[id(s)][j].mean for s in series if summaries[id(s)][j].n]
             best.append((max(means) if c.higher_is_better else min(means)) if means else None)
         refs = [r for o in series if (r := D.reference_of(o, spec.reference, series)) is not None]
@@ -301,7 +309,7 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url) -> None
             ref = D.reference_of(s, spec.reference, series)
             label = s.label + (f" [{s.state_note()}]" if s.state_note() else "")
             row = [Cell(label)]
-            for j, (c, key) in enumerate(zip(spec.columns, keys)):
+            for j, (c, key, _) in enumerate(columns):
                 st = summaries[id(s)][j]
                 row.append(Cell(st.format(c.digits) if st.n else "missing", best=st.n > 0 and st.mean == best[j]))
                 if ref is None:
@@ -309,28 +317,38 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url) -> None
                 else:
                     d = paired_diff(D.final_by_seed(s, key), D.final_by_seed(ref, key))
                     row.append(Cell(d.format(c.digits) if d.diff.n else "no paired seeds"))
-            links = [Cell(f"{s.seed(r)}", run_url(r.run_id) if r.run_id else None) for r in s.runs]
-            row.append(links[0] if len(links) == 1 else Cell(" ".join(c.text for c in links) or "no run",
-                                                              links[0].link if links else None))
+            links = [(f"seed {s.seed(r)}", run_url(r.run_id) if r.run_id else None) for r in s.runs]
+            row.append(Cell(" ".join(t for t, _ in links) or "no run", links=links))
             out.rows.append(row)
             out.runs.extend((s.label, r.name, r.run_id) for r in s.runs)
 
 
 def render_table(spec: TableSpec, out: Rendered):
-    cols = out.header[:-1]
-    cells = [[c.text for c in row[:-1]] for row in out.rows] or [["no runs match this table's filter"] + [""] * (len(cols) - 1)]
-    width = max(6.0, 1.9 * len(cols))
-    fig, ax = plt.subplots(figsize=(width, 0.3 * (len(cells) + 1) + 0.5))
+    # The PNG stacks each value over its difference (two lines a cell) to stay half as wide as the HTML table.
+    metrics = out.header[1:-1:2]
+    cols = ["model"] + metrics
+    cells, bold = [], []
+    for row in out.rows:
+        line = [row[0].text.replace(" [", "\n[")]
+        marks = [False]
+        for j in range(len(metrics)):
+            value, diff = row[1 + 2 * j], row[2 + 2 * j]
+            line.append(value.text + ("" if diff.text == "—" else f"\n{'Δ ' if diff.text != 'reference' else ''}{diff.text}"))
+            marks.append(value.best)
+        cells.append(line)
+        bold.append(marks)
+    if not cells:
+        cells, bold = [["no runs match this table's filter"] + [""] * len(metrics)], [[False] * len(cols)]
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.3 * len(cols)), 0.5 * len(cells) + 0.9))
     ax.axis("off")
-    table = ax.table(cellText=cells, colLabels=cols, loc="center", cellLoc="left", colLoc="left")
+    table = ax.table(cellText=cells, colLabels=cols, loc="upper center", cellLoc="left", colLoc="left")
     table.auto_set_font_size(False)
     table.set_fontsize(8)
     table.auto_set_column_width(list(range(len(cols))))
     for (r, c), cell in table.get_celld().items():
         cell.set_edgecolor("0.85")
-        if r == 0:
-            cell.set_text_props(weight="bold")
-        elif r - 1 < len(out.rows) and c < len(out.rows[r - 1]) and out.rows[r - 1][c].best:
+        cell.set_height(0.9 / (len(cells) + 1) * (1.0 if r == 0 else 1.0))
+        if r == 0 or bold[r - 1][c]:
             cell.set_text_props(weight="bold")
     return fig
 

@@ -92,7 +92,8 @@ def ensure_experiment(tracking_uri: str, name: str) -> str:
             client.restore_experiment(exp.experiment_id)
         return exp.experiment_id
     try:
-        return client.create_experiment(name)
+        # Tells the MLflow UI this is a training experiment: it opens on the runs table, not the GenAI overview.
+        return client.create_experiment(name, tags={"mlflow.experimentKind": "custom_model_development"})
     except Exception:
         # Another process created it between our lookup and create.
         exp = client.get_experiment_by_name(name)

@@ -1,0 +1,144 @@
+"""`rla-sweep dashboard` end to end on a synthetic sweep logged through the real MLflow server, and the pages
+it produces opened in headless Chromium (the HTML dashboard and the MLflow UI's experiment page)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+import dashboard_synthetic as syn
+from rla_ablate.cli import main
+from rla_ablate.dashboard.spec import load_specs
+from rla_ablate.dashboard.stats import mean_ci
+from rla_ablate.tracking import TrackingServer
+
+pytestmark = pytest.mark.slow
+
+SWEEP = "syn"
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+# .ci/run installs Debian's chromium and sets this: there the browser checks must run, never skip.
+REQUIRED = os.environ.get("RLA_REQUIRE_CHROMIUM") == "1"
+needs_chromium = pytest.mark.skipif(CHROMIUM is None and not REQUIRED,
+                                    reason="no chromium on PATH (Debian: apt-get install chromium); CI installs it")
+
+
+def chromium(tmp_path, *args: str) -> str:
+    assert CHROMIUM, "RLA_REQUIRE_CHROMIUM=1 but no chromium on PATH"
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--no-first-run", "--disable-dev-shm-usage", f"--user-data-dir={tmp_path / 'chromium-profile'}",
+           "--window-size=1400,1000", *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    with TrackingServer(root / "tracking") as server:
+        runs = syn.log_sweep(server.uri, SWEEP)
+        # The sweep folder as the launcher leaves it: a shared tracking server, and one job not started yet.
+        (root / SWEEP).mkdir()
+        (root / SWEEP / "sweep.json").write_text(json.dumps(
+            {"name": SWEEP, "tracking_uri": server.uri, "embedded_tracking": False}))
+        (root / SWEEP / "jobs.json").write_text(json.dumps(
+            [{"job_id": "rdn-no_fitting-3", "name": "rdn-no_fitting-s3", "family": "rdn",
+              "ablations": ["no_fitting"], "seed": 3}]))
+        assert main(["dashboard", SWEEP, "--root", str(root)]) == 0
+        yield root, server, runs
+
+
+def final_eval(family, ablation, seeds):
+    return [syn.eval_loss(family, ablation, s, "val", syn.TOKENS[-1]) for s in seeds]
+
+
+def test_every_spec_rendered_with_missing_data_shown(sweep, capsys):
+    root, server, runs = sweep
+    out = root / SWEEP / "dashboard"
+    specs = load_specs()
+    for spec in specs:
+        for ext in ("png", "svg"):
+            assert (out / f"{spec.name}.{ext}").stat().st_size > 5000, (spec.name, ext)
+    page = (out / "index.html").read_text()
+    for spec in specs:
+        assert f'id="{spec.name}"' in page
+    assert "could not render" not in page
+    # Unfinished jobs are reported, not dropped silently and not a crash.
+    assert "RDN: tied γ (γ = β): 2 of 3 seeds finished; 1 running" in page
+    assert "RLA, no fitting: 2 of 3 seeds finished; 1 failed" in page
+    assert "RDN, no fitting: 3 of 4 seeds finished; 1 not started" in page
+    # Run links point at the MLflow UI of `rla-sweep ui`.
+    exp = MlflowClient(server.uri).get_experiment_by_name(f"rla-sweep/{SWEEP}").experiment_id
+    rla_seed0 = runs[("rla", "none", 0)]
+    assert f'href="http://127.0.0.1:5050/#/experiments/{exp}/runs/{rla_seed0}"' in page
+
+
+def test_table_numbers_are_the_seed_statistics(sweep):
+    root, _, _ = sweep
+    page = (root / SWEEP / "dashboard" / "index.html").read_text()
+    section = page[page.index('id="table4_no_fitting"'):]
+    section = section[:section.index("</section>")]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", section)]
+    by_model = {r[0]: r for r in rows if r}
+    rla = mean_ci(final_eval("rla", "none", syn.SEEDS))
+    assert by_model["RLA"][1] == f"{rla.mean:.3f} ± {rla.half_width:.3f} (n=3)"
+    assert by_model["RLA"][2] == "reference"
+    # No fitting: seed 2 failed, so the paired difference uses seeds 0 and 1; the effect is exactly +0.05.
+    no_fit = by_model["RLA, no fitting [2 of 3 seeds finished; 1 failed]"]
+    assert no_fit[1].startswith(f"{mean_ci(final_eval('rla', 'no_fitting', (0, 1))).mean:.3f} ± ")
+    assert no_fit[2].startswith("+0.050 ± 0.000 (n=2)")
+    ppl = mean_ci([math.exp(v) for v in final_eval("rdn", "none", syn.SEEDS)])
+    assert by_model["RDN"][5] == f"{ppl.mean:.2f} ± {ppl.half_width:.2f} (n=3)"
+
+
+def test_dashboard_logged_to_parent_run(sweep):
+    root, server, runs = sweep
+    client = MlflowClient(server.uri)
+    files = {f.path for f in client.list_artifacts(runs["parent"], "dashboard")}
+    assert {"dashboard/index.html", "dashboard/fig3a_tied_gamma.png", "dashboard/matched_budget.svg",
+            "dashboard/table5_output_gates.png"} <= files
+
+
+@needs_chromium
+def test_html_page_renders_in_chromium(sweep, tmp_path):
+    root, _, _ = sweep
+    page = root / SWEEP / "dashboard" / "index.html"
+    # Measure in the browser: every image decoded with a real size, every table laid out with rows.
+    probe = ("<script>window.addEventListener('load', () => { document.body.setAttribute('data-probe', JSON.stringify({"
+             "images: [...document.images].map(i => [i.alt, i.complete, i.naturalWidth, i.getBoundingClientRect().width]),"
+             "tables: [...document.querySelectorAll('table.results')].map(t => [t.closest('section').id, t.rows.length,"
+             " t.getBoundingClientRect().height])})); });</script></body>")
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.read_text().replace("</body>", probe))
+    dom = chromium(tmp_path, "--virtual-time-budget=10000", "--dump-dom", probed.as_uri())
+    found = json.loads(re.search(r"data-probe=\"(.*?)\"", dom).group(1).replace("&quot;", '"'))
+    specs = load_specs()
+    figures = [s for s in specs if s.kind != "table"]
+    tables = [s for s in specs if s.kind == "table"]
+    assert [img[0] for img in found["images"]] == [s.title for s in figures]
+    for alt, complete, natural, shown in found["images"]:
+        assert complete and natural > 600 and shown > 300, alt
+    assert [t[0] for t in found["tables"]] == [s.name for s in tables]
+    for name, nrows, height in found["tables"]:
+        assert nrows >= 3 and height > 40, name
+
+
+@needs_chromium
+def test_mlflow_ui_shows_the_sweep_experiment(sweep, tmp_path):
+    _, server, runs = sweep
+    client = MlflowClient(server.uri)
+    exp = client.get_experiment_by_name(f"rla-sweep/{SWEEP}").experiment_id
+    n = len(client.search_runs([exp], max_results=1000))
+    dom = chromium(tmp_path, "--virtual-time-budget=20000", "--dump-dom", f"{server.uri}/#/experiments/{exp}/runs")
+    # The text the user sees, after the app fetched the runs: tags stripped, whitespace collapsed.
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom[dom.find("<body"):]))
+    assert f"rla-sweep/{SWEEP}" in text and "Training runs" in text
+    assert f"{n} matching runs" in text, text[:2000]
+    assert f" {client.get_run(runs['parent']).info.run_name} " in text
