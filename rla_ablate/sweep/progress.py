@@ -26,7 +26,8 @@ class Progress:
         from rich.console import Console
 
         self.sweep = sweep
-        self.console = console or Console(stderr=False)
+        # Lines are never wrapped: logs stay greppable when stdout is a file.
+        self.console = console or Console(soft_wrap=True)
         self.interactive = (self.console.is_terminal if interactive is None else interactive)
         self.rows: dict[str, dict[str, Any]] = {}
         self.started = time.monotonic()
@@ -113,6 +114,10 @@ class Progress:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(summary.counts.items()))
         self.console.print(f"sweep {self.sweep}: {counts} in {self._elapsed()} "
                            f"({summary.ran} attempts run, {summary.skipped} jobs already done)")
+        meta = sdir.meta()
+        store = meta.get("backend_uri") if meta.get("embedded_tracking") else meta.get("tracking_uri")
+        self.console.print(f"runs: {store} (experiment rla-sweep/{self.sweep}); `rla-sweep status {self.sweep} "
+                           f"--root {sdir.root}` lists them")
         for name, err in summary.failed:
             self.console.print(f"  [red]failed[/] {name}: {err}")
         if not summary.ok:

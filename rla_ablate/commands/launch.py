@@ -1,0 +1,43 @@
+"""`rla-sweep launch FILE`: run every unfinished job of a sweep on Ray, logged to MLflow (see rla_ablate.sweep.launch)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--root", default="rla-runs",
+                        help="folder for the sweep's state, checkpoints and databases (default: ./rla-runs)")
+    parser.add_argument("--address", default=None,
+                        help="Ray cluster to join (e.g. 10.0.0.1:6379 or 'auto'); default: start a local Ray instance")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow tracking server for the jobs (e.g. http://mlflow:5000); default: start a local "
+                             "one on 127.0.0.1 with its SQLite store under --root")
+    parser.add_argument("--max-concurrent", type=int, default=None, metavar="N",
+                        help="run at most N jobs at once (default: as many as Ray's resources allow)")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "launch", help="run a sweep on Ray: skip finished jobs, resume unfinished ones, log to MLflow",
+        description="Expand the sweep file into jobs (each identified by a hash of its resolved config), skip the "
+                    "finished ones, resume unfinished ones from their checkpoints and schedule the rest on Ray. "
+                    "Exits 0 only when every job finished.")
+    parser.add_argument("file", help="the sweep file (YAML), e.g. sweeps/smoke.yaml")
+    add_run_options(parser)
+    parser.set_defaults(func=run)
+
+
+def options(args: argparse.Namespace):
+    from rla_ablate.sweep.launch import LaunchOptions
+
+    return LaunchOptions(root=Path(args.root), address=args.address, tracking_uri=args.tracking_uri,
+                         max_concurrent=args.max_concurrent)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rla_ablate.sweep.launch import launch
+
+    summary = launch(args.file, options(args))
+    return 0 if summary.ok else 1

@@ -1,0 +1,31 @@
+"""`rla-sweep resume NAME`: launch a sweep again from the copy of its file kept under --root."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    from rla_ablate.commands.launch import add_run_options
+
+    parser = subparsers.add_parser(
+        "resume", help="relaunch a sweep from its saved file: only unfinished jobs run, from their checkpoints",
+        description="Launch the sweep file saved by the last `rla-sweep launch` of NAME under --root again.")
+    parser.add_argument("name", help="the sweep name (the `name:` of its file)")
+    add_run_options(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rla_ablate.commands.launch import options
+    from rla_ablate.errors import UserError
+    from rla_ablate.sweep.launch import launch
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(args.root, args.name)
+    saved = sdir.path / "sweep.yaml"
+    if not saved.is_file():
+        raise UserError(f"no sweep '{args.name}' under {sdir.root}; start it with `rla-sweep launch FILE`",
+                        key="name")
+    summary = launch(saved, options(args))
+    return 0 if summary.ok else 1

@@ -1,0 +1,414 @@
+"""`rla-sweep launch`: schedule a sweep's unfinished jobs on Ray, track them in MLflow, never run a job twice.
+
+Scheduling is Ray core: one task per job attempt with the sweep's `num_cpus`/`num_gpus` (fractional GPUs
+share a device), at most `--max-concurrent` in flight, Ray deciding where and when each runs. The driver
+only submits, waits (`ray.wait`) and decides about retries: a failed attempt reruns from the job's last
+checkpoint (run_job resumes given the same out_dir) up to `resources.retries` times; a diverged job is a
+result and never reruns.
+
+Embedded default: a local Ray instance and the local MLflow server of `rla_ablate.tracking` (the single
+writer; jobs log over HTTP), both stopped at exit, Ctrl-C included; their pids are recorded in the sweep
+folder so that the next launch stops what a SIGKILLed one left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rla_ablate.errors import UserError
+from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep
+from rla_ablate.sweep.state import TERMINAL, SweepDir
+
+DEFAULT_ROOT = "rla-runs"
+# Seconds jobs get to write a checkpoint and return after Ctrl-C or `rla-sweep cancel`.
+STOP_GRACE_S = 60.0
+
+
+@dataclass
+class LaunchOptions:
+    """How `launch` runs a sweep (the CLI flags)."""
+
+    root: Path = Path(DEFAULT_ROOT)
+    """Folder holding every sweep's state, checkpoints and databases."""
+    address: str | None = None
+    """Ray cluster address (`ray start --head` prints it); None starts a local Ray instance."""
+    tracking_uri: str | None = None
+    """MLflow tracking server; None starts the embedded one (SQLite under the sweep folder)."""
+    max_concurrent: int | None = None
+    """Jobs in flight at once; None lets Ray's resources be the only limit."""
+    interactive: bool | None = None
+    """Redraw a live table (True) or print one line per change (False); None: when stdout is a terminal."""
+
+
+@dataclass
+class LaunchSummary:
+    sweep: str
+    counts: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0
+    ran: int = 0
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    pruned: int = 0
+    """Search trials stopped by the pruner (status cancelled): a result, not a failure."""
+
+    @property
+    def ok(self) -> bool:
+        unfinished = sum(n for k, n in self.counts.items() if k != "finished")
+        return unfinished == self.pruned
+
+
+def _check_resources(sweep: Sweep, cluster: dict[str, float]) -> None:
+    res = sweep.config.resources
+    line = sweep.source.line(("resources",))
+    gpus_needed = res.gpus
+    have_gpus, have_cpus = cluster.get("GPU", 0.0), cluster.get("CPU", 0.0)
+    if gpus_needed > have_gpus:
+        raise UserError(f"each job asks for {gpus_needed:g} GPU(s) but the Ray cluster has {have_gpus:g}; "
+                        "set resources.gpus: 0 to train on CPU", file=sweep.source.file, line=line, key="resources.gpus")
+    if res.cpus > have_cpus:
+        raise UserError(f"each job asks for {res.cpus:g} CPUs but the Ray cluster has {have_cpus:g}",
+                        file=sweep.source.file, line=line, key="resources.cpus")
+
+
+def _local_resources() -> dict[str, float]:
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except Exception:
+        pass
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}
+
+
+class _Services:
+    """Ray and MLflow for one launch; stopped in reverse order whatever happens."""
+
+    def __init__(self, sdir: SweepDir, opts: LaunchOptions):
+        self.sdir, self.opts = sdir, opts
+        self.server = None
+        self.tracking_uri: str | None = opts.tracking_uri
+        self.backend_uri: str | None = opts.tracking_uri
+        self.ray_started = False
+
+    def start_tracking(self) -> None:
+        if self.tracking_uri is None:
+            from rla_ablate.tracking import TrackingServer
+
+            self.server = TrackingServer(self.sdir.mlflow_dir).start()
+            self.tracking_uri, self.backend_uri = self.server.uri, self.server.backend_uri
+        self.sdir.record_children()
+
+    def start_ray(self) -> dict[str, float]:
+        import ray
+
+        self.sdir.triton_cache.mkdir(parents=True, exist_ok=True)
+        env = {"TRITON_CACHE_DIR": str(self.sdir.triton_cache)}
+        # Local workers inherit the driver's environment; remote nodes get it through the runtime env.
+        os.environ.update(env)
+        passthrough = {k: v for k, v in os.environ.items() if k.startswith("RLA_SWEEP_")}
+        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                                      configure_logging=True)
+        if self.opts.address:
+            kwargs["runtime_env"] = {"env_vars": {**env, **passthrough}}
+            ray.init(address=self.opts.address, **kwargs)
+        else:
+            ray.init(num_cpus=os.cpu_count() or 1, **kwargs)
+        self.ray_started = True
+        self.sdir.record_children()
+        return ray.cluster_resources()
+
+    def stop(self) -> None:
+        if self.ray_started:
+            import ray
+
+            try:
+                ray.shutdown()
+            except Exception:
+                pass
+            self.ray_started = False
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+def _job_record(job: ResolvedJob) -> dict[str, Any]:
+    rec = job.describe()
+    rec["tokens_target"] = int(job.job.train.tokens)
+    return rec
+
+
+def launch(path: str | Path, opts: LaunchOptions, *, console: Any = None,
+           on_event: Callable[[str, dict], None] | None = None) -> LaunchSummary:
+    """Run every unfinished job of the sweep file at `path`; returns the summary (raises UserError on bad input)."""
+    sweep = load_sweep(path)
+    return launch_sweep(sweep, opts, console=console, on_event=on_event)
+
+
+def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
+                 on_event: Callable[[str, dict], None] | None = None) -> LaunchSummary:
+    from rla_ablate.sweep.progress import Progress
+
+    sdir = SweepDir(opts.root, sweep.name)
+    if opts.max_concurrent is not None and opts.max_concurrent < 1:
+        raise UserError("--max-concurrent must be at least 1", key="--max-concurrent")
+    if opts.address is None:
+        _check_resources(sweep, _local_resources())
+    sdir.acquire()
+    services = _Services(sdir, opts)
+    progress = Progress(sweep.name, console=console, interactive=opts.interactive)
+    try:
+        sdir.path.mkdir(parents=True, exist_ok=True)
+        Path(sdir.path / "sweep.yaml").write_text(Path(sweep.source.file).read_text(encoding="utf-8"), encoding="utf-8")
+        if sweep.config.search is None:
+            sdir.write_job_list([_job_record(j) for j in sweep.jobs])
+            for job in sweep.jobs:
+                sdir.job_dir(job.job_id).mkdir(parents=True, exist_ok=True)
+                if not (sdir.job_dir(job.job_id) / "job.json").exists():
+                    (sdir.job_dir(job.job_id) / "job.json").write_text(job.job.model_dump_json(indent=1))
+        summary = LaunchSummary(sweep=sweep.name)
+        if sweep.config.search is None:
+            todo = [j for j in sweep.jobs if sdir.status(j.job_id).status not in TERMINAL]
+            summary.skipped = len(sweep.jobs) - len(todo)
+            if not todo:
+                summary.counts = _count(sdir, sweep.jobs)
+                progress.nothing_to_do(summary)
+                return summary
+        t0 = time.monotonic()
+        services.start_tracking()
+        progress.note(f"MLflow: {services.tracking_uri} ({time.monotonic() - t0:.1f} s)")
+        sdir.write_meta(tracking_uri=services.tracking_uri, backend_uri=services.backend_uri,
+                        embedded_tracking=opts.tracking_uri is None)
+        t0 = time.monotonic()
+        cluster = services.start_ray()
+        progress.note(f"Ray: {'joined ' + opts.address if opts.address else 'local instance'}, "
+                      f"{cluster.get('CPU', 0):g} CPUs, {cluster.get('GPU', 0):g} GPUs ({time.monotonic() - t0:.1f} s)")
+        if opts.address is not None:
+            _check_resources(sweep, cluster)
+        from rla_ablate.tracking import ensure_parent_run
+
+        parent = ensure_parent_run(services.tracking_uri, sweep.name,
+                                   tags={"sweep_file": str(Path(sweep.source.file).resolve()),
+                                         "description": sweep.config.description[:5000]})
+        sdir.write_meta(parent_run_id=parent)
+        runner = _Runner(sweep, sdir, services, opts, progress, on_event)
+        if sweep.config.search is None:
+            runner.run(todo)
+        else:
+            from rla_ablate.sweep.search import run_search
+
+            run_search(runner)
+        summary = runner.summary
+        jobs = runner.all_jobs
+        summary.skipped = summary.skipped or (len(jobs) - summary.ran)
+        summary.counts = _count(sdir, jobs)
+        _close_parent(services.tracking_uri, parent, summary)
+        progress.final(summary, sdir)
+        return summary
+    finally:
+        progress.stop()
+        services.stop()
+        sdir.release()
+
+
+def _count(sdir: SweepDir, jobs: list[ResolvedJob]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for j in jobs:
+        s = sdir.status(j.job_id).status
+        counts[s] = counts.get(s, 0) + 1
+    return counts
+
+
+def _close_parent(tracking_uri: str, parent: str, summary: LaunchSummary) -> None:
+    from mlflow.tracking import MlflowClient
+
+    status = "FINISHED" if summary.ok else ("KILLED" if summary.counts.get("cancelled") else "FAILED")
+    try:
+        # set_terminated prints "View run ... at <url>" to stdout; the summary names the store instead.
+        with contextlib.redirect_stdout(io.StringIO()):
+            MlflowClient(tracking_uri).set_terminated(parent, status=status)
+    except Exception:
+        pass
+
+
+class _Runner:
+    """Submits job attempts to Ray, collects outcomes, retries failures, relays stop requests."""
+
+    def __init__(self, sweep: Sweep, sdir: SweepDir, services: _Services, opts: LaunchOptions, progress: Any,
+                 on_event: Callable[[str, dict], None] | None):
+        import ray
+
+        from rla_ablate.sweep.worker import Monitor
+
+        self.ray = ray
+        self.sweep, self.sdir, self.services, self.opts = sweep, sdir, services, opts
+        self.progress, self.on_event = progress, on_event or (lambda name, detail: None)
+        self.monitor = Monitor.remote()
+        self.summary = LaunchSummary(sweep=sweep.name)
+        self.all_jobs: list[ResolvedJob] = []
+        self.inflight: dict[Any, ResolvedJob] = {}
+        # Attempts in this launch (status.json counts them over all launches); retries are per launch.
+        self.tries: dict[str, int] = {}
+        self.stopping = False
+        self._last_record = 0.0
+        # job_id -> callback(job, outcome) used by the search to tell Optuna.
+        self.on_done: Callable[[ResolvedJob, dict], None] | None = None
+        self.on_values: Callable[[ResolvedJob, list[tuple[int, float]]], None] | None = None
+        self.watch: str | None = None
+
+    @property
+    def capacity(self) -> int:
+        limit = self.opts.max_concurrent
+        return (limit - len(self.inflight)) if limit else 1 << 30
+
+    def ensure_run(self, job: ResolvedJob) -> str:
+        from rla_ablate.tracking import create_or_get_child_run
+
+        st = self.sdir.status(job.job_id)
+        if st.mlflow_run_id and st.tracking_uri == self.services.tracking_uri:
+            return st.mlflow_run_id
+        tags = {"family": job.family, "ablations": list(job.ablations), "seed": job.seed, "name": job.name}
+        if job.control_of:
+            tags["control_of"] = job.control_of
+        run_id = create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id, tags=tags,
+                                         config=job.job.model_dump(mode="json"))
+        self.sdir.set_status(job.job_id, mlflow_run_id=run_id, tracking_uri=self.services.tracking_uri)
+        return run_id
+
+    def submit(self, job: ResolvedJob) -> None:
+        from rla_ablate.sweep.worker import run_remote
+
+        res = self.sweep.config.resources
+        run_id = self.ensure_run(job)
+        st = self.sdir.status(job.job_id)
+        self.sdir.set_status(job.job_id, status="pending", tokens_target=int(job.job.train.tokens),
+                             attempts=st.attempts + 1, error=None)
+        # Multi-worker jobs start their own Ray Train workers (one GPU each); the task itself only coordinates.
+        multi = job.job.train.num_workers > 1
+        options = {"num_cpus": 1 if multi else res.cpus, "num_gpus": 0 if multi else res.gpus,
+                   "name": f"{self.sweep.name}:{job.name}"}
+        ref = run_remote.options(**options).remote(job.job, str(self.sdir.job_dir(job.job_id)),
+                                                   job.job_id, self.services.tracking_uri, run_id, self.monitor,
+                                                   res.cpus, self.watch)
+        self.inflight[ref] = job
+        self.tries[job.job_id] = self.tries.get(job.job_id, 0) + 1
+        self.progress.update(job, "pending", st.tokens_done)
+        self.on_event("submitted", {"job_id": job.job_id, "attempt": st.attempts + 1})
+
+    def run(self, todo: list[ResolvedJob]) -> None:
+        """Run `todo` (the unfinished jobs of a fixed sweep) to the end."""
+        self.all_jobs = list(self.sweep.jobs)
+        for job in self.sweep.jobs:
+            st = self.sdir.status(job.job_id)
+            self.progress.update(job, st.status if st.status in TERMINAL else "pending", st.tokens_done,
+                                 int(job.job.train.tokens))
+        queue = deque(todo)
+        while queue or self.inflight:
+            while queue and self.capacity > 0 and not self.stopping:
+                self.submit(queue.popleft())
+            if self.stopping:
+                while queue:
+                    job = queue.popleft()
+                    self.sdir.set_status(job.job_id, status="cancelled", error="launch stopped before it started")
+                    self.progress.update(job, "cancelled")
+            for job, outcome in self.step():
+                if outcome is not None and outcome.get("retry"):
+                    queue.appendleft(job)
+
+    def step(self, timeout: float = 0.5) -> list[tuple[ResolvedJob, dict | None]]:
+        """Wait a little for outcomes, refresh progress, check for a cancel request; returns finished attempts."""
+        done: list[tuple[ResolvedJob, dict | None]] = []
+        try:
+            if self.inflight:
+                ready, _ = self.ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=timeout)
+            else:
+                ready = []
+                time.sleep(min(timeout, 0.1))
+            for ref in ready:
+                job = self.inflight.pop(ref)
+                done.append((job, self._collect(job, ref)))
+            self._poll()
+            if not self.stopping and self.sdir.cancel_requested():
+                self.stop("cancelled by `rla-sweep cancel`")
+        except KeyboardInterrupt:
+            if self.stopping:
+                raise
+            self.stop("interrupted (Ctrl-C)")
+        return done
+
+    def stop(self, why: str) -> None:
+        self.stopping = True
+        self.stop_reason = why
+        self.progress.note(f"stopping: {why}; jobs save a checkpoint and stop (Ctrl-C again to abandon them)")
+        self.monitor.request_stop.remote(None)
+        self._stop_deadline = time.monotonic() + STOP_GRACE_S
+
+    def _poll(self) -> None:
+        tokens, started, values = self.ray.get(self.monitor.snapshot.remote())
+        for job in self.inflight.values():
+            if job.job_id in started:
+                n = tokens.get(job.job_id, 0) or 0
+                st = self.sdir.status(job.job_id)
+                if st.status != "running" or abs(st.tokens_done - n) > 0:
+                    self.sdir.set_status(job.job_id, status="running", tokens_done=n)
+                self.progress.update(job, "running", n)
+            if values.get(job.job_id) and self.on_values is not None:
+                self.on_values(job, values[job.job_id])
+        self.progress.refresh()
+        now = time.monotonic()
+        if now - self._last_record > 5.0:
+            self._last_record = now
+            self.sdir.record_children()
+        if self.stopping and self.inflight and now > getattr(self, "_stop_deadline", now + 1):
+            for ref, job in list(self.inflight.items()):
+                self.ray.cancel(ref, force=True)
+                self.inflight.pop(ref)
+                self.sdir.set_status(job.job_id, status="cancelled", error=f"{self.stop_reason}; did not stop "
+                                     f"within {STOP_GRACE_S:.0f} s, killed (resumes from its last checkpoint)")
+                self.progress.update(job, "cancelled")
+
+    def _collect(self, job: ResolvedJob, ref: Any) -> dict:
+        try:
+            outcome = self.ray.get(ref)
+        except Exception as exc:
+            # The worker process died (OOM killer, segfault, node lost): a failure like any other.
+            outcome = {"status": "failed", "tokens_done": self.sdir.status(job.job_id).tokens_done, "metrics": {},
+                       "error": f"worker died: {type(exc).__name__}: {str(exc)[:2000]}"}
+        status = outcome.get("status", "failed")
+        if status not in ("finished", "failed", "diverged", "cancelled"):
+            status = "failed"
+        st = self.sdir.status(job.job_id)
+        tokens = int(outcome.get("tokens_done") or 0)
+        self.summary.ran += 1
+        self.monitor.clear.remote(job.job_id)
+        retries = self.sweep.config.resources.retries
+        if status == "failed" and outcome.get("retryable", True) and not self.stopping \
+                and self.tries.get(job.job_id, 1) <= retries:
+            self.sdir.set_status(job.job_id, status="pending", tokens_done=tokens, error=outcome.get("error"))
+            self.progress.note(f"{job.name}: attempt {self.tries[job.job_id]} failed, retrying from its last checkpoint: "
+                               f"{_first_line(outcome.get('error'))}")
+            self.progress.update(job, "pending", tokens)
+            self.on_event("retry", {"job_id": job.job_id, "attempt": st.attempts, "error": outcome.get("error")})
+            outcome["retry"] = True
+            return outcome
+        error = outcome.get("error")
+        if status == "cancelled" and not error:
+            error = getattr(self, "stop_reason", "stopped")
+        self.sdir.set_status(job.job_id, status=status, tokens_done=tokens, error=error)
+        self.progress.update(job, status, tokens)
+        if status == "failed":
+            self.summary.failed.append((job.name, _first_line(error)))
+        self.on_event("done", {"job_id": job.job_id, "status": status})
+        if self.on_done is not None:
+            self.on_done(job, outcome)
+        return outcome
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0][:300] if text else ""

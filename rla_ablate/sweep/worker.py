@@ -1,0 +1,171 @@
+"""What runs inside a Ray worker: one job, its MLflow logger, progress and stop requests through the monitor.
+
+The driver never trains; a worker never decides about retries. A job's outcome is a plain dict (failures
+are values): {"status", "tokens_done", "metrics", "error"}.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from rla_ablate.errors import UserError
+
+# Fault injection for resilience tests and drills: "<job_id prefix or *>@<tokens>" makes that job raise once,
+# at the first step at or past <tokens>; a marker file in its out_dir keeps the retry from raising again.
+FAIL_ONCE_ENV = "RLA_SWEEP_FAIL_ONCE"
+REPORT_EVERY_S = 1.0
+
+
+@ray.remote(num_cpus=0)
+class Monitor:
+    """The driver's mailbox: workers report progress and eval values, the driver asks jobs to stop."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, int] = {}
+        self.started: set[str] = set()
+        self.values: dict[str, list[tuple[int, float]]] = {}
+        self.stop_all = False
+        self.stop: set[str] = set()
+
+    def report(self, job_id: str, tokens: int | None, values: list[tuple[int, float]]) -> bool:
+        self.started.add(job_id)
+        if tokens is not None:
+            self.tokens[job_id] = max(tokens, self.tokens.get(job_id, 0))
+        if values:
+            self.values.setdefault(job_id, []).extend(values)
+        return self.stop_all or job_id in self.stop
+
+    def snapshot(self) -> tuple[dict[str, int], set[str], dict[str, list[tuple[int, float]]]]:
+        values, self.values = self.values, {}
+        return dict(self.tokens), set(self.started), values
+
+    def request_stop(self, job_id: str | None = None) -> None:
+        if job_id is None:
+            self.stop_all = True
+        else:
+            self.stop.add(job_id)
+
+    def clear(self, job_id: str) -> None:
+        self.stop.discard(job_id)
+        self.started.discard(job_id)
+
+
+class SweepLogger:
+    """Wraps the MLflow logger (which drops steps a resumed run already holds): reports progress and eval values
+    to the driver's monitor and relays its stop requests."""
+
+    def __init__(self, inner: Any, monitor: Any, job_id: str, out_dir: Path, *, watch: str | None = None):
+        self.inner, self.monitor, self.job_id, self.out_dir = inner, monitor, job_id, out_dir
+        self.watch = watch
+        self.tokens: int | None = None
+        self._values: list[tuple[int, float]] = []
+        self._stop = False
+        self._last_report = 0.0
+        self._closed = False
+        self._fail_at = self._parse_fail_once()
+
+    def _parse_fail_once(self) -> int | None:
+        spec = os.environ.get(FAIL_ONCE_ENV)
+        if not spec or "@" not in spec:
+            return None
+        who, at = spec.rsplit("@", 1)
+        if who != "*" and not self.job_id.startswith(who):
+            return None
+        if (self.out_dir / ".failed-once").exists():
+            return None
+        return int(at)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.inner is not None:
+            self.inner.log(metrics, step)
+        self.tokens = step if self.tokens is None else max(self.tokens, step)
+        if self.watch and self.watch in metrics:
+            self._values.append((int(step), float(metrics[self.watch])))
+            self._report(force=True)
+
+    def event(self, name: str, step: int, detail: dict) -> None:
+        if name == "start":
+            self.tokens = int(step)
+            self._report(force=True)
+        if self.inner is not None:
+            self.inner.event(name, step, detail)
+
+    def close(self, status: str, reason: str | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._report(force=True)
+        if self.inner is not None:
+            self.inner.close(status, reason)
+
+    def should_stop(self) -> bool:
+        if self._fail_at is not None and self.tokens is not None and self.tokens >= self._fail_at:
+            self._fail_at = None
+            (self.out_dir / ".failed-once").write_text(str(self.tokens))
+            raise RuntimeError(f"injected failure at {self.tokens} tokens ({FAIL_ONCE_ENV})")
+        self._report()
+        return self._stop
+
+    def _report(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.monitor is None or (not force and now - self._last_report < REPORT_EVERY_S):
+            return
+        self._last_report = now
+        values, self._values = self._values, []
+        try:
+            self._stop = bool(ray.get(self.monitor.report.remote(self.job_id, self.tokens, values), timeout=30))
+        except Exception:
+            # The driver is gone or slow; keep training, the checkpoint makes stopping later cheap.
+            self._values = values + self._values
+
+
+def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_id: str | None,
+            monitor: Any, cpus: float, watch: str | None = None) -> dict[str, Any]:
+    """Run one job to its end (or a stop request) and return its outcome; never raises."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    logger = None
+    try:
+        import torch
+
+        torch.set_num_threads(max(1, int(cpus)))
+        from rla_ablate.train import run_job
+
+        inner = None
+        if tracking_uri and run_id:
+            from rla_ablate.tracking import MLflowLogger
+
+            inner = MLflowLogger(tracking_uri, run_id)
+        logger = SweepLogger(inner, monitor, job_id, out, watch=watch)
+        logger._report(force=True)
+        result = run_job(job, out, logger, should_stop=logger.should_stop)
+        outcome = {"status": str(result.status), "tokens_done": int(result.tokens_done),
+                   "metrics": {k: float(v) for k, v in (result.metrics or {}).items()}, "error": result.error}
+        logger.close(outcome["status"], outcome["error"])
+        return outcome
+    except UserError as exc:
+        # A configuration that cannot run fails the same way on every attempt: no retry.
+        if logger is not None:
+            logger.close("failed", str(exc))
+        return {"status": "failed", "tokens_done": 0, "metrics": {}, "error": str(exc), "retryable": False}
+    except BaseException as exc:
+        error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=20)}"
+        if logger is not None:
+            try:
+                logger.close("failed", f"{type(exc).__name__}: {exc}")
+            except Exception:
+                pass
+        if isinstance(exc, KeyboardInterrupt):
+            return {"status": "cancelled", "tokens_done": logger.tokens or 0 if logger else 0, "metrics": {},
+                    "error": "interrupted"}
+        return {"status": "failed", "tokens_done": (logger.tokens or 0) if logger else 0, "metrics": {},
+                "error": error}
+
+
+run_remote = ray.remote(max_retries=0)(execute)

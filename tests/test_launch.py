@@ -1,0 +1,219 @@
+"""`rla-sweep launch` end to end: real CLI processes, a real local Ray instance, the real embedded MLflow server,
+real (tiny) training jobs on CPU. One small sweep is launched, relaunched, edited (its new job fails once and
+is retried from its checkpoint), then grown and SIGKILLed mid-run and relaunched. The tests run in file order
+and share the sweep folder, like a user at a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+TINY = {"vocab_size": 257, "num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+        "head_dim": 16}
+SWEEP = {
+    "name": "e2e",
+    "models": [{"preset": "tiny-rla", "overrides": TINY}, {"preset": "tiny-gdn", "overrides": TINY}],
+    "base": {
+        "train": {"tokens": 4096, "seq_len": 64, "micro_batch_size": 4, "batch_tokens": 256, "warmup_tokens": 256,
+                  "eval_every_tokens": 1024, "checkpoint_every_tokens": 1024, "cpu_threads": 1},
+        "data": {"kind": "stdlib"},
+        "eval": [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 512}],
+    },
+    "ablations": ["no_fitting"],
+    "resources": {"cpus": 1, "retries": 1},
+}
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rla_ablate.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def write(path: Path, sweep: dict) -> Path:
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    return path
+
+
+def status(root: Path, name: str = "e2e") -> dict:
+    out = cli("status", name, "--root", str(root), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def job_runs(tracking_uri: str, sweep: str = "e2e") -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(f"rla-sweep/{sweep}")
+    return client.search_runs([exp.experiment_id], filter_string="tags.`rla.role` = 'job'", max_results=1000)
+
+
+def assert_no_duplicate_steps(tracking_uri: str, run_id: str) -> int:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    keys = list(client.get_run(run_id).data.metrics)
+    assert "train/loss" in keys
+    for key in keys:
+        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        assert len(steps) == len(set(steps)), f"{key} logged twice at some step of run {run_id}"
+    return max(m.step for m in client.get_metric_history(run_id, "train/loss"))
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory):
+    base = tmp_path_factory.mktemp("launch")
+    return {"root": base / "runs", "dir": base}
+
+
+def test_launch_runs_every_job_and_tracks_it(campaign):
+    root, f = campaign["root"], write(campaign["dir"] / "e2e.yaml", SWEEP)
+    out = cli("launch", str(f), "--root", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = status(root)
+    assert doc["sweep"] == "e2e" and doc["root"] == str(root.resolve())
+    assert len(doc["jobs"]) == 3
+    for job in doc["jobs"]:
+        assert set(job) == {"job_id", "name", "ablations", "status", "mlflow_run_id", "tokens_done", "tokens_target",
+                            "error"}
+        assert job["status"] == "finished" and job["tokens_done"] == job["tokens_target"] == 4096
+    # The embedded server is gone; the status' tracking URI (its SQLite store) still opens every run.
+    assert doc["tracking_uri"].startswith("sqlite:///")
+    runs = job_runs(doc["tracking_uri"])
+    assert sorted(r.info.run_id for r in runs) == sorted(j["mlflow_run_id"] for j in doc["jobs"])
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(doc["tracking_uri"])
+    parents = {r.data.tags["mlflow.parentRunId"] for r in runs}
+    assert len(parents) == 1 and client.get_run(parents.pop()).info.status == "FINISHED"
+    for r in runs:
+        assert r.info.status == "FINISHED"
+        assert assert_no_duplicate_steps(doc["tracking_uri"], r.info.run_id) == 4096
+    assert (root / "e2e" / "triton-cache").is_dir()
+    # Nothing left running: the launch stopped Ray and MLflow at exit.
+    rec = json.loads((root / "e2e" / "launch.json").read_text())
+    assert rec["children"] == []
+    campaign["runs"] = len(runs)
+    campaign["tracking_uri"] = doc["tracking_uri"]
+    campaign["first"] = {j["job_id"]: j for j in doc["jobs"]}
+
+
+def test_relaunch_same_file_runs_nothing(campaign):
+    root = campaign["root"]
+    mtimes = {p: p.stat().st_mtime_ns for p in (root / "e2e" / "jobs").glob("*/metrics.jsonl")}
+    out = cli("launch", str(campaign["dir"] / "e2e.yaml"), "--root", str(root))
+    assert out.returncode == 0, out.stderr
+    assert "nothing to run" in out.stdout
+    assert len(job_runs(campaign["tracking_uri"])) == campaign["runs"]
+    assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
+
+
+def test_edited_file_runs_only_the_new_job_and_retries_a_failure(campaign):
+    root = campaign["root"]
+    edited = dict(SWEEP, ablations=["no_fitting", "tied_gamma"])
+    f = write(campaign["dir"] / "e2e.yaml", edited)
+    from rla_ablate.sweep.expand import load_sweep
+
+    new = [j for j in load_sweep(f).jobs if j.job_id not in campaign["first"]]
+    assert [j.name for j in new] == ["tiny-rla/tied_gamma/seed0"]
+    new_id = new[0].job_id
+    # The new job raises once at 2048 tokens (after its checkpoint at 2048); the retry resumes from there.
+    out = cli("launch", str(f), "--root", str(root), env={"RLA_SWEEP_FAIL_ONCE": f"{new_id}@2048"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "retrying from its last checkpoint" in out.stdout
+    doc = status(root)
+    by_id = {j["job_id"]: j for j in doc["jobs"]}
+    assert by_id[new_id]["status"] == "finished" and by_id[new_id]["tokens_done"] == 4096
+    for job_id, before in campaign["first"].items():
+        assert by_id[job_id]["mlflow_run_id"] == before["mlflow_run_id"]
+    job_dir = root / "e2e" / "jobs" / new_id
+    assert (job_dir / ".failed-once").exists()
+    state = json.loads((job_dir / "status.json").read_text())
+    assert state["attempts"] == 2
+    from rla_ablate.train import read_jsonl
+
+    events = [r["name"] for r in read_jsonl(job_dir / "metrics.jsonl") if r.get("type") == "event"]
+    assert "resumed" in events
+    runs = job_runs(campaign["tracking_uri"])
+    assert len(runs) == campaign["runs"] + 1
+    assert assert_no_duplicate_steps(campaign["tracking_uri"], by_id[new_id]["mlflow_run_id"]) == 4096
+
+
+def _descendants_alive(pids: list[list]) -> list[int]:
+    alive = []
+    for pid, created in pids:
+        try:
+            p = psutil.Process(pid)
+            if abs(p.create_time() - created) < 0.01 and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.Error:
+            continue
+    return alive
+
+
+KILL_SWEEP = {
+    "name": "e2e-kill",
+    "models": [{"preset": "tiny-rla", "overrides": {"vocab_size": 257}},
+               {"preset": "tiny-gdn", "overrides": {"vocab_size": 257}}],
+    "base": {
+        # Long enough (128 steps) that the kill lands mid-run, after two checkpoints.
+        "train": {"tokens": 131072, "seq_len": 128, "micro_batch_size": 8, "batch_tokens": 1024,
+                  "warmup_tokens": 1024, "eval_every_tokens": 32768, "checkpoint_every_tokens": 16384,
+                  "cpu_threads": 1},
+        "data": {"kind": "stdlib"},
+        "eval": [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 512}],
+    },
+    "resources": {"cpus": 1},
+}
+
+
+def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
+    root = campaign["root"]
+    f = write(campaign["dir"] / "kill.yaml", KILL_SWEEP)
+    proc = subprocess.Popen([sys.executable, "-m", "rla_ablate.cli", "launch", str(f), "--root", str(root)],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 240
+    killed_mid_run = False
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            states = [json.loads(p.read_text()) for p in (root / "e2e-kill" / "jobs").glob("*/status.json")]
+            if any(s["status"] == "running" and 40000 < s["tokens_done"] < 100000 for s in states):
+                # Let the MLflow loggers send steps past the last checkpoint: the relaunch replays them.
+                time.sleep(2.5)
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed_mid_run = True
+                break
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None and not killed_mid_run:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert killed_mid_run, "the launch ended before any job was seen mid-run"
+    # The kernel dropped the lock; status.json still says running, which status reports as pending (resumable).
+    doc = status(root, "e2e-kill")
+    assert any(j["status"] == "pending" and "resume" in (j["error"] or "") for j in doc["jobs"])
+    rec = json.loads((root / "e2e-kill" / "launch.json").read_text())
+    assert rec["children"]
+    out = cli("launch", str(f), "--root", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert _descendants_alive(rec["children"]) == []
+    doc = status(root, "e2e-kill")
+    assert all(j["status"] == "finished" and j["tokens_done"] == j["tokens_target"] == 131072 for j in doc["jobs"])
+    runs = job_runs(doc["tracking_uri"], "e2e-kill")
+    # One MLflow run per job, although each job's first attempt was killed.
+    assert sorted(r.info.run_id for r in runs) == sorted(j["mlflow_run_id"] for j in doc["jobs"])
+    for j in doc["jobs"]:
+        assert assert_no_duplicate_steps(doc["tracking_uri"], j["mlflow_run_id"]) == 131072
