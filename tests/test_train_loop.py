@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from rla_ablate.errors import UserError
-from rla_ablate.models import load_preset
+from rla_ablate.models import flops_per_token, load_preset
 from rla_ablate.train import JobConfig, TrainConfig, metric_series, read_jsonl, run_job
 from rla_ablate.train.checkpoint import list_checkpoints, load_checkpoint
 
@@ -154,7 +154,7 @@ def test_a_different_config_does_not_resume_a_folder(straight):
 
 
 def test_cancel_checkpoints_and_resume_finishes(tmp_path):
-    job = tiny_job(tokens=2048, eval_every_tokens=None, checkpoint_every_tokens=None)
+    job = tiny_job(tokens=2048, eval_every_tokens=None, checkpoint_every_tokens=None, peak_flops=1e11)
     calls = {"n": 0}
 
     def stop_before_third_step():
@@ -167,6 +167,9 @@ def test_cancel_checkpoints_and_resume_finishes(tmp_path):
     assert [t for t, _ in list_checkpoints(tmp_path)][-1] == 1024
     done = run_job(job, tmp_path)
     assert (done.status, done.tokens_done) == ("finished", 2048)
+    # MFU = training FLOPs per token x tokens/s over the device peak.
+    m = done.metrics
+    assert m["train/mfu"] == pytest.approx(flops_per_token(job.model, 64) * m["train/tokens_per_s"] / 1e11)
 
 
 def test_vocab_too_small_for_the_data_is_a_user_error(tmp_path):
@@ -174,6 +177,23 @@ def test_vocab_too_small_for_the_data_is_a_user_error(tmp_path):
     job = job.model_copy(update={"model": job.model.replace(vocab_size=256)})
     with pytest.raises(UserError, match="model.vocab_size=257"):
         run_job(job, tmp_path)
+
+
+def test_a_crash_while_building_is_a_failed_result_that_keeps_the_log(tmp_path, monkeypatch):
+    import rla_ablate.train.loop as loop
+
+    job = tiny_job(tokens=2048, eval_every_tokens=None, checkpoint_every_tokens=None)
+    assert run_job(job, tmp_path, should_stop=lambda: True).status == "cancelled"
+    before = read_jsonl(tmp_path / "metrics.jsonl")
+
+    def broken(cfg):
+        raise RuntimeError("out of memory while building")
+
+    monkeypatch.setattr(loop, "build_model", broken)
+    result = run_job(job, tmp_path)
+    assert result.status == "failed" and "out of memory while building" in result.error
+    after = read_jsonl(tmp_path / "metrics.jsonl")
+    assert after[: len(before)] == before and after[-1]["status"] == "failed"
 
 
 class _NaNInjector:

@@ -448,9 +448,10 @@ def train_worker(job: JobConfig, out_dir: str | Path, logger: MetricLogger | Non
     except UserError:
         raise
     except Exception:
-        trainer.open_logs(None)
         result = trainer._result("failed", traceback.format_exc())
-        trainer.logger.close(result.status, result.error)
+        if ctx.rank == 0:
+            # Appended, never truncated: the history of an earlier attempt stays readable.
+            CompositeLogger(JSONLLogger(out_dir / "metrics.jsonl"), logger).close(result.status, result.error)
         return result
     if state is not None and state.get("finished"):
         return JobResult(status="finished", tokens_done=int(state["tokens"]),
