@@ -179,6 +179,7 @@ def test_init_std_from_config():
     (dict(family="rdn", expand_v=1.3), "head_dim * expand_v must be a positive integer"),
     (dict(family="rdn", fit="partial"), "fit"),
     (dict(family="rdn", colour="red"), "colour"),
+    (dict(family="rdn", backend="cuda"), "not one of auto, naive, chunk, fla, triton"),
 ])
 def test_invalid_configs_are_rejected(bad, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -124,6 +124,10 @@ class ModelConfig(BaseModel):
             qk_norm = self.qk_norm or "l2"
             use_short_conv = True if self.use_short_conv is None else self.use_short_conv
             num_kv_heads = None
+        # GPU backends register on import (rla_ablate.ops), so their names are listed here, not looked up.
+        known = ("auto", "naive", "chunk", "fla", "triton")
+        if self.backend not in known:
+            raise ValueError(f"backend {self.backend!r} is not one of {', '.join(known)}")
         if self.backend != "auto" and fam == "transformer":
             raise ValueError(f"backend={self.backend!r} selects a linear-attention op; the transformer runs SDPA "
                              "(leave backend='auto')")
