@@ -48,9 +48,10 @@ def write(path: Path, sweep: dict) -> Path:
 
 
 def status(root: Path, name: str = "e2e") -> dict:
-    out = cli("status", name, "--root", str(root), "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    from rla_ablate.sweep.state import SweepDir
+    from rla_ablate.sweep.status import sweep_status
+
+    return sweep_status(SweepDir(root, name))
 
 
 def job_runs(tracking_uri: str, sweep: str = "e2e") -> list:
@@ -83,7 +84,10 @@ def test_launch_runs_every_job_and_tracks_it(campaign):
     root, f = campaign["root"], write(campaign["dir"] / "e2e.yaml", SWEEP)
     out = cli("launch", str(f), "--root", str(root))
     assert out.returncode == 0, out.stdout + out.stderr
-    doc = status(root)
+    cmd = cli("status", "e2e", "--root", str(root), "--json")
+    assert cmd.returncode == 0, cmd.stderr
+    doc = json.loads(cmd.stdout)
+    assert doc == status(root)
     assert doc["sweep"] == "e2e" and doc["root"] == str(root.resolve())
     assert len(doc["jobs"]) == 3
     for job in doc["jobs"]:
@@ -169,9 +173,9 @@ KILL_SWEEP = {
     "models": [{"preset": "tiny-rla", "overrides": {"vocab_size": 257}},
                {"preset": "tiny-gdn", "overrides": {"vocab_size": 257}}],
     "base": {
-        # Long enough (128 steps) that the kill lands mid-run, after two checkpoints.
-        "train": {"tokens": 131072, "seq_len": 128, "micro_batch_size": 8, "batch_tokens": 1024,
-                  "warmup_tokens": 1024, "eval_every_tokens": 32768, "checkpoint_every_tokens": 16384,
+        # Long enough (64 steps) that the kill lands mid-run, after two checkpoints.
+        "train": {"tokens": 65536, "seq_len": 128, "micro_batch_size": 8, "batch_tokens": 1024,
+                  "warmup_tokens": 1024, "eval_every_tokens": 16384, "checkpoint_every_tokens": 8192,
                   "cpu_threads": 1},
         "data": {"kind": "stdlib"},
         "eval": [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 512}],
@@ -190,7 +194,7 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             states = [json.loads(p.read_text()) for p in (root / "e2e-kill" / "jobs").glob("*/status.json")]
-            if any(s["status"] == "running" and 40000 < s["tokens_done"] < 100000 for s in states):
+            if any(s["status"] == "running" and 20000 < s["tokens_done"] < 50000 for s in states):
                 # Let the MLflow loggers send steps past the last checkpoint: the relaunch replays them.
                 time.sleep(2.5)
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -211,9 +215,9 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
     assert out.returncode == 0, out.stdout + out.stderr
     assert _descendants_alive(rec["children"]) == []
     doc = status(root, "e2e-kill")
-    assert all(j["status"] == "finished" and j["tokens_done"] == j["tokens_target"] == 131072 for j in doc["jobs"])
+    assert all(j["status"] == "finished" and j["tokens_done"] == j["tokens_target"] == 65536 for j in doc["jobs"])
     runs = job_runs(doc["tracking_uri"], "e2e-kill")
     # One MLflow run per job, although each job's first attempt was killed.
     assert sorted(r.info.run_id for r in runs) == sorted(j["mlflow_run_id"] for j in doc["jobs"])
     for j in doc["jobs"]:
-        assert assert_no_duplicate_steps(doc["tracking_uri"], j["mlflow_run_id"]) == 131072
+        assert assert_no_duplicate_steps(doc["tracking_uri"], j["mlflow_run_id"]) == 65536

@@ -216,3 +216,44 @@ def test_bad_file_process_exit_code_and_no_traceback(tmp_path):
 def test_status_of_unknown_sweep(tmp_path, capsys):
     assert main(["status", "nope", "--root", str(tmp_path)]) == 2
     assert "no sweep 'nope'" in capsys.readouterr().err
+
+
+def test_second_launch_of_a_sweep_is_refused(tmp_path, capsys):
+    from rla_ablate.sweep.state import SweepDir
+
+    f = tmp_path / "one.yaml"
+    f.write_text("name: one\nmodels: [{preset: tiny-rla, overrides: {vocab_size: 257}}]\n"
+                 "base: {data: {kind: stdlib}}\n")
+    holder = SweepDir(tmp_path / "runs", "one")
+    holder.acquire()
+    try:
+        assert main(["launch", str(f), "--root", str(tmp_path / "runs")]) == 2
+        err = capsys.readouterr().err
+        assert "already being launched" in err and f"pid {os.getpid()}" in err
+    finally:
+        holder.release()
+
+
+def test_next_launch_stops_what_a_killed_launch_left(tmp_path):
+    import psutil
+
+    from rla_ablate.sweep.state import SweepDir, write_json
+
+    sdir = SweepDir(tmp_path, "s")
+    sdir.path.mkdir(parents=True)
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        created = psutil.Process(orphan.pid).create_time()
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        # A record as a SIGKILLed launch leaves it: its own pid is gone, its descendants are listed.
+        write_json(sdir.path / "launch.json", {"pid": dead.pid, "pgid": dead.pid, "host": os.uname().nodename,
+                                               "started": 0, "children": [[orphan.pid, created],
+                                                                          [os.getpid(), 12345.0]]})
+        sdir.acquire()
+        sdir.release()
+        assert orphan.wait(timeout=10) is not None
+        # A pid whose start time does not match the record (reused) is left alone: this test is still running.
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()

@@ -173,6 +173,14 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
                 if not (sdir.job_dir(job.job_id) / "job.json").exists():
                     (sdir.job_dir(job.job_id) / "job.json").write_text(job.job.model_dump_json(indent=1))
         summary = LaunchSummary(sweep=sweep.name)
+        if sweep.config.search is not None and (sdir.path / "optuna.db").exists():
+            from rla_ablate.sweep.search import pruned_count, study_done
+
+            if study_done(sweep, sdir):
+                summary.counts = _count(sdir, [_Listed(r["job_id"]) for r in sdir.job_list()])
+                summary.pruned = pruned_count(sdir)
+                progress.nothing_to_do(summary)
+                return summary
         if sweep.config.search is None:
             todo = [j for j in sweep.jobs if sdir.status(j.job_id).status not in TERMINAL]
             summary.skipped = len(sweep.jobs) - len(todo)
@@ -217,7 +225,12 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         sdir.release()
 
 
-def _count(sdir: SweepDir, jobs: list[ResolvedJob]) -> dict[str, int]:
+@dataclass
+class _Listed:
+    job_id: str
+
+
+def _count(sdir: SweepDir, jobs: list[Any]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for j in jobs:
         s = sdir.status(j.job_id).status
@@ -285,6 +298,7 @@ class _Runner:
         from rla_ablate.sweep.worker import run_remote
 
         res = self.sweep.config.resources
+        self.on_event("queued", {"job_id": job.job_id})
         run_id = self.ensure_run(job)
         st = self.sdir.status(job.job_id)
         self.sdir.set_status(job.job_id, status="pending", tokens_target=int(job.job.train.tokens),
@@ -326,7 +340,11 @@ class _Runner:
         done: list[tuple[ResolvedJob, dict | None]] = []
         try:
             if self.inflight:
-                ready, _ = self.ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=timeout)
+                # Return at the first completion (not after `timeout`), then take every other one already done.
+                ready, rest = self.ray.wait(list(self.inflight), num_returns=1, timeout=timeout)
+                if ready and rest:
+                    more, _ = self.ray.wait(rest, num_returns=len(rest), timeout=0)
+                    ready += more
             else:
                 ready = []
                 time.sleep(min(timeout, 0.1))
@@ -404,7 +422,7 @@ class _Runner:
         self.progress.update(job, status, tokens)
         if status == "failed":
             self.summary.failed.append((job.name, _first_line(error)))
-        self.on_event("done", {"job_id": job.job_id, "status": status})
+        self.on_event("done", {"job_id": job.job_id, "status": status, "timing": outcome.get("timing")})
         if self.on_done is not None:
             self.on_done(job, outcome)
         return outcome

@@ -128,6 +128,7 @@ class SweepLogger:
 def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_id: str | None,
             monitor: Any, cpus: float, watch: str | None = None) -> dict[str, Any]:
     """Run one job to its end (or a stop request) and return its outcome; never raises."""
+    entered = time.time()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     logger = None
@@ -144,10 +145,15 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
             inner = MLflowLogger(tracking_uri, run_id)
         logger = SweepLogger(inner, monitor, job_id, out, watch=watch)
         logger._report(force=True)
+        started = time.time()
         result = run_job(job, out, logger, should_stop=logger.should_stop)
+        ended = time.time()
         outcome = {"status": str(result.status), "tokens_done": int(result.tokens_done),
                    "metrics": {k: float(v) for k, v in (result.metrics or {}).items()}, "error": result.error}
         logger.close(outcome["status"], outcome["error"])
+        # Wall-clock marks (epoch seconds) for the scheduling-overhead benchmark.
+        outcome["timing"] = {"entered": entered, "run_job_start": started, "run_job_end": ended,
+                             "returned": time.time(), "triton_cache": os.environ.get("TRITON_CACHE_DIR")}
         return outcome
     except UserError as exc:
         # A configuration that cannot run fails the same way on every attempt: no retry.

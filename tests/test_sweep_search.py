@@ -1,0 +1,78 @@
+"""An Optuna `search:` sweep end to end: real RDB storage in the sweep folder, trials as Ray tasks on a local Ray
+instance, intermediate eval losses fed to the pruner, one MLflow child run per trial; a relaunch adds nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+TINY = {"vocab_size": 257, "num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+        "head_dim": 16}
+SEARCH = {
+    "name": "e2e-search",
+    "models": [{"preset": "tiny-rdn", "overrides": TINY}],
+    "base": {
+        "train": {"tokens": 4096, "seq_len": 64, "micro_batch_size": 4, "batch_tokens": 256, "warmup_tokens": 256,
+                  "min_lr": 1.0e-5, "eval_every_tokens": 1024, "checkpoint_every_tokens": 2048, "cpu_threads": 1},
+        "data": {"kind": "stdlib"},
+        "eval": [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 512}],
+    },
+    "search": {"params": {"train.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True},
+                          "model.target": {"type": "categorical", "choices": ["clip", "tanh"]}},
+               "n_trials": 3, "metric": "eval/val/loss", "pruner": "median", "seed": 1},
+    "resources": {"cpus": 1},
+}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rla_ablate.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ))
+
+
+def test_search_runs_trials_through_ray_and_mlflow(tmp_path):
+    import optuna
+    from mlflow.tracking import MlflowClient
+    from optuna.trial import TrialState
+
+    from rla_ablate.sweep.state import SweepDir
+    from rla_ablate.sweep.status import sweep_status
+
+    f = tmp_path / "search.yaml"
+    f.write_text(yaml.safe_dump(SEARCH, sort_keys=False))
+    root = tmp_path / "runs"
+    out = cli("launch", str(f), "--root", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    sdir = SweepDir(root, "e2e-search")
+    study = optuna.load_study(study_name="e2e-search", storage=sdir.optuna_uri)
+    trials = study.get_trials()
+    assert len(trials) == 3
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert all(t.intermediate_values for t in trials), "eval losses never reached the pruner"
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert complete and all(0 < t.value < 10 for t in complete)
+    doc = sweep_status(sdir)
+    assert sorted(j["job_id"] for j in doc["jobs"]) == sorted(t.user_attrs["job_id"] for t in trials)
+    client = MlflowClient(doc["tracking_uri"])
+    exp = client.get_experiment_by_name("rla-sweep/e2e-search")
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.`rla.role` = 'job'")
+    assert sorted(r.info.run_id for r in runs) == sorted(j["mlflow_run_id"] for j in doc["jobs"])
+    for t in complete:
+        job = next(j for j in doc["jobs"] if j["job_id"] == t.user_attrs["job_id"])
+        assert job["status"] == "finished"
+        run = client.get_run(job["mlflow_run_id"])
+        assert run.data.metrics["eval/val/loss"] == pytest.approx(t.value)
+        assert float(run.data.params["train.lr"]) == pytest.approx(t.params["train.lr"])
+
+    again = cli("launch", str(f), "--root", str(root))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "nothing to run" in again.stdout
+    assert len(optuna.load_study(study_name="e2e-search", storage=sdir.optuna_uri).get_trials()) == 3
+    assert len(client.search_runs([exp.experiment_id], filter_string="tags.`rla.role` = 'job'")) == 3
