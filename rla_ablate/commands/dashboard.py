@@ -41,9 +41,9 @@ def run(args: argparse.Namespace) -> int:
         if r.notes:
             line += f"  [yellow]({len(r.notes)} note{'s' if len(r.notes) > 1 else ''}: {r.notes[0]}"
             line += " ...)" if len(r.notes) > 1 else ")"
-        console.print(line, highlight=False)
-    console.print(f"page: [bold]{dash.page.resolve()}[/]", highlight=False)
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print(f"page: [bold]{dash.page.resolve()}[/]", highlight=False, soft_wrap=True)
     if dash.logged_to:
         console.print(f"logged to MLflow run {dash.logged_to} (artifacts/dashboard/) in {dash.tracking_uri}",
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
     return 0

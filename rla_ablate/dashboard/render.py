@@ -23,6 +23,7 @@ from rla_ablate.dashboard.stats import mean_ci, paired_diff  # noqa: E402
 from rla_ablate.tracking.read import SweepRuns  # noqa: E402
 
 COLORS = plt.get_cmap("tab10").colors
+MARKERS = "osD^v<>Pp*"
 STYLE = {"axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
          "font.size": 9, "axes.titlesize": 10, "legend.fontsize": 8, "legend.frameon": False,
          "svg.fonttype": "none", "figure.dpi": 100}
@@ -54,6 +55,11 @@ class Rendered:
 
 def _color(i: int):
     return COLORS[i % len(COLORS)]
+
+
+def _width(i: int, n: int) -> float:
+    # Earlier series are drawn wider and underneath, so identical curves still show both colors.
+    return 1.2 + 1.6 * (n - 1 - i) / max(n - 1, 1)
 
 
 def _panels_figure(n: int, width: float = 4.6, height: float = 3.4):
@@ -126,7 +132,8 @@ def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered):
             label = f"{s.label} (n={len(per_run)}" + ("" if n_done == len(per_run) else f", {len(per_run) - n_done} unfinished") + ")"
             style = "-" if n_done == len(per_run) else "--"
             marker = "o" if len(steps) <= 12 else None
-            ax.plot(steps, mean, style, color=_color(i), label=label, marker=marker, markersize=3, linewidth=1.4)
+            ax.plot(steps, mean, style, color=_color(i), label=label, marker=marker, markersize=3,
+                    linewidth=_width(i, len(series)), zorder=2 + i)
             if np.isfinite(lo).any():
                 ax.fill_between(steps, lo, hi, color=_color(i), alpha=0.18, linewidth=0)
             drawn += 1
@@ -137,6 +144,7 @@ def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered):
         ax.set_ylabel(spec.ylabel or key)
         if spec.logy:
             ax.set_yscale("log")
+            _log_axis(ax.yaxis)
         ax.set_title(_panel_title(spec, panel))
         ax.legend()
     return fig
@@ -163,8 +171,8 @@ def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered):
             out.runs.extend((s.label, r.name, r.run_id) for r in s.finished)
             mean = np.array([x.mean for x in st])
             err = np.array([x.half_width if x.n >= 2 else 0.0 for x in st])
-            ax.errorbar(xs, mean, yerr=err, color=_color(i), marker="o", markersize=4, capsize=3, linewidth=1.4,
-                        label=f"{s.label} (n={max(x.n for x in st)})")
+            ax.errorbar(xs, mean, yerr=err, color=_color(i), marker=MARKERS[i % len(MARKERS)], markersize=5, capsize=3,
+                        linewidth=_width(i, len(series)), zorder=2 + i, label=f"{s.label} (n={max(x.n for x in st)})")
             drawn += 1
         if not drawn:
             _empty(ax, f"no finished run logged {spec.y.format(layer='XX')}")
@@ -228,18 +236,17 @@ def render_gains(spec: GainsSpec, runs: SweepRuns, out: Rendered):
     return fig
 
 
-MARKERS = "osD^v<>Pp*"
-
-
 def _family_colors(series: list[D.Series]) -> dict[str, tuple]:
     families = list(dict.fromkeys(s.tags.get("family", "") for s in series))
     return {f: _color(i) for i, f in enumerate(families)}
 
 
 def _log_axis(axis) -> None:
-    # Plain numbers (16K, 1.2M) on log axes instead of 10^x ticks, which hide the values of a narrow range.
+    # Plain numbers (16K, 0.002) on log axes; minor ticks get labels only within one decade, else they pile up.
     axis.set_major_formatter(matplotlib.ticker.FuncFormatter(_fmt_tokens))
-    axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_fmt_tokens))
+    lo, hi = axis.get_view_interval()
+    narrow = lo > 0 and hi / lo < 10
+    axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_fmt_tokens) if narrow else matplotlib.ticker.NullFormatter())
 
 
 def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered):

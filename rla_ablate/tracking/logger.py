@@ -25,6 +25,7 @@ from rla_ablate.tracking.runs import BACKEND, HOST, STATUS, STATUS_REASON
 log = logging.getLogger(__name__)
 
 _BATCH = 1000
+_MAX_TAGS = 100
 # Job status (rla_ablate.train JobResult.status) -> MLflow run status.
 RUN_STATUS = {"finished": "FINISHED", "failed": "FAILED", "diverged": "FAILED", "cancelled": "KILLED",
               "killed": "KILLED", "interrupted": "KILLED"}
@@ -177,15 +178,16 @@ class MLflowLogger:
         if not self._opened:
             self._open()
         with self._lock:
-            batch = list(self._pending[:_BATCH])
-            tags = dict(self._pending_tags)
+            tags = dict(list(self._pending_tags.items())[:_MAX_TAGS])
+            # MLflow caps a log-batch request at 1000 entities, metrics and tags together.
+            batch = list(self._pending[:_BATCH - len(tags)])
         if self._verify:
             self._refresh({m["key"] for m in batch})
         fresh = [m for m in batch if m["step"] not in self._server_steps.get(m["key"], ())]
         body: dict[str, Any] = {"run_id": self.run_id,
                                 "metrics": [dict(m, value=_json_float(m["value"])) for m in fresh]}
         if tags:
-            body["tags"] = [{"key": k, "value": v[:8000]} for k, v in list(tags.items())[:100]]
+            body["tags"] = [{"key": k, "value": v[:8000]} for k, v in tags.items()]
         if fresh or tags:
             try:
                 self._post("runs/log-batch", body)
@@ -197,7 +199,7 @@ class MLflowLogger:
             self._server_steps.setdefault(m["key"], set()).add(m["step"])
         with self._lock:
             del self._pending[:len(batch)]
-            for k, v in list(tags.items())[:100]:
+            for k, v in tags.items():
                 if self._pending_tags.get(k) == v:
                     del self._pending_tags[k]
         self.sent += len(fresh)
