@@ -41,7 +41,7 @@ def test_flatten_and_ablations_tag():
     assert ablations_tag("no_norm,no_clip") == "no_clip+no_norm"
 
 
-def test_runs_are_idempotent_and_status_is_mirrored(server):
+def test_runs_are_idempotent_and_status_is_mirrored(server, caplog):
     client = MlflowClient(server.uri)
     parent = server.ensure_parent_run("idem")
     assert server.ensure_parent_run("idem") == parent
@@ -69,7 +69,11 @@ def test_runs_are_idempotent_and_status_is_mirrored(server):
     logger.log({"train/loss": 2.5, "lr": 1e-4}, step=1024)
     logger.log({"train/loss": float("nan")}, step=2048)
     logger.event("backend", 0, {"backend": "chunk"})
+    # More than one request holds (MLflow caps a batch at 1000 metrics and tags together), sent while tags wait.
+    logger.log({f"layer_{i:04d}/S_norm": float(i) for i in range(1500)}, step=1024)
     assert logger.flush(timeout=60)
+    assert not [r for r in caplog.records if "one by one" in r.getMessage()]
+    assert len(client.get_run(run_id).data.metrics) >= 1502
     assert client.get_run(run_id).info.status == "RUNNING"
     logger.close("cancelled", "SIGTERM from rla-sweep cancel")
     run = client.get_run(run_id)
