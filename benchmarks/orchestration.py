@@ -26,8 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def bench_plan(n_target: int = 10_000) -> dict:
+    t_import = time.perf_counter()
+    import rla_ablate.models  # noqa: F401  (torch comes with it: timed apart from planning)
+    import rla_ablate.train  # noqa: F401
     from rla_ablate.sweep.expand import load_sweep
     from rla_ablate.sweep.plan import plan
+
+    imports_s = time.perf_counter() - t_import
 
     lrs = [round(1e-4 * (i + 1), 6) for i in range(10)]
     warmups = list(range(1, 26))
@@ -49,7 +54,8 @@ def bench_plan(n_target: int = 10_000) -> dict:
         t1 = time.perf_counter()
         doc = plan(loaded)
         t2 = time.perf_counter()
-    return {"jobs": len(doc["jobs"]), "expand_s": t1 - t0, "plan_s": t2 - t1, "total_s": t2 - t0}
+    return {"jobs": len(doc["jobs"]), "expand_s": t1 - t0, "plan_s": t2 - t1, "total_s": t2 - t0,
+            "imports_s": imports_s}
 
 
 def bench_overhead(n_jobs: int, root: Path) -> dict:
@@ -115,7 +121,7 @@ def main() -> None:
     args = parser.parse_args()
     p = bench_plan()
     print(f"plan: {p['jobs']} jobs expanded in {p['expand_s']:.2f} s, planned in {p['plan_s']:.2f} s "
-          f"({p['total_s']:.2f} s total)")
+          f"({p['total_s']:.2f} s total; importing torch and the package before that: {p['imports_s']:.1f} s)")
     if args.skip_launch:
         return
     with tempfile.TemporaryDirectory() as tmp:

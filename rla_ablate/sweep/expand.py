@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from rla_ablate.config import LocatedYAML, load_yaml, validate
 from rla_ablate.errors import UserError
-from rla_ablate.sweep.ids import job_id
+from rla_ablate.sweep.ids import hash_text, join_sections, section_json
 from rla_ablate.sweep.schema import AblationRef, ControlRef, SweepConfig
 
 RESIDUAL_BASELINE = {"rla": "sgla", "rdn": "gdn"}
@@ -87,13 +87,17 @@ def check_vocab(jobs: list[ResolvedJob], located: LocatedYAML) -> None:
     from rla_ablate.data import vocab_size
     from rla_ablate.sweep.ids import canonical_json
 
-    needed: dict[str, int] = {}
+    by_json: dict[str, int] = {}
+    by_object: dict[int, int] = {}
 
     def need(data: BaseModel) -> int:
-        key = canonical_json(data)
-        if key not in needed:
-            needed[key] = vocab_size(data)
-        return needed[key]
+        # Jobs of one point share their data objects; distinct objects with equal configs share the answer.
+        if id(data) not in by_object:
+            key = canonical_json(data)
+            if key not in by_json:
+                by_json[key] = vocab_size(data)
+            by_object[id(data)] = by_json[key]
+        return by_object[id(data)]
 
     for job in jobs:
         want = max([need(job.job.data)] + [need(e.data) for e in job.job.eval])
@@ -173,6 +177,7 @@ class _Resolver:
 
         self.cfg, self.located, self.M, self.JobConfig = cfg, located, M, JobConfig
         self._model_cache: dict[tuple, BaseModel] = {}
+        self._job_cache: dict[tuple, tuple[BaseModel, dict[str, str]]] = {}
 
     def arm(self, i: int) -> BaseModel:
         arm = self.cfg.models[i]
@@ -218,7 +223,24 @@ class _Resolver:
         self._model_cache[cache_key] = cfg
         return cfg
 
-    def job(self, model_cfg: BaseModel, point: dict[str, Any], seed: int) -> BaseModel:
+    def job(self, model_cfg: BaseModel, point: dict[str, Any], seed: int) -> tuple[BaseModel, str]:
+        """The resolved JobConfig and its id. Validated in full once per model and point; seeds vary
+        `train.seed` on a copy (no validator reads it), and the id re-encodes only the train section."""
+        rest = tuple((k, repr(v)) for k, v in point.items() if not k.startswith("model."))
+        key = (id(model_cfg), rest)
+        hit = self._job_cache.get(key)
+        if hit is None:
+            job = self._validate_job(model_cfg, point, seed)
+            dump = job.model_dump(mode="json")
+            sections = {k: section_json(v) for k, v in dump.items()}
+            hit = self._job_cache[key] = (job, sections)
+        job, sections = hit
+        if job.train.seed != seed:
+            job = job.model_copy(update={"train": job.train.model_copy(update={"seed": seed})})
+            sections = dict(sections, train=section_json(job.train.model_dump(mode="json")))
+        return job, hash_text(join_sections(sections))
+
+    def _validate_job(self, model_cfg: BaseModel, point: dict[str, Any], seed: int) -> BaseModel:
         data = copy.deepcopy(self.cfg.base)
         data.setdefault("train", {})
         for k, v in point.items():
@@ -341,9 +363,9 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
             for ablation in variants:
                 model_cfg = r.model(i, arm_cfg, point, ablation)
                 for seed in cfg.seeds:
-                    job = r.job(model_cfg, point, seed)
+                    job, jid = r.job(model_cfg, point, seed)
                     name = "/".join(p for p in (labels[i], ablation, _point_label(point), f"seed{seed}") if p)
-                    add(ResolvedJob(job_id=job_id(job), name=name, family=str(model_cfg.family),
+                    add(ResolvedJob(job_id=jid, name=name, family=str(model_cfg.family),
                                     ablations=[ablation] if ablation else [], seed=seed, job=job, point=dict(point),
                                     arm=i))
 
@@ -362,12 +384,12 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
                     raise _err(located, ("controls", j), f"cannot derive {ref.name} for '{labels[i]}': {exc}") from None
                 model_cfg, report = _split_control(derived)
                 for seed in cfg.seeds:
-                    job = r.job(model_cfg, point, seed)
+                    job, jid = r.job(model_cfg, point, seed)
                     target_name = "/".join(p for p in (labels[i], _point_label(point)) if p)
                     tag = ref.name if ref.axis == "expand_v" else f"{ref.name}[{ref.axis}]"
                     name = "/".join(p for p in (f"{baseline}~{tag}({labels[i]})", _point_label(point),
                                                 f"seed{seed}") if p)
-                    add(ResolvedJob(job_id=job_id(job), name=name, family=baseline, ablations=[ref.name], seed=seed,
+                    add(ResolvedJob(job_id=jid, name=name, family=baseline, ablations=[ref.name], seed=seed,
                                     job=job, point=dict(point), control_of=target_name, control_report=report,
                                     arm=i))
     return jobs

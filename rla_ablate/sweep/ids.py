@@ -22,4 +22,20 @@ def canonical_json(data: Any) -> str:
 
 def job_id(data: Any) -> str:
     """The id of a resolved job config (a pydantic model or its JSON-able dump)."""
-    return hashlib.sha256(canonical_json(data).encode("ascii")).hexdigest()[:ID_LENGTH]
+    return hash_text(canonical_json(data))
+
+
+def hash_text(text: str) -> str:
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:ID_LENGTH]
+
+
+def section_json(value: Any) -> str:
+    """Canonical JSON of one top-level section (already in JSON-able form)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def join_sections(sections: dict[str, str]) -> str:
+    """The canonical JSON of a mapping from its sections' canonical JSON: equal to `canonical_json` of the whole,
+    so a planner can reuse the sections that jobs share (model, data, eval) and re-encode only what differs."""
+    # Field names are plain identifiers: quoting them is their JSON encoding.
+    return "{" + ",".join(f'"{k}":{sections[k]}' for k in sorted(sections)) + "}"
