@@ -112,7 +112,8 @@ def test_html_page_renders_in_chromium(sweep, tmp_path):
     page = root / SWEEP / "dashboard" / "index.html"
     # Measure in the browser: every image decoded with a real size, every table laid out with rows.
     probe = ("<script>window.addEventListener('load', () => { document.body.setAttribute('data-probe', JSON.stringify({"
-             "images: [...document.images].map(i => [i.alt, i.complete, i.naturalWidth, i.getBoundingClientRect().width]),"
+             "images: [...document.images].map(i => [i.alt, i.complete, i.naturalWidth,"
+             " i.getBoundingClientRect().width]),"
              "tables: [...document.querySelectorAll('table.results')].map(t => [t.closest('section').id, t.rows.length,"
              " t.getBoundingClientRect().height])})); });</script></body>")
     probed = tmp_path / "probed.html"

@@ -133,26 +133,38 @@ def test_outage_loses_and_duplicates_no_metric(tmp_path):
 
 
 def test_server_reuse_and_stale_cleanup(tmp_path):
-    """A live server is reused by a second process; one whose owner was SIGKILLed does not outlive it."""
-    root = tmp_path / "mlflow"
-    code = ("import sys, time; from rla_ablate.tracking import TrackingServer; "
-            "s = TrackingServer(sys.argv[1]).start(); print(s.uri, flush=True); time.sleep(600)")
-    owner = subprocess.Popen([sys.executable, "-c", code, str(root)], stdout=subprocess.PIPE, text=True)
+    """A live server is reused by another process; after its owner is SIGKILLed no server outlives it: one started
+    from the main thread dies with its owner (PDEATHSIG), one started from a worker thread (where PDEATHSIG cannot
+    be armed) is found stale through server.json and stopped by the next TrackingServer on that folder."""
+    main_root, thread_root = tmp_path / "main", tmp_path / "thread"
+    code = ("import sys, threading, time; from rla_ablate.tracking import TrackingServer\n"
+            "servers = [None]\n"
+            "t = threading.Thread(target=lambda: servers.__setitem__(0, TrackingServer(sys.argv[2]).start()))\n"
+            "t.start(); s = TrackingServer(sys.argv[1]).start(); t.join()\n"
+            "print(s.uri, servers[0].uri, flush=True); time.sleep(600)")
+    owner = subprocess.Popen([sys.executable, "-c", code, str(main_root), str(thread_root)], stdout=subprocess.PIPE,
+                             text=True)
     try:
-        uri = owner.stdout.readline().strip()
-        assert is_healthy(uri)
-        record = json.loads((root / "server.json").read_text())
-        with TrackingServer(root) as reused:
-            assert reused.uri == uri and not reused.owned
-        assert is_healthy(uri)
+        main_uri, thread_uri = owner.stdout.readline().split()
+        assert is_healthy(main_uri) and is_healthy(thread_uri)
+        with TrackingServer(main_root) as reused:
+            assert reused.uri == main_uri and not reused.owned
+        assert is_healthy(main_uri)
+        pids = {root: json.loads((root / "server.json").read_text())["pid"] for root in (main_root, thread_root)}
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
-        with TrackingServer(root) as fresh:
-            assert fresh.owned and is_healthy(fresh.uri)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and os.path.exists(f"/proc/{record['pid']}"):
-                time.sleep(0.1)
-            assert not os.path.exists(f"/proc/{record['pid']}"), "the orphaned server is still running"
-        assert not (root / "server.json").exists()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{pids[main_root]}"):
+            time.sleep(0.1)
+        assert not os.path.exists(f"/proc/{pids[main_root]}"), "the server outlived its owner"
+        assert is_healthy(thread_uri), "expected the thread-started server to survive its owner"
+        stale = TrackingServer(thread_root)
+        assert stale._adopt_or_clean() is False
+        assert not os.path.exists(f"/proc/{pids[thread_root]}") and not is_healthy(thread_uri)
+        assert not (thread_root / "server.json").exists()
     finally:
         owner.kill()
+        for root in (main_root, thread_root):
+            rec = TrackingServer(root).read_record()
+            if rec and os.path.exists(f"/proc/{rec['pid']}"):
+                os.killpg(rec["pgid"], signal.SIGKILL)

@@ -30,8 +30,9 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console()
     n = len(load_specs(args.specs))
-    with Progress(TextColumn("[bold]dashboard[/] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  console=console, transient=True) as bar:
+    columns = (TextColumn("[bold]dashboard[/] {task.description}"), BarColumn(),
+               TextColumn("{task.completed}/{task.total}"))
+    with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("starting the tracking server", total=n)
         dash = build_dashboard(args.name, args.root, specs_dir=args.specs, out_dir=args.out,
                                tracking_uri=args.tracking_uri,

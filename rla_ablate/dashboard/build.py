@@ -1,4 +1,4 @@
-"""`build_dashboard`: every spec of `dashboards/` rendered from a sweep's tracked runs, one HTML page, logged to MLflow."""
+"""`build_dashboard`: every spec of `dashboards/` rendered from a sweep's runs, one HTML page, logged to MLflow."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def tracking_of(root: str | Path, sweep: str) -> tuple[str | None, Path | None]:
     meta_path = sdir / "sweep.json"
     if not meta_path.exists():
         known = sweep_names(root)
-        hint = f"; sweeps there: {', '.join(known)}" if known else f"; launch one with `rla-sweep launch FILE --root {root}`"
+        hint = (f"; sweeps there: {', '.join(known)}" if known
+                else f"; launch one with `rla-sweep launch FILE --root {root}`")
         raise UserError(f"no sweep '{sweep}' under {root.resolve()}{hint}")
     try:
         meta = json.loads(meta_path.read_text())

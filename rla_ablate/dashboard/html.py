@@ -10,7 +10,8 @@ from pathlib import Path
 from rla_ablate.dashboard.render import Cell, Rendered
 
 CSS = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1d1d1f; background: #fafafa; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1d1d1f;
+       background: #fafafa; }
 header { padding: 18px 28px; background: #fff; border-bottom: 1px solid #e3e3e3; }
 header h1 { margin: 0 0 4px; font-size: 20px; }
 header p { margin: 2px 0; color: #555; }

@@ -129,7 +129,8 @@ def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered):
             lo = np.array([st.lo for st in stats])
             hi = np.array([st.hi for st in stats])
             n_done = sum(r.finished for r, _ in per_run)
-            label = f"{s.label} (n={len(per_run)}" + ("" if n_done == len(per_run) else f", {len(per_run) - n_done} unfinished") + ")"
+            unfinished = len(per_run) - n_done
+            label = f"{s.label} (n={len(per_run)}" + (f", {unfinished} unfinished)" if unfinished else ")")
             style = "-" if n_done == len(per_run) else "--"
             marker = "o" if len(steps) <= 12 else None
             ax.plot(steps, mean, style, color=_color(i), label=label, marker=marker, markersize=3,
@@ -246,7 +247,8 @@ def _log_axis(axis) -> None:
     axis.set_major_formatter(matplotlib.ticker.FuncFormatter(_fmt_tokens))
     lo, hi = axis.get_view_interval()
     narrow = lo > 0 and hi / lo < 10
-    axis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_fmt_tokens) if narrow else matplotlib.ticker.NullFormatter())
+    minor = matplotlib.ticker.FuncFormatter(_fmt_tokens) if narrow else matplotlib.ticker.NullFormatter()
+    axis.set_minor_formatter(minor)
 
 
 def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered):
@@ -340,7 +342,8 @@ def render_table(spec: TableSpec, out: Rendered):
         marks = [False]
         for j in range(len(metrics)):
             value, diff = row[1 + 2 * j], row[2 + 2 * j]
-            line.append(value.text + ("" if diff.text == "—" else f"\n{'Δ ' if diff.text != 'reference' else ''}{diff.text}"))
+            below = {"—": "", "reference": "\nreference"}.get(diff.text, f"\nΔ {diff.text}")
+            line.append(value.text + below)
             marks.append(value.best)
         cells.append(line)
         bold.append(marks)

@@ -209,11 +209,12 @@ class MLflowLogger:
         log.warning("MLflow rejected a batch for run %s (%s); sending entries one by one", self.run_id, exc)
         for m in metrics:
             try:
-                self._post("runs/log-batch", {"run_id": self.run_id, "metrics": [dict(m, value=_json_float(m["value"]))]})
-            except requests.HTTPError as one:
-                if one.response is None or one.response.status_code >= 500:
+                one = [dict(m, value=_json_float(m["value"]))]
+                self._post("runs/log-batch", {"run_id": self.run_id, "metrics": one})
+            except requests.HTTPError as err:
+                if err.response is None or err.response.status_code >= 500:
                     raise
-                log.warning("dropping metric %s@%s: %s", m["key"], m["step"], one.response.text[:200])
+                log.warning("dropping metric %s@%s: %s", m["key"], m["step"], err.response.text[:200])
         for k, v in tags.items():
             try:
                 self._post("runs/set-tag", {"run_id": self.run_id, "key": k, "value": v[:8000]})

@@ -52,7 +52,8 @@ class SweepRuns:
         runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{SWEEP}` = '{sweep}'",
                                        max_results=50000)
         for run in runs:
-            rec = RunRecord(run.info.run_id, run.info.experiment_id, STATE.get(run.info.status, run.info.status.lower()),
+            status = STATE.get(run.info.status, run.info.status.lower())
+            rec = RunRecord(run.info.run_id, run.info.experiment_id, status,
                             dict(run.data.tags), dict(run.data.params), dict(run.data.metrics),
                             {m.key: m.step for m in getattr(run.data, "_metric_objs", [])})
             if rec.tags.get(ROLE) == "sweep":

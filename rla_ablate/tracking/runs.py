@@ -152,8 +152,8 @@ def create_or_get_child_run(tracking_uri: str, sweep: str, job_id: str, tags: di
     run_id = _find_run(client, exp_id, {ROLE: "job", SWEEP: sweep, JOB_ID: job_id})
     created = run_id is None
     if created:
-        name = "-".join(str(x) for x in (tags.get(FAMILY), tags.get(ABLATIONS), f"s{tags[SEED]}" if SEED in tags else None)
-                        if x) or job_id
+        parts = (tags.get(FAMILY), tags.get(ABLATIONS), f"s{tags[SEED]}" if SEED in tags else None)
+        name = "-".join(str(x) for x in parts if x) or job_id
         run = client.create_run(exp_id, tags={**all_tags, "mlflow.runName": f"{name}-{job_id[:8]}"})
         run_id = run.info.run_id
         # A freshly created run is "scheduled", not running, until a job's logger opens it.
