@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from rla_ablate.data import make_eval_batches, make_train_stream, vocab_size
 from rla_ablate.errors import UserError
 from rla_ablate.models import build_model, flops_per_token
-from rla_ablate.train.checkpoint import capture_rng, list_checkpoints, load_latest, restore_rng, save_checkpoint
+from rla_ablate.train.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
 from rla_ablate.train.guard import DivergenceGuard
 from rla_ablate.train.job import JobConfig, JobResult
 from rla_ablate.train.loggers import CompositeLogger, JSONLLogger, MetricLogger, NullLogger, truncate_jsonl
@@ -149,8 +149,7 @@ class Trainer:
         self.step = 0
         self.tokens = 0
         self.window = _LogWindow()
-
-    # Setup
+        self.pending_state: dict | None = None
 
     def setup(self) -> dict | None:
         """Build everything; returns the checkpoint state a resume starts from, if any."""
@@ -208,8 +207,6 @@ class Trainer:
         self.jsonl = JSONLLogger(metrics_path)
         self.logger = CompositeLogger(self.jsonl, self.user_logger) if self.user_logger else self.jsonl
 
-    # Checkpoints
-
     def _model_state(self) -> dict:
         if self.cfg.fsdp and self.ctx.distributed:
             from rla_ablate.train.distributed import full_state
@@ -266,8 +263,6 @@ class Trainer:
         self.step, self.tokens = int(state["step"]), int(state["tokens"])
         restore_rng(state["rng"][self.ctx.rank])
 
-    # One step
-
     def _lr(self, tokens: int) -> float:
         cfg = self.cfg
         return lr_at(tokens, lr=cfg.lr, min_lr=cfg.min_lr, warmup_tokens=cfg.resolved_warmup_tokens,
@@ -289,13 +284,15 @@ class Trainer:
     def train_step(self, want_stats: bool) -> tuple[float, float, dict[str, float]]:
         """Forward/backward over the step's micro batches and clipping; returns (loss, grad norm, layer stats)."""
         n_micro = self.cfg.micro_batches_per_step
-        batches = [next(self.stream).to(self.device, non_blocking=True) for _ in range(n_micro)]
-        local_scored = float(sum(int((b.labels != IGNORE_INDEX).sum()) for b in batches))
+        host_batches = [next(self.stream) for _ in range(n_micro)]
+        local_scored = float(sum(int((b.labels != IGNORE_INDEX).sum()) for b in host_batches))
+        batches = [b.to(self.device, non_blocking=True) for b in host_batches]
         (scored,) = self._all_reduce([local_scored])
         # DDP averages gradients over workers; scaling by world / scored makes the result the mean over all
         # scored tokens of the global batch, exactly as one process computes it.
         scale = self.ctx.world_size / max(scored, 1.0)
-        loss_sum = 0.0
+        # Summed in float64 on the device: one host sync per step, not one per micro batch.
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         stats: dict[str, float] = {}
         for i, batch in enumerate(batches):
             last = i == n_micro - 1
@@ -307,19 +304,17 @@ class Trainer:
             with sync:
                 nll = self._forward_loss(batch)
                 (nll * scale).backward()
-            loss_sum += float(nll.detach())
+            loss_sum += nll.detach().double()
             if want_stats and last:
                 stats = self.raw_model.layer_stats()
                 self.raw_model.track_stats(False)
-        (total,) = self._all_reduce([loss_sum])
+        (total,) = self._all_reduce([float(loss_sum)])
         loss = total / max(scored, 1.0)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         return loss, float(grad_norm), stats
-
-    # Evaluation
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -346,8 +341,6 @@ class Trainer:
         self.model.train()
         return out
 
-    # The loop
-
     def _log(self, values: dict[str, float]) -> None:
         self.metrics.update(values)
         self.logger.log(values, self.tokens)
@@ -371,10 +364,12 @@ class Trainer:
         self._log(values)
         w.reset()
 
-    def run(self, state: dict | None) -> JobResult:
+    def run(self) -> JobResult:
         cfg = self.cfg
+        state, self.pending_state = self.pending_state, None
         if state is not None:
             self.restore(state)
+            del state
             self.logger.event("resumed", self.tokens, {"step": self.step})
         self.logger.event("start", self.tokens, {
             "tokens_total": cfg.total_tokens, "steps_total": cfg.total_steps, "batch_tokens": cfg.batch_tokens,
@@ -388,7 +383,7 @@ class Trainer:
         while self.step < cfg.total_steps:
             if self._stop_requested():
                 self.save()
-                return self._result("cancelled", f"cancelled at {self.tokens} tokens")
+                return self.result("cancelled", f"cancelled at {self.tokens} tokens")
             lr = self._lr(self.tokens + cfg.batch_tokens)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -415,7 +410,7 @@ class Trainer:
                 self._log({"train/skipped_steps": float(self.guard.skipped)})
                 if verdict.diverged:
                     self._flush_window(lr)
-                    return self._result("diverged", f"diverged at {self.tokens} tokens")
+                    return self.result("diverged", f"diverged at {self.tokens} tokens")
             else:
                 self.window.add(loss, grad_norm)
             if verdict.spike is not None:
@@ -430,9 +425,9 @@ class Trainer:
                 self.save(finished=True)
             elif next_step % cfg.checkpoint_every_steps == 0:
                 self.save()
-        return self._result("finished", None)
+        return self.result("finished", None)
 
-    def _result(self, status: str, reason: str | None) -> JobResult:
+    def result(self, status: str, reason: str | None) -> JobResult:
         return JobResult(status=status, tokens_done=self.tokens, metrics=dict(self.metrics), error=reason,
                          out_dir=self.out_dir)
 
@@ -446,9 +441,10 @@ def train_worker(job: JobConfig, out_dir: str | Path, logger: MetricLogger | Non
     try:
         state = trainer.setup()
     except UserError:
+        # A configuration that cannot run is the caller's to report, before any log is touched.
         raise
     except Exception:
-        result = trainer._result("failed", traceback.format_exc())
+        result = trainer.result("failed", traceback.format_exc())
         if ctx.rank == 0:
             # Appended, never truncated: the history of an earlier attempt stays readable.
             CompositeLogger(JSONLLogger(out_dir / "metrics.jsonl"), logger).close(result.status, result.error)
@@ -457,11 +453,13 @@ def train_worker(job: JobConfig, out_dir: str | Path, logger: MetricLogger | Non
         return JobResult(status="finished", tokens_done=int(state["tokens"]),
                          metrics={k: float(v) for k, v in state["metrics"].items()}, out_dir=out_dir)
     trainer.open_logs(None if state is None else int(state["tokens"]))
+    # The trainer drops the checkpoint once restored: at 1.5B it is gigabytes of host memory.
+    trainer.pending_state, state = state, None
     try:
-        result = trainer.run(state)
+        result = trainer.run()
     except UserError as exc:
-        result = trainer._result("failed", str(exc))
+        result = trainer.result("failed", str(exc))
     except Exception:
-        result = trainer._result("failed", traceback.format_exc())
+        result = trainer.result("failed", traceback.format_exc())
     trainer.logger.close(result.status, result.error)
     return result
