@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from rla_ablate.tracking import (MLflowLogger, TrackingServer, ablations_tag, create_or_get_child_run, flatten,
-                                 is_healthy)
+                                 is_healthy, sync_from_jsonl)
 from rla_ablate.tracking.server import free_port
 
 pytestmark = pytest.mark.slow
@@ -90,6 +91,35 @@ def test_runs_are_idempotent_and_status_is_mirrored(server, caplog):
     done = server.create_or_get_child_run("idem", "job-b")
     MLflowLogger(server.uri, done, system_metrics_interval_s=None).close("diverged", "loss is NaN at step 4096")
     assert client.get_run(done).info.status == "FAILED"
+
+
+def test_backfill_from_metrics_jsonl(server, tmp_path):
+    """A job killed with metrics still buffered: its metrics.jsonl fills the run's gap, exactly once."""
+    from rla_ablate.train.loggers import JSONLLogger
+
+    client = MlflowClient(server.uri)
+    run_id = server.create_or_get_child_run("idem", "job-killed", tags={"family": "rdn", "seed": 0})
+    jsonl = JSONLLogger(tmp_path / "metrics.jsonl")
+    logger = MLflowLogger(server.uri, run_id, flush_interval_s=3600, system_metrics_interval_s=None)
+    for step in range(1, 301):
+        values = {"train/loss": 1.0 / step, "lr": 1e-3} | ({"eval/val/loss": 2.0 / step} if step % 50 == 0 else {})
+        jsonl.log(values, step * 1024)
+        logger.log(values, step * 1024)
+        if step == 120:
+            assert logger.flush(timeout=60)
+    jsonl.log({"train/loss": float("nan")}, 301 * 1024)
+    jsonl.close("diverged", "loss is NaN at 308224 tokens")
+    # SIGKILL: the logger's buffer (steps 121-300) never reaches the server.
+    logger._stop.set()
+    assert len(history(client, run_id, "train/loss")) == 120
+    assert sync_from_jsonl(server.uri, run_id, tmp_path / "metrics.jsonl") == 180 + 180 + 4 + 1
+    loss = history(client, run_id, "train/loss")
+    assert [s for s, _ in loss] == [s * 1024 for s in range(1, 302)] and math.isnan(loss[-1][1])
+    assert history(client, run_id, "eval/val/loss") == [(s * 1024, 2.0 / s) for s in range(50, 301, 50)]
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED" and run.data.tags["rla.status"] == "diverged"
+    # Idempotent: a second sync finds nothing to add.
+    assert sync_from_jsonl(server.uri, run_id, tmp_path / "metrics.jsonl") == 0
 
 
 def test_outage_loses_and_duplicates_no_metric(tmp_path):

@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         dash = build_dashboard(args.name, args.root, specs_dir=args.specs, out_dir=args.out,
                                tracking_uri=args.tracking_uri,
                                progress=lambda spec: bar.update(task, advance=1, description=spec.name))
+    if dash.synced:
+        console.print(f"backfilled {dash.synced} metrics from the jobs' metrics.jsonl into MLflow", highlight=False)
     for r in dash.rendered:
         line = f"  {r.name:<28} {r.png}"
         if r.notes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from rla_ablate.dashboard.render import Rendered, render
 from rla_ablate.dashboard.spec import load_specs
 from rla_ablate.errors import UserError
 
+log = logging.getLogger(__name__)
 UI_PORT = 5050
 UI_URL = f"http://127.0.0.1:{UI_PORT}"
 
@@ -24,6 +26,29 @@ class Dashboard:
     tracking_uri: str
     logged_to: str | None
     """The parent run the files were logged to, or None when the sweep has none."""
+    synced: int = 0
+    """Metrics backfilled from the jobs' metrics.jsonl before rendering (after a tracking outage)."""
+
+
+def sync_jobs(root: Path, sweep: str, uri: str) -> int:
+    """Backfill the MLflow runs of the sweep's ended jobs from their metrics.jsonl (running jobs log themselves)."""
+    from rla_ablate.tracking.sync import sync_from_jsonl
+
+    total = 0
+    for status_path in sorted((root / sweep / "jobs").glob("*/status.json")):
+        try:
+            status = json.loads(status_path.read_text())
+        except ValueError:
+            continue
+        jsonl = status_path.parent / "metrics.jsonl"
+        run_id = status.get("mlflow_run_id")
+        if not run_id or not jsonl.exists() or status.get("status") in ("pending", "running"):
+            continue
+        try:
+            total += sync_from_jsonl(uri, run_id, jsonl)
+        except Exception as exc:  # noqa: BLE001 - a run the store does not know must not stop the dashboard
+            log.warning("could not backfill run %s from %s: %s", run_id, jsonl, exc)
+    return total
 
 
 def sweep_names(root: Path) -> list[str]:
@@ -80,6 +105,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
     out = Path(out_dir) if out_dir else root / sweep / "dashboard"
     ctx = contextlib.nullcontext(tracking_uri) if tracking_uri else open_tracking(root, sweep)
     with ctx as uri:
+        synced = 0 if tracking_uri else sync_jobs(root, sweep, uri)
         runs = SweepRuns(uri, sweep)
         if runs.experiment_id is None:
             raise UserError(f"the tracking store {uri} has no experiment for sweep '{sweep}'")
@@ -108,4 +134,4 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         if log_artifacts and runs.parent is not None:
             MlflowClient(uri).log_artifacts(runs.parent.run_id, str(out), "dashboard")
             logged = runs.parent.run_id
-    return Dashboard(page, out, rendered, uri, logged)
+    return Dashboard(page, out, rendered, uri, logged, synced)
