@@ -17,7 +17,7 @@ import torch
 
 from rla_ablate.train.checkpoint import list_checkpoints
 from rla_ablate.train.job import JobConfig, JobResult
-from rla_ablate.train.loggers import MetricLogger, truncate_jsonl
+from rla_ablate.train.loggers import CompositeLogger, MetricLogger, truncate_jsonl
 
 STOP_FILE = "STOP"
 RESULT_FILE = "result.json"
@@ -55,6 +55,7 @@ class _Forwarder(threading.Thread):
         self.path, self.logger, self.should_stop, self.stop_file = path, logger, should_stop, stop_file
         self.offset = path.stat().st_size if path.exists() else 0
         self.done = threading.Event()
+        self.stop_error: str | None = None
 
     def pump(self) -> None:
         if not self.path.exists():
@@ -82,7 +83,13 @@ class _Forwarder(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(POLL_S):
             self.pump()
-            if self.should_stop is not None and self.should_stop():
+            try:
+                stop = self.should_stop is not None and self.should_stop()
+            except Exception as exc:
+                # As in a single process, an exception from should_stop fails the job; it stops at a checkpoint.
+                self.stop_error = f"{type(exc).__name__}: {exc}"
+                stop = True
+            if stop:
                 self.stop_file.touch()
 
 
@@ -93,8 +100,13 @@ def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger 
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from rla_ablate.train.loop import check_job
+
+    check_job(job)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
+    # As in a single process, a logger that raises never stops the job (nor the forwarding thread).
+    logger = CompositeLogger(logger) if logger is not None else None
     use_gpu = job.train.device == "cuda" or (job.train.device == "auto" and torch.cuda.is_available())
     metrics_path = out_dir / "metrics.jsonl"
     stop_file, result_file = out_dir / STOP_FILE, out_dir / RESULT_FILE
@@ -137,6 +149,8 @@ def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger 
         done = list_checkpoints(out_dir)
         result = JobResult(status="failed", tokens_done=done[-1][0] if done else 0,
                            error=error or "the workers ended without a result", out_dir=out_dir)
+    if forwarder.stop_error is not None and result.status == "cancelled":
+        result.status, result.error = "failed", f"should_stop raised {forwarder.stop_error}"
     if logger is not None:
         logger.close(result.status, result.error)
     return result

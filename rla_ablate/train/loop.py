@@ -65,6 +65,14 @@ def run_job(job: JobConfig, out_dir: str | Path, logger: MetricLogger | None = N
     return train_worker(job, out_dir, logger, should_stop, WorkerContext())
 
 
+def check_job(job: JobConfig) -> None:
+    """What can be checked before anything is built: the model's vocabulary covers every token of the data."""
+    need = max([vocab_size(job.data)] + [vocab_size(e.data) for e in job.eval])
+    if need > job.model.vocab_size:
+        raise UserError(f"the model's vocab_size is {job.model.vocab_size} but the data needs {need} token ids "
+                        f"(e.g. bytes + end-of-document = 257); set model.vocab_size={need}", key="model.vocab_size")
+
+
 def _resolve_device(job: JobConfig, ctx: WorkerContext) -> torch.device:
     if ctx.device is not None:
         return ctx.device
@@ -157,12 +165,7 @@ class Trainer:
         if cfg.cpu_threads is not None:
             torch.set_num_threads(cfg.cpu_threads)
         self.device = _resolve_device(job, self.ctx)
-        data_vocab = vocab_size(job.data)
-        eval_vocab = max([vocab_size(e.data) for e in job.eval], default=0)
-        if max(data_vocab, eval_vocab) > job.model.vocab_size:
-            raise UserError(f"the model's vocab_size is {job.model.vocab_size} but the data needs "
-                            f"{max(data_vocab, eval_vocab)} token ids (e.g. bytes + end-of-document = 257); set "
-                            f"model.vocab_size={max(data_vocab, eval_vocab)}", key="model.vocab_size")
+        check_job(job)
 
         _seed_everything(cfg.seed)
         model = build_model(job.model).to(self.device)
