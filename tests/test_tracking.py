@@ -93,6 +93,16 @@ def test_runs_are_idempotent_and_status_is_mirrored(server, caplog):
     assert client.get_run(done).info.status == "FAILED"
 
 
+def test_buffer_flushed_when_the_process_exits_without_close(server):
+    client = MlflowClient(server.uri)
+    run_id = server.create_or_get_child_run("idem", "job-exits")
+    code = ("import sys; from rla_ablate.tracking import MLflowLogger\n"
+            "lg = MLflowLogger(sys.argv[1], sys.argv[2], flush_interval_s=3600, system_metrics_interval_s=None)\n"
+            "for s in range(100): lg.log({'train/loss': s / 100}, (s + 1) * 1024)\n")
+    subprocess.run([sys.executable, "-c", code, server.uri, run_id], check=True, timeout=120)
+    assert history(client, run_id, "train/loss") == [((s + 1) * 1024, s / 100) for s in range(100)]
+
+
 def test_backfill_from_metrics_jsonl(server, tmp_path):
     """A job killed with metrics still buffered: its metrics.jsonl fills the run's gap, exactly once."""
     from rla_ablate.train.loggers import JSONLLogger

@@ -10,6 +10,7 @@ checkpoint), pending metrics whose (key, step) the server already holds are drop
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -72,6 +73,12 @@ class MLflowLogger:
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"mlflow-logger-{run_id[:8]}", daemon=True)
         self._thread.start()
+        atexit.register(self._flush_at_exit)
+
+    def _flush_at_exit(self) -> None:
+        # A job process that ends without close() still gets its buffer out (the run stays RUNNING: no status).
+        if not self._closed:
+            self.flush(timeout=10.0)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         ts = int(time.time() * 1000)
@@ -119,6 +126,7 @@ class MLflowLogger:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self._flush_at_exit)
         self.set_tags({STATUS: status, STATUS_REASON: reason or ""})
         done = self.flush(self.close_timeout_s)
         self._stop.set()
