@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rla_ablate.cli import main
@@ -60,6 +62,7 @@ def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
     losses = metric_series(read_jsonl(out / "metrics.jsonl"), "train/loss")
     assert [s for s, _ in losses] == [512, 1024, 1536, 2048]
     assert (out / "checkpoints").is_dir()
+    assert json.loads((out / "job.json").read_text())["train"]["tokens"] == 2048
     err = capsys.readouterr().err
     assert "finished after 2,048 tokens" in err and "eval/val/loss" in err
     assert main(argv) == 0

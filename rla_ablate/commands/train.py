@@ -115,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
                   f"{' (auto)' if args.profile == 'auto' else ''}: {t.total_tokens:,} tokens in {t.total_steps:,} "
                   f"steps of {t.batch_tokens:,}, seq_len {t.seq_len}; data {job.data.kind}")
     done = list_checkpoints(out)
+    out.mkdir(parents=True, exist_ok=True)
+    # The same record a sweep keeps beside each job: what ran, readable without the command line.
+    (out / "job.json").write_text(job.model_dump_json(indent=1))
     if done:
         console.print(f"resuming from {done[-1][1]} ({done[-1][0]:,} tokens)")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rla_ablate import __version__
 from rla_ablate.data import make_eval_batches, make_train_stream, vocab_size
 from rla_ablate.errors import UserError
 from rla_ablate.models import build_model, flops_per_token
@@ -380,6 +382,7 @@ class Trainer:
             "device": str(self.device), "bf16": _uses_bf16(self.device, cfg.precision),
             "params": sum(p.numel() for p in self.raw_model.parameters()),
             "flops_per_token": self.flops_per_token, "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "rla_sweep": __version__, "host": socket.gethostname(),
         })
         self.model.train()
         backend_reported = False
