@@ -20,6 +20,9 @@ def test_set_reaches_every_section():
     assert job.model.fit == "none" and job.train.lr == 1e-3 and job.train.tokens == 2048
     assert job.data.kind == "stdlib" and job.data.split == "validation"
     assert job.eval[0].tokens == 512
+    recall = build_job("tiny-rla", SMALL + ["eval.1.name=mqar", "eval.1.data.kind=mqar", "eval.1.examples=16"],
+                       None, "cpu")
+    assert [(e.name, e.data.kind) for e in recall.eval] == [("val", "stdlib"), ("mqar", "mqar")]
     # The profile sits under --set: what --set leaves alone comes from it.
     assert job.train.min_lr == 3e-4 and job.train.resolved_warmup_tokens == 20
     paper = build_job("tiny-rla", [], None, "paper")
@@ -30,7 +33,7 @@ def test_set_reaches_every_section():
     (["train.tokne=5"], "train.tokne: unknown key 'tokne' (did you mean 'tokens'?)"),
     (["trian.lr=1"], "unknown section 'trian' (did you mean 'train'?)"),
     (["model.fit=bogus"], "'bogus' is not allowed; allowed: residual, none, off"),
-    (["eval.4.tokens=5"], "use an index 0..0"),
+    (["eval.4.tokens=5"], "use an index 0..0, or 1 to add an entry"),
     (["train.tokens"], "expected KEY=VALUE"),
 ])
 def test_bad_set_is_a_user_error(sets, words):

@@ -84,6 +84,15 @@ def test_job_rejects_repeated_eval_names():
         JobConfig.model_validate({"model": model.model_dump(), "eval": evals})
 
 
+def test_job_rejects_a_training_length_other_than_seq_len():
+    model = load_preset("tiny-rla").model_dump()
+    train = {"tokens": 4096, "seq_len": 64, "micro_batch_size": 2, "batch_tokens": 512}
+    with pytest.raises(ValidationError, match=r"data.seq_len \(128\) must equal train.seq_len \(64\)"):
+        JobConfig.model_validate({"model": model, "train": train, "data": {"kind": "mqar", "seq_len": 128}})
+    job = JobConfig.model_validate({"model": model, "train": train, "data": {"kind": "mqar"}, "eval": []})
+    assert job.data.seq_len is None and job.eval == []
+
+
 def test_guard_skips_non_finite_and_fails_past_the_limit():
     guard = DivergenceGuard(max_skipped_steps=2, spike_zscore=None)
     assert not guard.check(2.0, 1.0).skip

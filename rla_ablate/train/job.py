@@ -51,6 +51,11 @@ class JobConfig(BaseModel):
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"eval names must be unique; repeated: {', '.join(repeated)}")
+        own = getattr(self.data, "seq_len", None) or getattr(self.data, "context_length", None)
+        if own is not None and own != self.train.seq_len:
+            field = "seq_len" if self.data.kind == "mqar" else "context_length"
+            raise ValueError(f"data.{field} ({own}) must equal train.seq_len ({self.train.seq_len}) or be unset: "
+                             "batch_tokens counts train.seq_len tokens per training sequence")
         return self
 
     def canonical_json(self) -> str:

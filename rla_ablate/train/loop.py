@@ -347,6 +347,8 @@ class Trainer:
         return out
 
     def _log(self, values: dict[str, float]) -> None:
+        if not values:
+            return
         self.metrics.update(values)
         self.logger.log(values, self.tokens)
 

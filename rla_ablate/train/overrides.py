@@ -1,6 +1,7 @@
 """`--set key=value` overrides: dotted keys into a JobConfig dict, values parsed as YAML scalars.
 
     train.tokens=200000    model.fit=none    eval.0.tokens=8192    data.glob='**/*.md'
+    eval.1.name=mqar  eval.1.data.kind=mqar        (index = length of the list: a new entry)
 
 Unknown keys are reported by the JobConfig validation with a did-you-mean and the allowed keys.
 """
@@ -47,10 +48,12 @@ def set_dotted(tree: dict, key: str, value: Any) -> None:
         last = depth == len(parts) - 1
         where = ".".join(parts[: depth + 1])
         if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise UserError(f"'{parts[depth - 1]}' is a list of {len(node)}; use an index 0..{len(node) - 1}",
-                                file=SOURCE, key=where)
+            if not part.isdigit() or int(part) > len(node):
+                raise UserError(f"'{parts[depth - 1]}' is a list of {len(node)}; use an index 0..{len(node) - 1}, "
+                                f"or {len(node)} to add an entry", file=SOURCE, key=where)
             index = int(part)
+            if index == len(node):
+                node.append({})
             if last:
                 node[index] = value
             else:
