@@ -73,7 +73,7 @@ def main() -> None:
     table = Table(title=f"training on CPU ({platform.processor() or platform.machine()}, {args.threads} threads, "
                         f"torch {torch.__version__}), seq_len {args.seq_len}, 4096-token batches, best of "
                         f"{args.repeats}; load average {load_before:.1f} before, {load_after:.1f} after")
-    for col in ("preset", "params", "tokens/s", "GFLOP/s", f"loss after {args.tokens:,}"):
+    for col in ("preset", "params", "tokens/s", "GFLOP/s", f"eval loss after {args.tokens:,}"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(r["preset"], f"{r['params']:,}", f"{r['tokens_per_s']:,.0f}", f"{r['gflops_per_s']:.2f}",
