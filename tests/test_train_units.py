@@ -182,3 +182,59 @@ def test_checkpoints_are_atomic_weights_only_and_pruned(tmp_path):
     with pytest.raises(ValueError, match="format"):
         torch.save({"format": 99}, tmp_path / "other.pt")
         load_checkpoint(tmp_path / "other.pt")
+
+
+def test_forwarder_relays_rank0_records_and_the_stop_request(tmp_path):
+    from rla_ablate.train.distributed import _Forwarder
+
+    path, stop_file = tmp_path / "metrics.jsonl", tmp_path / "STOP"
+    rank0 = JSONLLogger(path)
+    rank0.event("start", 0, {"tokens_total": 1024})
+    seen = []
+
+    class Seen:
+        def log(self, metrics, step):
+            seen.append(("log", step, metrics))
+
+        def event(self, name, step, detail):
+            seen.append(("event", step, name))
+
+        def close(self, status, reason=None):
+            seen.append(("close", status))
+
+    forwarder = _Forwarder(path, Seen(), lambda: True, stop_file)
+    rank0.log({"train/loss": 2.0}, 512)
+    # Half a line (rank 0 mid-write) waits for the rest.
+    with open(path, "a") as f:
+        f.write('{"type": "metrics", "step": 1024, "time": 0, "values": {"train/loss": 1.')
+    forwarder.pump()
+    assert seen == [("log", 512, {"train/loss": 2.0})]
+    with open(path, "a") as f:
+        f.write('5}}\n')
+    rank0.close("finished")
+    forwarder.pump()
+    assert seen[1:] == [("log", 1024, {"train/loss": 1.5})]
+    forwarder.start()
+    forwarder.done.wait(0.8)
+    forwarder.done.set()
+    forwarder.join()
+    assert stop_file.exists()
+
+
+def test_progress_logger_prints_evals_and_status_without_a_terminal():
+    import io
+
+    from rich.console import Console
+
+    from rla_ablate.train import ProgressLogger
+
+    buffer = io.StringIO()
+    progress = ProgressLogger("tiny", console=Console(file=buffer, width=200), interactive=False)
+    progress.event("start", 0, {"tokens_total": 2048})
+    progress.log({"train/loss": 3.25, "train/tokens_per_s": 1000.0}, 1024)
+    progress.log({"eval/val/loss": 3.5}, 1024)
+    progress.event("loss_spike", 1024, {"zscore": 7.0})
+    progress.close("diverged", "diverged at 2048 tokens")
+    text = buffer.getvalue()
+    assert "tiny: 2,048 tokens from 0" in text and "loss 3.2500 eval val 3.5000" in text
+    assert "loss_spike" in text and "tiny: diverged: diverged at 2048 tokens" in text
