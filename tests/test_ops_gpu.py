@@ -1,8 +1,9 @@
 """Every backend on CUDA against the naive contract: outputs, final states and every gradient (initial states too).
 
-Fresh random inputs, seed 42, H=2, K=V=128 (the benchmark head size, so one autotune serves both), random upstream gradients, lengths 100 and 37 (not multiples of the chunk size 64),
+Fresh random inputs, seed 42, H=16, K=V=128 (the benchmark heads: FLA autotunes per H, K, V, dtype, so the
+benchmark and the tests share one tuning), random upstream gradients, lengths 100 and 37 (not multiples of the chunk size 64),
 every rule x fit x target x output_gates combination, fp32 and bf16. The reference is `naive` in float64 on the
-same (rounded) inputs. Skipped without CUDA.
+same inputs rounded to the tested dtype. Skipped without CUDA.
 
 Tolerances (relative RMS error, absolute floor; `rla_ablate.ops.testing.assert_close`), a written decision:
 - fp32: 5e-3. FLA's and our Triton dots run fp32 operands as tf32 (about 3e-4 per product) through up to three
@@ -36,7 +37,7 @@ COMBOS = [
     if fit != "off" or (target == "clip" and og)
 ]
 TOLERANCE = {torch.float32: dict(ratio=5e-3, atol=1e-4), torch.bfloat16: dict(ratio=6e-2, atol=1e-3)}
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 NAMES = ("q", "k", "v", "g", "beta", "gamma", "S0", "R0")
 
 
@@ -50,7 +51,7 @@ def combo_id(c):
     return f"{rule}-{fit}-{target}-{'gates' if og else 'nogates'}"
 
 
-def make_inputs(B=2, T=100, H=2, K=128, V=128, N=None, seed=42):
+def make_inputs(B=2, T=100, H=16, K=128, V=128, N=None, seed=42):
     """float64 master copies on CUDA; N states when packing sequences (B = 1)."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen, device="cuda", dtype=torch.float64)  # noqa: E731
@@ -91,9 +92,14 @@ def run_case(x, backend, combo, cu_seqlens=None):
     return outs | {f"d{n}": (torch.zeros_like(x[n]) if gr is None else gr) for n, gr in zip(NAMES, grads)}
 
 
+def rounded(master, dtype):
+    """The float64 copies of exactly what the backend under test receives."""
+    return {n: x.detach().double() for n, x in leaves(master, dtype).items()}
+
+
 @functools.lru_cache(maxsize=None)
-def reference(combo, T):
-    return run_case(leaves(make_inputs(T=T), torch.float64), "naive", combo)
+def reference(combo, T, dtype):
+    return run_case(leaves(rounded(make_inputs(T=T), DTYPES[dtype]), torch.float64), "naive", combo)
 
 
 def check(case: str, ref: dict, got: dict, dtype):
@@ -116,7 +122,7 @@ CASES = [(c, 100) for c in COMBOS] + [(c, 37) for c in COMBOS if c[2] == "clip" 
 @pytest.mark.parametrize("backend", gpu_backends())
 def test_backend_matches_naive(backend, combo, T, dtype):
     got = run_case(leaves(make_inputs(T=T), DTYPES[dtype]), backend, combo)
-    check(f"{backend}-{combo_id(combo)}-{dtype}-T{T}", reference(combo, T), got, DTYPES[dtype])
+    check(f"{backend}-{combo_id(combo)}-{dtype}-T{T}", reference(combo, T, dtype), got, DTYPES[dtype])
 
 
 @pytest.mark.parametrize("combo", [c for c in COMBOS if c[2] == "clip" and c[3]], ids=combo_id)
@@ -128,7 +134,7 @@ def test_packed_sequences_match_naive_per_sequence(backend, combo):
     got = run_case(leaves(master, torch.bfloat16), backend, combo, cu_seqlens=cu)
     for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
         part = {name: (x[:, a:b] if name not in ("S0", "R0") else x[n:n + 1]) for name, x in master.items()}
-        ref = run_case(leaves(part, torch.float64), "naive", combo)
+        ref = run_case(leaves(rounded(part, torch.bfloat16), torch.float64), "naive", combo)
         assert_close(f"o[seq {n}]", ref["o"], got["o"][:, a:b], **TOLERANCE[torch.bfloat16])
         assert_close(f"S_T[seq {n}]", ref["S_T"], got["S_T"][n:n + 1], **TOLERANCE[torch.bfloat16])
         if "R_T" in ref:

@@ -9,14 +9,15 @@ output), so the base recurrence runs once over a sequence with its writes shifte
     read:    token 0  token 1  token 2 ...  nothing
 
 Slot s holds S_{s-1}, so the inclusive read at slot t is the old read S_{t-1} x_t, and the state after the last slot
-is S_L. The two queries ride as two copies of the heads, [q * scale; k], with scale 1 in the kernel. Then
+is S_L. The two queries ride as two copies of the batch, [q * scale; k], with scale 1 in the kernel (packed
+sequences: the packed sequences twice along time). Then
 
     r_t = T(v_t - S_{t-1} k_t)
     fit="residual": R by FLA again on (q, k, gamma r, g) (additive) or (q, k, r, g, beta=gamma) (delta)
     fit="none":     R_t q_t = r_t (k_t . q_t)
     fit="off":      one plain FLA call, the baseline itself.
 
-Cost: the base pass runs 2H heads plus one H-head auxiliary pass, about three baseline calls. The `triton` backend
+Cost: the base pass runs 2B sequences plus one auxiliary pass, about three baseline calls. The `triton` backend
 exists to remove that redundancy; this one is the readable, FLA-checked composition.
 FLA's conventions: g = log alpha (fp32), additive kernel has no beta (folded into v), states as [N, H, V, K]
 through `state_v_first=True`, initial states in fp32. Varlen: `cu_seqlens` [N + 1] with B = 1, as in FLA.
@@ -85,6 +86,11 @@ def _place(x: torch.Tensor, slots: torch.Tensor, length: int) -> torch.Tensor:
     return out.index_copy(1, slots, x)
 
 
+def _pad_time(x: torch.Tensor, front: int, back: int) -> torch.Tensor:
+    """Zero slots before and after along time (dim 1) of [B, T, ...]."""
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (front, back))
+
+
 def _last_tokens(T: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:
     if cu_seqlens is None:
         return torch.tensor([T - 1], device=device)
@@ -111,21 +117,33 @@ def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, sp
         return o, (S_T, None)
 
     write, read, length, shifted_cu = shift_slots(B, T, cu_seqlens, q.device)
-    two = lambda x: torch.cat([x, x], dim=2)  # noqa: E731  (the same write for both query copies)
-    queries = _place(torch.cat([q * scale, k], dim=2), read, length)
-    k_w = two(_place(k, write, length))
-    g_w = two(_place(g32, write, length))
-    h0 = torch.cat([S0, S0], dim=1) if S0 is not None else None
-    if spec.rule == "additive":
-        v_w = two(_place(v * beta.to(v.dtype)[..., None], write, length))
-        o2, S2 = kernels.additive(queries, k_w, v_w, g_w, 1.0, h0, shifted_cu)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if cu_seqlens is None:
+        # The two query copies ride as two batch halves (FLA's autotune keys on H, not B: the baseline's tuning holds).
+        place_w = lambda x: _pad_time(x, 1, 0)  # noqa: E731
+        place_r = lambda x: _pad_time(x, 0, 1)  # noqa: E731
+        stack = lambda a, b: torch.cat([a, b], dim=0)  # noqa: E731
+        halves = lambda o: (o[:B, :T], o[B:, :T])  # noqa: E731
+        cu2 = None
     else:
-        v_w = two(_place(v, write, length))
-        beta_w = two(_place(beta.to(dtype), write, length))
-        o2, S2 = kernels.delta(queries, k_w, v_w, g_w, beta_w, 1.0, h0, shifted_cu)
-    reads = o2.index_select(1, read)
-    base_read, pred = reads[:, :, :H].float(), reads[:, :, H:].float()  # S_{t-1} q_t (scaled), S_{t-1} k_t
-    S_T = S2[:, :H]
+        # Packed: the second copy is the same packed sequences again, appended along time.
+        place_w = lambda x: _place(x, write, length)  # noqa: E731
+        place_r = lambda x: _place(x, read, length)  # noqa: E731
+        stack = lambda a, b: torch.cat([a, b], dim=1)  # noqa: E731
+        halves = lambda o: (o.index_select(1, read), o.index_select(1, read + length))  # noqa: E731
+        cu2 = torch.cat([shifted_cu, shifted_cu[1:] + length])
+    twice = lambda x: stack(x, x)  # noqa: E731
+    queries = stack(place_r(q * scale), place_r(k))
+    k_w, g_w = twice(place_w(k)), twice(place_w(g32))
+    h0 = torch.cat([S0, S0], dim=0) if S0 is not None else None
+    if spec.rule == "additive":
+        v_w = twice(place_w(v * beta.to(v.dtype)[..., None]))
+        o2, S2 = kernels.additive(queries, k_w, v_w, g_w, 1.0, h0, cu2)
+    else:
+        v_w, beta_w = twice(place_w(v)), twice(place_w(beta.to(dtype)))
+        o2, S2 = kernels.delta(queries, k_w, v_w, g_w, beta_w, 1.0, h0, cu2)
+    base_read, pred = (x.float() for x in halves(o2))  # S_{t-1} q_t (scaled), S_{t-1} k_t
+    S_T = S2[:N]
     r = spec.apply_target(v.float() - pred)
 
     if spec.fit == "none":
