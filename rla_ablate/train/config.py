@@ -37,8 +37,8 @@ class TrainConfig(BaseModel):
     warmup_tokens: int | None = Field(None, ge=0)
     """Tokens of linear warmup from 0 to `lr`. null: 1% of the budget, which is the paper's 0.5B at 50B tokens."""
     weight_decay: float = Field(0.1, ge=0)
-    """AdamW decoupled weight decay, applied to weight matrices and embeddings only, never to biases, norm
-    scales or other vectors (the nanoGPT / litgpt convention; the paper does not say)."""
+    """AdamW decoupled weight decay, applied to weights of two or more dimensions (linear, embedding, short
+    conv), never to biases, norm scales or gate vectors (the nanoGPT convention; the paper does not say)."""
     adam_beta1: float = Field(0.9, ge=0, lt=1)
     """AdamW beta1."""
     adam_beta2: float = Field(0.95, ge=0, lt=1)

@@ -34,8 +34,9 @@ from rla_ablate.train.schedule import lr_at
 
 IGNORE_INDEX = -100
 
-# Dense bf16 peak FLOP/s per device, for MFU when `peak_flops` is not set (vendor datasheets, SXM parts).
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 125e12}
+# Dense bf16 peak FLOP/s per device, for MFU when `peak_flops` is not set (vendor datasheets). The first
+# name contained in torch's device name wins, so the PCIe part comes before the SXM one.
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12}
 
 
 @dataclass
@@ -86,14 +87,14 @@ def _resolve_device(job: JobConfig, ctx: WorkerContext) -> torch.device:
     return torch.device("cpu")
 
 
-def _autocast(device: torch.device, precision: str):
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def _uses_bf16(device: torch.device, precision: str) -> bool:
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def _autocast(device: torch.device, precision: str):
+    if _uses_bf16(device, precision):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def _peak_flops(job: JobConfig, device: torch.device) -> float | None:
