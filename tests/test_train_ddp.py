@@ -37,6 +37,9 @@ class Recorder:
 def ray_session():
     import ray
 
+    if ray.is_initialized():
+        yield
+        return
     ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
     yield
     ray.shutdown()
