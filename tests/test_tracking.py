@@ -103,6 +103,16 @@ def test_buffer_flushed_when_the_process_exits_without_close(server):
     assert history(client, run_id, "train/loss") == [((s + 1) * 1024, s / 100) for s in range(100)]
 
 
+def test_unknown_run_gives_up_at_once(server, caplog):
+    logger = MLflowLogger(server.uri, "0" * 32, flush_interval_s=0.05, system_metrics_interval_s=None)
+    logger.log({"train/loss": 1.0}, step=1024)
+    start = time.monotonic()
+    assert not logger.flush(timeout=30)
+    logger.close("finished")
+    assert time.monotonic() - start < 20
+    assert any("has no run" in r.getMessage() for r in caplog.records)
+
+
 def test_backfill_from_metrics_jsonl(server, tmp_path):
     """A job killed with metrics still buffered: its metrics.jsonl fills the run's gap, exactly once."""
     from rla_ablate.train.loggers import JSONLLogger

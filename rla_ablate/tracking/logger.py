@@ -32,6 +32,10 @@ RUN_STATUS = {"finished": "FINISHED", "failed": "FAILED", "diverged": "FAILED", 
               "killed": "KILLED", "interrupted": "KILLED"}
 
 
+class _UnknownRun(Exception):
+    pass
+
+
 def _json_float(x: float) -> float | str:
     # MLflow's REST API takes non-finite doubles as protobuf JSON strings.
     if math.isnan(x):
@@ -71,6 +75,8 @@ class MLflowLogger:
         self.sent = 0
         self.failures = 0
         self._closed = False
+        # Set when the server does not know the run: nothing can ever be delivered.
+        self._dead = False
         self._thread = threading.Thread(target=self._run, name=f"mlflow-logger-{run_id[:8]}", daemon=True)
         self._thread.start()
         atexit.register(self._flush_at_exit)
@@ -81,6 +87,8 @@ class MLflowLogger:
             self.flush(timeout=10.0)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        if self._dead:
+            return
         ts = int(time.time() * 1000)
         rows = []
         for key, value in metrics.items():
@@ -113,6 +121,8 @@ class MLflowLogger:
         """Send everything buffered; True when the buffer is empty (False after `timeout` seconds)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            if self._dead:
+                return False
             with self._lock:
                 empty = not self._pending and not self._pending_tags and self._opened
             if empty:
@@ -127,6 +137,8 @@ class MLflowLogger:
             return
         self._closed = True
         atexit.unregister(self._flush_at_exit)
+        if self._dead:
+            return
         self.set_tags({STATUS: status, STATUS_REASON: reason or ""})
         done = self.flush(self.close_timeout_s)
         self._stop.set()
@@ -170,7 +182,13 @@ class MLflowLogger:
 
     def _open(self) -> None:
         """First contact: mark the run running and learn what a resumed run already holds."""
-        run = self._get("runs/get", {"run_id": self.run_id})["run"]
+        try:
+            run = self._get("runs/get", {"run_id": self.run_id})["run"]
+        except requests.HTTPError as exc:
+            # The server answers but does not know the run: retrying cannot help.
+            if exc.response is not None and 400 <= exc.response.status_code < 500:
+                raise _UnknownRun(exc.response.text[:300]) from None
+            raise
         for m in run.get("data", {}).get("metrics", []):
             self._server_steps[m["key"]] = self._history_steps(m["key"])
         self._post("runs/update", {"run_id": self.run_id, "status": "RUNNING"})
@@ -270,6 +288,16 @@ class MLflowLogger:
                 try:
                     self._send_once()
                     backoff = 0.5
+                except _UnknownRun as exc:
+                    with self._lock:
+                        lost = len(self._pending)
+                        self._pending.clear()
+                        self._pending_tags.clear()
+                    self._opened = self._dead = True
+                    log.error("MLflow server %s has no run %s (%s): dropping %d metrics (the job's metrics.jsonl "
+                              "has them)", self.uri, self.run_id, exc, lost)
+                    self._stop.set()
+                    return
                 except (requests.RequestException, KeyError, ValueError) as exc:
                     self.failures += 1
                     # The failed request may have been committed before the connection broke.
