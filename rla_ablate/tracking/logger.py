@@ -65,7 +65,8 @@ class MLflowLogger:
         self._pending_tags: dict[str, str] = {HOST: socket.gethostname()}
         self._events: list[dict[str, Any]] = []
         self._events_sent = 0
-        # key -> steps the server holds; filled only when needed (resume, or after a failed request).
+        # key -> steps the server holds; read back only when needed (resume, or after a failed request), never
+        # grown per send, so a long run does not accumulate its whole history in memory.
         self._server_steps: dict[str, set[int]] = {}
         self._verify = True
         self._opened = False
@@ -221,8 +222,6 @@ class MLflowLogger:
                 if exc.response is None or exc.response.status_code >= 500:
                     raise
                 self._send_individually(fresh, tags, exc)
-        for m in fresh:
-            self._server_steps.setdefault(m["key"], set()).add(m["step"])
         with self._lock:
             del self._pending[:len(batch)]
             for k, v in tags.items():
