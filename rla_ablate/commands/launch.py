@@ -40,4 +40,4 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.sweep.launch import launch
 
     summary = launch(args.file, options(args))
-    return 0 if summary.ok else 1
+    return 0 if summary.ok else (130 if summary.interrupted else 1)

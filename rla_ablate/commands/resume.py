@@ -28,4 +28,4 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"no sweep '{args.name}' under {sdir.root}; start it with `rla-sweep launch FILE`",
                         key="name")
     summary = launch(saved, options(args))
-    return 0 if summary.ok else 1
+    return 0 if summary.ok else (130 if summary.interrupted else 1)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -56,6 +58,8 @@ class LaunchSummary:
     failed: list[tuple[str, str]] = field(default_factory=list)
     pruned: int = 0
     """Search trials stopped by the pruner (status cancelled): a result, not a failure."""
+    interrupted: bool = False
+    """Stopped by Ctrl-C or SIGTERM."""
 
     @property
     def ok(self) -> bool:
@@ -161,6 +165,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     if opts.address is None:
         _check_resources(sweep, _local_resources())
     sdir.acquire()
+    previous_term = None
     services = _Services(sdir, opts)
     progress = Progress(sweep.name, console=console, interactive=opts.interactive)
     try:
@@ -195,6 +200,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
                         embedded_tracking=opts.tracking_uri is None)
         t0 = time.monotonic()
         cluster = services.start_ray()
+        previous_term = _term_as_interrupt()
         progress.note(f"Ray: {'joined ' + opts.address if opts.address else 'local instance'}, "
                       f"{cluster.get('CPU', 0):g} CPUs, {cluster.get('GPU', 0):g} GPUs ({time.monotonic() - t0:.1f} s)")
         if opts.address is not None:
@@ -212,10 +218,10 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
             from rla_ablate.sweep.search import run_search
 
             run_search(runner)
+        runner.summary.skipped = summary.skipped
         summary = runner.summary
-        jobs = runner.all_jobs
-        summary.skipped = summary.skipped or (len(jobs) - summary.ran)
-        summary.counts = _count(sdir, jobs)
+        summary.interrupted = runner.stop_reason == "interrupted"
+        summary.counts = _count(sdir, runner.all_jobs)
         _close_parent(services.tracking_uri, parent, summary)
         progress.final(summary, sdir)
         return summary
@@ -223,11 +229,26 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         progress.stop()
         services.stop()
         sdir.release()
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
 
 
 @dataclass
 class _Listed:
     job_id: str
+
+
+def _term_as_interrupt() -> Any:
+    """SIGTERM (a scheduler's or `kill`'s stop) stops the sweep like Ctrl-C: jobs checkpoint, services stop.
+
+    Installed after ray.init, whose own handler would end the driver at once; returns the handler it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def _count(sdir: SweepDir, jobs: list[Any]) -> dict[str, int]:
@@ -269,6 +290,7 @@ class _Runner:
         # Attempts in this launch (status.json counts them over all launches); retries are per launch.
         self.tries: dict[str, int] = {}
         self.stopping = False
+        self.stop_reason = ""
         self._last_record = 0.0
         # job_id -> callback(job, outcome) used by the search to tell Optuna.
         self.on_done: Callable[[ResolvedJob, dict], None] | None = None
@@ -324,16 +346,20 @@ class _Runner:
                                  int(job.job.train.tokens))
         queue = deque(todo)
         while queue or self.inflight:
-            while queue and self.capacity > 0 and not self.stopping:
-                self.submit(queue.popleft())
-            if self.stopping:
-                while queue:
-                    job = queue.popleft()
-                    self.sdir.set_status(job.job_id, status="cancelled", error="launch stopped before it started")
-                    self.progress.update(job, "cancelled")
-            for job, outcome in self.step():
-                if outcome is not None and outcome.get("retry"):
-                    queue.appendleft(job)
+            try:
+                while queue and self.capacity > 0 and not self.stopping:
+                    self.submit(queue.popleft())
+                if self.stopping:
+                    while queue:
+                        job = queue.popleft()
+                        self.sdir.set_status(job.job_id, status="cancelled",
+                                             error=f"{self.stop_reason} before it started")
+                        self.progress.update(job, "cancelled")
+                for job, outcome in self.step():
+                    if outcome is not None and outcome.get("retry"):
+                        queue.appendleft(job)
+            except KeyboardInterrupt:
+                self.interrupted()
 
     def step(self, timeout: float = 0.5) -> list[tuple[ResolvedJob, dict | None]]:
         """Wait a little for outcomes, refresh progress, check for a cancel request; returns finished attempts."""
@@ -355,10 +381,14 @@ class _Runner:
             if not self.stopping and self.sdir.cancel_requested():
                 self.stop("cancelled by `rla-sweep cancel`")
         except KeyboardInterrupt:
-            if self.stopping:
-                raise
-            self.stop("interrupted (Ctrl-C)")
+            self.interrupted()
         return done
+
+    def interrupted(self) -> None:
+        """First Ctrl-C / SIGTERM: stop gracefully; the second one abandons the jobs (they resume next launch)."""
+        if self.stopping:
+            raise KeyboardInterrupt
+        self.stop("interrupted")
 
     def stop(self, why: str) -> None:
         self.stopping = True
@@ -366,6 +396,11 @@ class _Runner:
         self.progress.note(f"stopping: {why}; jobs save a checkpoint and stop (Ctrl-C again to abandon them)")
         self.monitor.request_stop.remote(None)
         self._stop_deadline = time.monotonic() + STOP_GRACE_S
+        # Tasks still waiting in Ray's queue never start; running ones checkpoint and return.
+        started = self.ray.get(self.monitor.started_jobs.remote())
+        for ref, job in self.inflight.items():
+            if job.job_id not in started:
+                self.ray.cancel(ref)
 
     def _poll(self) -> None:
         tokens, started, values = self.ray.get(self.monitor.snapshot.remote())
@@ -394,6 +429,9 @@ class _Runner:
     def _collect(self, job: ResolvedJob, ref: Any) -> dict:
         try:
             outcome = self.ray.get(ref)
+        except self.ray.exceptions.TaskCancelledError:
+            outcome = {"status": "cancelled", "tokens_done": self.sdir.status(job.job_id).tokens_done, "metrics": {},
+                       "error": f"{getattr(self, 'stop_reason', 'stopped')} before it started"}
         except Exception as exc:
             # The worker process died (OOM killer, segfault, node lost): a failure like any other.
             outcome = {"status": "failed", "tokens_done": self.sdir.status(job.job_id).tokens_done, "metrics": {},

@@ -113,7 +113,7 @@ class Progress:
         self.stop()
         counts = ", ".join(f"{n} {k}" for k, n in sorted(summary.counts.items()))
         self.console.print(f"sweep {self.sweep}: {counts} in {self._elapsed()} "
-                           f"({summary.ran} attempts run, {summary.skipped} jobs already done)")
+                           f"({summary.ran} attempts run; {summary.skipped} jobs were already done)")
         meta = sdir.meta()
         store = meta.get("backend_uri") if meta.get("embedded_tracking") else meta.get("tracking_uri")
         self.console.print(f"runs: {store} (experiment rla-sweep/{self.sweep}); `rla-sweep status {self.sweep} "

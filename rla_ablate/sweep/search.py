@@ -126,47 +126,60 @@ def run_search(runner: Any) -> None:
 
     runner.on_values, runner.on_done = on_values, tell
     while True:
-        while (not runner.stopping and runner.capacity > 0
-               and _counted(study) + len(trials) < cfg.n_trials):
-            trial = study.ask()
-            params = suggest(trial, cfg.params)
-            job = expand(sweep.config, sweep.source, points=[params])[0]
-            job.name = f"trial-{trial.number:03d}"
-            trial.set_user_attr("job_id", job.job_id)
-            if job.job_id not in known:
-                rec = job.describe()
-                rec["tokens_target"] = int(job.job.train.tokens)
-                rec["trial"] = trial.number
-                known[job.job_id] = rec
-                sdir.write_job_list(list(known.values()))
-                sdir.job_dir(job.job_id).mkdir(parents=True, exist_ok=True)
-                (sdir.job_dir(job.job_id) / "job.json").write_text(job.job.model_dump_json(indent=1))
-            runner.all_jobs.append(job)
-            st = sdir.status(job.job_id)
-            # The sampler proposed parameters that already ran: reuse the result instead of training again.
-            if st.status == "finished" and job.job_id in _values(sdir, job.job_id, cfg.metric):
-                study.tell(trial, _values(sdir, job.job_id, cfg.metric)[job.job_id])
-                continue
-            if st.status == "cancelled" and (st.error or "").startswith(PRUNED_PREFIX):
-                runner.summary.pruned += 1
-                study.tell(trial, state=TrialState.PRUNED)
-                continue
-            if job.job_id in trials:
-                trial.set_user_attr("duplicate_of", trials[job.job_id].number)
-                study.tell(trial, state=TrialState.FAIL)
-                continue
-            trials[job.job_id] = trial
-            runner.progress.update(job, "pending", st.tokens_done)
-            runner.submit(job)
-        if not runner.inflight:
-            break
-        for job, outcome in runner.step():
-            if outcome is not None and outcome.get("retry"):
-                runner.submit(job)
+        try:
+            if not _search_round(runner, study, cfg, trials, known, sweep, sdir):
+                break
+        except KeyboardInterrupt:
+            runner.interrupted()
     best = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
     if best:
         runner.progress.note(f"best trial {study.best_trial.number}: {cfg.metric} = {study.best_value:.4f} "
                              f"with {study.best_trial.params}")
+
+
+def _search_round(runner: Any, study: Any, cfg: SearchConfig, trials: dict, known: dict, sweep: Any,
+                  sdir: Any) -> bool:
+    """Ask for trials while there is room, then wait a little for outcomes; False once nothing is left to do."""
+    from optuna.trial import TrialState
+
+    while (not runner.stopping and runner.capacity > 0
+           and _counted(study) + len(trials) < cfg.n_trials):
+        trial = study.ask()
+        params = suggest(trial, cfg.params)
+        job = expand(sweep.config, sweep.source, points=[params])[0]
+        job.name = f"trial-{trial.number:03d}"
+        trial.set_user_attr("job_id", job.job_id)
+        if job.job_id not in known:
+            rec = job.describe()
+            rec["tokens_target"] = int(job.job.train.tokens)
+            rec["trial"] = trial.number
+            known[job.job_id] = rec
+            sdir.write_job_list(list(known.values()))
+            sdir.job_dir(job.job_id).mkdir(parents=True, exist_ok=True)
+            (sdir.job_dir(job.job_id) / "job.json").write_text(job.job.model_dump_json(indent=1))
+        runner.all_jobs.append(job)
+        st = sdir.status(job.job_id)
+        # The sampler proposed parameters that already ran: reuse the result instead of training again.
+        if st.status == "finished" and job.job_id in _values(sdir, job.job_id, cfg.metric):
+            study.tell(trial, _values(sdir, job.job_id, cfg.metric)[job.job_id])
+            continue
+        if st.status == "cancelled" and (st.error or "").startswith(PRUNED_PREFIX):
+            runner.summary.pruned += 1
+            study.tell(trial, state=TrialState.PRUNED)
+            continue
+        if job.job_id in trials:
+            trial.set_user_attr("duplicate_of", trials[job.job_id].number)
+            study.tell(trial, state=TrialState.FAIL)
+            continue
+        trials[job.job_id] = trial
+        runner.progress.update(job, "pending", st.tokens_done)
+        runner.submit(job)
+    if not runner.inflight:
+        return False
+    for job, outcome in runner.step():
+        if outcome is not None and outcome.get("retry"):
+            runner.submit(job)
+    return True
 
 
 def _values(sdir: Any, job_id: str, metric: str) -> dict[str, float]:

@@ -45,6 +45,9 @@ class Monitor:
         values, self.values = self.values, {}
         return dict(self.tokens), set(self.started), values
 
+    def started_jobs(self) -> set[str]:
+        return set(self.started)
+
     def request_stop(self, job_id: str | None = None) -> None:
         if job_id is None:
             self.stop_all = True
