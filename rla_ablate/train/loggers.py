@@ -149,6 +149,14 @@ class NullLogger:
         pass
 
 
+def human(n: float) -> str:
+    """12345678 -> '12.3M' (token counts in one glance)."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
+
+
 class ProgressLogger:
     """A rich progress bar over the token budget with the latest loss, eval loss and throughput.
 
@@ -165,24 +173,29 @@ class ProgressLogger:
         self._progress = None
         self._task = None
         self._fields = {"loss": "", "eval": "", "speed": ""}
+        self._total = 0
 
     def _start(self, total: int, done: int) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         if not self.interactive or self._progress is not None:
             return
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("tokens"),
+            TextColumn("{task.fields[tokens]}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             TextColumn("{task.fields[loss]} {task.fields[eval]} {task.fields[speed]}"),
             console=self.console,
         )
         self._progress.start()
-        self._task = self._progress.add_task(self.description, total=total, completed=done, **self._fields)
+        self._total = total
+        self._task = self._progress.add_task(self.description, total=total, completed=done,
+                                             tokens=self._tokens(done), **self._fields)
+
+    def _tokens(self, done: int) -> str:
+        return f"{human(done)}/{human(self._total)} tokens"
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if "train/loss" in metrics:
@@ -195,7 +208,7 @@ class ProgressLogger:
             if not self.interactive:
                 self.console.print(f"{self.description} {step:,} tokens: {self._fields['loss']} eval {self._fields['eval']}")
         if self._progress is not None:
-            self._progress.update(self._task, completed=step, **self._fields)
+            self._progress.update(self._task, completed=step, tokens=self._tokens(step), **self._fields)
 
     def event(self, name: str, step: int, detail: dict) -> None:
         if name == "start":
