@@ -200,7 +200,7 @@ def render_gains(spec: GainsSpec, runs: SweepRuns, out: Rendered):
     for ax, (panel, series) in zip(axes, panels.items()):
         _note_missing(out, spec, panel, series)
         pairs = [(s, ref) for s in series if (ref := D.reference_of(s, spec.reference, series)) is not None]
-        width = 0.8 / max(len(pairs), 1)
+        width = min(0.8 / max(len(pairs), 1), 0.3)
         drawn = 0
         for i, (s, ref) in enumerate(pairs):
             means, errs, xs = [], [], []
@@ -222,18 +222,21 @@ def render_gains(spec: GainsSpec, runs: SweepRuns, out: Rendered):
                 out.notes.append(f"{s.label} vs {ref.label}: no seed finished on both sides")
                 continue
             out.runs.extend((s.label, r.name, r.run_id) for r in s.finished + ref.finished)
-            ax.bar(xs, means, width=width * 0.95, yerr=errs, capsize=3, color=_color(i),
-                   label=f"{s.label} − {ref.label}" if spec.higher_is_better else f"{ref.label} − {s.label} (loss)")
+            bars = ax.bar(xs, means, width=width * 0.95, yerr=errs, capsize=3, color=_color(i),
+                          label=f"{s.label} − {ref.label}" if spec.higher_is_better else f"{ref.label} − {s.label}")
+            ax.bar_label(bars, labels=[f"{m:+.3f}" for m in means], padding=2, fontsize=7)
             drawn += 1
         if not drawn:
             _empty(ax, "no paired finished runs (treatment and reference, same seed)")
             continue
         ax.axhline(0, color="0.3", linewidth=0.8)
+        ax.set_xlim(-0.6, len(categories) - 0.4)
+        ax.margins(y=0.15)
         ax.set_xticks(range(len(categories)))
         ax.set_xticklabels([f"{c}\n({', '.join(n for n, _ in sets if spec.category(n) == c)})" for c in categories])
         ax.set_ylabel(spec.ylabel or ("gain in " + spec.metric.format(set="*")))
         ax.set_title(_panel_title(spec, panel))
-        ax.legend()
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     return fig
 
 
