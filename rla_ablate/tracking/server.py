@@ -146,9 +146,14 @@ class TrackingServer:
             return False
         pid, owner = rec.get("pid"), rec.get("owner_pid")
         ours = _alive(pid) and "mlflow" in _cmdline(pid) and str(self.root) in _cmdline(pid)
-        if ours and _alive(owner) and owner != os.getpid() and is_healthy(rec["uri"]):
-            self.port = int(rec["port"])
-            return True
+        if ours and _alive(owner) and owner != os.getpid():
+            # Its owner may still be waiting for it to come up: give it the startup time before judging it.
+            deadline = time.monotonic() + self.startup_timeout
+            while _alive(pid) and time.monotonic() < deadline:
+                if is_healthy(rec["uri"]):
+                    self.port = int(rec["port"])
+                    return True
+                time.sleep(0.25)
         if ours:
             _kill_group(int(rec.get("pgid") or pid))
         self.record_path.unlink(missing_ok=True)
