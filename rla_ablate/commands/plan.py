@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(subparsers) -> None:
@@ -48,5 +49,6 @@ def run(args: argparse.Namespace) -> int:
                       _h(r["state_elements"]), _h(r["flops_per_token"]), _h(r["tokens"]), f"{r['gpu_hours']:,.2f}")
     if "search_trials" in t:
         table.caption = f"Optuna search: the base job above runs as {t['search_trials']} trials (totals include them)"
-    Console().print(table)
+    # A pipe or a file gets full rows rather than rich's default 80 columns.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
     return 0

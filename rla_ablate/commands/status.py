@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(subparsers) -> None:
@@ -42,5 +43,6 @@ def run(args: argparse.Namespace) -> int:
                       f"[{STYLE.get(j['status'], '')}]{j['status']}[/]",
                       f"{fmt_tokens(j['tokens_done'])}/{fmt_tokens(j['tokens_target'])}",
                       (j["mlflow_run_id"] or "")[:12], (j["error"] or "").splitlines()[0][:80] if j["error"] else "")
-    Console().print(table)
+    # A pipe or a file gets full rows rather than rich's default 80 columns.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
     return 0
