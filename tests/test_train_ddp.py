@@ -92,8 +92,12 @@ def test_fsdp_matches_and_resumes_from_a_sharded_checkpoint(ray_session, single,
     for tokens, path in list_checkpoints(tmp_path):
         if tokens > 1024:
             path.unlink()
-    again = run_job(job, tmp_path)
+    recorder = Recorder()
+    again = run_job(job, tmp_path, recorder)
     assert (again.status, again.tokens_done) == ("finished", 2048), again.error
+    # The caller hears only what the resumed attempt wrote.
+    assert [s for s, m in recorder.metrics if "train/loss" in m] == [1536, 2048]
+    assert ("resumed", 1024) in recorder.events and recorder.closed == [("finished", None)]
     assert metric_series(read_jsonl(tmp_path / "metrics.jsonl"), "train/loss") == losses
     for name, tensor in _final_model(tmp_path).items():
         assert torch.equal(tensor, reference[name]), name

@@ -211,9 +211,18 @@ def test_forwarder_relays_rank0_records_and_the_stop_request(tmp_path):
     assert seen == [("log", 512, {"train/loss": 2.0})]
     with open(path, "a") as f:
         f.write('5}}\n')
-    rank0.close("finished")
+    rank0.close("cancelled")
     forwarder.pump()
     assert seen[1:] == [("log", 1024, {"train/loss": 1.5})]
+    # A resume rewrites the file (a new inode) without the records past its checkpoint, then appends.
+    truncate_jsonl(path, 512)
+    resumed = JSONLLogger(path)
+    resumed.event("resumed", 512, {})
+    resumed.log({"train/loss": 1.25}, 1024)
+    forwarder.pump()
+    assert seen[2:] == [("event", 512, "resumed"), ("log", 1024, {"train/loss": 1.25})]
+    # What was in the file before the forwarder started (an earlier attempt) is not sent at all.
+    assert ("event", 0, "start") not in seen
     forwarder.start()
     forwarder.done.wait(0.8)
     forwarder.done.set()

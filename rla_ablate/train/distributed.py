@@ -17,7 +17,7 @@ import torch
 
 from rla_ablate.train.checkpoint import list_checkpoints
 from rla_ablate.train.job import JobConfig, JobResult
-from rla_ablate.train.loggers import CompositeLogger, MetricLogger, truncate_jsonl
+from rla_ablate.train.loggers import CompositeLogger, MetricLogger
 
 STOP_FILE = "STOP"
 RESULT_FILE = "result.json"
@@ -53,25 +53,35 @@ class _Forwarder(threading.Thread):
                  stop_file: Path):
         super().__init__(daemon=True)
         self.path, self.logger, self.should_stop, self.stop_file = path, logger, should_stop, stop_file
-        self.offset = path.stat().st_size if path.exists() else 0
         self.done = threading.Event()
         self.stop_error: str | None = None
+        self.inode, self.offset = None, 0
+        # Lines the caller already has (an earlier attempt's records) are never sent again.
+        self.seen: set[bytes] = set()
+        if path.exists():
+            data = path.read_bytes()
+            self.inode, self.offset = path.stat().st_ino, len(data)
+            self.seen.update(data.splitlines())
 
     def pump(self) -> None:
-        if not self.path.exists():
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
             return
-        size = self.path.stat().st_size
-        if size < self.offset:
-            # Rank 0 truncated the log further back (it resumed from an older checkpoint): nothing new yet.
-            self.offset = size
-            return
-        with open(self.path, encoding="utf-8") as f:
+        if stat.st_ino != self.inode:
+            # Rank 0 rewrote the file (a resume drops the records past its checkpoint): read it again and
+            # skip what was already sent.
+            self.inode, self.offset = stat.st_ino, 0
+        with open(self.path, "rb") as f:
             f.seek(self.offset)
             chunk = f.read()
         # Only whole lines: rank 0 may be in the middle of writing the last one.
-        complete = chunk[: chunk.rfind("\n") + 1]
-        self.offset += len(complete.encode("utf-8"))
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
         for line in complete.splitlines():
+            if line in self.seen:
+                continue
+            self.seen.add(line)
             record = json.loads(line)
             if self.logger is None:
                 continue
@@ -112,8 +122,6 @@ def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger 
     stop_file, result_file = out_dir / STOP_FILE, out_dir / RESULT_FILE
     stop_file.unlink(missing_ok=True)
     result_file.unlink(missing_ok=True)
-    checkpoints = list_checkpoints(out_dir)
-    truncate_jsonl(metrics_path, checkpoints[-1][0] if checkpoints else -1)
 
     started_ray = False
     if not ray.is_initialized():
