@@ -1,16 +1,17 @@
 """Every backend on CUDA against the naive contract: outputs, final states and every gradient (initial states too).
 
-Fresh random inputs, seed 42, H=16, K=V=128 (the benchmark heads: FLA autotunes per H, K, V, dtype, so the
-benchmark and the tests share one tuning), random upstream gradients, lengths 100 and 37 (not multiples of the chunk size 64),
-every rule x fit x target x output_gates combination, fp32 and bf16. The reference is `naive` in float64 on the
+Fresh random inputs, seed 42, H=16, K=V=128 (the benchmark heads: FLA autotunes per H, K, V and dtype, so
+tests and benchmark share one tuning), random upstream gradients, lengths 100 and 37 (not multiples of the chunk
+size 64), every rule x fit x target x output_gates combination, fp32 and bf16. The reference is `naive` in float64 on the
 same inputs rounded to the tested dtype. Skipped without CUDA.
 
 Tolerances (relative RMS error, absolute floor; `rla_ablate.ops.testing.assert_close`), a written decision:
-- fp32: 5e-3. FLA's and our Triton dots run fp32 operands as tf32 (about 3e-4 per product) through up to three
+- fp32: 5e-3. FLA's dots run fp32 operands as tf32 (about 3e-4 per product) through up to three
   chained recurrences.
-- bf16: 6e-2 for everything. Operands and the base reads are bf16 (about 4e-3 each); on top, a clipped residual
+- bf16: 3e-2 for everything. Operands and the base reads are bf16 (about 4e-3 each); on top, a clipped residual
   that sits within rounding of +-c takes the other branch in a few elements, and their gradients differ by the whole
-  upstream value: a relative RMS error near sqrt(fraction of flipped elements).
+  upstream value. Measured on an H200 (2026-12-02, fla backend, all 32 bf16 cases): the worst tensor of each case 3.1e-3 to 1.27e-2, the largest
+  dv of additive-residual-clip at T=37 (docs/RESULTS.md).
 The measured errors of every case are appended to $RLA_GPU_ERRORS (JSON lines) when it is set.
 """
 
@@ -36,7 +37,7 @@ COMBOS = [
         ["additive", "delta"], ["residual", "none", "off"], ["clip", "tanh", "identity"], [True, False])
     if fit != "off" or (target == "clip" and og)
 ]
-TOLERANCE = {torch.float32: dict(ratio=5e-3, atol=1e-4), torch.bfloat16: dict(ratio=6e-2, atol=1e-3)}
+TOLERANCE = {torch.float32: dict(ratio=5e-3, atol=1e-4), torch.bfloat16: dict(ratio=3e-2, atol=1e-3)}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 NAMES = ("q", "k", "v", "g", "beta", "gamma", "S0", "R0")
 
