@@ -10,8 +10,8 @@ Tolerances (relative RMS error, absolute floor; `rla_ablate.ops.testing.assert_c
   chained recurrences.
 - bf16: 3e-2 for everything. Operands and the base reads are bf16 (about 4e-3 each); on top, a clipped residual
   that sits within rounding of +-c takes the other branch in a few elements, and their gradients differ by the whole
-  upstream value. Measured on an H200 (2026-12-02, fla backend, all 32 bf16 cases): the worst tensor of each case 3.1e-3 to 1.27e-2, the largest
-  dv of additive-residual-clip at T=37 (docs/RESULTS.md).
+  upstream value. Measured on an H200 (2026-12-02, fla backend, all 32 bf16 cases): the worst tensor of each
+  case 3.1e-3 to 1.27e-2, the largest dv of additive-residual-clip at T=37 (docs/RESULTS.md).
 The measured errors of every case are appended to $RLA_GPU_ERRORS (JSON lines) when it is set.
 """
 
