@@ -97,8 +97,36 @@ def _last_tokens(T: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tenso
     return cu_seqlens[1:] - 1
 
 
+def _torch_residual(v, pred, gamma, spec: ResidualSpec):
+    r = spec.apply_target(v.float() - pred.float())
+    return (r if gamma is None else gamma.float()[..., None] * r).to(v.dtype)
+
+
+def _torch_output(base_read, corr, g32, gamma, output_gates: bool, dtype):
+    if output_gates:
+        o = g32.exp()[..., None] * base_read.float() + gamma.float()[..., None] * corr.float()
+    else:
+        o = base_read.float() + corr.float()
+    return o.to(dtype)
+
+
+@dataclass(frozen=True)
+class Glue:
+    """The elementwise steps between the recurrences (PyTorch here; fused Triton kernels in `triton_backend`).
+
+    residual(v, pred, gamma | None, spec) -> gamma * T(v - pred) (or T(v - pred)) in v's dtype, computed in fp32;
+    output(base_read, corr, g, gamma, output_gates, dtype) -> alpha * base + gamma * corr (or base + corr).
+    """
+
+    residual: Callable[..., torch.Tensor]
+    output: Callable[..., torch.Tensor]
+
+
+TORCH_GLUE = Glue(residual=_torch_residual, output=_torch_output)
+
+
 def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float,
-                               initial_state, cu_seqlens: torch.Tensor | None = None):
+                               initial_state, cu_seqlens: torch.Tensor | None = None, glue: Glue = TORCH_GLUE):
     """RLA / RDN from two exact chunk recurrences (see the module docstring). States are [N, H, V, K] fp32."""
     B, T, H, K = q.shape
     if cu_seqlens is not None and B != 1:
@@ -142,25 +170,22 @@ def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, sp
     else:
         v_w, beta_w = twice(place_w(v)), twice(place_w(beta.to(dtype)))
         o2, S2 = kernels.delta(queries, k_w, v_w, g_w, beta_w, 1.0, h0, cu2)
-    base_read, pred = (x.float() for x in halves(o2))  # S_{t-1} q_t (scaled), S_{t-1} k_t
+    base_read, pred = halves(o2)  # S_{t-1} q_t (scaled), S_{t-1} k_t, in the kernel's dtype
     S_T = S2[:N]
-    r = spec.apply_target(v.float() - pred)
 
     if spec.fit == "none":
+        r = spec.apply_target(v.float() - pred.float())
         corr = r * ((q.float() * k.float()).sum(-1, keepdim=True) * scale)
         last = _last_tokens(T, cu_seqlens, q.device)
         R_T = torch.einsum("nhv,nhk->nhvk", r[:, last].flatten(0, 1) if cu_seqlens is None else r[0, last],
                            k.float()[:, last].flatten(0, 1) if cu_seqlens is None else k.float()[0, last])
     elif spec.rule == "additive":
-        corr, R_T = kernels.additive(q, k, (gamma.float()[..., None] * r).to(v.dtype), g32, scale, R0, cu_seqlens)
+        w = glue.residual(v, pred, gamma, spec)  # gamma_t r_t
+        corr, R_T = kernels.additive(q, k, w, g32, scale, R0, cu_seqlens)
     else:
-        corr, R_T = kernels.delta(q, k, r.to(v.dtype), g32, gamma.to(dtype), scale, R0, cu_seqlens)
-
-    if spec.output_gates:
-        o = g32.exp()[..., None] * base_read + gamma.float()[..., None] * corr.float()
-    else:
-        o = base_read + corr.float()
-    return o.to(dtype), (S_T, R_T)
+        r = glue.residual(v, pred, None, spec)
+        corr, R_T = kernels.delta(q, k, r, g32, gamma.to(dtype), scale, R0, cu_seqlens)
+    return glue.output(base_read, corr, g32, gamma, spec.output_gates, dtype), (S_T, R_T)
 
 
 def fla_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
