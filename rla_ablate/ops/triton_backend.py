@@ -1,0 +1,229 @@
+"""The `triton` backend, first step: the `fla` composition with its elementwise glue fused into Triton kernels.
+
+On the H200 the `fla` backend spends most of its time outside FLA (docs/RESULTS.md): about twenty fp32/bf16
+passes over [B, T, H, V] between and after the recurrences. Two kernels, each with its backward, replace them:
+
+    residual:  w_t = gamma_t T(v_t - S_{t-1} k_t)   (or r_t alone for the delta rule, whose kernel takes gamma)
+    output:    o_t = alpha_t S_{t-1} q_t + gamma_t R_t q_t   (or the ungated sum)
+
+Both read the base reads straight from the base pass's output (strided [B, T, H, V] views, no copies), compute in
+fp32 and write once in the input dtype. The recurrences are still FLA's; reading the chunk states once for both
+queries and fusing the two recurrences are the next steps (see docs/RESULTS.md).
+
+Not chosen by "auto" (no cuda_rank) until its GPU tests have run on a GPU; request it with backend="triton".
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rla_ablate.ops import register_backend
+from rla_ablate.ops.fla_backend import FLA_KERNELS, Glue, compose_residual_attention, fla_available
+from rla_ablate.ops.spec import ResidualSpec
+
+TARGET_CODES = {"clip": 0, "tanh": 1, "identity": 2}
+BLOCK_ROWS = 16
+
+
+@triton.jit
+def _row_offsets(rows, T, H, s_b, s_t, s_h):
+    # rows enumerate (b, t, h) of a [B, T, H, V] tensor; strides in elements.
+    b = rows // (T * H)
+    t = (rows // H) % T
+    h = rows % H
+    return b.to(tl.int64) * s_b + t.to(tl.int64) * s_t + h.to(tl.int64) * s_h
+
+
+@triton.jit
+def _target(x, c, TARGET: tl.constexpr):
+    if TARGET == 0:
+        y = tl.minimum(tl.maximum(x, -c), c)
+    elif TARGET == 1:
+        # c * tanh(x / c) through exp, saturating cleanly at +-c for large |x|
+        y = c * (1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0))
+    else:
+        y = x
+    return y
+
+
+@triton.jit
+def _target_slope(x, c, TARGET: tl.constexpr):
+    if TARGET == 0:
+        # torch.clamp passes the gradient on the closed interval [-c, c]
+        d = tl.where((x >= -c) & (x <= c), 1.0, 0.0)
+    elif TARGET == 1:
+        th = 1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0)
+        d = 1.0 - th * th
+    else:
+        d = tl.full(x.shape, 1.0, tl.float32)
+    return d
+
+
+@triton.jit
+def _residual_fwd(v, pred, gamma, w, R, T, H, V, c,
+                  sv_b, sv_t, sv_h, sp_b, sp_t, sp_h,
+                  TARGET: tl.constexpr, SCALE: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BV)
+    mask = (rows < R)[:, None] & (cols < V)[None, :]
+    off_v = _row_offsets(rows, T, H, sv_b, sv_t, sv_h)[:, None] + cols[None, :]
+    off_p = _row_offsets(rows, T, H, sp_b, sp_t, sp_h)[:, None] + cols[None, :]
+    x = tl.load(v + off_v, mask=mask, other=0.0).to(tl.float32) - tl.load(pred + off_p, mask=mask, other=0.0).to(tl.float32)
+    y = _target(x, c, TARGET)
+    if SCALE:
+        y = y * tl.load(gamma + rows, mask=rows < R, other=0.0).to(tl.float32)[:, None]
+    off_w = rows.to(tl.int64)[:, None] * V + cols[None, :]
+    tl.store(w + off_w, y.to(w.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _residual_bwd(dw, v, pred, gamma, dv, dgamma, R, T, H, V, c,
+                  sv_b, sv_t, sv_h, sp_b, sp_t, sp_h,
+                  TARGET: tl.constexpr, SCALE: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BV)
+    mask = (rows < R)[:, None] & (cols < V)[None, :]
+    off_v = _row_offsets(rows, T, H, sv_b, sv_t, sv_h)[:, None] + cols[None, :]
+    off_p = _row_offsets(rows, T, H, sp_b, sp_t, sp_h)[:, None] + cols[None, :]
+    off_w = rows.to(tl.int64)[:, None] * V + cols[None, :]
+    x = tl.load(v + off_v, mask=mask, other=0.0).to(tl.float32) - tl.load(pred + off_p, mask=mask, other=0.0).to(tl.float32)
+    g_out = tl.load(dw + off_w, mask=mask, other=0.0).to(tl.float32)
+    if SCALE:
+        gam = tl.load(gamma + rows, mask=rows < R, other=0.0).to(tl.float32)
+        tl.store(dgamma + rows, tl.sum(g_out * _target(x, c, TARGET), axis=1), mask=rows < R)
+        g_out = g_out * gam[:, None]
+    tl.store(dv + off_w, g_out * _target_slope(x, c, TARGET), mask=mask)
+
+
+@triton.jit
+def _output_fwd(base, corr, g, gamma, o, R, T, H, V,
+                sb_b, sb_t, sb_h, sc_b, sc_t, sc_h,
+                GATES: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BV)
+    mask = (rows < R)[:, None] & (cols < V)[None, :]
+    x = tl.load(base + _row_offsets(rows, T, H, sb_b, sb_t, sb_h)[:, None] + cols[None, :], mask=mask, other=0.0)
+    y = tl.load(corr + _row_offsets(rows, T, H, sc_b, sc_t, sc_h)[:, None] + cols[None, :], mask=mask, other=0.0)
+    x, y = x.to(tl.float32), y.to(tl.float32)
+    if GATES:
+        alpha = tl.exp(tl.load(g + rows, mask=rows < R, other=0.0).to(tl.float32))
+        gam = tl.load(gamma + rows, mask=rows < R, other=0.0).to(tl.float32)
+        out = alpha[:, None] * x + gam[:, None] * y
+    else:
+        out = x + y
+    tl.store(o + rows.to(tl.int64)[:, None] * V + cols[None, :], out.to(o.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _output_bwd(do, base, corr, g, gamma, dbase, dcorr, dg, dgamma, R, T, H, V,
+                sb_b, sb_t, sb_h, sc_b, sc_t, sc_h,
+                GATES: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BV)
+    mask = (rows < R)[:, None] & (cols < V)[None, :]
+    off = rows.to(tl.int64)[:, None] * V + cols[None, :]
+    d = tl.load(do + off, mask=mask, other=0.0).to(tl.float32)
+    if GATES:
+        x = tl.load(base + _row_offsets(rows, T, H, sb_b, sb_t, sb_h)[:, None] + cols[None, :], mask=mask, other=0.0)
+        y = tl.load(corr + _row_offsets(rows, T, H, sc_b, sc_t, sc_h)[:, None] + cols[None, :], mask=mask, other=0.0)
+        alpha = tl.exp(tl.load(g + rows, mask=rows < R, other=0.0).to(tl.float32))
+        gam = tl.load(gamma + rows, mask=rows < R, other=0.0).to(tl.float32)
+        tl.store(dg + rows, alpha * tl.sum(d * x.to(tl.float32), axis=1), mask=rows < R)
+        tl.store(dgamma + rows, tl.sum(d * y.to(tl.float32), axis=1), mask=rows < R)
+        tl.store(dbase + off, d * alpha[:, None], mask=mask)
+        tl.store(dcorr + off, d * gam[:, None], mask=mask)
+    else:
+        tl.store(dbase + off, d, mask=mask)
+        tl.store(dcorr + off, d, mask=mask)
+
+
+def _strides(x: torch.Tensor) -> tuple[int, int, int]:
+    if x.stride(-1) != 1:
+        raise ValueError("the last dimension must be contiguous")
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def _launch(kernel, R, V, *args, **constexprs):
+    grid = (triton.cdiv(R, BLOCK_ROWS),)
+    kernel[grid](*args, BR=BLOCK_ROWS, BV=triton.next_power_of_2(V), **constexprs)
+
+
+class FusedResidual(torch.autograd.Function):
+    """w = gamma * T(v - pred) (gamma may be None), fp32 inside, v's dtype out; v, pred [B, T, H, V] (strided)."""
+
+    @staticmethod
+    def forward(ctx, v, pred, gamma, target: str, clip: float):
+        B, T, H, V = v.shape
+        R = B * T * H
+        gamma_c = gamma.contiguous() if gamma is not None else v.new_empty(1)
+        w = torch.empty(B, T, H, V, dtype=v.dtype, device=v.device)
+        _launch(_residual_fwd, R, V, v, pred, gamma_c, w, R, T, H, V, float(clip), *_strides(v), *_strides(pred),
+                TARGET=TARGET_CODES[target], SCALE=gamma is not None)
+        ctx.save_for_backward(v, pred, gamma_c)
+        ctx.has_gamma, ctx.target, ctx.clip = gamma is not None, target, float(clip)
+        return w
+
+    @staticmethod
+    def backward(ctx, dw):
+        v, pred, gamma_c = ctx.saved_tensors
+        B, T, H, V = v.shape
+        R = B * T * H
+        dv = torch.empty(B, T, H, V, dtype=torch.float32, device=v.device)
+        dgamma = torch.empty(B, T, H, dtype=torch.float32, device=v.device) if ctx.has_gamma else dv.new_empty(1)
+        _launch(_residual_bwd, R, V, dw.contiguous(), v, pred, gamma_c, dv, dgamma, R, T, H, V, ctx.clip,
+                *_strides(v), *_strides(pred), TARGET=TARGET_CODES[ctx.target], SCALE=ctx.has_gamma)
+        return (dv.to(v.dtype), (-dv).to(pred.dtype), dgamma.to(gamma_c.dtype) if ctx.has_gamma else None,
+                None, None)
+
+
+class FusedOutput(torch.autograd.Function):
+    """o = exp(g) * base + gamma * corr (gates) or base + corr; base, corr [B, T, H, V] (strided), g, gamma [B, T, H]."""
+
+    @staticmethod
+    def forward(ctx, base, corr, g, gamma, gates: bool, dtype):
+        B, T, H, V = base.shape
+        R = B * T * H
+        g_c, gamma_c = g.contiguous(), gamma.contiguous()
+        o = torch.empty(B, T, H, V, dtype=dtype, device=base.device)
+        _launch(_output_fwd, R, V, base, corr, g_c, gamma_c, o, R, T, H, V, *_strides(base), *_strides(corr),
+                GATES=bool(gates))
+        ctx.save_for_backward(base, corr, g_c, gamma_c)
+        ctx.gates = bool(gates)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        base, corr, g_c, gamma_c = ctx.saved_tensors
+        B, T, H, V = base.shape
+        R = B * T * H
+        dbase = torch.empty(B, T, H, V, dtype=torch.float32, device=base.device)
+        dcorr = torch.empty_like(dbase)
+        dg = torch.zeros(B, T, H, dtype=torch.float32, device=base.device)
+        dgamma = torch.zeros_like(dg)
+        _launch(_output_bwd, R, V, do.contiguous(), base, corr, g_c, gamma_c, dbase, dcorr, dg, dgamma, R, T, H, V,
+                *_strides(base), *_strides(corr), GATES=ctx.gates)
+        return (dbase.to(base.dtype), dcorr.to(corr.dtype), dg.to(g_c.dtype) if ctx.gates else None,
+                dgamma.to(gamma_c.dtype) if ctx.gates else None, None, None)
+
+
+def _fused_residual(v, pred, gamma, spec: ResidualSpec):
+    return FusedResidual.apply(v, pred, gamma, spec.target, spec.clip)
+
+
+def _fused_output(base_read, corr, g32, gamma, output_gates: bool, dtype):
+    return FusedOutput.apply(base_read, corr, g32, gamma, output_gates, dtype)
+
+
+TRITON_GLUE = Glue(residual=_fused_residual, output=_fused_output)
+
+
+def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
+                              cu_seqlens: torch.Tensor | None = None):
+    """The `triton` backend (signature of `naive_residual_attention`, plus FLA-style `cu_seqlens`)."""
+    return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
+                                      glue=TRITON_GLUE)
+
+
+register_backend("triton", triton_residual_attention, fla_available)
