@@ -173,12 +173,12 @@ KILL_SWEEP = {
     "models": [{"preset": "tiny-rla", "overrides": {"vocab_size": 257}},
                {"preset": "tiny-gdn", "overrides": {"vocab_size": 257}}],
     "base": {
-        # Long enough (64 steps) that the kill lands mid-run, after two checkpoints.
-        "train": {"tokens": 65536, "seq_len": 128, "micro_batch_size": 8, "batch_tokens": 1024,
-                  "warmup_tokens": 1024, "eval_every_tokens": 16384, "checkpoint_every_tokens": 8192,
+        # 64 steps of 2048 tokens: the kill lands mid-run (after two checkpoints) on a fast or a busy machine.
+        "train": {"tokens": 131072, "seq_len": 256, "micro_batch_size": 8, "batch_tokens": 2048,
+                  "warmup_tokens": 2048, "eval_every_tokens": 32768, "checkpoint_every_tokens": 16384,
                   "cpu_threads": 1},
         "data": {"kind": "stdlib"},
-        "eval": [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 512}],
+        "eval": [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 1024}],
     },
     "resources": {"cpus": 1},
 }
@@ -194,9 +194,7 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             states = [json.loads(p.read_text()) for p in (root / "e2e-kill" / "jobs").glob("*/status.json")]
-            if any(s["status"] == "running" and 20000 < s["tokens_done"] < 50000 for s in states):
-                # Let the MLflow loggers send steps past the last checkpoint: the relaunch replays them.
-                time.sleep(2.5)
+            if any(s["status"] == "running" and 32768 < s["tokens_done"] < 98304 for s in states):
                 os.killpg(proc.pid, signal.SIGKILL)
                 killed_mid_run = True
                 break
@@ -215,9 +213,9 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
     assert out.returncode == 0, out.stdout + out.stderr
     assert _descendants_alive(rec["children"]) == []
     doc = status(root, "e2e-kill")
-    assert all(j["status"] == "finished" and j["tokens_done"] == j["tokens_target"] == 65536 for j in doc["jobs"])
+    assert all(j["status"] == "finished" and j["tokens_done"] == j["tokens_target"] == 131072 for j in doc["jobs"])
     runs = job_runs(doc["tracking_uri"], "e2e-kill")
     # One MLflow run per job, although each job's first attempt was killed.
     assert sorted(r.info.run_id for r in runs) == sorted(j["mlflow_run_id"] for j in doc["jobs"])
     for j in doc["jobs"]:
-        assert assert_no_duplicate_steps(doc["tracking_uri"], j["mlflow_run_id"]) == 65536
+        assert assert_no_duplicate_steps(doc["tracking_uri"], j["mlflow_run_id"]) == 131072

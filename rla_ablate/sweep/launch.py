@@ -17,6 +17,7 @@ import contextlib
 import io
 import os
 import signal
+import socket
 import threading
 import time
 from collections import deque
@@ -120,8 +121,14 @@ class _Services:
         kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                                       configure_logging=True)
         if self.opts.address:
+            _check_reachable(self.opts.address)
             kwargs["runtime_env"] = {"env_vars": {**env, **passthrough}}
-            ray.init(address=self.opts.address, **kwargs)
+            try:
+                ray.init(address=self.opts.address, **kwargs)
+            except (ConnectionError, RuntimeError) as exc:
+                cause = exc.__cause__ or exc
+                raise UserError(f"cannot join the Ray cluster at {self.opts.address}: "
+                                f"{str(cause).strip().splitlines()[-1][:600]}", key="--address") from None
         else:
             ray.init(num_cpus=os.cpu_count() or 1, **kwargs)
         self.ray_started = True
@@ -140,6 +147,18 @@ class _Services:
         if self.server is not None:
             self.server.stop()
             self.server = None
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds, not after Ray's minute of retries, when a host:port address does not answer."""
+    host, _, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise UserError(f"no Ray cluster answers at {address} ({exc.strerror or exc}); `ray start --head` on the "
+                        "head node prints the address to use", key="--address") from None
 
 
 def _job_record(job: ResolvedJob) -> dict[str, Any]:
@@ -194,17 +213,17 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
                 progress.nothing_to_do(summary)
                 return summary
         t0 = time.monotonic()
-        services.start_tracking()
-        progress.note(f"MLflow: {services.tracking_uri} ({time.monotonic() - t0:.1f} s)")
-        sdir.write_meta(tracking_uri=services.tracking_uri, backend_uri=services.backend_uri,
-                        embedded_tracking=opts.tracking_uri is None)
-        t0 = time.monotonic()
         cluster = services.start_ray()
         previous_term = _term_as_interrupt()
         progress.note(f"Ray: {'joined ' + opts.address if opts.address else 'local instance'}, "
                       f"{cluster.get('CPU', 0):g} CPUs, {cluster.get('GPU', 0):g} GPUs ({time.monotonic() - t0:.1f} s)")
         if opts.address is not None:
             _check_resources(sweep, cluster)
+        t0 = time.monotonic()
+        services.start_tracking()
+        progress.note(f"MLflow: {services.tracking_uri} ({time.monotonic() - t0:.1f} s)")
+        sdir.write_meta(tracking_uri=services.tracking_uri, backend_uri=services.backend_uri,
+                        embedded_tracking=opts.tracking_uri is None)
         from rla_ablate.tracking import ensure_parent_run
 
         parent = ensure_parent_run(services.tracking_uri, sweep.name,
@@ -212,6 +231,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
                                          "description": sweep.config.description[:5000]})
         sdir.write_meta(parent_run_id=parent)
         runner = _Runner(sweep, sdir, services, opts, progress, on_event)
+        runner.window = opts.max_concurrent or default_window(sweep, cluster)
         if sweep.config.search is None:
             runner.run(todo)
         else:
@@ -236,6 +256,19 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
 @dataclass
 class _Listed:
     job_id: str
+
+
+def default_window(sweep: Sweep, cluster: dict[str, float]) -> int:
+    """Tasks kept in flight without --max-concurrent: twice what the cluster runs at once, so Ray always has the
+    next job queued while runs are created just in time; a search keeps only what runs, so that each new trial
+    is sampled knowing every finished one."""
+    res = sweep.config.resources
+    workers = max((j.job.train.num_workers for j in sweep.jobs), default=1)
+    fit = cluster.get("CPU", 1.0) / (res.cpus * workers)
+    if res.gpus > 0:
+        fit = min(fit, cluster.get("GPU", 0.0) / (res.gpus * workers))
+    fit = max(1, int(fit + 1e-9))
+    return fit if sweep.config.search is not None else 2 * fit
 
 
 def _term_as_interrupt() -> Any:
@@ -296,11 +329,11 @@ class _Runner:
         self.on_done: Callable[[ResolvedJob, dict], None] | None = None
         self.on_values: Callable[[ResolvedJob, list[tuple[int, float]]], None] | None = None
         self.watch: str | None = None
+        self.window = 1
 
     @property
     def capacity(self) -> int:
-        limit = self.opts.max_concurrent
-        return (limit - len(self.inflight)) if limit else 1 << 30
+        return self.window - len(self.inflight)
 
     def ensure_run(self, job: ResolvedJob) -> str:
         from rla_ablate.tracking import create_or_get_child_run
@@ -374,10 +407,12 @@ class _Runner:
             else:
                 ready = []
                 time.sleep(min(timeout, 0.1))
+            # Progress and reported values first: a job reports its last values before its task returns, so the
+            # pruner sees every intermediate value before it hears the outcome.
+            self._poll()
             for ref in ready:
                 job = self.inflight.pop(ref)
                 done.append((job, self._collect(job, ref)))
-            self._poll()
             if not self.stopping and self.sdir.cancel_requested():
                 self.stop("cancelled by `rla-sweep cancel`")
         except KeyboardInterrupt:
