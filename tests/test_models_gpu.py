@@ -1,0 +1,70 @@
+"""The LM on CUDA: the GPU backend that `auto` picks agrees with the CPU float64 model, decoding agrees with the
+parallel forward, and bf16 autocast trains. Skipped without CUDA.
+
+Tolerances (relative RMS error of logits, a written decision): fp32 1e-2, since FLA's kernels run fp32 operands as
+tf32 (tests/test_ops_gpu.py allows 5e-3 per op) and two layers compound it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rla_ablate.models import ModelConfig, build_model
+from rla_ablate.ops.testing import assert_close
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+SHAPE = dict(vocab_size=64, hidden_size=128, num_layers=2, intermediate_size=256, num_heads=2, head_dim=64,
+             init_std=0.1)
+FAMILIES = ["sgla", "gdn", "rla", "rdn", "transformer"]
+
+
+def make(family: str) -> ModelConfig:
+    return ModelConfig(**SHAPE, family=family, **({"num_kv_heads": 1} if family == "transformer" else {}))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_model_matches_cpu_float64(family):
+    torch.manual_seed(0)
+    cpu = build_model(make(family)).double().eval()
+    gpu = build_model(make(family)).cuda().eval()
+    gpu.load_state_dict(cpu.state_dict())
+    ids = torch.randint(0, 64, (2, 100), generator=torch.Generator().manual_seed(42))
+    with torch.no_grad():
+        ref = cpu(ids)
+        got = gpu(ids.cuda())
+    assert gpu.backend_used == ("sdpa" if family == "transformer" else "fla")
+    assert_close(f"{family} logits", ref, got.double().cpu(), ratio=1e-2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_decoding_equals_parallel(family):
+    torch.manual_seed(0)
+    model = build_model(make(family)).cuda().eval()
+    ids = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(1)).cuda()
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache()
+        pieces = [model(ids[:, :17], cache=cache)]
+        for t in range(17, ids.shape[1]):
+            pieces.append(model.step(ids[:, t], cache)[:, None])
+    assert_close(f"{family} decoding", full, torch.cat(pieces, dim=1), ratio=1e-2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16_autocast_trains(family):
+    torch.manual_seed(0)
+    model = build_model(make(family)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    ids = torch.randint(0, 64, (4, 128), generator=torch.Generator().manual_seed(2)).cuda()
+    losses = []
+    for _ in range(5):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(ids)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, 64), ids[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
