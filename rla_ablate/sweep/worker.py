@@ -107,6 +107,10 @@ class SweepLogger:
         if self.inner is not None:
             self.inner.close(status, reason)
 
+    def announce(self) -> None:
+        """Tell the driver the job has started (before run_job builds the model and opens the data)."""
+        self._report(force=True)
+
     def should_stop(self) -> bool:
         if self._fail_at is not None and self.tokens is not None and self.tokens >= self._fail_at:
             self._fail_at = None
@@ -147,7 +151,7 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
 
             inner = MLflowLogger(tracking_uri, run_id)
         logger = SweepLogger(inner, monitor, job_id, out, watch=watch)
-        logger._report(force=True)
+        logger.announce()
         started = time.time()
         result = run_job(job, out, logger, should_stop=logger.should_stop)
         ended = time.time()
@@ -164,17 +168,16 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
             logger.close("failed", str(exc))
         return {"status": "failed", "tokens_done": 0, "metrics": {}, "error": str(exc), "retryable": False}
     except BaseException as exc:
-        error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=20)}"
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        status = "cancelled" if interrupted else "failed"
         if logger is not None:
             try:
-                logger.close("failed", f"{type(exc).__name__}: {exc}")
+                logger.close(status, f"{type(exc).__name__}: {exc}")
             except Exception:
                 pass
-        if isinstance(exc, KeyboardInterrupt):
-            return {"status": "cancelled", "tokens_done": logger.tokens or 0 if logger else 0, "metrics": {},
-                    "error": "interrupted"}
-        return {"status": "failed", "tokens_done": (logger.tokens or 0) if logger else 0, "metrics": {},
-                "error": error}
+        error = "interrupted" if interrupted else f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=20)}"
+        tokens = (logger.tokens or 0) if logger is not None else 0
+        return {"status": status, "tokens_done": tokens, "metrics": {}, "error": error}
 
 
 run_remote = ray.remote(max_retries=0)(execute)
