@@ -77,6 +77,20 @@ def test_canonical_json_is_sorted_and_stable():
     assert _job(lr=1e-3).identity_json() != a.identity_json()
 
 
+def test_a_dumped_job_validates_again():
+    # job.json and Ray workers carry the dump; text and recall eval sets both write tokens and examples.
+    job = JobConfig.model_validate({
+        "model": load_preset("tiny-rla").model_dump(),
+        "eval": [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 2048},
+                 {"name": "recall", "data": {"kind": "mqar"}, "examples": 16}],
+    })
+    again = JobConfig.model_validate(json.loads(job.model_dump_json()))
+    assert again.canonical_json() == job.canonical_json()
+    with pytest.raises(ValidationError, match="counts examples, not tokens"):
+        JobConfig.model_validate({"model": load_preset("tiny-rla").model_dump(),
+                                  "eval": [{"name": "r", "data": {"kind": "mqar"}, "tokens": 100}]})
+
+
 def test_job_rejects_repeated_eval_names():
     model = load_preset("tiny-rla")
     evals = [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}}] * 2

@@ -202,8 +202,13 @@ class EvalConfig(_Strict):
     @model_validator(mode="after")
     def _right_budget(self) -> EvalConfig:
         recall = self.data.kind in RECALL_KINDS
-        if recall and "tokens" in self.model_fields_set:
+        # A field left at its default is fine even when written out: model_dump() writes both, and a dumped
+        # config must validate again (job.json, Ray workers).
+        def changed(name: str) -> bool:
+            return name in self.model_fields_set and getattr(self, name) != type(self).model_fields[name].default
+
+        if recall and changed("tokens"):
             raise ValueError(f"a {self.data.kind} eval set counts examples, not tokens; use examples")
-        if not recall and "examples" in self.model_fields_set:
+        if not recall and changed("examples"):
             raise ValueError(f"a {self.data.kind} eval set counts tokens, not examples; use tokens")
         return self
