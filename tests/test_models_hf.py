@@ -25,5 +25,5 @@ def test_save_and_load_with_auto_classes(tmp_path, preset, tie):
     out = loaded(ids, labels=ids)
     with torch.no_grad():
         assert torch.equal(out.logits, model(ids))
-    expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 256), ids[:, 1:].reshape(-1))
+    expected = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, cfg.vocab_size), ids[:, 1:].reshape(-1))
     assert out.loss.item() == pytest.approx(expected.item())

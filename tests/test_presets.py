@@ -43,11 +43,14 @@ def test_1p5b_presets_match_the_paper(family, paper):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tiny_presets_train_a_step_on_cpu(family):
     torch.manual_seed(0)
-    model = build_model(load_preset(f"tiny-{family}"))
-    ids = torch.randint(0, 256, (2, 32))
-    loss = torch.nn.functional.cross_entropy(model(ids)[:, :-1].reshape(-1, 256), ids[:, 1:].reshape(-1))
+    cfg = load_preset(f"tiny-{family}")
+    # bytes and the end-of-document token of the embedded corpus
+    assert cfg.vocab_size == 257
+    model = build_model(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (2, 32))
+    loss = torch.nn.functional.cross_entropy(model(ids)[:, :-1].reshape(-1, cfg.vocab_size), ids[:, 1:].reshape(-1))
     loss.backward()
-    assert torch.isfinite(loss) and abs(loss.item() - torch.log(torch.tensor(256.0)).item()) < 0.1
+    assert torch.isfinite(loss) and abs(loss.item() - torch.log(torch.tensor(float(cfg.vocab_size))).item()) < 0.1
 
 
 def test_bad_preset_file_names_line_and_key(tmp_path: Path):

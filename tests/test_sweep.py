@@ -104,7 +104,7 @@ def test_ids_are_stable_across_processes():
 def test_edit_changes_only_the_edited_jobs(tmp_path):
     data = yaml.safe_load((REPO / "sweeps" / "smoke.yaml").read_text())
     before = {j.name: j.job_id for j in load_sweep(REPO / "sweeps" / "smoke.yaml").jobs}
-    data["models"][0]["overrides"]["clip"] = 0.5
+    data["models"][0].setdefault("overrides", {})["clip"] = 0.5
     data["ablations"].append("no_norm")
     edited = tmp_path / "smoke.yaml"
     edited.write_text(yaml.safe_dump(data, sort_keys=False))
