@@ -142,13 +142,18 @@ def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered):
             _empty(ax, f"no data for {spec.y}" + ("" if series else " (no matching runs)"))
             continue
         _tokens_axis(ax)
-        ax.set_ylabel(spec.ylabel or key)
-        if spec.logy:
-            ax.set_yscale("log")
-            _log_axis(ax.yaxis)
-        ax.set_title(_panel_title(spec, panel))
-        ax.legend()
+        _finish_panel(ax, spec, panel, spec.ylabel or key)
     return fig
+
+
+def _finish_panel(ax, spec, panel, ylabel: str) -> None:
+    """y label, optional log scale, title and legend: the common end of every line-plot panel."""
+    ax.set_ylabel(ylabel)
+    if spec.logy:
+        ax.set_yscale("log")
+        _log_axis(ax.yaxis)
+    ax.set_title(_panel_title(spec, panel))
+    ax.legend()
 
 
 def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered):
@@ -180,12 +185,7 @@ def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered):
             continue
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-        ax.set_ylabel(spec.ylabel or spec.y.format(layer="XX"))
-        if spec.logy:
-            ax.set_yscale("log")
-            _log_axis(ax.yaxis)
-        ax.set_title(_panel_title(spec, panel))
-        ax.legend()
+        _finish_panel(ax, spec, panel, spec.ylabel or spec.y.format(layer="XX"))
     return fig
 
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 
 from rla_ablate.errors import UserError
+from rla_ablate.fileio import atomic_write_text
 
 FORMAT = "rla-sweep-shards"
 VERSION = 1
@@ -91,9 +91,7 @@ class ShardWriter:
             self._file.close()
         index = dict(self.meta, tokens=sum(s["tokens"] for s in self.shards), documents=self.documents,
                      shards=self.shards)
-        tmp = self.out / "index.json.tmp"
-        tmp.write_text(json.dumps(index, indent=1) + "\n")
-        os.replace(tmp, self.out / "index.json")
+        atomic_write_text(self.out / "index.json", json.dumps(index, indent=1) + "\n")
         return index
 
 

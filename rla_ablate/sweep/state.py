@@ -28,6 +28,7 @@ from typing import Any
 import psutil
 
 from rla_ablate.errors import UserError
+from rla_ablate.fileio import atomic_write_text
 
 STATUSES = ("pending", "running", "finished", "failed", "diverged", "cancelled")
 # Final states a relaunch does not rerun: a diverged job diverges again (same config, same seed).
@@ -36,9 +37,7 @@ TERMINAL = ("finished", "diverged")
 
 def write_json(path: Path, data: Any) -> None:
     """Atomic: a reader (status, a relaunch after SIGKILL) never sees a torn file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True, default=str))
 
 
 def read_json(path: Path, default: Any = None) -> Any:

@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from rla_ablate.errors import UserError
+from rla_ablate.fileio import atomic_write_text
 
 HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
@@ -180,7 +181,7 @@ class TrackingServer:
                                      preexec_fn=_die_with_parent if in_main else None)
         log.close()
         self.port, self.owned = port, True
-        self.record_path.write_text(json.dumps({
+        atomic_write_text(self.record_path, json.dumps({
             "pid": self.proc.pid, "pgid": self.proc.pid, "owner_pid": os.getpid(), "port": port,
             "uri": self.uri, "backend_uri": self.backend_uri, "started": time.time()}, indent=1))
         self._install_handlers()

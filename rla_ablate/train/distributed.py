@@ -18,6 +18,7 @@ import torch
 from rla_ablate.train.checkpoint import list_checkpoints
 from rla_ablate.train.job import JobConfig, JobResult
 from rla_ablate.train.loggers import CompositeLogger, MetricLogger
+from rla_ablate.fileio import atomic_write_text
 
 STOP_FILE = "STOP"
 RESULT_FILE = "result.json"
@@ -41,9 +42,7 @@ def _worker_loop(config: dict) -> None:
     ctx = WorkerContext(rank=rank, world_size=world, device=device)
     result = train_worker(job, out_dir, None, lambda: rank == 0 and stop_file.exists(), ctx)
     if rank == 0:
-        tmp = out_dir / f".{RESULT_FILE}.tmp"
-        tmp.write_text(json.dumps(result.to_dict()))
-        tmp.replace(out_dir / RESULT_FILE)
+        atomic_write_text(out_dir / RESULT_FILE, json.dumps(result.to_dict()))
 
 
 class _Forwarder(threading.Thread):

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any, Iterable, Protocol, runtime_checkable
+from rla_ablate.fileio import atomic_write_text
 
 
 @runtime_checkable
@@ -106,9 +106,7 @@ def truncate_jsonl(path: str | Path, after_step: int) -> int:
             dropped += 1
             continue
         keep.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(line + "\n" for line in keep))
     return dropped
 
 
