@@ -309,3 +309,37 @@ def test_zero_retention_is_finite_and_matches_naive(rule, dtype):
     names = ["o", "S", "R"] + [f"d{n}" for n in inputs]
     for name, ref, got in zip(names, results["naive"], results["chunk"]):
         assert_close(name, ref, got, ratio=1e-5 if dtype == torch.float32 else 1e-10)
+
+
+@pytest.mark.parametrize("backend", ["naive", "chunk"])
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+def test_packed_sequences_equal_the_batched_call(rule, backend):
+    # N equal-length sequences packed along time (B = 1, cu_seqlens) == the same N as a batch, gradients too.
+    batched = make_inputs(B=3, T=21)
+    o_b, (S_b, R_b) = run(batched, backend, rule=rule)
+    grads_b = torch.autograd.grad(o_b.pow(2).sum() + S_b.sum() + R_b.sum(), list(batched.values()))
+    packed = {n: (x.detach().reshape(1, -1, *x.shape[2:]) if n not in ("S0", "R0") else x.detach()).requires_grad_(True)
+              for n, x in batched.items()}
+    cu = torch.tensor([0, 21, 42, 63])
+    o_p, (S_p, R_p) = residual_attention(*(packed[n] for n in ("q", "k", "v", "g", "beta", "gamma")), rule=rule,
+                                         initial_state=(packed["S0"], packed["R0"]), backend=backend, cu_seqlens=cu)
+    grads_p = torch.autograd.grad(o_p.pow(2).sum() + S_p.sum() + R_p.sum(), list(packed.values()))
+    assert_close("o", o_b.reshape(1, 63, *o_b.shape[2:]), o_p, ratio=1e-12)
+    assert_close("S_T", S_b, S_p, ratio=1e-12)
+    assert_close("R_T", R_b, R_p, ratio=1e-12)
+    for name, gb, gp in zip(batched, grads_b, grads_p):
+        assert_close(f"d{name}", gb.reshape(gp.shape), gp, ratio=1e-12)
+
+
+def test_packed_sequences_reject_bad_boundaries():
+    i = make_inputs(B=1, T=10, requires_grad=False, with_state=False)
+    args = [i[n] for n in ("q", "k", "v", "g", "beta", "gamma")]
+    with pytest.raises(ValueError, match="rise from 0 to T = 10"):
+        residual_attention(*args, cu_seqlens=torch.tensor([0, 4, 9]))
+    with pytest.raises(ValueError, match="1-D integer tensor"):
+        residual_attention(*args, cu_seqlens=torch.tensor([0.0, 10.0]))
+    with pytest.raises(ValueError, match="initial_state S0 must be"):
+        residual_attention(*args, cu_seqlens=torch.tensor([0, 4, 10]), initial_state=(torch.zeros(1, 2, 6, 8), None))
+    two = make_inputs(B=2, T=10, requires_grad=False, with_state=False)
+    with pytest.raises(ValueError, match="batch size must be 1"):
+        residual_attention(*(two[n] for n in ("q", "k", "v", "g", "beta", "gamma")), cu_seqlens=torch.tensor([0, 10]))

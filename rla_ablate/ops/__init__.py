@@ -26,10 +26,15 @@ BACKENDS: dict[str, tuple[BackendFn, Callable[[torch.Tensor], bool]]] = {
 }
 # Order in which "auto" tries backends on CUDA; GPU backends add themselves in front when importable.
 CUDA_PREFERENCE: list[str] = ["chunk"]
+# Backends whose function takes `cu_seqlens=` (packed sequences) itself; the others run sequence by sequence.
+VARLEN_NATIVE: set[str] = set()
 
 
-def register_backend(name: str, fn: BackendFn, available: Callable[[torch.Tensor], bool], *, cuda_rank: int | None = None):
+def register_backend(name: str, fn: BackendFn, available: Callable[[torch.Tensor], bool], *, cuda_rank: int | None = None,
+                     varlen: bool = False):
     BACKENDS[name] = (fn, available)
+    if varlen:
+        VARLEN_NATIVE.add(name)
     if cuda_rank is not None and name not in CUDA_PREFERENCE:
         CUDA_PREFERENCE.insert(cuda_rank, name)
 
@@ -61,7 +66,19 @@ def select_backend(x: torch.Tensor, requested: str = "auto") -> str:
     return "chunk"
 
 
-def _check_inputs(q, k, v, g, beta, gamma, fit, initial_state):
+def _check_cu_seqlens(cu_seqlens, q) -> int:
+    """Packed sequences as in FLA: B = 1 and cu_seqlens [N + 1] = 0, end_1, ..., T. Returns N."""
+    if q.shape[0] != 1:
+        raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={q.shape[0]}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.is_floating_point():
+        raise ValueError("cu_seqlens must be a 1-D integer tensor [N + 1] of sequence boundaries")
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0 or bounds[-1] != q.shape[1] or any(a > b for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens must rise from 0 to T = {q.shape[1]}; got {bounds}")
+    return len(bounds) - 1
+
+
+def _check_inputs(q, k, v, g, beta, gamma, fit, initial_state, num_seqs=None):
     if q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"q and k must both be [B, T, H, K]; got q {tuple(q.shape)}, k {tuple(k.shape)}")
     B, T, H, _ = q.shape
@@ -81,23 +98,49 @@ def _check_inputs(q, k, v, g, beta, gamma, fit, initial_state):
     if initial_state is not None:
         if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
             raise ValueError("initial_state must be a pair (S0, R0), each [B, H, V, K] or None")
-        want = (B, H, v.shape[-1], q.shape[-1])
+        want = (num_seqs if num_seqs is not None else B, H, v.shape[-1], q.shape[-1])
         for name, x in zip(("S0", "R0"), initial_state):
             if x is not None and tuple(x.shape) != want:
                 raise ValueError(f"initial_state {name} must be [B, H, V, K] = {list(want)}; got {tuple(x.shape)}")
 
 
+def _per_sequence(fn, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens):
+    """Packed sequences on a backend without native varlen: each sequence alone, states stacked [N, H, V, K]."""
+    S0, R0 = initial_state if initial_state is not None else (None, None)
+    outputs, S_list, R_list = [], [], []
+    bounds = cu_seqlens.tolist()
+    for n, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        part = [x[:, start:end] if x is not None else None for x in (q, k, v, g, beta, gamma)]
+        state = (S0[n:n + 1] if S0 is not None else None, R0[n:n + 1] if R0 is not None else None)
+        o, (S, R) = fn(*part, spec, scale, state)
+        outputs.append(o)
+        S_list.append(S)
+        R_list.append(R)
+    R_T = None if spec.fit == "off" else torch.cat(R_list)
+    return torch.cat(outputs, dim=1), (torch.cat(S_list), R_T)
+
+
 def residual_attention(q, k, v, g, beta, gamma=None, *, rule: str = "additive", fit: str = "residual",
                        target: str = "clip", clip: float = 1.0, output_gates: bool = True, scale: float | None = None,
-                       initial_state=None, backend: str = "auto"):
-    """RLA (rule="additive") / RDN (rule="delta") and their ablations; returns (o [B,T,H,V], (S_T, R_T))."""
+                       initial_state=None, backend: str = "auto", cu_seqlens: torch.Tensor | None = None):
+    """RLA (rule="additive") / RDN (rule="delta") and their ablations; returns (o [B,T,H,V], (S_T, R_T)).
+
+    With `cu_seqlens` ([N + 1] boundaries, B = 1, as in FLA) the batch holds N packed sequences, each starting
+    from its own initial state ([N, H, V, K]) and returning its own final state.
+    """
     spec = ResidualSpec(rule=rule, fit=fit, target=target, clip=clip, output_gates=output_gates)
-    _check_inputs(q, k, v, g, beta, gamma, fit, initial_state)
+    num_seqs = _check_cu_seqlens(cu_seqlens, q) if cu_seqlens is not None else None
+    _check_inputs(q, k, v, g, beta, gamma, fit, initial_state, num_seqs)
     if scale is None:
         scale = q.shape[-1] ** -0.5
     name = select_backend(q, backend)
     fn = BACKENDS[name][0]
-    return fn(q, k, v, g, beta, gamma if fit != "off" else None, spec, float(scale), initial_state)
+    gamma = gamma if fit != "off" else None
+    if cu_seqlens is None:
+        return fn(q, k, v, g, beta, gamma, spec, float(scale), initial_state)
+    if name in VARLEN_NATIVE:
+        return fn(q, k, v, g, beta, gamma, spec, float(scale), initial_state, cu_seqlens=cu_seqlens)
+    return _per_sequence(fn, q, k, v, g, beta, gamma, spec, float(scale), initial_state, cu_seqlens)
 
 
 __all__ = ["residual_attention", "select_backend", "register_backend", "ResidualSpec", "RULES", "FITS", "TARGETS"]

@@ -214,4 +214,4 @@ def fla_available(x: torch.Tensor) -> bool:
     return True
 
 
-register_backend("fla", fla_residual_attention, fla_available, cuda_rank=0)
+register_backend("fla", fla_residual_attention, fla_available, cuda_rank=0, varlen=True)

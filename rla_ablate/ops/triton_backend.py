@@ -226,4 +226,4 @@ def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale
                                       glue=TRITON_GLUE)
 
 
-register_backend("triton", triton_residual_attention, fla_available)
+register_backend("triton", triton_residual_attention, fla_available, varlen=True)
