@@ -43,7 +43,8 @@ def test_state_elements():
     assert state_elements_per_layer(ModelConfig(family="sgla", **kw)) == H * K * V
     assert state_elements_per_layer(ModelConfig(family="gdn", **kw)) == H * K * V
     assert state_elements_per_layer(ModelConfig(family="rla", **kw)) == 2 * H * K * V
-    assert state_elements_per_layer(ModelConfig(family="rdn", fit="none", **kw)) == 2 * H * K * V
+    # no fitting: R_t = r_t k_t^T is rebuilt each token, only S is carried between tokens
+    assert state_elements_per_layer(ModelConfig(family="rdn", fit="none", **kw)) == H * K * V
     assert state_elements_per_layer(ModelConfig(family="transformer", num_kv_heads=2, **SMALL)) == 2 * 2 * 6
 
 

@@ -85,8 +85,14 @@ def test_runs_are_idempotent_and_status_is_mirrored(server, caplog):
     losses = history(client, run_id, "train/loss")
     assert losses[0] == (1024, 2.5) and losses[1][0] == 2048 and losses[1][1] != losses[1][1]
     assert "system/cpu_percent" in run.data.metrics and "system/process_rss_gb" in run.data.metrics
-    events = client.download_artifacts(run_id, "events.jsonl", dst_path=str(server.root / "dl"))
+    [attempt] = client.list_artifacts(run_id, "events")
+    events = client.download_artifacts(run_id, attempt.path, dst_path=str(server.root / "dl"))
     assert [json.loads(line)["name"] for line in open(events)] == ["backend"]
+    # A resumed attempt adds its own events file; the first attempt's events stay.
+    again = MLflowLogger(server.uri, run_id, system_metrics_interval_s=None)
+    again.event("resumed", 2048, {})
+    again.close("finished")
+    assert len(client.list_artifacts(run_id, "events")) == 2
 
     done = server.create_or_get_child_run("idem", "job-b")
     MLflowLogger(server.uri, done, system_metrics_interval_s=None).close("diverged", "loss is NaN at step 4096")

@@ -3,9 +3,13 @@ logger receives rank 0's records, and a sharded job resumes from its checkpoint 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
+from rla_ablate.ray_local import init_local_ray
 from rla_ablate.train import metric_series, read_jsonl, run_job
 from rla_ablate.train.checkpoint import list_checkpoints, load_checkpoint
 
@@ -40,7 +44,7 @@ def ray_session():
     if ray.is_initialized():
         yield
         return
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
+    init_local_ray(num_cpus=2, include_dashboard=False, configure_logging=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -101,3 +105,24 @@ def test_fsdp_matches_and_resumes_from_a_sharded_checkpoint(ray_session, single,
     assert metric_series(read_jsonl(tmp_path / "metrics.jsonl"), "train/loss") == losses
     for name, tensor in _final_model(tmp_path).items():
         assert torch.equal(tensor, reference[name]), name
+
+
+LOOPBACK_CHECK = """
+import psutil
+from rla_ablate.ray_local import init_local_ray
+init_local_ray(num_cpus=1, include_dashboard=False, log_to_driver=False)
+services = [p for p in psutil.Process().children(recursive=True) if p.name() in ("gcs_server", "raylet")]
+assert services, "no Ray services among the driver's children"
+for proc in services:
+    for conn in proc.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN:
+            assert conn.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1", "::1"), (proc.name(), conn.laddr)
+print("loopback only:", len(services), "services")
+"""
+
+
+def test_local_ray_listens_on_loopback_only():
+    # A fresh process: the Ray instance other tests share may have been started before this check ran.
+    proc = subprocess.run([sys.executable, "-c", LOOPBACK_CHECK], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "loopback only: 2 services" in proc.stdout

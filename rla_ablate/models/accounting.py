@@ -81,7 +81,8 @@ def state_elements_per_layer(cfg: ModelConfig) -> int:
     if cfg.family == "transformer":
         return 2 * cfg.num_kv_heads * cfg.head_dim
     base = cfg.num_heads * cfg.head_dim * cfg.head_v_dim
-    return 2 * base if cfg.is_residual else base
+    # fit="none" rebuilds R_t = r_t k_t^T at every token and never reads R_{t-1}: only S is carried.
+    return 2 * base if cfg.fit == "residual" else base
 
 
 def _chunk_macs(cfg: ModelConfig, c: int) -> int:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rla_ablate.errors import UserError
+from rla_ablate.ray_local import init_local_ray
 from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep
 from rla_ablate.sweep.state import TERMINAL, SweepDir
 
@@ -130,7 +131,7 @@ class _Services:
                 raise UserError(f"cannot join the Ray cluster at {self.opts.address}: "
                                 f"{str(cause).strip().splitlines()[-1][:600]}", key="--address") from None
         else:
-            ray.init(num_cpus=os.cpu_count() or 1, **kwargs)
+            init_local_ray(num_cpus=os.cpu_count() or 1, **kwargs)
         self.ray_started = True
         self.sdir.record_children()
         return ray.cluster_resources()

@@ -14,6 +14,7 @@ import atexit
 import json
 import logging
 import math
+import os
 import socket
 import threading
 import time
@@ -65,6 +66,8 @@ class MLflowLogger:
         self._pending_tags: dict[str, str] = {HOST: socket.gethostname()}
         self._events: list[dict[str, Any]] = []
         self._events_sent = 0
+        # One file per attempt (sorted by start time): a resumed job must not overwrite its earlier attempts' events.
+        self._events_artifact = f"events/{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{socket.gethostname()}-{os.getpid()}.jsonl"
         # key -> steps the server holds; read back only when needed (resume, or after a failed request), never
         # grown per send, so a long run does not accumulate its whole history in memory.
         self._server_steps: dict[str, set[int]] = {}
@@ -255,7 +258,7 @@ class MLflowLogger:
             return
         from mlflow.tracking import MlflowClient
         text = "".join(json.dumps(e, default=str) + "\n" for e in events)
-        MlflowClient(self.uri).log_text(self.run_id, text, "events.jsonl")
+        MlflowClient(self.uri).log_text(self.run_id, text, self._events_artifact)
         self._events_sent = len(events)
 
     def _sample_system(self) -> None:

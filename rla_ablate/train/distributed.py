@@ -15,10 +15,11 @@ from typing import Callable
 
 import torch
 
+from rla_ablate.fileio import atomic_write_text
+from rla_ablate.ray_local import init_local_ray
 from rla_ablate.train.checkpoint import list_checkpoints
 from rla_ablate.train.job import JobConfig, JobResult
 from rla_ablate.train.loggers import CompositeLogger, MetricLogger
-from rla_ablate.fileio import atomic_write_text
 
 STOP_FILE = "STOP"
 RESULT_FILE = "result.json"
@@ -124,7 +125,7 @@ def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger 
 
     started_ray = False
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, configure_logging=False)
+        init_local_ray(include_dashboard=False, configure_logging=False)
         started_ray = True
     forwarder = _Forwarder(metrics_path, logger, should_stop, stop_file)
     forwarder.start()
