@@ -14,9 +14,11 @@ mkdir -p "$OUT"
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 export PYTHONUNBUFFERED=1
 mkdir -p "$TRITON_CACHE_DIR"
-if [[ -d .gpu/tcache/triton-cache ]]; then
-    cp -rn .gpu/tcache/triton-cache/. "$TRITON_CACHE_DIR"/
-fi
+for seed in benchmarks/gpu-tuning/triton-cache .gpu/tcache/triton-cache; do
+    if [[ -d $seed ]]; then
+        cp -rn "$seed"/. "$TRITON_CACHE_DIR"/
+    fi
+done
 rc=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv,noheader
 python3 -c "import torch, triton, fla; print('torch', torch.__version__, '| triton', triton.__version__, '| fla', fla.__version__)" || exit 1
