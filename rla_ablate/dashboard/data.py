@@ -127,30 +127,27 @@ def final_by_seed(series: Series, key: str | None) -> dict[str, float]:
     return {series.seed(r): r.metrics[key] for r in series.finished if key in r.metrics}
 
 
-def layer_keys(pattern: str, runs: list[RunRecord]) -> list[tuple[int, str]]:
-    """(layer index, metric key) of a pattern like layer_{layer}/attn_out_norm, sorted by layer."""
-    head, tail = pattern.split("{layer}", 1)
-    rx = re.compile(re.escape(head) + r"(\d+)" + re.escape(tail) + "$")
-    found = {}
-    for r in runs:
-        for k in r.metrics:
-            m = rx.match(k)
-            if m:
-                found[int(m.group(1))] = k
-    return sorted(found.items())
-
-
-def eval_sets(pattern: str, runs: list[RunRecord]) -> list[tuple[str, str]]:
-    """(set name, metric key) of a pattern like eval/{set}/loss."""
-    head, tail = pattern.split("{set}", 1)
-    rx = re.compile(re.escape(head) + r"([^/]+)" + re.escape(tail) + "$")
+def _keys_matching(pattern: str, placeholder: str, group: str, runs: list[RunRecord]) -> dict[str, str]:
+    """{captured value: metric key} for metric keys matching `pattern` with `placeholder` as the regex `group`."""
+    head, tail = pattern.split(placeholder, 1)
+    rx = re.compile(re.escape(head) + group + re.escape(tail) + "$")
     found = {}
     for r in runs:
         for k in r.metrics:
             m = rx.match(k)
             if m:
                 found[m.group(1)] = k
-    return sorted(found.items())
+    return found
+
+
+def layer_keys(pattern: str, runs: list[RunRecord]) -> list[tuple[int, str]]:
+    """(layer index, metric key) of a pattern like layer_{layer}/attn_out_norm, sorted by layer."""
+    return sorted((int(layer), k) for layer, k in _keys_matching(pattern, "{layer}", r"(\d+)", runs).items())
+
+
+def eval_sets(pattern: str, runs: list[RunRecord]) -> list[tuple[str, str]]:
+    """(set name, metric key) of a pattern like eval/{set}/loss."""
+    return sorted(_keys_matching(pattern, "{set}", r"([^/]+)", runs).items())
 
 
 def ema(values: list[float], weight: float) -> list[float]:
