@@ -14,10 +14,10 @@ import atexit
 import json
 import logging
 import math
-import os
 import socket
 import threading
 import time
+import uuid
 from typing import Any
 
 import requests
@@ -67,7 +67,7 @@ class MLflowLogger:
         self._events: list[dict[str, Any]] = []
         self._events_sent = 0
         # One file per attempt (sorted by start time): a resumed job must not overwrite its earlier attempts' events.
-        self._events_artifact = f"events/{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{socket.gethostname()}-{os.getpid()}.jsonl"
+        self._events_artifact = f"events/{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:12]}.jsonl"
         # key -> steps the server holds; read back only when needed (resume, or after a failed request), never
         # grown per send, so a long run does not accumulate its whole history in memory.
         self._server_steps: dict[str, set[int]] = {}
