@@ -105,7 +105,7 @@ class _Forwarder(threading.Thread):
 
 def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger | None,
                       should_stop: Callable[[], bool] | None) -> JobResult:
-    """Train `job` on `job.train.num_workers` Ray Train workers (GPUs when CUDA is there, else CPU + gloo)."""
+    """Train `job` on `job.train.num_workers` Ray Train workers (GPUs when the Ray cluster has them, else CPU + gloo)."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -117,7 +117,6 @@ def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger 
     out_dir.mkdir(parents=True, exist_ok=True)
     # As in a single process, a logger that raises never stops the job (nor the forwarding thread).
     logger = CompositeLogger(logger) if logger is not None else None
-    use_gpu = job.train.device == "cuda" or (job.train.device == "auto" and torch.cuda.is_available())
     metrics_path = out_dir / "metrics.jsonl"
     stop_file, result_file = out_dir / STOP_FILE, out_dir / RESULT_FILE
     stop_file.unlink(missing_ok=True)
@@ -127,6 +126,8 @@ def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger 
     if not ray.is_initialized():
         init_local_ray(include_dashboard=False, configure_logging=False)
         started_ray = True
+    # "auto" asks the cluster, not this process: a sweep task that holds no GPU still trains its workers on GPUs.
+    use_gpu = job.train.device == "cuda" or (job.train.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     forwarder = _Forwarder(metrics_path, logger, should_stop, stop_file)
     forwarder.start()
     error = None
