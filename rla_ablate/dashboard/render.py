@@ -103,11 +103,17 @@ def _fmt_tokens(x, _pos=None) -> str:
     return f"{x:g}"
 
 
-def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered):
+def _grouped_figure(spec, runs: SweepRuns):
+    """The spec's runs grouped into panels, and a figure with one axis per panel (an empty note if none match)."""
     panels = D.group(spec, runs)
     fig, axes = _panels_figure(max(len(panels), 1))
     if not panels:
         _empty(axes[0], "no runs match this figure's filter")
+    return panels, fig, axes
+
+
+def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered):
+    panels, fig, axes = _grouped_figure(spec, runs)
     key = D.resolve_metric(spec.y, runs.jobs)
     for ax, (panel, series) in zip(axes, panels.items()):
         _note_missing(out, spec, panel, series)
@@ -157,10 +163,7 @@ def _finish_panel(ax, spec, panel, ylabel: str) -> None:
 
 
 def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered):
-    panels = D.group(spec, runs)
-    fig, axes = _panels_figure(max(len(panels), 1))
-    if not panels:
-        _empty(axes[0], "no runs match this figure's filter")
+    panels, fig, axes = _grouped_figure(spec, runs)
     layers = D.layer_keys(spec.y, runs.jobs)
     for ax, (panel, series) in zip(axes, panels.items()):
         _note_missing(out, spec, panel, series)
@@ -190,10 +193,7 @@ def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered):
 
 
 def render_gains(spec: GainsSpec, runs: SweepRuns, out: Rendered):
-    panels = D.group(spec, runs)
-    fig, axes = _panels_figure(max(len(panels), 1))
-    if not panels:
-        _empty(axes[0], "no runs match this figure's filter")
+    panels, fig, axes = _grouped_figure(spec, runs)
     sets = D.eval_sets(spec.metric, runs.jobs)
     categories = sorted({spec.category(name) for name, _ in sets}, key=lambda c: (c == "other", c))
     sign = 1.0 if spec.higher_is_better else -1.0
