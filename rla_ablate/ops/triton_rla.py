@@ -1,0 +1,500 @@
+"""RLA (the additive rule) as four Triton kernels of our own: both recurrences in one pass each way.
+
+The `fla` composition runs the base recurrence twice over (once per query, [q; k]) and the auxiliary one after it,
+with PyTorch glue in between. Here, per head and chunk of BT tokens (b = the chunk-local cumsum of g, b' = b - g,
+S_c, R_c the states when the chunk starts, all of it docs/MATH.md "chunked RLA"):
+
+    forward
+      states  (sequential over chunks, grid V-blocks x sequences x heads): from S_c, R_c
+                p   = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v)      the old read S_{t-1} k_t
+                x   = v - p,  w = gamma T(x)  (fit="none": w = T(x))
+                S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k,  R_{c+1} likewise with w
+              one pass reads each chunk once and writes S_c, R_c, x (fp32) and w.
+      output  (parallel over chunks): o = scale (exp(b) q S_c^T + (q k^T * exp(b_t - b_s)[s<t]) (beta v))
+                                        + gamma scale (exp(b) q R_c^T + (q k^T * exp(b_t - b_s)[s<=t]) w)
+              (no output gates: b' replaces b in the base read and gamma goes).
+    backward
+      states  (sequential, reverse): the gradients dS, dR of the state at each chunk end, and dw = dR_t k_t (the
+              residual's gradient), which feeds dS through dp = -gamma T'(x) dw: the two reverse passes are coupled,
+              so they run as one.
+      grads   (parallel over chunks, loop over V-blocks): dq, dk, dv, dbeta, dgamma, and for dg the per-token terms
+              of d/db (reads minus writes); dg is their reverse cumulative sum per sequence.
+
+Every input is flattened to packed sequences (B sequences of T tokens are cu_seqlens = 0, T, 2T, ...), so varlen
+and batched inputs share one code path. Chunk states are kept in the input dtype (as FLA does), the running states
+and every accumulation in fp32. The backward keeps S_c and R_c from the forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rla_ablate.ops.spec import ResidualSpec
+
+TARGET_CODES = {"clip": 0, "tanh": 1, "identity": 2}
+CHUNK = 64
+G_FLOOR = tl.constexpr(-60.0)
+
+
+@triton.jit
+def _target(x, c, TARGET: tl.constexpr):
+    if TARGET == 0:
+        y = tl.minimum(tl.maximum(x, -c), c)
+    elif TARGET == 1:
+        # c * tanh(x / c) through exp, saturating cleanly at +-c for large |x|
+        y = c * (1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0))
+    else:
+        y = x
+    return y
+
+
+@triton.jit
+def _target_slope(x, c, TARGET: tl.constexpr):
+    if TARGET == 0:
+        # torch.clamp passes the gradient on the closed interval [-c, c]
+        d = tl.where((x >= -c) & (x <= c), 1.0, 0.0)
+    elif TARGET == 1:
+        th = 1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0)
+        d = 1.0 - th * th
+    else:
+        d = tl.full(x.shape, 1.0, tl.float32)
+    return d
+
+
+@triton.jit
+def _decay(rows, cols, keep):
+    """exp(rows_t - cols_s) where keep[t, s], else 0 (masked before exp: never inf)."""
+    return tl.exp(tl.where(keep, rows[:, None] - cols[None, :], float("-inf")))
+
+
+@triton.jit
+def _chunk_gates(g, tok, mt):
+    """b = chunk-local cumsum of g, b' = b - g, b_L = the chunk's total (rows past the end carry g = 0).
+
+    g is floored at G_FLOOR: alpha = exp(-60) < 1e-26 already erases the state in fp32, and the floor keeps b small
+    enough that exp(b_t - b_s) stays exact to fp32 rounding when one gate is huge (g = -1e5 would cost 1% there).
+    """
+    b_g = tl.maximum(tl.load(g + tok, mask=mt, other=0.0).to(tl.float32), G_FLOOR)
+    b = tl.cumsum(b_g, axis=0)
+    return b, b - b_g, tl.sum(b_g, axis=0)
+
+
+@triton.jit
+def _fwd_states(k, v, g, beta, gamma, S0, R0, hS, hR, X, W, ST, RT, cu, coff, c_clip,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, HAS_S0: tl.constexpr,
+                HAS_R0: tl.constexpr):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    n, h = i_nh // H, i_nh % H
+    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    c0 = tl.load(coff + n).to(tl.int64)
+    rt, rk, rv = tl.arange(0, BT), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < K, rv < V
+    m_state = mv[:, None] & mk[None, :]
+    o_state = rv[:, None] * K + rk[None, :]
+    o_seq = (n * H + h).to(tl.int64) * V * K
+    S = tl.zeros([BV, BK], dtype=tl.float32)
+    R = tl.zeros([BV, BK], dtype=tl.float32)
+    if HAS_S0:
+        S += tl.load(S0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
+    if FIT_RES and HAS_R0:
+        R += tl.load(R0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
+    strict = rt[:, None] > rt[None, :]
+    for c in range(tl.cdiv(eos - bos, BT)):
+        o_chunk = ((c0 + c) * H + h) * V * K
+        tl.store(hS + o_chunk + o_state, S.to(hS.dtype.element_ty), mask=m_state)
+        if FIT_RES:
+            tl.store(hR + o_chunk + o_state, R.to(hR.dtype.element_ty), mask=m_state)
+        t = bos + c * BT + rt
+        mt = t < eos
+        tok = t * H + h
+        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+        dt = b_k.dtype
+        m_tv = mt[:, None] & mv[None, :]
+        b_v = tl.load(v + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
+        b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
+        b, bp, b_L = _chunk_gates(g, tok, mt)
+        bv = b_v * b_beta[:, None]
+        A = tl.dot(b_k, tl.trans(b_k)) * _decay(bp, b, strict)
+        p = tl.exp(bp)[:, None] * tl.dot(b_k, tl.trans(S.to(dt))) + tl.dot(A.to(dt), bv.to(dt))
+        x = b_v - p
+        tl.store(X + tok[:, None] * V + rv[None, :], x, mask=m_tv)
+        w = _target(x, c_clip, TARGET)
+        if FIT_RES:
+            w = w * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
+        w_q = w.to(W.dtype.element_ty)
+        tl.store(W + tok[:, None] * V + rv[None, :], w_q, mask=m_tv)
+        to_end = tl.exp(b_L - b)[:, None]
+        S = S * tl.exp(b_L) + tl.dot(tl.trans((bv * to_end).to(dt)), b_k)
+        if FIT_RES:
+            R = R * tl.exp(b_L) + tl.dot(tl.trans((w_q.to(tl.float32) * to_end).to(dt)), b_k)
+    tl.store(ST + o_seq + o_state, S, mask=m_state)
+    if FIT_RES:
+        tl.store(RT + o_seq + o_state, R, mask=m_state)
+
+
+@triton.jit
+def _fwd_output(q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr):
+    i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n, c = tl.load(cidx + 2 * i_c).to(tl.int64), tl.load(cidx + 2 * i_c + 1).to(tl.int64)
+    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    rt, rk, rv = tl.arange(0, BT), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < K, rv < V
+    t = bos + c * BT + rt
+    mt = t < eos
+    tok = t * H + h
+    m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+    b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    dt = b_k.dtype
+    b_v = tl.load(v + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
+    b_w = tl.load(W + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(dt)
+    b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
+    b, bp, b_L = _chunk_gates(g, tok, mt)
+    o_chunk = (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :]
+    m_state = mv[:, None] & mk[None, :]
+    QK = tl.dot(b_q, tl.trans(b_k))
+    eq = b if GATES else bp  # the base read is alpha_t S_{t-1} q_t (gates) or S_{t-1} q_t
+    b_hS = tl.load(hS + o_chunk, mask=m_state, other=0.0).to(dt)
+    base = tl.exp(eq)[:, None] * tl.dot(b_q, tl.trans(b_hS)) \
+        + tl.dot((QK * _decay(eq, b, rt[:, None] > rt[None, :])).to(dt), (b_v * b_beta[:, None]).to(dt))
+    if FIT_RES:
+        b_hR = tl.load(hR + o_chunk, mask=m_state, other=0.0).to(dt)
+        corr = tl.exp(b)[:, None] * tl.dot(b_q, tl.trans(b_hR)) \
+            + tl.dot((QK * _decay(b, b, rt[:, None] >= rt[None, :])).to(dt), b_w)
+    else:
+        corr = tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), axis=1)[:, None] * b_w.to(tl.float32)
+    corr = corr * scale
+    if GATES:
+        b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
+        o = base * scale + b_gamma[:, None] * corr
+        tl.store(CORR + tok[:, None] * V + rv[None, :], corr, mask=m_tv)
+    else:
+        o = base * scale + corr
+    tl.store(O + tok[:, None] * V + rv[None, :], o.to(O.dtype.element_ty), mask=m_tv)
+
+
+@triton.jit
+def _bwd_states(q, k, g, gamma, dO, X, DW, dhS, dhR, dST, dRT, dS0, dR0, cu, coff, scale, c_clip,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr,
+                HAS_DST: tl.constexpr, HAS_DRT: tl.constexpr):
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    n, h = i_nh // H, i_nh % H
+    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    c0 = tl.load(coff + n).to(tl.int64)
+    rt, rk, rv = tl.arange(0, BT), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < K, rv < V
+    m_state = mv[:, None] & mk[None, :]
+    o_state = rv[:, None] * K + rk[None, :]
+    o_seq = (n * H + h).to(tl.int64) * V * K
+    dS = tl.zeros([BV, BK], dtype=tl.float32)
+    dR = tl.zeros([BV, BK], dtype=tl.float32)
+    if HAS_DST:
+        dS += tl.load(dST + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
+    if HAS_DRT:
+        dR += tl.load(dRT + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
+    upper = rt[:, None] <= rt[None, :]
+    NT = tl.cdiv(eos - bos, BT)
+    for i in range(NT):
+        c = NT - 1 - i
+        o_chunk = ((c0 + c) * H + h) * V * K
+        tl.store(dhS + o_chunk + o_state, dS.to(dhS.dtype.element_ty), mask=m_state)
+        if FIT_RES:
+            tl.store(dhR + o_chunk + o_state, dR.to(dhR.dtype.element_ty), mask=m_state)
+        t = bos + c * BT + rt
+        mt = t < eos
+        tok = t * H + h
+        m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+        b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        dt = b_k.dtype
+        b_do = tl.load(dO + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
+        b_x = tl.load(X + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0)
+        b, bp, b_L = _chunk_gates(g, tok, mt)
+        b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
+        o_R = b_do * b_gamma[:, None] if GATES else b_do
+        if FIT_RES:
+            # dw_t = dR_t k_t, dR_t = exp(b_L - b_t) dR_end + sum_{s >= t} exp(b_s - b_t) o_R,s q~_s^T
+            M = tl.dot(b_k, tl.trans(b_q)) * _decay(-b, -b, upper) * scale
+            dw = tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(dR.to(dt))) + tl.dot(M.to(dt), o_R.to(dt))
+            dx = b_gamma[:, None] * _target_slope(b_x, c_clip, TARGET) * dw
+        else:
+            # R_t = r_t k_t^T: dr_t = c_t (k_t . q~_t) do_t, plus dR_T k_T at the sequence's last token
+            dw = (tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), axis=1) * scale)[:, None] * o_R
+            if HAS_DRT:
+                if i == 0:
+                    last = (t == eos - 1)[:, None]
+                    dw += tl.where(last, tl.dot(b_k, tl.trans(dR.to(dt))), 0.0)
+            dx = _target_slope(b_x, c_clip, TARGET) * dw
+        tl.store(DW + tok[:, None] * V + rv[None, :], dw, mask=m_tv)
+        eq = b if GATES else bp
+        dS = dS * tl.exp(b_L) + tl.dot(tl.trans((b_do * (tl.exp(eq) * scale)[:, None]).to(dt)), b_q) \
+            - tl.dot(tl.trans((dx * tl.exp(bp)[:, None]).to(dt)), b_k)
+        if FIT_RES:
+            dR = dR * tl.exp(b_L) + tl.dot(tl.trans((o_R * (tl.exp(b) * scale)[:, None]).to(dt)), b_q)
+    tl.store(dS0 + o_seq + o_state, dS, mask=m_state)
+    if FIT_RES:
+        tl.store(dR0 + o_seq + o_state, dR, mask=m_state)
+
+
+@triton.jit
+def _bwd_grads(q, k, v, g, beta, gamma, W, X, DW, CORR, dO, hS, hR, dhS, dhR, dRT,
+               dQ, dK, dV, dBETA, dGAMMA, EQK, EE, cu, cidx, scale, c_clip,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+               BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr,
+               HAS_DRT: tl.constexpr):
+    i_c, h = tl.program_id(0), tl.program_id(1)
+    n, c = tl.load(cidx + 2 * i_c).to(tl.int64), tl.load(cidx + 2 * i_c + 1).to(tl.int64)
+    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    rt, rk = tl.arange(0, BT), tl.arange(0, BK)
+    mk = rk < K
+    t = bos + c * BT + rt
+    mt = t < eos
+    tok = t * H + h
+    m_tk = mt[:, None] & mk[None, :]
+    b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    dt = b_k.dtype
+    q32, k32 = b_q.to(tl.float32), b_k.to(tl.float32)
+    b, bp, b_L = _chunk_gates(g, tok, mt)
+    b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
+    b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
+    strict = rt[:, None] > rt[None, :]
+    eq = b if GATES else bp
+    Dq = _decay(eq, b, strict)  # S_{t-1} read by q_t (alpha_t folded in with gates)
+    Dp = _decay(bp, b, strict)  # S_{t-1} read by k_t
+    QK = tl.dot(b_q, tl.trans(b_k))
+    KK = tl.dot(b_k, tl.trans(b_k))
+    to_end = tl.exp(b_L - b)[:, None]
+    c_R = b_gamma if GATES else tl.full([BT], 1.0, tl.float32)
+    acc_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    acc_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    s_beta = tl.zeros([BT], dtype=tl.float32)
+    s_gamma = tl.zeros([BT], dtype=tl.float32)
+    e_q = tl.zeros([BT], dtype=tl.float32)  # query-side d/db at t
+    e_e = tl.zeros([BT], dtype=tl.float32)  # query-side d/db at t - 1 (reads of S_{t-1} with b')
+    e_k = tl.zeros([BT], dtype=tl.float32)  # key-side d/db at t (writes)
+    o_chunk = (i_c * H + h).to(tl.int64) * V * K
+    if FIT_RES:
+        Di = _decay(b, b, rt[:, None] >= rt[None, :])
+    for i_v in range(tl.cdiv(V, BV)):
+        rv = i_v * BV + tl.arange(0, BV)
+        mv = rv < V
+        m_tv = mt[:, None] & mv[None, :]
+        m_state = mv[:, None] & mk[None, :]
+        o_tv = tok[:, None] * V + rv[None, :]
+        o_state = o_chunk + rv[:, None] * K + rk[None, :]
+        b_v = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+        b_w = tl.load(W + o_tv, mask=m_tv, other=0.0).to(dt)
+        b_do = tl.load(dO + o_tv, mask=m_tv, other=0.0).to(dt)
+        b_x = tl.load(X + o_tv, mask=m_tv, other=0.0)
+        b_dw = tl.load(DW + o_tv, mask=m_tv, other=0.0)
+        b_hS = tl.load(hS + o_state, mask=m_state, other=0.0).to(dt)
+        b_dhS = tl.load(dhS + o_state, mask=m_state, other=0.0).to(dt)
+        bv = (b_v * b_beta[:, None]).to(dt)
+        b_r = _target(b_x, c_clip, TARGET)
+        dx = _target_slope(b_x, c_clip, TARGET) * b_dw
+        if FIT_RES:
+            dx = dx * b_gamma[:, None]
+        dp = (-dx).to(dt)
+        # base read by q: a_t S_{t-1}^T do_t
+        X1 = Dq * tl.dot(b_do, tl.trans(bv))
+        dqS = tl.exp(eq)[:, None] * tl.dot(b_do, b_hS) + tl.dot(X1.to(dt), b_k)
+        # prediction read by k: S_{t-1}^T dp_t
+        X2 = Dp * tl.dot(dp, tl.trans(bv))
+        dkP = tl.exp(bp)[:, None] * tl.dot(dp, b_hS) + tl.dot(X2.to(dt), b_k)
+        # the base write beta_t v_t k_t^T: dS_t k_t and dS_t^T v_t
+        Uk = to_end * tl.dot(b_k, tl.trans(b_dhS)) + scale * tl.dot(tl.trans(Dq * QK).to(dt), b_do) \
+            + tl.dot(tl.trans(Dp * KK).to(dt), dp)
+        tl.store(dV + o_tv, (b_beta[:, None] * Uk + dx).to(dV.dtype.element_ty), mask=m_tv)
+        s_beta += tl.sum(b_v * Uk, axis=1)
+        dkW = to_end * tl.dot(bv, b_dhS) + scale * tl.dot(tl.trans(X1).to(dt), b_q) + tl.dot(tl.trans(X2).to(dt), b_k)
+        acc_dq += scale * dqS
+        if GATES:
+            e_q += scale * tl.sum(q32 * dqS, axis=1)
+        else:
+            e_e += scale * tl.sum(q32 * dqS, axis=1)
+        e_e += tl.sum(k32 * dkP, axis=1)
+        if FIT_RES:
+            b_hR = tl.load(hR + o_state, mask=m_state, other=0.0).to(dt)
+            b_dhR = tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt)
+            o_R = (b_do.to(tl.float32) * c_R[:, None]).to(dt)
+            X3 = Di * tl.dot(o_R, tl.trans(b_w))
+            dqR = tl.exp(b)[:, None] * tl.dot(o_R, b_hR) + tl.dot(X3.to(dt), b_k)
+            dkW += to_end * tl.dot(b_w, b_dhR) + scale * tl.dot(tl.trans(X3).to(dt), b_q)
+            acc_dq += scale * dqR
+            e_q += scale * tl.sum(q32 * dqR, axis=1)
+            s_gamma += tl.sum(b_r * b_dw, axis=1)
+            acc_dk += dkP + dkW
+        else:
+            # corr_t = c_t r_t (k_t . q~_t) and R_T = r_T k_T^T: no decays, outside d/db
+            s_n = c_R * tl.sum(b_r * b_do.to(tl.float32), axis=1) * scale
+            acc_dq += s_n[:, None] * k32
+            acc_dk += dkP + dkW + s_n[:, None] * q32
+            if HAS_DRT:
+                b_dRT = tl.load(dRT + (n * H + h) * V * K + rv[:, None] * K + rk[None, :], mask=m_state, other=0.0)
+                acc_dk += tl.where((t == eos - 1)[:, None], tl.dot(b_r, b_dRT), 0.0)
+        e_k += tl.sum(k32 * dkW, axis=1)
+        if GATES:
+            b_corr = tl.load(CORR + o_tv, mask=m_tv, other=0.0)
+            s_gamma += tl.sum(b_do.to(tl.float32) * b_corr, axis=1)
+    o_tk = tok[:, None] * K + rk[None, :]
+    tl.store(dQ + o_tk, acc_dq.to(dQ.dtype.element_ty), mask=m_tk)
+    tl.store(dK + o_tk, acc_dk.to(dK.dtype.element_ty), mask=m_tk)
+    tl.store(dBETA + tok, s_beta, mask=mt)
+    tl.store(dGAMMA + tok, s_gamma, mask=mt)
+    tl.store(EQK + tok, e_q - e_k, mask=mt)
+    tl.store(EE + tok, e_e, mask=mt)
+
+
+class Layout:
+    """Packed-sequence bookkeeping shared by the four kernels: cu_seqlens, chunk offsets and the chunk list."""
+
+    def __init__(self, B: int, T: int, cu_seqlens: torch.Tensor | None, chunk: int, device):
+        if cu_seqlens is None:
+            lengths = [T] * B
+        else:
+            lengths = cu_seqlens.diff().tolist()
+        counts = [-(-n // chunk) for n in lengths]
+        starts = [0]
+        for n in counts:
+            starts.append(starts[-1] + n)
+        self.N, self.chunks, self.lengths = len(lengths), starts[-1], lengths
+        ends = [0]
+        for n in lengths:
+            ends.append(ends[-1] + n)
+        self.cu = torch.tensor(ends, dtype=torch.int32, device=device)
+        self.coff = torch.tensor(starts, dtype=torch.int32, device=device)
+        pairs = [(n, c) for n, count in enumerate(counts) for c in range(count)]
+        self.cidx = torch.tensor(pairs or [(0, 0)], dtype=torch.int32, device=device).flatten()
+        self.seq_of_token = torch.repeat_interleave(torch.arange(self.N, device=device),
+                                                    torch.tensor(lengths, device=device))
+
+    def reverse_cumsum(self, x: torch.Tensor) -> torch.Tensor:
+        """sum_{j >= t, same sequence} x_j for x [tokens, H] (fp32)."""
+        tail = torch.cat([x, x.new_zeros(1, x.shape[1])]).flip(0).cumsum(0).flip(0)  # tail[t] = sum_{j >= t}
+        return tail[:-1] - tail[self.cu[1:].long()][self.seq_of_token]
+
+
+def _grid_v(V: int, BV: int) -> int:
+    return triton.cdiv(V, BV)
+
+
+class RLAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, gamma, S0, R0, layout: Layout, spec: ResidualSpec, scale: float, chunk: int):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        dev = q.device
+        fit_res = spec.fit == "residual"
+        q, k, v = (x.reshape(B * T, H, x.shape[-1]).contiguous() for x in (q, k, v))
+        g32 = g.reshape(B * T, H).float().contiguous()
+        beta_c = beta.reshape(B * T, H).contiguous()
+        gamma_c = gamma.reshape(B * T, H).contiguous()
+        NT, N = layout.chunks, layout.N
+        hS = torch.empty(NT, H, V, K, dtype=q.dtype, device=dev)
+        hR = torch.empty_like(hS) if fit_res else hS.new_empty(1)
+        X = torch.empty(B * T, H, V, dtype=torch.float32, device=dev)
+        W = torch.empty(B * T, H, V, dtype=v.dtype, device=dev)
+        ST = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
+        RT = torch.empty_like(ST) if fit_res else ST.new_empty(1)
+        BK = max(16, triton.next_power_of_2(K))
+        consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
+        BV = min(32, max(16, triton.next_power_of_2(V)))
+        _fwd_states[(_grid_v(V, BV), N * H)](
+            k, v, g32, beta_c, gamma_c, S0 if S0 is not None else ST, R0 if R0 is not None else ST, hS, hR, X, W,
+            ST, RT, layout.cu, layout.coff, float(spec.clip), BV=BV, TARGET=TARGET_CODES[spec.target],
+            FIT_RES=fit_res, HAS_S0=S0 is not None, HAS_R0=R0 is not None, **consts)
+        O = torch.empty(B * T, H, V, dtype=q.dtype, device=dev)
+        CORR = torch.empty(B * T, H, V, dtype=torch.float32, device=dev) if spec.output_gates else X.new_empty(1)
+        BVo = min(64, max(16, triton.next_power_of_2(V)))
+        _fwd_output[(_grid_v(V, BVo), max(NT, 1), H)](
+            q, k, v, g32, beta_c, gamma_c, W, hS, hR, O, CORR, layout.cu, layout.cidx, float(scale), BV=BVo,
+            FIT_RES=fit_res, GATES=spec.output_gates, **consts)
+        if fit_res:
+            R_T = RT
+        else:
+            last = (layout.cu[1:] - 1).long()
+            # empty sequences (no last token) get zeros here; `rla_triton` gives them R0
+            R_T = torch.einsum("nhv,nhk->nhvk", W[last].float(), k[last].float())
+            if min(layout.lengths) == 0:
+                empty = torch.tensor([n == 0 for n in layout.lengths], device=dev)[:, None, None, None]
+                R_T = torch.where(empty, 0.0, R_T)
+        ctx.save_for_backward(q, k, v, g32, beta_c, gamma_c, hS, hR, X, W, CORR, ST, R_T)
+        ctx.layout, ctx.spec, ctx.scale, ctx.chunk = layout, spec, float(scale), chunk
+        ctx.shape, ctx.has_S0, ctx.has_R0 = (B, T, H, K, V), S0 is not None, R0 is not None
+        ctx.dtypes = (g.dtype, beta.dtype, gamma.dtype)
+        return O.view(B, T, H, V), ST, R_T
+
+    @staticmethod
+    def backward(ctx, dO, dST, dRT):
+        q, k, v, g32, beta_c, gamma_c, hS, hR, X, W, CORR, ST, R_T = ctx.saved_tensors
+        layout, spec, scale, chunk = ctx.layout, ctx.spec, ctx.scale, ctx.chunk
+        B, T, H, K, V = ctx.shape
+        dev = q.device
+        fit_res = spec.fit == "residual"
+        NT, N = layout.chunks, layout.N
+        dO = dO.reshape(B * T, H, V).contiguous()
+        dST = dST.contiguous() if dST is not None else None
+        dRT = dRT.contiguous() if dRT is not None else None
+        BK = max(16, triton.next_power_of_2(K))
+        consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK, TARGET=TARGET_CODES[spec.target], FIT_RES=fit_res,
+                      GATES=spec.output_gates)
+        dhS = torch.empty(NT, H, V, K, dtype=q.dtype, device=dev)
+        dhR = torch.empty_like(dhS) if fit_res else dhS.new_empty(1)
+        DW = torch.empty(B * T, H, V, dtype=torch.float32, device=dev)
+        dS0 = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
+        dR0 = torch.empty_like(dS0) if fit_res else dS0.new_empty(1)
+        BV = min(32, max(16, triton.next_power_of_2(V)))
+        _bwd_states[(_grid_v(V, BV), N * H)](
+            q, k, g32, gamma_c, dO, X, DW, dhS, dhR, dST if dST is not None else dS0,
+            dRT if dRT is not None else dS0, dS0, dR0, layout.cu, layout.coff, scale, float(spec.clip), BV=BV,
+            HAS_DST=dST is not None, HAS_DRT=dRT is not None, **consts)
+        dQ = torch.empty(B * T, H, K, dtype=torch.float32, device=dev)
+        dK = torch.empty_like(dQ)
+        dV = torch.empty(B * T, H, V, dtype=torch.float32, device=dev)
+        dBETA = torch.empty(B * T, H, dtype=torch.float32, device=dev)
+        dGAMMA, EQK, EE = torch.empty_like(dBETA), torch.empty_like(dBETA), torch.empty_like(dBETA)
+        _bwd_grads[(max(NT, 1), H)](
+            q, k, v, g32, beta_c, gamma_c, W, X, DW, CORR, dO, hS, hR, dhS, dhR,
+            dRT if dRT is not None else dS0, dQ, dK, dV, dBETA, dGAMMA, EQK, EE, layout.cu, layout.cidx, scale,
+            float(spec.clip), BV=BV, HAS_DRT=dRT is not None and not fit_res, **consts)
+        dg = layout.reverse_cumsum(EQK + EE) - EE
+        final = torch.zeros(N, H, dtype=torch.float32, device=dev)
+        if dST is not None:
+            final += (dST.float() * ST).sum((-1, -2))
+        if dRT is not None and fit_res:
+            final += (dRT.float() * R_T).sum((-1, -2))
+        dg = dg + final[layout.seq_of_token]
+        g_dtype, beta_dtype, gamma_dtype = ctx.dtypes
+        shape_k, shape_v, shape_g = (B, T, H, K), (B, T, H, V), (B, T, H)
+        uses_gamma = fit_res or spec.output_gates
+        return (dQ.view(shape_k).to(q.dtype), dK.view(shape_k).to(k.dtype), dV.view(shape_v).to(v.dtype),
+                dg.view(shape_g).to(g_dtype), dBETA.view(shape_g).to(beta_dtype),
+                dGAMMA.view(shape_g).to(gamma_dtype) if uses_gamma else None,
+                dS0 if ctx.has_S0 else None, dR0 if (ctx.has_R0 and fit_res) else None,
+                None, None, None, None)
+
+
+def rla_triton(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
+               cu_seqlens: torch.Tensor | None = None, chunk: int = CHUNK):
+    """RLA / its fit="none" ablation on the fused kernels (signature of the backends, plus `chunk` for tests)."""
+    if spec.rule != "additive" or spec.fit == "off":
+        raise ValueError("the fused RLA kernels cover rule='additive' with fit 'residual' or 'none'")
+    B, T, H, K = q.shape
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={B}")
+    S0, R0 = initial_state if initial_state is not None else (None, None)
+    S0 = S0.float().contiguous() if S0 is not None else None
+    R0 = R0.float().contiguous() if R0 is not None else None
+    layout = Layout(B, T, cu_seqlens, chunk, q.device)
+    o, S_T, R_T = RLAFunction.apply(q, k, v, g, beta, gamma, S0, R0, layout, spec, scale, chunk)
+    if spec.fit == "none" and R0 is not None and min(layout.lengths) == 0:
+        empty = torch.tensor([n == 0 for n in layout.lengths], device=q.device)[:, None, None, None]
+        R_T = torch.where(empty, R0, R_T)
+    return o, (S_T, R_T)
