@@ -1,4 +1,8 @@
-"""The `triton` backend, first step: the `fla` composition with its elementwise glue fused into Triton kernels.
+"""The `triton` backend: RLA on our fused kernels (`triton_rla`), RDN as the `fla` composition with fused glue.
+
+rule="additive" with fit "residual" or "none" runs `triton_rla` (both recurrences in one pass each way); fit="off"
+is the baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). The delta rule still composes FLA's
+kernels, with the elementwise glue between them fused as below.
 
 On the H200 the `fla` backend spends most of its time outside FLA (docs/RESULTS.md): about twenty fp32/bf16
 passes over [B, T, H, V] between and after the recurrences. Two kernels, each with its backward, replace them:
@@ -22,8 +26,8 @@ import triton.language as tl
 from rla_ablate.ops import register_backend
 from rla_ablate.ops.fla_backend import FLA_KERNELS, Glue, compose_residual_attention, fla_available
 from rla_ablate.ops.spec import ResidualSpec
+from rla_ablate.ops.triton_rla import TARGET_CODES, _target, _target_slope, rla_triton
 
-TARGET_CODES = {"clip": 0, "tanh": 1, "identity": 2}
 BLOCK_ROWS = 16
 
 
@@ -34,31 +38,6 @@ def _row_offsets(rows, T, H, s_b, s_t, s_h):
     t = (rows // H) % T
     h = rows % H
     return b.to(tl.int64) * s_b + t.to(tl.int64) * s_t + h.to(tl.int64) * s_h
-
-
-@triton.jit
-def _target(x, c, TARGET: tl.constexpr):
-    if TARGET == 0:
-        y = tl.minimum(tl.maximum(x, -c), c)
-    elif TARGET == 1:
-        # c * tanh(x / c) through exp, saturating cleanly at +-c for large |x|
-        y = c * (1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0))
-    else:
-        y = x
-    return y
-
-
-@triton.jit
-def _target_slope(x, c, TARGET: tl.constexpr):
-    if TARGET == 0:
-        # torch.clamp passes the gradient on the closed interval [-c, c]
-        d = tl.where((x >= -c) & (x <= c), 1.0, 0.0)
-    elif TARGET == 1:
-        th = 1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0)
-        d = 1.0 - th * th
-    else:
-        d = tl.full(x.shape, 1.0, tl.float32)
-    return d
 
 
 @triton.jit
@@ -222,6 +201,8 @@ TRITON_GLUE = Glue(residual=_fused_residual, output=_fused_output)
 def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
                               cu_seqlens: torch.Tensor | None = None):
     """The `triton` backend (signature of `naive_residual_attention`, plus FLA-style `cu_seqlens`)."""
+    if spec.rule == "additive" and spec.fit != "off":
+        return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
     return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
                                       glue=TRITON_GLUE)
 
