@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point on the GPU node, after the bundle is installed (PYTHONPATH=/tmp/site:$PWD):
-#   bash benchmarks/gpu_check.sh [tests|bench|train|save-tuning|all]
+#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|bench|profile|tune|train|save-tuning|all] [pytest -k expr]
 # GPU tests write a junit file, a log and every measured error to $OUT; the kernel table prints last.
 #
 # FLA autotunes each kernel per (H, K, V, dtypes, flags): a fresh node spent over 8 minutes on it (docs/RESULTS.md).
@@ -9,6 +9,7 @@
 # call: this script seeds the Triton cache from it, and only the winning configurations compile again.
 set -uo pipefail
 what=${1:-all}
+select=${2:-}
 OUT=${OUT:-/tmp/rla-gpu-out}
 mkdir -p "$OUT"
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
@@ -22,10 +23,24 @@ done
 rc=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv,noheader
 python3 -c "import torch, triton, fla; print('torch', torch.__version__, '| triton', triton.__version__, '| fla', fla.__version__)" || exit 1
+export RLA_GPU_ERRORS=$OUT/errors.jsonl
 if [[ $what == tests || $what == all ]]; then
-    export RLA_GPU_ERRORS=$OUT/errors.jsonl
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_ops_gpu.py --junitxml="$OUT/junit.xml" >"$OUT/tests.log" 2>&1 || rc=1
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_ops_gpu.py ${select:+-k "$select"} \
+        --junitxml="$OUT/junit.xml" >"$OUT/tests.log" 2>&1 || rc=1
     tail -n 25 "$OUT/tests.log"
+fi
+if [[ $what == triton-tests ]]; then
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_ops_gpu.py -k "triton${select:+ and $select}" \
+        --junitxml="$OUT/junit-triton.xml" >"$OUT/tests-triton.log" 2>&1 || rc=1
+    tail -n 25 "$OUT/tests-triton.log"
+fi
+if [[ $what == models ]]; then
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_models_gpu.py --junitxml="$OUT/junit-models.xml" \
+        >"$OUT/tests-models.log" 2>&1 || rc=1
+    tail -n 25 "$OUT/tests-models.log"
+fi
+if [[ $what == profile || $what == tune ]]; then
+    python3 benchmarks/kernels.py --$what --seq-lens 2048 2>&1 | tee "$OUT/$what.log" || rc=1
 fi
 if [[ $what == bench || $what == all ]]; then
     python3 benchmarks/kernels.py --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" || rc=1

@@ -1,6 +1,8 @@
 """RLA / RDN kernels on one GPU against their FLA baselines and SDPA: forward and forward+backward, bf16.
 
     python benchmarks/kernels.py [--tokens 65536] [--seq-lens 2048 8192 32768] [--long 131072] [--json out.json]
+    python benchmarks/kernels.py --profile [--seq-lens 2048]     # GPU time per kernel, fwd+bwd, from torch.profiler
+    python benchmarks/kernels.py --tune [--seq-lens 2048]        # RLA [triton] fwd+bwd under alternative launch options
 
 Each T runs B = tokens / T sequences of H=16 heads of dimension 128; --long adds one forward-only row set at B=1.
 Baselines: FLA chunk_simple_gla (sGLA, the additive base) and chunk_gated_delta_rule (Gated DeltaNet, the delta
@@ -73,6 +75,53 @@ def bench(fn, x, mode):
     return do_bench(step, warmup=50, rep=200, grad_to_none=leaves, return_mode="median")
 
 
+def profile(runs, T, tokens, names):
+    """One fwd+bwd of each named run under torch.profiler: GPU microseconds per kernel, biggest first."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for name in names:
+        _, fn = runs[name]
+        x = make_inputs(tokens // T, T, grad=True)
+        do = torch.randn_like(fn(x))
+        for _ in range(3):
+            fn(x).backward(do)
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn(x).backward(do)
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.device_time_total > 0]
+        kernels.sort(key=lambda e: -e.device_time_total)
+        total = sum(e.device_time_total for e in kernels)
+        print(f"\n{name}, {tokens // T}x{T}, fwd+bwd: {total / 1000:.2f} ms of GPU time in {len(kernels)} kernels")
+        for e in kernels[:14]:
+            print(f"  {e.device_time_total / 1000:8.3f} ms  x{e.count:<3d} {e.key[:90]}")
+
+
+def tune(T, tokens):
+    """RLA [triton] fwd+bwd at each alternative launch option of each kernel (the others at their defaults)."""
+    from rla_ablate.ops import triton_rla
+
+    defaults = {k: dict(v) for k, v in triton_rla.LAUNCH.items()}
+    fn = lambda x: residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], backend="triton")[0]  # noqa: E731
+    x = make_inputs(tokens // T, T, grad=True)
+    print(f"\nRLA [triton] fwd+bwd, {tokens // T}x{T}, launch options (defaults {defaults})")
+    print(f"  {'defaults':40s} {bench(fn, x, 'fwd+bwd'):8.2f} ms")
+    for kernel in defaults:
+        for BV in (16, 32, 64):
+            for warps in (4, 8):
+                option = dict(BV=BV, num_warps=warps)
+                if option == defaults[kernel]:
+                    continue
+                triton_rla.LAUNCH[kernel] = option
+                try:
+                    ms = f"{bench(fn, x, 'fwd+bwd'):8.2f} ms"
+                except Exception as exc:  # an option the kernel cannot compile or launch with
+                    ms = f"failed: {type(exc).__name__}: {str(exc)[:60]}"
+                print(f"  {kernel:12s} BV={BV:<3d} warps={warps:<2d}{'':14s} {ms}", flush=True)
+        triton_rla.LAUNCH[kernel] = defaults[kernel]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=65536, help="tokens per call (B = tokens / T)")
@@ -80,10 +129,20 @@ def main():
     parser.add_argument("--long", type=int, default=131072, help="forward-only length at B=1 (0 to skip)")
     parser.add_argument("--backends", nargs="+", default=None, help="residual_attention backends (default: all GPU)")
     parser.add_argument("--json", default=None, help="write every measurement here")
+    parser.add_argument("--profile", action="store_true", help="per-kernel GPU time instead of the table")
+    parser.add_argument("--tune", action="store_true", help="time the fused RLA kernels' launch options")
     args = parser.parse_args()
     _load_gpu_backends()
     backends = args.backends or [b for b in BACKENDS if b not in ("naive", "chunk")]
     runs = candidates(backends)
+    if args.profile:
+        for T in args.seq_lens:
+            profile(runs, T, args.tokens, [n for n in runs if n != "SDPA causal"])
+        return
+    if args.tune:
+        for T in args.seq_lens:
+            tune(T, args.tokens)
+        return
     base_of = {"additive": "sGLA (FLA)", "delta": "GDN (FLA)"}
     shapes = [(args.tokens // T, T, mode) for T in args.seq_lens for mode in ("fwd", "fwd+bwd")]
     if args.long:

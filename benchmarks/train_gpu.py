@@ -1,7 +1,8 @@
 """Training throughput of whole models, one family after another in one harness: tokens/s and MFU.
 
     python benchmarks/train_gpu.py [--scale 1.5b] [--families rla rdn sgla gdn transformer]
-                                   [--batch 4] [--seq-len 4096] [--steps 10] [--warmup 3] [--json out.json]
+                                   [--batch 4] [--seq-len 4096] [--steps 10] [--warmup 3] [--backend auto]
+                                   [--json out.json]
 
 Each family builds the preset `<scale>-<family>` (models/), trains --warmup untimed then --steps timed AdamW steps
 on random tokens (fp32 master weights, bf16 autocast, as the training job does on GPU) and reports tokens/s, MFU
@@ -32,6 +33,8 @@ def device_peak(device: torch.device) -> float | None:
 
 def measure(family: str, args, device: torch.device) -> dict:
     cfg = load_preset(f"{args.scale}-{family}")
+    if family != "transformer" and args.backend != "auto":
+        cfg = cfg.model_copy(update={"backend": args.backend})
     torch.manual_seed(0)
     model = build_model(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=device.type == "cuda")
@@ -76,6 +79,7 @@ def main():
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--backend", default="auto", help="op backend of the linear families (auto, fla, triton)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()

@@ -35,6 +35,13 @@ from rla_ablate.ops.spec import ResidualSpec
 
 TARGET_CODES = {"clip": 0, "tanh": 1, "identity": 2}
 CHUNK = 64
+# Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives).
+LAUNCH = {
+    "fwd_states": dict(BV=32, num_warps=4),
+    "fwd_output": dict(BV=64, num_warps=4),
+    "bwd_states": dict(BV=32, num_warps=4),
+    "bwd_grads": dict(BV=32, num_warps=8),
+}
 G_FLOOR = tl.constexpr(-60.0)
 
 
@@ -381,8 +388,11 @@ class Layout:
         return tail[:-1] - tail[self.cu[1:].long()][self.seq_of_token]
 
 
-def _grid_v(V: int, BV: int) -> int:
-    return triton.cdiv(V, BV)
+def _launch(name: str, V: int) -> dict:
+    """The launch options of one kernel: its V tile (at most V rounded up to a power of two, at least 16) and warps."""
+    opts = dict(LAUNCH[name])
+    opts["BV"] = min(opts["BV"], max(16, triton.next_power_of_2(V)))
+    return opts
 
 
 class RLAFunction(torch.autograd.Function):
@@ -405,17 +415,17 @@ class RLAFunction(torch.autograd.Function):
         RT = torch.empty_like(ST) if fit_res else ST.new_empty(1)
         BK = max(16, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
-        BV = min(32, max(16, triton.next_power_of_2(V)))
-        _fwd_states[(_grid_v(V, BV), N * H)](
+        opts = _launch("fwd_states", V)
+        _fwd_states[(triton.cdiv(V, opts["BV"]), N * H)](
             k, v, g32, beta_c, gamma_c, S0 if S0 is not None else ST, R0 if R0 is not None else ST, hS, hR, X, W,
-            ST, RT, layout.cu, layout.coff, float(spec.clip), BV=BV, TARGET=TARGET_CODES[spec.target],
-            FIT_RES=fit_res, HAS_S0=S0 is not None, HAS_R0=R0 is not None, **consts)
+            ST, RT, layout.cu, layout.coff, float(spec.clip), TARGET=TARGET_CODES[spec.target],
+            FIT_RES=fit_res, HAS_S0=S0 is not None, HAS_R0=R0 is not None, **consts, **opts)
         O = torch.empty(B * T, H, V, dtype=q.dtype, device=dev)
         CORR = torch.empty(B * T, H, V, dtype=torch.float32, device=dev) if spec.output_gates else X.new_empty(1)
-        BVo = min(64, max(16, triton.next_power_of_2(V)))
-        _fwd_output[(_grid_v(V, BVo), max(NT, 1), H)](
-            q, k, v, g32, beta_c, gamma_c, W, hS, hR, O, CORR, layout.cu, layout.cidx, float(scale), BV=BVo,
-            FIT_RES=fit_res, GATES=spec.output_gates, **consts)
+        opts = _launch("fwd_output", V)
+        _fwd_output[(triton.cdiv(V, opts["BV"]), max(NT, 1), H)](
+            q, k, v, g32, beta_c, gamma_c, W, hS, hR, O, CORR, layout.cu, layout.cidx, float(scale),
+            FIT_RES=fit_res, GATES=spec.output_gates, **consts, **opts)
         if fit_res:
             R_T = RT
         else:
@@ -450,11 +460,11 @@ class RLAFunction(torch.autograd.Function):
         DW = torch.empty(B * T, H, V, dtype=torch.float32, device=dev)
         dS0 = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
         dR0 = torch.empty_like(dS0) if fit_res else dS0.new_empty(1)
-        BV = min(32, max(16, triton.next_power_of_2(V)))
-        _bwd_states[(_grid_v(V, BV), N * H)](
+        opts = _launch("bwd_states", V)
+        _bwd_states[(triton.cdiv(V, opts["BV"]), N * H)](
             q, k, g32, gamma_c, dO, X, DW, dhS, dhR, dST if dST is not None else dS0,
-            dRT if dRT is not None else dS0, dS0, dR0, layout.cu, layout.coff, scale, float(spec.clip), BV=BV,
-            HAS_DST=dST is not None, HAS_DRT=dRT is not None, **consts)
+            dRT if dRT is not None else dS0, dS0, dR0, layout.cu, layout.coff, scale, float(spec.clip),
+            HAS_DST=dST is not None, HAS_DRT=dRT is not None, **consts, **opts)
         dQ = torch.empty(B * T, H, K, dtype=torch.float32, device=dev)
         dK = torch.empty_like(dQ)
         dV = torch.empty(B * T, H, V, dtype=torch.float32, device=dev)
@@ -463,7 +473,7 @@ class RLAFunction(torch.autograd.Function):
         _bwd_grads[(max(NT, 1), H)](
             q, k, v, g32, beta_c, gamma_c, W, X, DW, CORR, dO, hS, hR, dhS, dhR,
             dRT if dRT is not None else dS0, dQ, dK, dV, dBETA, dGAMMA, EQK, EE, layout.cu, layout.cidx, scale,
-            float(spec.clip), BV=BV, HAS_DRT=dRT is not None and not fit_res, **consts)
+            float(spec.clip), HAS_DRT=dRT is not None and not fit_res, **consts, **_launch("bwd_grads", V))
         dg = layout.reverse_cumsum(EQK + EE) - EE
         final = torch.zeros(N, H, dtype=torch.float32, device=dev)
         if dST is not None:
