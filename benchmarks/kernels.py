@@ -108,8 +108,8 @@ def tune(T, tokens):
     print(f"\nRLA [triton] fwd+bwd, {tokens // T}x{T}, launch options (defaults {defaults})")
     print(f"  {'defaults':40s} {bench(fn, x, 'fwd+bwd'):8.2f} ms")
     for kernel in defaults:
-        for BV in (16, 32, 64):
-            for warps in (4, 8):
+        for BV in (64, 128):
+            for warps in (4, 8, 16):
                 option = dict(BV=BV, num_warps=warps)
                 if option == defaults[kernel]:
                     continue

@@ -35,13 +35,16 @@ from rla_ablate.ops.spec import ResidualSpec
 
 TARGET_CODES = {"clip": 0, "tanh": 1, "identity": 2}
 CHUNK = 64
-# Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives).
+# Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives). Every tile
+# of a dot is at least 64 wide, padded by masks: on Hopper, Triton 3.6/3.7 miscompiles kernels holding several dots
+# with 16- or 32-wide operands (illegal shared-memory reads, triton-lang/triton#11366); BV=32 crashed here.
 LAUNCH = {
-    "fwd_states": dict(BV=32, num_warps=4),
+    "fwd_states": dict(BV=64, num_warps=4),
     "fwd_output": dict(BV=64, num_warps=4),
-    "bwd_states": dict(BV=32, num_warps=4),
-    "bwd_grads": dict(BV=32, num_warps=8),
+    "bwd_states": dict(BV=64, num_warps=4),
+    "bwd_grads": dict(BV=64, num_warps=8),
 }
+MIN_TILE = 64
 G_FLOOR = tl.constexpr(-60.0)
 
 
@@ -389,9 +392,9 @@ class Layout:
 
 
 def _launch(name: str, V: int) -> dict:
-    """The launch options of one kernel: its V tile (at most V rounded up to a power of two, at least 16) and warps."""
+    """The launch options of one kernel: its V tile (at most V rounded up to a power of two, at least MIN_TILE), warps."""
     opts = dict(LAUNCH[name])
-    opts["BV"] = min(opts["BV"], max(16, triton.next_power_of_2(V)))
+    opts["BV"] = max(MIN_TILE, min(opts["BV"], triton.next_power_of_2(V)))
     return opts
 
 
@@ -413,7 +416,7 @@ class RLAFunction(torch.autograd.Function):
         W = torch.empty(B * T, H, V, dtype=v.dtype, device=dev)
         ST = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
         RT = torch.empty_like(ST) if fit_res else ST.new_empty(1)
-        BK = max(16, triton.next_power_of_2(K))
+        BK = max(MIN_TILE, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
         opts = _launch("fwd_states", V)
         _fwd_states[(triton.cdiv(V, opts["BV"]), N * H)](
@@ -452,7 +455,7 @@ class RLAFunction(torch.autograd.Function):
         dO = dO.reshape(B * T, H, V).contiguous()
         dST = dST.contiguous() if dST is not None else None
         dRT = dRT.contiguous() if dRT is not None else None
-        BK = max(16, triton.next_power_of_2(K))
+        BK = max(MIN_TILE, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK, TARGET=TARGET_CODES[spec.target], FIT_RES=fit_res,
                       GATES=spec.output_gates)
         dhS = torch.empty(NT, H, V, K, dtype=q.dtype, device=dev)
