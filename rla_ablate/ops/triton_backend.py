@@ -201,7 +201,7 @@ TRITON_GLUE = Glue(residual=_fused_residual, output=_fused_output)
 def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
                               cu_seqlens: torch.Tensor | None = None):
     """The `triton` backend (signature of `naive_residual_attention`, plus FLA-style `cu_seqlens`)."""
-    if spec.rule == "additive" and spec.fit != "off":
+    if spec.rule == "additive" and spec.fit != "off" and q.dtype != torch.float32:
         return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
     return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
                                       glue=TRITON_GLUE)
