@@ -5,6 +5,8 @@ with PyTorch glue in between. Here, per head and chunk of BT tokens (b = the chu
 S_c, R_c the states when the chunk starts, all of it docs/MATH.md "chunked RLA"):
 
     forward
+      intra   (parallel over chunks): the part of p below from inside the chunk, (k k^T * exp(b'_t - b_s)[s<t]) (beta v),
+              so that the sequential kernels do no BT x BT products (likewise dw's intra part before the reverse pass)
       states  (sequential over chunks, grid V-blocks x sequences x heads): from S_c, R_c
                 p   = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v)      the old read S_{t-1} k_t
                 x   = v - p,  w = gamma T(x)  (fit="none": w = T(x))
@@ -39,6 +41,7 @@ CHUNK = 64
 # of a dot is at least 64 wide, padded by masks: on Hopper, Triton 3.6/3.7 miscompiles kernels holding several dots
 # with 16- or 32-wide operands (illegal shared-memory reads, triton-lang/triton#11366); BV=32 crashed here.
 LAUNCH = {
+    "intra": dict(BV=64, num_warps=4),
     "fwd_states": dict(BV=64, num_warps=4),
     "fwd_output": dict(BV=64, num_warps=4),
     "bwd_states": dict(BV=64, num_warps=8),
@@ -92,6 +95,39 @@ def _chunk_gates(g, tok, mt):
 
 
 @triton.jit
+def _intra(a, b_ptr, u, gate, g, OUT, cu, cidx, scale,
+           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+           BV: tl.constexpr, REVERSE: tl.constexpr):
+    """The intra-chunk part of a read, parallel over chunks (the sequential kernels then skip every BT x BT product).
+
+    forward  (REVERSE=False): OUT_t = sum_{s < t} exp(b'_t - b_s) (a_t . b_s) gate_s u_s        (a = b = k, gate = beta)
+    backward (REVERSE=True):  OUT_t = scale sum_{s >= t} exp(b_s - b_t) (a_t . b_s) gate_s u_s  (a = k, b = q, u = do,
+                                                                                               gate = gamma or none)
+    """
+    i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n, c = tl.load(cidx + 2 * i_c).to(tl.int64), tl.load(cidx + 2 * i_c + 1).to(tl.int64)
+    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    rt, rk, rv = tl.arange(0, BT), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < K, rv < V
+    t = bos + c * BT + rt
+    mt = t < eos
+    tok = t * H + h
+    m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+    b_a = tl.load(a + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    b_b = tl.load(b_ptr + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    dt = b_a.dtype
+    b_u = tl.load(u + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
+    if gate is not None:
+        b_u = b_u * tl.load(gate + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
+    b, bp, b_L = _chunk_gates(g, tok, mt)
+    if REVERSE:
+        M = tl.dot(b_a, tl.trans(b_b)) * _decay(-b, -b, rt[:, None] <= rt[None, :]) * scale
+    else:
+        M = tl.dot(b_a, tl.trans(b_b)) * _decay(bp, b, rt[:, None] > rt[None, :])
+    tl.store(OUT + tok[:, None] * V + rv[None, :], tl.dot(M.to(dt), b_u.to(dt)), mask=m_tv)
+
+
+@triton.jit
 def _fwd_states(k, v, g, beta, gamma, S0, R0, hS, hR, X, W, ST, RT, cu, coff, c_clip,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, HAS_S0: tl.constexpr,
@@ -111,7 +147,6 @@ def _fwd_states(k, v, g, beta, gamma, S0, R0, hS, hR, X, W, ST, RT, cu, coff, c_
         S += tl.load(S0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
     if FIT_RES and HAS_R0:
         R += tl.load(R0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
-    strict = rt[:, None] > rt[None, :]
     for c in range(tl.cdiv(eos - bos, BT)):
         o_chunk = ((c0 + c) * H + h) * V * K
         tl.store(hS + o_chunk + o_state, S.to(hS.dtype.element_ty), mask=m_state)
@@ -127,8 +162,9 @@ def _fwd_states(k, v, g, beta, gamma, S0, R0, hS, hR, X, W, ST, RT, cu, coff, c_
         b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
         b, bp, b_L = _chunk_gates(g, tok, mt)
         bv = b_v * b_beta[:, None]
-        A = tl.dot(b_k, tl.trans(b_k)) * _decay(bp, b, strict)
-        p = tl.exp(bp)[:, None] * tl.dot(b_k, tl.trans(S.to(dt))) + tl.dot(A.to(dt), bv.to(dt))
+        # X holds the intra-chunk part of the old read (kernel _intra); x = v - p overwrites it
+        p = tl.exp(bp)[:, None] * tl.dot(b_k, tl.trans(S.to(dt))) \
+            + tl.load(X + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0)
         x = b_v - p
         tl.store(X + tok[:, None] * V + rv[None, :], x, mask=m_tv)
         w = _target(x, c_clip, TARGET)
@@ -208,7 +244,6 @@ def _bwd_states(q, k, g, gamma, dO, X, DW, dhS, dhR, dST, dRT, dS0, dR0, cu, cof
         dS += tl.load(dST + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
     if HAS_DRT:
         dR += tl.load(dRT + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
-    upper = rt[:, None] <= rt[None, :]
     NT = tl.cdiv(eos - bos, BT)
     for i in range(NT):
         c = NT - 1 - i
@@ -230,8 +265,9 @@ def _bwd_states(q, k, g, gamma, dO, X, DW, dhS, dhR, dST, dRT, dS0, dR0, cu, cof
         o_R = b_do * b_gamma[:, None] if GATES else b_do
         if FIT_RES:
             # dw_t = dR_t k_t, dR_t = exp(b_L - b_t) dR_end + sum_{s >= t} exp(b_s - b_t) o_R,s q~_s^T
-            M = tl.dot(b_k, tl.trans(b_q)) * _decay(-b, -b, upper) * scale
-            dw = tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(dR.to(dt))) + tl.dot(M.to(dt), o_R.to(dt))
+            # DW holds the intra-chunk sum (kernel _intra); add the part through the chunk's end state
+            dw = tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(dR.to(dt))) \
+                + tl.load(DW + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0)
             dx = b_gamma[:, None] * _target_slope(b_x, c_clip, TARGET) * dw
         else:
             # R_t = r_t k_t^T: dr_t = c_t (k_t . q~_t) do_t, plus dR_T k_T at the sequence's last token
@@ -423,6 +459,9 @@ class RLAFunction(torch.autograd.Function):
         RT = torch.empty_like(ST) if fit_res else ST.new_empty(1)
         BK = max(MIN_TILE, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
+        opts = _launch("intra", V)
+        _intra[(triton.cdiv(V, opts["BV"]), max(NT, 1), H)](
+            k, k, v, beta_c, g32, X, layout.cu, layout.cidx, 1.0, REVERSE=False, **consts, **opts)
         opts = _launch("fwd_states", V)
         _fwd_states[(triton.cdiv(V, opts["BV"]), N * H)](
             k, v, g32, beta_c, gamma_c, S0 if S0 is not None else ST, R0 if R0 is not None else ST, hS, hR, X, W,
@@ -468,6 +507,11 @@ class RLAFunction(torch.autograd.Function):
         DW = torch.empty(B * T, H, V, dtype=torch.float32, device=dev)
         dS0 = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
         dR0 = torch.empty_like(dS0) if fit_res else dS0.new_empty(1)
+        if fit_res:
+            opts = _launch("intra", V)
+            _intra[(triton.cdiv(V, opts["BV"]), max(NT, 1), H)](
+                k, q, dO, gamma_c if spec.output_gates else None, g32, DW, layout.cu, layout.cidx, scale,
+                REVERSE=True, H=H, K=K, V=V, BT=chunk, BK=BK, **opts)
         opts = _launch("bwd_states", V)
         _bwd_states[(triton.cdiv(V, opts["BV"]), N * H)](
             q, k, g32, gamma_c, dO, X, DW, dhS, dhR, dST if dST is not None else dS0,
