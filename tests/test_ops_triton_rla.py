@@ -88,5 +88,26 @@ def test_fused_rla_kernels_match_naive_under_the_interpreter():
     assert proc.stdout.count("ok ") == 16, proc.stdout
 
 
+def test_layout_lists_chunks_and_sums_each_sequence_from_the_end():
+    import torch
+
+    from rla_ablate.ops.triton_rla import Layout
+
+    lengths = [5, 0, 1, 9]
+    layout = Layout(1, sum(lengths), torch.tensor([0, 5, 5, 6, 15]), chunk=4, device="cpu")
+    assert (layout.N, layout.chunks) == (4, 2 + 0 + 1 + 3)
+    assert layout.coff.tolist() == [0, 2, 2, 3, 6]
+    assert layout.cidx.view(-1, 2).tolist() == [[0, 0], [0, 1], [2, 0], [3, 0], [3, 1], [3, 2]]
+    x = torch.randn(sum(lengths), 3)
+    want, start = [], 0
+    for n in lengths:
+        seq = x[start:start + n]
+        want += [seq[t:].sum(0) for t in range(n)]
+        start += n
+    torch.testing.assert_close(layout.reverse_cumsum(x), torch.stack(want), rtol=1e-6, atol=1e-6)
+    batched = Layout(3, 7, None, chunk=4, device="cpu")
+    assert batched.cu.tolist() == [0, 7, 14, 21] and batched.chunks == 6
+
+
 if __name__ == "__main__":
     check_all()
