@@ -95,6 +95,16 @@ def _chunk_gates(g, tok, mt):
 
 
 @triton.jit
+def _chunk_rows(cu, cidx, i_c, h, H: tl.constexpr, BT: tl.constexpr):
+    """Chunk i_c of the chunk list: its sequence n, the sequence end, token indices t, their mask, and row offsets."""
+    n, c = tl.load(cidx + 2 * i_c).to(tl.int64), tl.load(cidx + 2 * i_c + 1).to(tl.int64)
+    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    t = bos + c * BT + tl.arange(0, BT)
+    mt = t < eos
+    return n, eos, t, mt, t * H + h
+
+
+@triton.jit
 def _intra(a, b_ptr, u, gate, g, OUT, cu, cidx, scale,
            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
            BV: tl.constexpr, REVERSE: tl.constexpr):
@@ -105,13 +115,9 @@ def _intra(a, b_ptr, u, gate, g, OUT, cu, cidx, scale,
                                                                                                gate = gamma or none)
     """
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n, c = tl.load(cidx + 2 * i_c).to(tl.int64), tl.load(cidx + 2 * i_c + 1).to(tl.int64)
-    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
     rt, rk, rv = tl.arange(0, BT), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     mk, mv = rk < K, rv < V
-    t = bos + c * BT + rt
-    mt = t < eos
-    tok = t * H + h
     m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
     b_a = tl.load(a + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     b_b = tl.load(b_ptr + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
@@ -128,25 +134,35 @@ def _intra(a, b_ptr, u, gate, g, OUT, cu, cidx, scale,
 
 
 @triton.jit
-def _fwd_states(k, v, g, beta, gamma, S0, R0, hS, hR, X, W, ST, RT, cu, coff, c_clip,
-                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, HAS_S0: tl.constexpr,
-                HAS_R0: tl.constexpr):
+def _seq_start(cu, coff, A0, B0, HAS_A: tl.constexpr, HAS_B: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+               V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Prologue of a sequential pass (grid V tiles x sequences x heads): bounds, offsets, the two carried tiles."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     n, h = i_nh // H, i_nh % H
     bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
     c0 = tl.load(coff + n).to(tl.int64)
-    rt, rk, rv = tl.arange(0, BT), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    rk, rv = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     mk, mv = rk < K, rv < V
     m_state = mv[:, None] & mk[None, :]
     o_state = rv[:, None] * K + rk[None, :]
     o_seq = (n * H + h).to(tl.int64) * V * K
-    S = tl.zeros([BV, BK], dtype=tl.float32)
-    R = tl.zeros([BV, BK], dtype=tl.float32)
-    if HAS_S0:
-        S += tl.load(S0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
-    if FIT_RES and HAS_R0:
-        R += tl.load(R0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
+    A = tl.zeros([BV, BK], dtype=tl.float32)
+    B = tl.zeros([BV, BK], dtype=tl.float32)
+    if HAS_A:
+        A += tl.load(A0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
+    if HAS_B:
+        B += tl.load(B0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
+    return h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, A, B
+
+
+@triton.jit
+def _fwd_states(k, v, g, beta, gamma, S0, R0, hS, hR, X, W, ST, RT, cu, coff, c_clip,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, HAS_S0: tl.constexpr,
+                HAS_R0: tl.constexpr):
+    h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S, R = _seq_start(
+        cu, coff, S0, R0, HAS_S0, FIT_RES and HAS_R0, H, K, V, BK, BV)
+    rt = tl.arange(0, BT)
     for c in range(tl.cdiv(eos - bos, BT)):
         o_chunk = ((c0 + c) * H + h) * V * K
         tl.store(hS + o_chunk + o_state, S.to(hS.dtype.element_ty), mask=m_state)
@@ -186,13 +202,9 @@ def _fwd_output(q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr):
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n, c = tl.load(cidx + 2 * i_c).to(tl.int64), tl.load(cidx + 2 * i_c + 1).to(tl.int64)
-    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
     rt, rk, rv = tl.arange(0, BT), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     mk, mv = rk < K, rv < V
-    t = bos + c * BT + rt
-    mt = t < eos
-    tok = t * H + h
     m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
     b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
@@ -229,21 +241,9 @@ def _bwd_states(q, k, g, gamma, dO, X, DW, dhS, dhR, dST, dRT, dS0, dR0, cu, cof
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr,
                 HAS_DST: tl.constexpr, HAS_DRT: tl.constexpr):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    n, h = i_nh // H, i_nh % H
-    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
-    c0 = tl.load(coff + n).to(tl.int64)
-    rt, rk, rv = tl.arange(0, BT), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    m_state = mv[:, None] & mk[None, :]
-    o_state = rv[:, None] * K + rk[None, :]
-    o_seq = (n * H + h).to(tl.int64) * V * K
-    dS = tl.zeros([BV, BK], dtype=tl.float32)
-    dR = tl.zeros([BV, BK], dtype=tl.float32)
-    if HAS_DST:
-        dS += tl.load(dST + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
-    if HAS_DRT:
-        dR += tl.load(dRT + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
+    h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, dS, dR = _seq_start(
+        cu, coff, dST, dRT, HAS_DST, HAS_DRT, H, K, V, BK, BV)
+    rt = tl.arange(0, BT)
     NT = tl.cdiv(eos - bos, BT)
     for i in range(NT):
         c = NT - 1 - i
@@ -295,13 +295,9 @@ def _bwd_grads(q, k, v, g, beta, gamma, W, X, DW, CORR, dO, hS, hR, dhS, dhR, dR
                BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr,
                HAS_DRT: tl.constexpr):
     i_c, h = tl.program_id(0), tl.program_id(1)
-    n, c = tl.load(cidx + 2 * i_c).to(tl.int64), tl.load(cidx + 2 * i_c + 1).to(tl.int64)
-    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
     rt, rk = tl.arange(0, BT), tl.arange(0, BK)
     mk = rk < K
-    t = bos + c * BT + rt
-    mt = t < eos
-    tok = t * H + h
     m_tk = mt[:, None] & mk[None, :]
     b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
