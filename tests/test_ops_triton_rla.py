@@ -4,8 +4,8 @@ The interpreter must be chosen before the kernels are defined, so the checks run
 a script). fp32 kernels against the float64 naive contract on the same inputs: outputs, final states and all eight
 gradients (dg comes from the reverse-cumsum identity, the least obvious part). A chunk of 16 tokens makes T=37 span
 three chunks, the last one partial; clip=0.7 puts many residuals outside the clip. Then packed sequences of uneven
-lengths (one of a single token, one empty), K and V that are not powers of two (masked tiles), gates of -1e5 and
--300, and a call without initial states. Measured: every error <= 1.1e-6 (relative RMS), tolerance 1e-5.
+lengths (one of a single token, one empty), K and V that are not powers of two (masked tiles) and wider than
+one tile (K=80, V=72: partial sums over tiles), gates of -1e5 and -300, and a call without initial states. Measured: every error <= 1.1e-6 (relative RMS), tolerance 1e-5.
 """
 
 from __future__ import annotations
@@ -75,6 +75,12 @@ def check_all() -> None:
         compare(f"packed-{fit}-{'gates' if og else 'nogates'}", ref,
                 run(rla_triton, master, spec, torch.float32, chunk=16, cu_seqlens=cu))
 
+    for fit in ("residual", "none"):  # heads wider than one tile: K and V split over programs, partial sums added
+        spec = ResidualSpec(rule="additive", fit=fit, clip=0.7)
+        master = make(B=1, T=37, H=1, K=80, V=72)
+        compare(f"wide-{fit}", run(naive_residual_attention, master, spec, torch.float64),
+                run(rla_triton, master, spec, torch.float32, chunk=16))
+
     spec = ResidualSpec(rule="additive")
     master = make(T=50)
     compare("no-initial-state", run(naive_residual_attention, master, spec, torch.float64, with_state=False),
@@ -85,7 +91,7 @@ def test_fused_rla_kernels_match_naive_under_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert proc.stdout.count("ok ") == 16, proc.stdout
+    assert proc.stdout.count("ok ") == 18, proc.stdout
 
 
 def test_layout_lists_chunks_and_sums_each_sequence_from_the_end():

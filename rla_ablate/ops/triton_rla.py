@@ -19,8 +19,11 @@ S_c, R_c the states when the chunk starts, all of it docs/MATH.md "chunked RLA")
       states  (sequential, reverse): the gradients dS, dR of the state at each chunk end, and dw = dR_t k_t (the
               residual's gradient), which feeds dS through dp = -gamma T'(x) dw: the two reverse passes are coupled,
               so they run as one.
-      grads   (parallel over chunks, loop over V-blocks): dq, dk, dv, dbeta, dgamma, and for dg the per-token terms
-              of d/db (reads minus writes); dg is their reverse cumulative sum per sequence.
+      dv      (parallel over V tiles x chunks): dv = beta dS_t k_t + dx, and each tile's share of dbeta, dgamma
+      dq, dk  (parallel over K tiles x chunks, loop over V tiles): dq, dk, and for dg each tile's share of the
+              per-token terms of d/db (reads minus writes); dg is their reverse cumulative sum per sequence.
+              The two kernels split what one did (FLA splits its dv and dqkwg kernels the same way): each holds a
+              quarter of the state tiles, and the K tiles double the programs.
 
 Every input is flattened to packed sequences (B sequences of T tokens are cu_seqlens = 0, T, 2T, ...), so varlen
 and batched inputs share one code path. Chunk states are kept in the input dtype (as FLA does), the running states
@@ -45,7 +48,8 @@ LAUNCH = {
     "fwd_states": dict(BV=64, num_warps=4),
     "fwd_output": dict(BV=64, num_warps=4),
     "bwd_states": dict(BV=64, num_warps=8),
-    "bwd_grads": dict(BV=128, num_warps=8),
+    "bwd_dv": dict(BV=64, num_warps=4),
+    "bwd_dqk": dict(BV=128, BK=64, num_warps=8),
 }
 MIN_TILE = 64
 G_FLOOR = tl.constexpr(-60.0)
@@ -289,41 +293,81 @@ def _bwd_states(q, k, g, gamma, dO, X, DW, dhS, dhR, dST, dRT, dS0, dR0, cu, cof
 
 
 @triton.jit
-def _bwd_grads(q, k, v, g, beta, gamma, W, X, DW, CORR, dO, hS, hR, dhS, dhR, dRT,
-               dQ, dK, dV, dBETA, dGAMMA, EQK, EE, cu, cidx, scale, c_clip,
-               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-               BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr,
-               HAS_DRT: tl.constexpr):
-    i_c, h = tl.program_id(0), tl.program_id(1)
+def _bwd_dv(q, k, v, g, beta, gamma, X, DW, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale, c_clip,
+            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+            TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr):
+    """dv = beta dS_t k_t + dx, and this V tile's shares of dbeta and dgamma (grid V tiles x chunks x heads)."""
+    i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
-    rt, rk = tl.arange(0, BT), tl.arange(0, BK)
-    mk = rk < K
-    m_tk = mt[:, None] & mk[None, :]
+    rt, rk, rv = tl.arange(0, BT), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < K, rv < V
+    m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+    o_tv = tok[:, None] * V + rv[None, :]
     b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    dt = b_k.dtype
+    b, bp, b_L = _chunk_gates(g, tok, mt)
+    b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
+    b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
+    strict = rt[:, None] > rt[None, :]
+    Dq = _decay(b if GATES else bp, b, strict)
+    Dp = _decay(bp, b, strict)
+    b_v = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+    b_do = tl.load(dO + o_tv, mask=m_tv, other=0.0).to(dt)
+    b_x = tl.load(X + o_tv, mask=m_tv, other=0.0)
+    b_dw = tl.load(DW + o_tv, mask=m_tv, other=0.0)
+    b_dhS = tl.load(dhS + (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :],
+                    mask=mv[:, None] & mk[None, :], other=0.0).to(dt)
+    dx = _target_slope(b_x, c_clip, TARGET) * b_dw
+    if FIT_RES:
+        dx = dx * b_gamma[:, None]
+    # dS_t k_t: through the chunk's end state, the later base reads by q, the later old reads by k
+    Uk = tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(b_dhS)) \
+        + scale * tl.dot(tl.trans(Dq * tl.dot(b_q, tl.trans(b_k))).to(dt), b_do) \
+        + tl.dot(tl.trans(Dp * tl.dot(b_k, tl.trans(b_k))).to(dt), (-dx).to(dt))
+    tl.store(dV + o_tv, (b_beta[:, None] * Uk + dx).to(dV.dtype.element_ty), mask=m_tv)
+    o_part = i_v.to(tl.int64) * NTH + tok
+    tl.store(dBETA_P + o_part, tl.sum(b_v * Uk, axis=1), mask=mt)
+    s_gamma = tl.zeros([BT], dtype=tl.float32)
+    if FIT_RES:
+        s_gamma += tl.sum(_target(b_x, c_clip, TARGET) * b_dw, axis=1)
+    if GATES:
+        s_gamma += tl.sum(b_do.to(tl.float32) * tl.load(CORR + o_tv, mask=m_tv, other=0.0), axis=1)
+    tl.store(dGAMMA_P + o_part, s_gamma, mask=mt)
+
+
+@triton.jit
+def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DW, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P,
+             cu, cidx, NTH, scale, c_clip,
+             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+             TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr, HAS_DRT: tl.constexpr):
+    """dq, dk on one K tile, and its shares of the per-token d/db terms (grid K tiles x chunks x heads)."""
+    i_k, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
+    rt, rk = tl.arange(0, BT), i_k * BK + tl.arange(0, BK)
+    mk = rk < K
+    m_tk = mt[:, None] & mk[None, :]
+    o_tk = tok[:, None] * K + rk[None, :]
+    b_q = tl.load(q + o_tk, mask=m_tk, other=0.0)
+    b_k = tl.load(k + o_tk, mask=m_tk, other=0.0)
     dt = b_k.dtype
     q32, k32 = b_q.to(tl.float32), b_k.to(tl.float32)
     b, bp, b_L = _chunk_gates(g, tok, mt)
     b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
     b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
-    strict = rt[:, None] > rt[None, :]
-    eq = b if GATES else bp
-    Dq = _decay(eq, b, strict)  # S_{t-1} read by q_t (alpha_t folded in with gates)
-    Dp = _decay(bp, b, strict)  # S_{t-1} read by k_t
-    QK = tl.dot(b_q, tl.trans(b_k))
-    KK = tl.dot(b_k, tl.trans(b_k))
-    to_end = tl.exp(b_L - b)[:, None]
     c_R = b_gamma if GATES else tl.full([BT], 1.0, tl.float32)
-    acc_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    acc_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    s_beta = tl.zeros([BT], dtype=tl.float32)
-    s_gamma = tl.zeros([BT], dtype=tl.float32)
-    e_q = tl.zeros([BT], dtype=tl.float32)  # query-side d/db at t
-    e_e = tl.zeros([BT], dtype=tl.float32)  # query-side d/db at t - 1 (reads of S_{t-1} with b')
-    e_k = tl.zeros([BT], dtype=tl.float32)  # key-side d/db at t (writes)
+    eq = b if GATES else bp
+    # V contractions, accumulated over V tiles: the BT x BT products and the reads of the chunk's four states
+    X1 = tl.zeros([BT, BT], dtype=tl.float32)  # do_t . beta_s v_s
+    X2 = tl.zeros([BT, BT], dtype=tl.float32)  # dp_t . beta_s v_s
+    X3 = tl.zeros([BT, BT], dtype=tl.float32)  # c_t do_t . w_s
+    sq = tl.zeros([BT, BK], dtype=tl.float32)  # S_c^T do
+    sp = tl.zeros([BT, BK], dtype=tl.float32)  # S_c^T dp
+    sw = tl.zeros([BT, BK], dtype=tl.float32)  # dS_end^T beta v + dR_end^T w
+    sr = tl.zeros([BT, BK], dtype=tl.float32)  # R_c^T c do
+    s_n = tl.zeros([BT], dtype=tl.float32)     # fit="none": r_t . do_t
+    d_last = tl.zeros([BT, BK], dtype=tl.float32)  # fit="none": dR_T^T r_T
     o_chunk = (i_c * H + h).to(tl.int64) * V * K
-    if FIT_RES:
-        Di = _decay(b, b, rt[:, None] >= rt[None, :])
     for i_v in tl.range(0, tl.cdiv(V, BV), num_stages=1):
         rv = i_v * BV + tl.arange(0, BV)
         mv = rv < V
@@ -331,67 +375,66 @@ def _bwd_grads(q, k, v, g, beta, gamma, W, X, DW, CORR, dO, hS, hR, dhS, dhR, dR
         m_state = mv[:, None] & mk[None, :]
         o_tv = tok[:, None] * V + rv[None, :]
         o_state = o_chunk + rv[:, None] * K + rk[None, :]
-        b_v = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32)
-        b_w = tl.load(W + o_tv, mask=m_tv, other=0.0).to(dt)
         b_do = tl.load(dO + o_tv, mask=m_tv, other=0.0).to(dt)
+        bv = (tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) * b_beta[:, None]).to(dt)
         b_x = tl.load(X + o_tv, mask=m_tv, other=0.0)
         b_dw = tl.load(DW + o_tv, mask=m_tv, other=0.0)
         b_hS = tl.load(hS + o_state, mask=m_state, other=0.0).to(dt)
-        b_dhS = tl.load(dhS + o_state, mask=m_state, other=0.0).to(dt)
-        bv = (b_v * b_beta[:, None]).to(dt)
-        b_r = _target(b_x, c_clip, TARGET)
         dx = _target_slope(b_x, c_clip, TARGET) * b_dw
         if FIT_RES:
             dx = dx * b_gamma[:, None]
         dp = (-dx).to(dt)
-        # base read by q: a_t S_{t-1}^T do_t
-        X1 = Dq * tl.dot(b_do, tl.trans(bv))
-        dqS = tl.exp(eq)[:, None] * tl.dot(b_do, b_hS) + tl.dot(X1.to(dt), b_k)
-        # prediction read by k: S_{t-1}^T dp_t
-        X2 = Dp * tl.dot(dp, tl.trans(bv))
-        dkP = tl.exp(bp)[:, None] * tl.dot(dp, b_hS) + tl.dot(X2.to(dt), b_k)
-        # the base write beta_t v_t k_t^T: dS_t k_t and dS_t^T v_t
-        Uk = to_end * tl.dot(b_k, tl.trans(b_dhS)) + scale * tl.dot(tl.trans(Dq * QK).to(dt), b_do) \
-            + tl.dot(tl.trans(Dp * KK).to(dt), dp)
-        tl.store(dV + o_tv, (b_beta[:, None] * Uk + dx).to(dV.dtype.element_ty), mask=m_tv)
-        s_beta += tl.sum(b_v * Uk, axis=1)
-        dkW = to_end * tl.dot(bv, b_dhS) + scale * tl.dot(tl.trans(X1).to(dt), b_q) + tl.dot(tl.trans(X2).to(dt), b_k)
-        acc_dq += scale * dqS
-        if GATES:
-            e_q += scale * tl.sum(q32 * dqS, axis=1)
-        else:
-            e_e += scale * tl.sum(q32 * dqS, axis=1)
-        e_e += tl.sum(k32 * dkP, axis=1)
+        X1 += tl.dot(b_do, tl.trans(bv))
+        X2 += tl.dot(dp, tl.trans(bv))
+        sq += tl.dot(b_do, b_hS)
+        sp += tl.dot(dp, b_hS)
+        sw += tl.dot(bv, tl.load(dhS + o_state, mask=m_state, other=0.0).to(dt))
         if FIT_RES:
-            b_hR = tl.load(hR + o_state, mask=m_state, other=0.0).to(dt)
-            b_dhR = tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt)
+            b_w = tl.load(W + o_tv, mask=m_tv, other=0.0).to(dt)
             o_R = (b_do.to(tl.float32) * c_R[:, None]).to(dt)
-            X3 = Di * tl.dot(o_R, tl.trans(b_w))
-            dqR = tl.exp(b)[:, None] * tl.dot(o_R, b_hR) + tl.dot(X3.to(dt), b_k)
-            dkW += to_end * tl.dot(b_w, b_dhR) + scale * tl.dot(tl.trans(X3).to(dt), b_q)
-            acc_dq += scale * dqR
-            e_q += scale * tl.sum(q32 * dqR, axis=1)
-            s_gamma += tl.sum(b_r * b_dw, axis=1)
-            acc_dk += dkP + dkW
+            X3 += tl.dot(o_R, tl.trans(b_w))
+            sr += tl.dot(o_R, tl.load(hR + o_state, mask=m_state, other=0.0).to(dt))
+            sw += tl.dot(b_w, tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt))
         else:
-            # corr_t = c_t r_t (k_t . q~_t) and R_T = r_T k_T^T: no decays, outside d/db
-            s_n = c_R * tl.sum(b_r * b_do.to(tl.float32), axis=1) * scale
-            acc_dq += s_n[:, None] * k32
-            acc_dk += dkP + dkW + s_n[:, None] * q32
+            b_r = _target(b_x, c_clip, TARGET)
+            s_n += tl.sum(b_r * b_do.to(tl.float32), axis=1)
             if HAS_DRT:
                 b_dRT = tl.load(dRT + (n * H + h) * V * K + rv[:, None] * K + rk[None, :], mask=m_state, other=0.0)
-                acc_dk += tl.where((t == eos - 1)[:, None], tl.dot(b_r, b_dRT), 0.0)
-        e_k += tl.sum(k32 * dkW, axis=1)
-        if GATES:
-            b_corr = tl.load(CORR + o_tv, mask=m_tv, other=0.0)
-            s_gamma += tl.sum(b_do.to(tl.float32) * b_corr, axis=1)
-    o_tk = tok[:, None] * K + rk[None, :]
-    tl.store(dQ + o_tk, acc_dq.to(dQ.dtype.element_ty), mask=m_tk)
-    tl.store(dK + o_tk, acc_dk.to(dK.dtype.element_ty), mask=m_tk)
-    tl.store(dBETA + tok, s_beta, mask=mt)
-    tl.store(dGAMMA + tok, s_gamma, mask=mt)
-    tl.store(EQK + tok, e_q - e_k, mask=mt)
-    tl.store(EE + tok, e_e, mask=mt)
+                d_last += tl.dot(b_r, b_dRT)
+    strict = rt[:, None] > rt[None, :]
+    X1 = X1 * _decay(eq, b, strict)
+    X2 = X2 * _decay(bp, b, strict)
+    # base read by q, old read by k (query roles); both writes (key roles)
+    dqS = tl.exp(eq)[:, None] * sq + tl.dot(X1.to(dt), b_k)
+    dkP = tl.exp(bp)[:, None] * sp + tl.dot(X2.to(dt), b_k)
+    dkW = tl.exp(b_L - b)[:, None] * sw + scale * tl.dot(tl.trans(X1).to(dt), b_q) + tl.dot(tl.trans(X2).to(dt), b_k)
+    dq = scale * dqS
+    e_q = tl.zeros([BT], dtype=tl.float32)
+    e_e = tl.sum(k32 * dkP, axis=1)
+    if GATES:
+        e_q += scale * tl.sum(q32 * dqS, axis=1)
+    else:
+        e_e += scale * tl.sum(q32 * dqS, axis=1)
+    if FIT_RES:
+        X3 = X3 * _decay(b, b, rt[:, None] >= rt[None, :])
+        dqR = tl.exp(b)[:, None] * sr + tl.dot(X3.to(dt), b_k)
+        dkW += scale * tl.dot(tl.trans(X3).to(dt), b_q)
+        dq += scale * dqR
+        e_q += scale * tl.sum(q32 * dqR, axis=1)
+        dk = dkP + dkW
+    else:
+        # corr_t = c_t r_t (k_t . q~_t) and R_T = r_T k_T^T: no decays, outside d/db
+        s_n = c_R * s_n * scale
+        dq += s_n[:, None] * k32
+        dk = dkP + dkW + s_n[:, None] * q32
+        if HAS_DRT:
+            dk += tl.where((t == eos - 1)[:, None], d_last, 0.0)
+    tl.store(dQ + o_tk, dq.to(dQ.dtype.element_ty), mask=m_tk)
+    tl.store(dK + o_tk, dk.to(dK.dtype.element_ty), mask=m_tk)
+    o_part = i_k.to(tl.int64) * NTH + tok
+    tl.store(EQ_P + o_part, e_q, mask=mt)
+    tl.store(EE_P + o_part, e_e, mask=mt)
+    tl.store(EK_P + o_part, tl.sum(k32 * dkW, axis=1), mask=mt)
 
 
 class Layout:
@@ -516,12 +559,26 @@ class RLAFunction(torch.autograd.Function):
         dQ = torch.empty(B * T, H, K, dtype=torch.float32, device=dev)
         dK = torch.empty_like(dQ)
         dV = torch.empty(B * T, H, V, dtype=torch.float32, device=dev)
-        dBETA = torch.empty(B * T, H, dtype=torch.float32, device=dev)
-        dGAMMA, EQK, EE = torch.empty_like(dBETA), torch.empty_like(dBETA), torch.empty_like(dBETA)
-        _bwd_grads[(max(NT, 1), H)](
-            q, k, v, g32, beta_c, gamma_c, W, X, DW, CORR, dO, hS, hR, dhS, dhR,
-            dRT if dRT is not None else dS0, dQ, dK, dV, dBETA, dGAMMA, EQK, EE, layout.cu, layout.cidx, scale,
-            float(spec.clip), HAS_DRT=dRT is not None and not fit_res, **consts, **_launch("bwd_grads", V))
+        NTH = B * T * H
+        opts = _launch("bwd_dv", V)
+        NV = triton.cdiv(V, opts["BV"])
+        dBETA_P = torch.empty(NV, NTH, dtype=torch.float32, device=dev)
+        dGAMMA_P = torch.empty_like(dBETA_P)
+        _bwd_dv[(NV, max(NT, 1), H)](
+            q, k, v, g32, beta_c, gamma_c, X, DW, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH,
+            scale, float(spec.clip), **consts, **opts)
+        opts = _launch("bwd_dqk", V)
+        BKt = opts.pop("BK")
+        NK = triton.cdiv(K, BKt)
+        EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
+        EE_P, EK_P = torch.empty_like(EQ_P), torch.empty_like(EQ_P)
+        _bwd_dqk[(NK, max(NT, 1), H)](
+            q, k, v, g32, beta_c, gamma_c, W, X, DW, dO, hS, hR, dhS, dhR, dRT if dRT is not None else dS0, dQ, dK,
+            EQ_P, EE_P, EK_P, layout.cu, layout.cidx, NTH, scale, float(spec.clip),
+            HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
+        dBETA, dGAMMA = dBETA_P.sum(0).view(B * T, H), dGAMMA_P.sum(0).view(B * T, H)
+        EE = EE_P.sum(0).view(B * T, H)
+        EQK = (EQ_P - EK_P).sum(0).view(B * T, H)
         dg = layout.reverse_cumsum(EQK + EE) - EE
         final = torch.zeros(N, H, dtype=torch.float32, device=dev)
         if dST is not None:
