@@ -1,4 +1,4 @@
-"""RLA (the additive rule) as four Triton kernels of our own: both recurrences in one pass each way.
+"""RLA (the additive rule) in six Triton kernels of our own: both recurrences in one pass each way.
 
 The `fla` composition runs the base recurrence twice over (once per query, [q; k]) and the auxiliary one after it,
 with PyTorch glue in between. Here, per head and chunk of BT tokens (b = the chunk-local cumsum of g, b' = b - g,
@@ -438,7 +438,7 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DW, dO, hS, hR, dhS, dhR, dRT, dQ, d
 
 
 class Layout:
-    """Packed-sequence bookkeeping shared by the four kernels: cu_seqlens, chunk offsets and the chunk list."""
+    """Packed-sequence bookkeeping shared by the kernels: cu_seqlens, chunk offsets and the chunk list."""
 
     def __init__(self, B: int, T: int, cu_seqlens: torch.Tensor | None, chunk: int, device):
         if cu_seqlens is None:
