@@ -115,5 +115,18 @@ def test_layout_lists_chunks_and_sums_each_sequence_from_the_end():
     assert batched.cu.tolist() == [0, 7, 14, 21] and batched.chunks == 6
 
 
+def test_fused_kernels_take_only_what_ran_on_the_gpu():
+    import torch
+
+    from rla_ablate.ops.spec import ResidualSpec
+    from rla_ablate.ops.triton_rla import covers
+
+    x = torch.zeros(1, 2, 1, 128, dtype=torch.bfloat16)
+    assert covers(x, x, ResidualSpec()) and covers(x.half(), x, ResidualSpec(fit="none"))
+    assert not covers(x.float(), x, ResidualSpec())  # fp32 tiles exceed shared memory
+    assert not covers(x, torch.zeros(1, 2, 1, 256, dtype=torch.bfloat16), ResidualSpec())  # would loop over V
+    assert not covers(x, x, ResidualSpec(rule="delta")) and not covers(x, x, ResidualSpec(fit="off"))
+
+
 if __name__ == "__main__":
     check_all()

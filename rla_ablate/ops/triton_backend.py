@@ -1,6 +1,7 @@
 """The `triton` backend: RLA on our fused kernels (`triton_rla`), RDN as the `fla` composition with fused glue.
 
-rule="additive" with fit "residual" or "none" runs `triton_rla` (both recurrences in one pass each way); fit="off"
+rule="additive" with fit "residual" or "none" runs `triton_rla` (both recurrences in one pass each way) for bf16/fp16
+heads up to 128 wide (`triton_rla.covers`; the rest takes the composition below); fit="off"
 is the baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). The delta rule still composes FLA's
 kernels, with the elementwise glue between them fused as below.
 
@@ -26,7 +27,7 @@ import triton.language as tl
 from rla_ablate.ops import register_backend
 from rla_ablate.ops.fla_backend import FLA_KERNELS, Glue, compose_residual_attention, fla_available
 from rla_ablate.ops.spec import ResidualSpec
-from rla_ablate.ops.triton_rla import TARGET_CODES, _target, _target_slope, rla_triton
+from rla_ablate.ops.triton_rla import TARGET_CODES, _target, _target_slope, covers, rla_triton
 
 BLOCK_ROWS = 16
 
@@ -201,7 +202,7 @@ TRITON_GLUE = Glue(residual=_fused_residual, output=_fused_output)
 def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
                               cu_seqlens: torch.Tensor | None = None):
     """The `triton` backend (signature of `naive_residual_attention`, plus FLA-style `cu_seqlens`)."""
-    if spec.rule == "additive" and spec.fit != "off" and q.dtype != torch.float32:
+    if covers(q, v, spec):
         return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
     return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
                                       glue=TRITON_GLUE)

@@ -596,6 +596,19 @@ class RLAFunction(torch.autograd.Function):
                 None, None, None, None)
 
 
+MAX_HEAD_DIM = 128
+
+
+def covers(q: torch.Tensor, v: torch.Tensor, spec: ResidualSpec) -> bool:
+    """Whether the fused kernels take these inputs on a GPU: RLA (fit residual or none) in bf16/fp16 with K, V <= 128.
+
+    fp32 tiles do not fit a block's shared memory; heads over 128 would loop the dq/dk kernel over V tiles, the
+    pattern that Triton 3.7 miscompiled on the H200 (docs/RESULTS.md). Those inputs take the FLA composition.
+    """
+    return (spec.rule == "additive" and spec.fit != "off" and q.dtype in (torch.bfloat16, torch.float16)
+            and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM)
+
+
 def rla_triton(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
                cu_seqlens: torch.Tensor | None = None, chunk: int = CHUNK):
     """RLA / its fit="none" ablation on the fused kernels (signature of the backends, plus `chunk` for tests)."""
