@@ -556,9 +556,10 @@ class RLAFunction(torch.autograd.Function):
             q, k, g32, gamma_c, dO, X, DW, dhS, dhR, dST if dST is not None else dS0,
             dRT if dRT is not None else dS0, dS0, dR0, layout.cu, layout.coff, scale, float(spec.clip),
             HAS_DST=dST is not None, HAS_DRT=dRT is not None, **consts, **opts)
-        dQ = torch.empty(B * T, H, K, dtype=torch.float32, device=dev)
-        dK = torch.empty_like(dQ)
-        dV = torch.empty(B * T, H, V, dtype=torch.float32, device=dev)
+        # every element of dq, dk, dv is written once, by one program: stored in the inputs' dtype straight away
+        dQ = torch.empty(B * T, H, K, dtype=q.dtype, device=dev)
+        dK = torch.empty(B * T, H, K, dtype=k.dtype, device=dev)
+        dV = torch.empty(B * T, H, V, dtype=v.dtype, device=dev)
         NTH = B * T * H
         opts = _launch("bwd_dv", V)
         NV = triton.cdiv(V, opts["BV"])
@@ -589,7 +590,7 @@ class RLAFunction(torch.autograd.Function):
         g_dtype, beta_dtype, gamma_dtype = ctx.dtypes
         shape_k, shape_v, shape_g = (B, T, H, K), (B, T, H, V), (B, T, H)
         uses_gamma = fit_res or spec.output_gates
-        return (dQ.view(shape_k).to(q.dtype), dK.view(shape_k).to(k.dtype), dV.view(shape_v).to(v.dtype),
+        return (dQ.view(shape_k), dK.view(shape_k), dV.view(shape_v),
                 dg.view(shape_g).to(g_dtype), dBETA.view(shape_g).to(beta_dtype),
                 dGAMMA.view(shape_g).to(gamma_dtype) if uses_gamma else None,
                 dS0 if ctx.has_S0 else None, dR0 if (ctx.has_R0 and fit_res) else None,
