@@ -2,7 +2,7 @@
 
     python benchmarks/kernels.py [--tokens 65536] [--seq-lens 2048 8192 32768] [--long 131072] [--json out.json]
     python benchmarks/kernels.py --profile [--seq-lens 2048]     # GPU time per kernel, fwd+bwd, from torch.profiler
-    python benchmarks/kernels.py --tune [--seq-lens 2048]        # RLA [triton] fwd+bwd under alternative launch options
+    python benchmarks/kernels.py --tune [--seq-lens 2048]        # RLA [triton] fwd+bwd with each kernel at other warp counts
 
 Each T runs B = tokens / T sequences of H=16 heads of dimension 128; --long adds one forward-only row set at B=1.
 Baselines: FLA chunk_simple_gla (sGLA, the additive base) and chunk_gated_delta_rule (Gated DeltaNet, the delta
