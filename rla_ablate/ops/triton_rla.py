@@ -109,6 +109,16 @@ def _chunk_rows(cu, cidx, i_c, h, H: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _chunk_tile(cu, cidx, i_c, h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr):
+    """_chunk_rows plus the column ranges of a full-K x V-tile program and the masks of its [BT, K] and [BT, BV] tiles."""
+    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
+    rk, rv = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < K, rv < V
+    return n, eos, t, mt, tok, rk, rv, mk, mv, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+
+
+@triton.jit
 def _intra(a, b_ptr, u, gate, g, OUT, cu, cidx, scale,
            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
            BV: tl.constexpr, REVERSE: tl.constexpr):
@@ -119,10 +129,8 @@ def _intra(a, b_ptr, u, gate, g, OUT, cu, cidx, scale,
                                                                                                gate = gamma or none)
     """
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
-    rt, rk, rv = tl.arange(0, BT), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+    n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
+    rt = tl.arange(0, BT)
     b_a = tl.load(a + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     b_b = tl.load(b_ptr + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     dt = b_a.dtype
@@ -206,10 +214,8 @@ def _fwd_output(q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr):
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
-    rt, rk, rv = tl.arange(0, BT), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+    n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
+    rt = tl.arange(0, BT)
     b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     dt = b_k.dtype
@@ -298,10 +304,8 @@ def _bwd_dv(q, k, v, g, beta, gamma, X, DW, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P
             TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr):
     """dv = beta dS_t k_t + dx, and this V tile's shares of dbeta and dgamma (grid V tiles x chunks x heads)."""
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
-    rt, rk, rv = tl.arange(0, BT), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+    n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
+    rt = tl.arange(0, BT)
     o_tv = tok[:, None] * V + rv[None, :]
     b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
