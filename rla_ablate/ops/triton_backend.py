@@ -12,10 +12,11 @@ passes over [B, T, H, V] between and after the recurrences. Two kernels, each wi
     output:    o_t = alpha_t S_{t-1} q_t + gamma_t R_t q_t   (or the ungated sum)
 
 Both read the base reads straight from the base pass's output (strided [B, T, H, V] views, no copies), compute in
-fp32 and write once in the input dtype. The recurrences are still FLA's; reading the chunk states once for both
-queries and fusing the two recurrences are the next steps (see docs/RESULTS.md).
+fp32 and write once in the input dtype. In this path the recurrences are still FLA's (RLA has its own in
+`triton_rla`; RDN's are the next step, docs/RESULTS.md).
 
-Not chosen by "auto" (no cuda_rank) until its GPU tests have run on a GPU; request it with backend="triton".
+Not chosen by "auto" (no cuda_rank) until its whole GPU test set has passed on a GPU (docs/RESULTS.md says which
+cases have); request it with backend="triton".
 """
 
 from __future__ import annotations
