@@ -194,3 +194,34 @@ def test_unset_switches_resolve_per_family():
     # The resolved JSON (what job ids hash) validates back to the same config.
     assert ModelConfig.model_validate_json(rla.model_dump_json()) == rla
     assert rla.replace(family="sgla").fit == "off"
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+@pytest.mark.parametrize("variant", ["rla", "sgla"])
+def test_autocast_hands_the_op_one_dtype(variant, device, monkeypatch):
+    """Under bf16 autocast q and k leave the L2 norm in the activation dtype, as v (CUDA autocasts rsqrt to fp32)."""
+    import rla_ablate.models.layers as layers
+
+    seen = []
+    real = layers.residual_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(layers, "residual_attention", spy)
+    torch.manual_seed(0)
+    model = build_model(make(variant, qk_norm="l2")).to(device)
+    ids = torch.randint(0, 50, (2, 9), generator=torch.Generator().manual_seed(3)).to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        model(ids).float().sum().backward()
+    assert seen and all(d == (torch.bfloat16,) * 3 for d in seen), seen
+
+
+def test_l2norm_keeps_the_dtype_and_float64_precision():
+    from rla_ablate.models.layers import L2_EPS, _l2norm
+
+    x = torch.randn(3, 5, 2, 16, dtype=torch.float64)
+    assert _l2norm(x.bfloat16()).dtype == torch.bfloat16
+    assert_close("float64 l2norm", x / (x.square().sum(-1, keepdim=True) + L2_EPS).sqrt(), _l2norm(x), ratio=1e-14)

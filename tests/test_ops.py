@@ -268,6 +268,8 @@ def test_invalid_shapes_and_dtypes_raise_clear_errors():
         residual_attention(q, k, v, g, beta, None, fit="residual")
     with pytest.raises(ValueError, match="floating-point"):
         residual_attention(q, k, v, g, beta.long(), gamma)
+    with pytest.raises(ValueError, match="share one dtype"):
+        residual_attention(q, k.float(), v.bfloat16(), g, beta, gamma)
     with pytest.raises(ValueError, match="initial_state S0 must be"):
         residual_attention(q, k, v, g, beta, gamma, initial_state=(torch.zeros(1, 2, 3, 4), None))
 

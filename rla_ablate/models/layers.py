@@ -76,7 +76,13 @@ class ShortConvolution(nn.Conv1d):
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+    """x / |x| over the last dim, computed in at least fp32 and returned in x's dtype.
+
+    Under CUDA autocast rsqrt runs in fp32, so without the cast q and k would leave here fp32 while v stays bf16:
+    the kernels need one dtype (FLA refuses the mix; `triton` would fall back to its fp32 path).
+    """
+    x32 = x.to(torch.promote_types(x.dtype, torch.float32))
+    return (x32 * torch.rsqrt((x32 * x32).sum(-1, keepdim=True) + L2_EPS)).to(x.dtype)
 
 
 class ResidualAttention(nn.Module):

@@ -95,6 +95,8 @@ def _check_inputs(q, k, v, g, beta, gamma, fit, initial_state, num_seqs=None):
             raise ValueError(f"{name} must be a floating-point tensor; got {x.dtype}")
         if x.device != q.device:
             raise ValueError(f"{name} is on {x.device} but q is on {q.device}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k and v must share one dtype; got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     if initial_state is not None:
         if not isinstance(initial_state, (tuple, list)) or len(initial_state) != 2:
             raise ValueError("initial_state must be a pair (S0, R0), each [B, H, V, K] or None")
