@@ -49,7 +49,7 @@ LAUNCH = {
     "fwd_output": dict(BV=64, num_warps=4),
     "bwd_states": dict(BV=64, num_warps=8),
     "bwd_dv": dict(BV=64, num_warps=4),
-    "bwd_dqk": dict(BV=128, BK=64, num_warps=8),
+    "bwd_dqk": dict(BK=64, num_warps=8),  # its V tile is the whole V
 }
 MIN_TILE = 64
 G_FLOOR = tl.constexpr(-60.0)
@@ -299,10 +299,14 @@ def _bwd_states(q, k, g, gamma, dO, X, DW, dhS, dhR, dST, dRT, dS0, dR0, cu, cof
 
 
 @triton.jit
-def _bwd_dv(q, k, v, g, beta, gamma, X, DW, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale, c_clip,
+def _bwd_dv(q, k, v, g, beta, gamma, X, DW, CORR, dO, dhS, dV, DX, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale, c_clip,
             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
             TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr):
-    """dv = beta dS_t k_t + dx, and this V tile's shares of dbeta and dgamma (grid V tiles x chunks x heads)."""
+    """dv = beta dS_t k_t + dx, and this V tile's shares of dbeta and dgamma (grid V tiles x chunks x heads).
+
+    Also stores dx in the inputs' dtype for _bwd_dqk, which only uses it as a dot operand (cast there anyway): it
+    then reads 2 bytes per element instead of x and dw (8), and holds fewer registers.
+    """
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
     rt = tl.arange(0, BT)
@@ -330,6 +334,7 @@ def _bwd_dv(q, k, v, g, beta, gamma, X, DW, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P
         + scale * tl.dot(tl.trans(Dq * tl.dot(b_q, tl.trans(b_k))).to(dt), b_do) \
         + tl.dot(tl.trans(Dp * tl.dot(b_k, tl.trans(b_k))).to(dt), (-dx).to(dt))
     tl.store(dV + o_tv, (b_beta[:, None] * Uk + dx).to(dV.dtype.element_ty), mask=m_tv)
+    tl.store(DX + o_tv, dx.to(DX.dtype.element_ty), mask=m_tv)
     o_part = i_v.to(tl.int64) * NTH + tok
     tl.store(dBETA_P + o_part, tl.sum(b_v * Uk, axis=1), mask=mt)
     s_gamma = tl.zeros([BT], dtype=tl.float32)
@@ -341,17 +346,23 @@ def _bwd_dv(q, k, v, g, beta, gamma, X, DW, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P
 
 
 @triton.jit
-def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DW, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P,
+def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P,
              cu, cidx, NTH, scale, c_clip,
              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
              TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr, HAS_DRT: tl.constexpr):
-    """dq, dk on one K tile, and its shares of the per-token d/db terms (grid K tiles x chunks x heads)."""
+    """dq, dk on one K tile, and its shares of the per-token d/db terms (grid K tiles x chunks x heads).
+
+    The whole V is one tile (BV >= V): straight-line code in which every V contraction is consumed as soon as it is
+    made (the base read by q, the old read by k, the residual read, the writes), so that few BT x BT and BT x BK
+    fp32 tiles are alive at once. Holding all seven at the end of a loop over V tiles spilled registers.
+    """
     i_k, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
-    rt, rk = tl.arange(0, BT), i_k * BK + tl.arange(0, BK)
-    mk = rk < K
-    m_tk = mt[:, None] & mk[None, :]
-    o_tk = tok[:, None] * K + rk[None, :]
+    rt, rk, rv = tl.arange(0, BT), i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
+    mk, mv = rk < K, rv < V
+    m_tk, m_tv, m_state = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :], mv[:, None] & mk[None, :]
+    o_tk, o_tv = tok[:, None] * K + rk[None, :], tok[:, None] * V + rv[None, :]
+    o_state = (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :]
     b_q = tl.load(q + o_tk, mask=m_tk, other=0.0)
     b_k = tl.load(k + o_tk, mask=m_tk, other=0.0)
     dt = b_k.dtype
@@ -359,82 +370,56 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DW, dO, hS, hR, dhS, dhR, dRT, dQ, d
     b, bp, b_L = _chunk_gates(g, tok, mt)
     b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
     b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
-    c_R = b_gamma if GATES else tl.full([BT], 1.0, tl.float32)
     eq = b if GATES else bp
-    # V contractions, accumulated over V tiles: the BT x BT products and the reads of the chunk's four states
-    X1 = tl.zeros([BT, BT], dtype=tl.float32)  # do_t . beta_s v_s
-    X2 = tl.zeros([BT, BT], dtype=tl.float32)  # dp_t . beta_s v_s
-    X3 = tl.zeros([BT, BT], dtype=tl.float32)  # c_t do_t . w_s
-    sq = tl.zeros([BT, BK], dtype=tl.float32)  # S_c^T do
-    sp = tl.zeros([BT, BK], dtype=tl.float32)  # S_c^T dp
-    sw = tl.zeros([BT, BK], dtype=tl.float32)  # dS_end^T beta v + dR_end^T w
-    sr = tl.zeros([BT, BK], dtype=tl.float32)  # R_c^T c do
-    s_n = tl.zeros([BT], dtype=tl.float32)     # fit="none": r_t . do_t
-    d_last = tl.zeros([BT, BK], dtype=tl.float32)  # fit="none": dR_T^T r_T
-    o_chunk = (i_c * H + h).to(tl.int64) * V * K
-    for i_v in tl.range(0, tl.cdiv(V, BV), num_stages=1):
-        rv = i_v * BV + tl.arange(0, BV)
-        mv = rv < V
-        m_tv = mt[:, None] & mv[None, :]
-        m_state = mv[:, None] & mk[None, :]
-        o_tv = tok[:, None] * V + rv[None, :]
-        o_state = o_chunk + rv[:, None] * K + rk[None, :]
-        b_do = tl.load(dO + o_tv, mask=m_tv, other=0.0).to(dt)
-        bv = (tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) * b_beta[:, None]).to(dt)
-        b_x = tl.load(X + o_tv, mask=m_tv, other=0.0)
-        b_dw = tl.load(DW + o_tv, mask=m_tv, other=0.0)
-        b_hS = tl.load(hS + o_state, mask=m_state, other=0.0).to(dt)
-        dx = _target_slope(b_x, c_clip, TARGET) * b_dw
-        if FIT_RES:
-            dx = dx * b_gamma[:, None]
-        dp = (-dx).to(dt)
-        X1 += tl.dot(b_do, tl.trans(bv))
-        X2 += tl.dot(dp, tl.trans(bv))
-        sq += tl.dot(b_do, b_hS)
-        sp += tl.dot(dp, b_hS)
-        sw += tl.dot(bv, tl.load(dhS + o_state, mask=m_state, other=0.0).to(dt))
-        if FIT_RES:
-            b_w = tl.load(W + o_tv, mask=m_tv, other=0.0).to(dt)
-            o_R = (b_do.to(tl.float32) * c_R[:, None]).to(dt)
-            X3 += tl.dot(o_R, tl.trans(b_w))
-            sr += tl.dot(o_R, tl.load(hR + o_state, mask=m_state, other=0.0).to(dt))
-            sw += tl.dot(b_w, tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt))
-        else:
-            b_r = _target(b_x, c_clip, TARGET)
-            s_n += tl.sum(b_r * b_do.to(tl.float32), axis=1)
-            if HAS_DRT:
-                b_dRT = tl.load(dRT + (n * H + h) * V * K + rv[:, None] * K + rk[None, :], mask=m_state, other=0.0)
-                d_last += tl.dot(b_r, b_dRT)
     strict = rt[:, None] > rt[None, :]
-    X1 = X1 * _decay(eq, b, strict)
-    X2 = X2 * _decay(bp, b, strict)
-    # base read by q, old read by k (query roles); both writes (key roles)
-    dqS = tl.exp(eq)[:, None] * sq + tl.dot(X1.to(dt), b_k)
-    dkP = tl.exp(bp)[:, None] * sp + tl.dot(X2.to(dt), b_k)
-    dkW = tl.exp(b_L - b)[:, None] * sw + scale * tl.dot(tl.trans(X1).to(dt), b_q) + tl.dot(tl.trans(X2).to(dt), b_k)
+    b_do = tl.load(dO + o_tv, mask=m_tv, other=0.0).to(dt)
+    bv = (tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) * b_beta[:, None]).to(dt)
+    b_hS = tl.load(hS + o_state, mask=m_state, other=0.0).to(dt)
+    # the base read by q: o += scale (exp(eq) q S_c^T + (q k^T * decay) beta v)
+    A = (tl.dot(b_do, tl.trans(bv)) * _decay(eq, b, strict)).to(dt)
+    dqS = tl.exp(eq)[:, None] * tl.dot(b_do, b_hS) + tl.dot(A, b_k)
     dq = scale * dqS
+    s_qS = scale * tl.sum(q32 * dqS, axis=1)
+    dkW = scale * tl.dot(tl.trans(A), b_q)
+    # the old read by k: p = exp(b') k S_c^T + (k k^T * decay) beta v, with dp = -dx (from _bwd_dv)
+    dp = -tl.load(DX + o_tv, mask=m_tv, other=0.0)
+    P = (tl.dot(dp, tl.trans(bv)) * _decay(bp, b, strict)).to(dt)
+    dk = tl.exp(bp)[:, None] * tl.dot(dp, b_hS) + tl.dot(P, b_k)
+    e_e = tl.sum(k32 * dk, axis=1)
+    dkW += tl.dot(tl.trans(P), b_k)
+    # the writes of the chunk through its end state: dS_end^T beta v (+ dR_end^T w)
+    sw = tl.dot(bv, tl.load(dhS + o_state, mask=m_state, other=0.0).to(dt))
     e_q = tl.zeros([BT], dtype=tl.float32)
-    e_e = tl.sum(k32 * dkP, axis=1)
     if GATES:
-        e_q += scale * tl.sum(q32 * dqS, axis=1)
+        e_q += s_qS
     else:
-        e_e += scale * tl.sum(q32 * dqS, axis=1)
+        e_e += s_qS
     if FIT_RES:
-        X3 = X3 * _decay(b, b, rt[:, None] >= rt[None, :])
-        dqR = tl.exp(b)[:, None] * sr + tl.dot(X3.to(dt), b_k)
-        dkW += scale * tl.dot(tl.trans(X3).to(dt), b_q)
+        b_w = tl.load(W + o_tv, mask=m_tv, other=0.0).to(dt)
+        o_R = (b_do.to(tl.float32) * (b_gamma if GATES else tl.full([BT], 1.0, tl.float32))[:, None]).to(dt)
+        # the residual read: o += c scale (exp(b) q R_c^T + (q k^T * decay incl. the diagonal) w)
+        Rm = (tl.dot(o_R, tl.trans(b_w)) * _decay(b, b, rt[:, None] >= rt[None, :])).to(dt)
+        dqR = tl.exp(b)[:, None] * tl.dot(o_R, tl.load(hR + o_state, mask=m_state, other=0.0).to(dt)) \
+            + tl.dot(Rm, b_k)
         dq += scale * dqR
         e_q += scale * tl.sum(q32 * dqR, axis=1)
-        dk = dkP + dkW
+        dkW += scale * tl.dot(tl.trans(Rm), b_q)
+        sw += tl.dot(b_w, tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt))
+        dkW += tl.exp(b_L - b)[:, None] * sw
     else:
+        dkW += tl.exp(b_L - b)[:, None] * sw
         # corr_t = c_t r_t (k_t . q~_t) and R_T = r_T k_T^T: no decays, outside d/db
-        s_n = c_R * s_n * scale
+        b_r = _target(tl.load(X + o_tv, mask=m_tv, other=0.0), c_clip, TARGET)
+        s_n = tl.sum(b_r * b_do.to(tl.float32), axis=1) * scale
+        if GATES:
+            s_n = s_n * b_gamma
         dq += s_n[:, None] * k32
-        dk = dkP + dkW + s_n[:, None] * q32
+        dk += s_n[:, None] * q32
         if HAS_DRT:
-            dk += tl.where((t == eos - 1)[:, None], d_last, 0.0)
+            b_dRT = tl.load(dRT + (n * H + h) * V * K + rv[:, None] * K + rk[None, :], mask=m_state, other=0.0)
+            dk += tl.where((t == eos - 1)[:, None], tl.dot(b_r, b_dRT), 0.0)
     tl.store(dQ + o_tk, dq.to(dQ.dtype.element_ty), mask=m_tk)
-    tl.store(dK + o_tk, dk.to(dK.dtype.element_ty), mask=m_tk)
+    tl.store(dK + o_tk, (dk + dkW).to(dK.dtype.element_ty), mask=m_tk)
     o_part = i_k.to(tl.int64) * NTH + tok
     tl.store(EQ_P + o_part, e_q, mask=mt)
     tl.store(EE_P + o_part, e_e, mask=mt)
@@ -476,9 +461,11 @@ class Layout:
 
 
 def _launch(name: str, V: int) -> dict:
-    """The launch options of one kernel: its V tile (at most V rounded up to a power of two, at least MIN_TILE), warps."""
+    """The launch options of one kernel: its V tile (at most V rounded up to a power of two, at least MIN_TILE; the
+    whole V where LAUNCH names none), warps."""
     opts = dict(LAUNCH[name])
-    opts["BV"] = max(MIN_TILE, min(opts["BV"], triton.next_power_of_2(V)))
+    whole = triton.next_power_of_2(V)
+    opts["BV"] = max(MIN_TILE, min(opts.get("BV", whole), whole))
     return opts
 
 
@@ -569,8 +556,9 @@ class RLAFunction(torch.autograd.Function):
         NV = triton.cdiv(V, opts["BV"])
         dBETA_P = torch.empty(NV, NTH, dtype=torch.float32, device=dev)
         dGAMMA_P = torch.empty_like(dBETA_P)
+        DX = torch.empty_like(dV)
         _bwd_dv[(NV, max(NT, 1), H)](
-            q, k, v, g32, beta_c, gamma_c, X, DW, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH,
+            q, k, v, g32, beta_c, gamma_c, X, DW, CORR, dO, dhS, dV, DX, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH,
             scale, float(spec.clip), **consts, **opts)
         opts = _launch("bwd_dqk", V)
         BKt = opts.pop("BK")
@@ -578,7 +566,7 @@ class RLAFunction(torch.autograd.Function):
         EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
         EE_P, EK_P = torch.empty_like(EQ_P), torch.empty_like(EQ_P)
         _bwd_dqk[(NK, max(NT, 1), H)](
-            q, k, v, g32, beta_c, gamma_c, W, X, DW, dO, hS, hR, dhS, dhR, dRT if dRT is not None else dS0, dQ, dK,
+            q, k, v, g32, beta_c, gamma_c, W, X, DX, dO, hS, hR, dhS, dhR, dRT if dRT is not None else dS0, dQ, dK,
             EQ_P, EE_P, EK_P, layout.cu, layout.cidx, NTH, scale, float(spec.clip),
             HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
         dBETA, dGAMMA = dBETA_P.sum(0).view(B * T, H), dGAMMA_P.sum(0).view(B * T, H)
