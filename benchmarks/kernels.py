@@ -86,6 +86,8 @@ def profile(runs, T, tokens, names):
         do = torch.randn_like(fn(x))
         for _ in range(3):
             fn(x).backward(do)
+        for t in x.values():
+            t.grad = None  # else the profile shows the accumulation of 4 calls' gradients, which do_bench avoids
         torch.cuda.synchronize()
         with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn(x).backward(do)

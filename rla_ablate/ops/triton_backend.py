@@ -1,8 +1,8 @@
 """The `triton` backend: RLA on our fused kernels (`triton_rla`), RDN as the `fla` composition with fused glue.
 
-rule="additive" with fit "residual" or "none" runs `triton_rla` (both recurrences in one pass each way) for bf16/fp16
-heads up to 128 wide (`triton_rla.covers`; the rest takes the composition below); fit="off"
-is the baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). The delta rule still composes FLA's
+rule="additive" with fit "residual" or "none" runs `triton_rla` (our own kernels: plain state passes plus parallel
+residual, output and gradient kernels) for bf16/fp16 heads up to 128 wide (`triton_rla.covers`; the rest takes
+the composition below); fit="off" is the baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). The delta rule still composes FLA's
 kernels, with the elementwise glue between them fused as below.
 
 On the H200 the `fla` backend spends most of its time outside FLA (docs/RESULTS.md): about twenty fp32/bf16

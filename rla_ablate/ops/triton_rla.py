@@ -1,29 +1,29 @@
-"""RLA (the additive rule) in six Triton kernels of our own: both recurrences in one pass each way.
+"""RLA (the additive rule) in seven Triton kernels of our own, one autograd Function.
 
 The `fla` composition runs the base recurrence twice over (once per query, [q; k]) and the auxiliary one after it,
 with PyTorch glue in between. Here, per head and chunk of BT tokens (b = the chunk-local cumsum of g, b' = b - g,
-S_c, R_c the states when the chunk starts, all of it docs/MATH.md "chunked RLA"):
+b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "chunked RLA"):
 
     forward
-      intra   (parallel over chunks): the part of p below from inside the chunk, (k k^T * exp(b'_t - b_s)[s<t]) (beta v),
-              so that the sequential kernels do no BT x BT products (likewise dw's intra part before the reverse pass)
-      states  (sequential over chunks, grid V-blocks x sequences x heads): from S_c, R_c
-                p   = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v)      the old read S_{t-1} k_t
-                x   = v - p,  w = gamma T(x)  (fit="none": w = T(x))
-                S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k,  R_{c+1} likewise with w
-              one pass reads each chunk once and writes S_c, R_c, x (fp32) and w.
-      output  (parallel over chunks): o = scale (exp(b) q S_c^T + (q k^T * exp(b_t - b_s)[s<t]) (beta v))
-                                        + gamma scale (exp(b) q R_c^T + (q k^T * exp(b_t - b_s)[s<=t]) w)
-              (no output gates: b' replaces b in the base read and gamma goes).
+      S pass    (sequential over chunks; grid K tiles x V tiles x sequences x heads, one state tile each, as FLA's
+                chunk_fwd_h): S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k, storing every S_c
+      residual  (parallel over chunks): p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v)   the old read
+                x = v - p,  w = gamma T(x)  (fit="none": w = T(x)); stores x (fp32) and w
+      R pass    the S pass over w: R_{c+1} = exp(b_L) R_c + (w * exp(b_L - b))^T k
+      output    (parallel): o = scale (exp(b) q S_c^T + (q k^T * exp(b_t - b_s)[s<t]) (beta v))
+                              + gamma scale (exp(b) q R_c^T + (q k^T * exp(b_t - b_s)[s<=t]) w)
+                (no output gates: b' replaces b in the base read and gamma goes).
     backward
-      states  (sequential, reverse): the gradients dS, dR of the state at each chunk end, and dw = dR_t k_t (the
-              residual's gradient), which feeds dS through dp = -gamma T'(x) dw: the two reverse passes are coupled,
-              so they run as one.
-      dv      (parallel over V tiles x chunks): dv = beta dS_t k_t + dx, and each tile's share of dbeta, dgamma
-      dq, dk  (parallel over K tiles x chunks, loop over V tiles): dq, dk, and for dg each tile's share of the
-              per-token terms of d/db (reads minus writes); dg is their reverse cumulative sum per sequence.
-              The two kernels split what one did (FLA splits its dv and dqkwg kernels the same way): each holds a
-              quarter of the state tiles, and the K tiles double the programs.
+      dR pass   (sequential, reverse): dR needs nothing from dS, so it runs first, alone
+      residual  (parallel): dw = dR_t k_t, dx = gamma T'(x) dw (the residual's gradient)
+      dS pass   (sequential, reverse): dS collects dx through dp = -dx (two dots per chunk)
+      dv        (parallel over V tiles x chunks): dv = beta dS_t k_t + dx, and each tile's share of dbeta, dgamma
+      dq, dk    (parallel over K tiles x chunks): dq, dk, and for dg each tile's share of the per-token terms of
+                d/db (reads minus writes); dg is their reverse cumulative sum per sequence.
+The residual couples the recurrences only through x (forward) and dx (backward), both per token: splitting each
+direction into two plain state passes and a parallel kernel keeps every sequential kernel to one fp32 state tile
+(an earlier version carried S and R, or dS and dR, together at full K: register spills, and a B = 1 sequence ran
+on 32 programs).
 
 Every input is flattened to packed sequences (B sequences of T tokens are cu_seqlens = 0, T, 2T, ...), so varlen
 and batched inputs share one code path. Chunk states are kept in the input dtype (as FLA does), the running states
@@ -44,11 +44,13 @@ CHUNK = 64
 # of a dot is at least 64 wide, padded by masks: on Hopper, Triton 3.6/3.7 miscompiles kernels holding several dots
 # with 16- or 32-wide operands (illegal shared-memory reads, triton-lang/triton#11366); BV=32 crashed here.
 LAUNCH = {
-    "intra": dict(BV=64, num_warps=4),
-    "fwd_states": dict(BV=64, num_warps=4),
-    "fwd_output": dict(BV=64, num_warps=4),
-    "bwd_states": dict(BV=64, num_warps=8),
-    "bwd_dv": dict(BV=64, num_warps=4),
+    # the state passes, one BV x BK fp32 tile per program (as FLA's chunk_fwd_h): one term (S, R, dR) or two (dS)
+    "state_pass": dict(BK=64, BV=64, num_warps=4),
+    "state_pass_2": dict(BK=64, BV=64, num_warps=8),
+    "fwd_residual": dict(BV=64, num_warps=8),
+    "fwd_output": dict(BV=64, num_warps=8),
+    "bwd_residual": dict(BV=64, num_warps=8),
+    "bwd_dv": dict(BV=64, num_warps=8),
     "bwd_dqk": dict(BK=64, num_warps=8),  # its V tile is the whole V
 }
 MIN_TILE = 64
@@ -119,94 +121,95 @@ def _chunk_tile(cu, cidx, i_c, h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.c
 
 
 @triton.jit
-def _intra(a, b_ptr, u, gate, g, OUT, cu, cidx, scale,
-           H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-           BV: tl.constexpr, REVERSE: tl.constexpr):
-    """The intra-chunk part of a read, parallel over chunks (the sequential kernels then skip every BT x BT product).
+def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr, REVERSE: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, HAS_SA: tl.constexpr,
+                HAS_B: tl.constexpr, HAS_D0: tl.constexpr):
+    """One chunked state recurrence, sequential over chunks (grid K tiles x V tiles x sequences x heads).
 
-    forward  (REVERSE=False): OUT_t = sum_{s < t} exp(b'_t - b_s) (a_t . b_s) gate_s u_s        (a = b = k, gate = beta)
-    backward (REVERSE=True):  OUT_t = scale sum_{s >= t} exp(b_s - b_t) (a_t . b_s) gate_s u_s  (a = k, b = q, u = do,
-                                                                                               gate = gamma or none)
+        D <- exp(b_L) D + ((ua * sa * scale_a * c_A(b)) ^T ka) [+ sign_b (ub * c_B(b)) ^T kb]     per chunk
+
+    forward (REVERSE=False) it is a state (S with ua = v, sa = beta; R with ua = w) and hD[c] holds it where chunk c
+    starts; reverse it is a state gradient (dR with ua = do, sa = gamma, ka = q; dS adds ub = dx, kb = k,
+    sign_b = -1) and hD[c] holds it where chunk c ends. c_X codes: 0 exp(b_L - b), 1 exp(b), 2 exp(b').
+    Holds one BV x BK fp32 tile and two dots per chunk: no spills, and K tiles multiply the programs of long
+    sequences (a B = 1 sequence of 128K tokens ran on 32 programs when the passes also made the residual).
     """
-    i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
-    rt = tl.arange(0, BT)
-    b_a = tl.load(a + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
-    b_b = tl.load(b_ptr + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
-    dt = b_a.dtype
-    b_u = tl.load(u + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
-    if gate is not None:
-        b_u = b_u * tl.load(gate + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
-    b, bp, b_L = _chunk_gates(g, tok, mt)
-    if REVERSE:
-        M = tl.dot(b_a, tl.trans(b_b)) * _decay(-b, -b, rt[:, None] <= rt[None, :]) * scale
-    else:
-        M = tl.dot(b_a, tl.trans(b_b)) * _decay(bp, b, rt[:, None] > rt[None, :])
-    tl.store(OUT + tok[:, None] * V + rv[None, :], tl.dot(M.to(dt), b_u.to(dt)), mask=m_tv)
-
-
-@triton.jit
-def _seq_start(cu, coff, A0, B0, HAS_A: tl.constexpr, HAS_B: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
-               V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """Prologue of a sequential pass (grid V tiles x sequences x heads): bounds, offsets, the two carried tiles."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, h = i_nh // H, i_nh % H
     bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
     c0 = tl.load(coff + n).to(tl.int64)
-    rk, rv = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    rk, rv = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     mk, mv = rk < K, rv < V
     m_state = mv[:, None] & mk[None, :]
     o_state = rv[:, None] * K + rk[None, :]
     o_seq = (n * H + h).to(tl.int64) * V * K
-    A = tl.zeros([BV, BK], dtype=tl.float32)
-    B = tl.zeros([BV, BK], dtype=tl.float32)
-    if HAS_A:
-        A += tl.load(A0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
-    if HAS_B:
-        B += tl.load(B0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
-    return h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, A, B
-
-
-@triton.jit
-def _fwd_states(k, v, g, beta, gamma, S0, R0, hS, hR, X, W, ST, RT, cu, coff, c_clip,
-                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, HAS_S0: tl.constexpr,
-                HAS_R0: tl.constexpr):
-    h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S, R = _seq_start(
-        cu, coff, S0, R0, HAS_S0, FIT_RES and HAS_R0, H, K, V, BK, BV)
+    D = tl.zeros([BV, BK], dtype=tl.float32)
+    if HAS_D0:
+        D += tl.load(D0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
     rt = tl.arange(0, BT)
-    for c in range(tl.cdiv(eos - bos, BT)):
-        o_chunk = ((c0 + c) * H + h) * V * K
-        tl.store(hS + o_chunk + o_state, S.to(hS.dtype.element_ty), mask=m_state)
-        if FIT_RES:
-            tl.store(hR + o_chunk + o_state, R.to(hR.dtype.element_ty), mask=m_state)
+    NC = tl.cdiv(eos - bos, BT)
+    for i in range(NC):
+        c = NC - 1 - i if REVERSE else i
+        tl.store(hD + ((c0 + c) * H + h) * V * K + o_state, D.to(hD.dtype.element_ty), mask=m_state)
         t = bos + c * BT + rt
         mt = t < eos
         tok = t * H + h
-        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
-        dt = b_k.dtype
-        m_tv = mt[:, None] & mv[None, :]
-        b_v = tl.load(v + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
-        b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
+        m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
         b, bp, b_L = _chunk_gates(g, tok, mt)
-        bv = b_v * b_beta[:, None]
-        # X holds the intra-chunk part of the old read (kernel _intra); x = v - p overwrites it
-        p = tl.exp(bp)[:, None] * tl.dot(b_k, tl.trans(S.to(dt))) \
-            + tl.load(X + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0)
-        x = b_v - p
-        tl.store(X + tok[:, None] * V + rv[None, :], x, mask=m_tv)
-        w = _target(x, c_clip, TARGET)
-        if FIT_RES:
-            w = w * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
-        w_q = w.to(W.dtype.element_ty)
-        tl.store(W + tok[:, None] * V + rv[None, :], w_q, mask=m_tv)
-        to_end = tl.exp(b_L - b)[:, None]
-        S = S * tl.exp(b_L) + tl.dot(tl.trans((bv * to_end).to(dt)), b_k)
-        if FIT_RES:
-            R = R * tl.exp(b_L) + tl.dot(tl.trans((w_q.to(tl.float32) * to_end).to(dt)), b_k)
-    tl.store(ST + o_seq + o_state, S, mask=m_state)
+        b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        dt = b_ka.dtype
+        if CA == 0:
+            coef = tl.exp(b_L - b)
+        elif CA == 1:
+            coef = tl.exp(b)
+        else:
+            coef = tl.exp(bp)
+        if HAS_SA:
+            coef = coef * tl.load(sa + tok, mask=mt, other=0.0).to(tl.float32)
+        b_ua = tl.load(ua + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
+        D = D * tl.exp(b_L) + tl.dot(tl.trans((b_ua * (coef * scale_a)[:, None]).to(dt)), b_ka)
+        if HAS_B:
+            if CB == 0:
+                coef_b = tl.exp(b_L - b)
+            elif CB == 1:
+                coef_b = tl.exp(b)
+            else:
+                coef_b = tl.exp(bp)
+            b_kb = tl.load(kb + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+            b_ub = tl.load(ub + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
+            D += tl.dot(tl.trans((b_ub * (coef_b * sign_b)[:, None]).to(dt)), b_kb)
+    tl.store(DT + o_seq + o_state, D, mask=m_state)
+
+
+@triton.jit
+def _fwd_residual(k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr):
+    """The old reads and the residuals, parallel over chunks (grid V tiles x chunks x heads), once S_c is known:
+
+        p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v),   x = v - p,   w = gamma T(x) (or T(x))
+    stores x (fp32, for the backward) and w (input dtype, what R's pass and the output read).
+    """
+    i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
+    rt = tl.arange(0, BT)
+    o_tv = tok[:, None] * V + rv[None, :]
+    b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    dt = b_k.dtype
+    b_v = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+    bv = b_v * tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
+    b, bp, b_L = _chunk_gates(g, tok, mt)
+    b_hS = tl.load(hS + (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :],
+                   mask=mv[:, None] & mk[None, :], other=0.0).to(dt)
+    M = tl.dot(b_k, tl.trans(b_k)) * _decay(bp, b, rt[:, None] > rt[None, :])
+    p = tl.exp(bp)[:, None] * tl.dot(b_k, tl.trans(b_hS)) + tl.dot(M.to(dt), bv.to(dt))
+    x = b_v - p
+    tl.store(X + o_tv, x, mask=m_tv)
+    w = _target(x, c_clip, TARGET)
     if FIT_RES:
-        tl.store(RT + o_seq + o_state, R, mask=m_state)
+        w = w * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
+    tl.store(W + o_tv, w.to(W.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit
@@ -247,55 +250,45 @@ def _fwd_output(q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale,
 
 
 @triton.jit
-def _bwd_states(q, k, g, gamma, dO, X, DW, dhS, dhR, dST, dRT, dS0, dR0, cu, coff, scale, c_clip,
-                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr,
-                HAS_DST: tl.constexpr, HAS_DRT: tl.constexpr):
-    h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, dS, dR = _seq_start(
-        cu, coff, dST, dRT, HAS_DST, HAS_DRT, H, K, V, BK, BV)
+def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DW, DX, cu, cidx, scale, c_clip,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                  BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr,
+                  HAS_DRT: tl.constexpr):
+    """The residual's gradient dw and dx = (gamma) T'(x) dw, parallel over chunks (grid V tiles x chunks x heads).
+
+    fit residual: dw_t = dR_t k_t = exp(b_L - b_t) dR_end k_t + scale sum_{s >= t, chunk} exp(b_s - b_t) (k_t . q_s) o_R,s
+                  (o_R = gamma do with output gates, else do; dR_end from the dR pass)
+    fit none:     dw_t = scale (q_t . k_t) o_R,t, plus dR_T k_T at each sequence's last token
+    Stores dw and dx in fp32 (dS's pass reads dx; _bwd_dv both).
+    """
+    i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
     rt = tl.arange(0, BT)
-    NT = tl.cdiv(eos - bos, BT)
-    for i in range(NT):
-        c = NT - 1 - i
-        o_chunk = ((c0 + c) * H + h) * V * K
-        tl.store(dhS + o_chunk + o_state, dS.to(dhS.dtype.element_ty), mask=m_state)
-        if FIT_RES:
-            tl.store(dhR + o_chunk + o_state, dR.to(dhR.dtype.element_ty), mask=m_state)
-        t = bos + c * BT + rt
-        mt = t < eos
-        tok = t * H + h
-        m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
-        b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
-        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
-        dt = b_k.dtype
-        b_do = tl.load(dO + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
-        b_x = tl.load(X + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0)
-        b, bp, b_L = _chunk_gates(g, tok, mt)
-        b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
-        o_R = b_do * b_gamma[:, None] if GATES else b_do
-        if FIT_RES:
-            # dw_t = dR_t k_t, dR_t = exp(b_L - b_t) dR_end + sum_{s >= t} exp(b_s - b_t) o_R,s q~_s^T
-            # DW holds the intra-chunk sum (kernel _intra); add the part through the chunk's end state
-            dw = tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(dR.to(dt))) \
-                + tl.load(DW + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0)
-            dx = b_gamma[:, None] * _target_slope(b_x, c_clip, TARGET) * dw
-        else:
-            # R_t = r_t k_t^T: dr_t = c_t (k_t . q~_t) do_t, plus dR_T k_T at the sequence's last token
-            dw = (tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), axis=1) * scale)[:, None] * o_R
-            if HAS_DRT:
-                if i == 0:
-                    last = (t == eos - 1)[:, None]
-                    dw += tl.where(last, tl.dot(b_k, tl.trans(dR.to(dt))), 0.0)
-            dx = _target_slope(b_x, c_clip, TARGET) * dw
-        tl.store(DW + tok[:, None] * V + rv[None, :], dw, mask=m_tv)
-        eq = b if GATES else bp
-        dS = dS * tl.exp(b_L) + tl.dot(tl.trans((b_do * (tl.exp(eq) * scale)[:, None]).to(dt)), b_q) \
-            - tl.dot(tl.trans((dx * tl.exp(bp)[:, None]).to(dt)), b_k)
-        if FIT_RES:
-            dR = dR * tl.exp(b_L) + tl.dot(tl.trans((o_R * (tl.exp(b) * scale)[:, None]).to(dt)), b_q)
-    tl.store(dS0 + o_seq + o_state, dS, mask=m_state)
+    o_tv = tok[:, None] * V + rv[None, :]
+    m_state = mv[:, None] & mk[None, :]
+    b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    dt = b_k.dtype
+    b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
+    o_R = tl.load(dO + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+    if GATES:
+        o_R = o_R * b_gamma[:, None]
+    b, bp, b_L = _chunk_gates(g, tok, mt)
     if FIT_RES:
-        tl.store(dR0 + o_seq + o_state, dR, mask=m_state)
+        b_dR = tl.load(hdR + (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :],
+                       mask=m_state, other=0.0).to(dt)
+        M = tl.dot(b_k, tl.trans(b_q)) * _decay(-b, -b, rt[:, None] <= rt[None, :]) * scale
+        dw = tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(b_dR)) + tl.dot(M.to(dt), o_R.to(dt))
+    else:
+        dw = (tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), axis=1) * scale)[:, None] * o_R
+        if HAS_DRT:
+            b_dRT = tl.load(dRT + (n * H + h) * V * K + rv[:, None] * K + rk[None, :], mask=m_state, other=0.0)
+            dw += tl.where((t == eos - 1)[:, None], tl.dot(b_k, tl.trans(b_dRT.to(dt))), 0.0)
+    dx = _target_slope(tl.load(X + o_tv, mask=m_tv, other=0.0), c_clip, TARGET) * dw
+    if FIT_RES:
+        dx = dx * b_gamma[:, None]
+    tl.store(DW + o_tv, dw, mask=m_tv)
+    tl.store(DX + o_tv, dx, mask=m_tv)
 
 
 @triton.jit
@@ -469,6 +462,14 @@ def _launch(name: str, V: int) -> dict:
     return opts
 
 
+def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int) -> tuple[tuple, dict]:
+    """Grid and options of a state pass: K tiles x V tiles x sequences*heads."""
+    opts = dict(LAUNCH["state_pass_2" if two_terms else "state_pass"])
+    opts["BK"] = max(MIN_TILE, min(opts["BK"], triton.next_power_of_2(K)))
+    opts["BV"] = max(MIN_TILE, min(opts["BV"], triton.next_power_of_2(V)))
+    return (triton.cdiv(K, opts["BK"]), triton.cdiv(V, opts["BV"]), NH), dict(H=H, K=K, V=V, BT=chunk, **opts)
+
+
 class RLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, gamma, S0, R0, layout: Layout, spec: ResidualSpec, scale: float, chunk: int):
@@ -489,18 +490,24 @@ class RLAFunction(torch.autograd.Function):
         RT = torch.empty_like(ST) if fit_res else ST.new_empty(1)
         BK = max(MIN_TILE, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
-        opts = _launch("intra", V)
-        _intra[(triton.cdiv(V, opts["BV"]), max(NT, 1), H)](
-            k, k, v, beta_c, g32, X, layout.cu, layout.cidx, 1.0, REVERSE=False, **consts, **opts)
-        opts = _launch("fwd_states", V)
-        _fwd_states[(triton.cdiv(V, opts["BV"]), N * H)](
-            k, v, g32, beta_c, gamma_c, S0 if S0 is not None else ST, R0 if R0 is not None else ST, hS, hR, X, W,
-            ST, RT, layout.cu, layout.coff, float(spec.clip), TARGET=TARGET_CODES[spec.target],
-            FIT_RES=fit_res, HAS_S0=S0 is not None, HAS_R0=R0 is not None, **consts, **opts)
+        C = max(NT, 1)
+        grid, state = _state_launch(False, H, K, V, chunk, N * H)
+        # S's pass; the old reads and residuals from its chunk states; R's pass over the residuals
+        _state_pass[grid](
+            k, v, beta_c, k, v, g32, S0 if S0 is not None else ST, hS, ST, layout.cu, layout.coff, 1.0, 0.0,
+            REVERSE=False, CA=0, CB=0, HAS_SA=True, HAS_B=False, HAS_D0=S0 is not None, **state)
+        opts = _launch("fwd_residual", V)
+        _fwd_residual[(triton.cdiv(V, opts["BV"]), C, H)](
+            k, v, g32, beta_c, gamma_c, hS, X, W, layout.cu, layout.cidx, float(spec.clip),
+            TARGET=TARGET_CODES[spec.target], FIT_RES=fit_res, **consts, **opts)
+        if fit_res:
+            _state_pass[grid](
+                k, W, beta_c, k, W, g32, R0 if R0 is not None else RT, hR, RT, layout.cu, layout.coff, 1.0, 0.0,
+                REVERSE=False, CA=0, CB=0, HAS_SA=False, HAS_B=False, HAS_D0=R0 is not None, **state)
         O = torch.empty(B * T, H, V, dtype=q.dtype, device=dev)
         CORR = torch.empty(B * T, H, V, dtype=torch.float32, device=dev) if spec.output_gates else X.new_empty(1)
         opts = _launch("fwd_output", V)
-        _fwd_output[(triton.cdiv(V, opts["BV"]), max(NT, 1), H)](
+        _fwd_output[(triton.cdiv(V, opts["BV"]), C, H)](
             q, k, v, g32, beta_c, gamma_c, W, hS, hR, O, CORR, layout.cu, layout.cidx, float(scale),
             FIT_RES=fit_res, GATES=spec.output_gates, **consts, **opts)
         if fit_res:
@@ -537,16 +544,24 @@ class RLAFunction(torch.autograd.Function):
         DW = torch.empty(B * T, H, V, dtype=torch.float32, device=dev)
         dS0 = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
         dR0 = torch.empty_like(dS0) if fit_res else dS0.new_empty(1)
+        DX = torch.empty_like(DW)
+        C = max(NT, 1)
+        grid, state = _state_launch(False, H, K, V, chunk, N * H)
+        grid2, state2 = _state_launch(True, H, K, V, chunk, N * H)
         if fit_res:
-            opts = _launch("intra", V)
-            _intra[(triton.cdiv(V, opts["BV"]), max(NT, 1), H)](
-                k, q, dO, gamma_c if spec.output_gates else None, g32, DW, layout.cu, layout.cidx, scale,
-                REVERSE=True, H=H, K=K, V=V, BT=chunk, BK=BK, **opts)
-        opts = _launch("bwd_states", V)
-        _bwd_states[(triton.cdiv(V, opts["BV"]), N * H)](
-            q, k, g32, gamma_c, dO, X, DW, dhS, dhR, dST if dST is not None else dS0,
-            dRT if dRT is not None else dS0, dS0, dR0, layout.cu, layout.coff, scale, float(spec.clip),
-            HAS_DST=dST is not None, HAS_DRT=dRT is not None, **consts, **opts)
+            # dR's pass (it does not depend on dS); then dw, dx in parallel; then dS's pass, which needs dx
+            _state_pass[grid](
+                q, dO, gamma_c, q, dO, g32, dRT if dRT is not None else dS0, dhR, dR0, layout.cu, layout.coff, scale,
+                0.0, REVERSE=True, CA=1, CB=0, HAS_SA=spec.output_gates, HAS_B=False, HAS_D0=dRT is not None,
+                **state)
+        opts = _launch("bwd_residual", V)
+        _bwd_residual[(triton.cdiv(V, opts["BV"]), C, H)](
+            q, k, g32, gamma_c, dO, X, dhR, dRT if dRT is not None else dS0, DW, DX, layout.cu, layout.cidx, scale,
+            float(spec.clip), HAS_DRT=dRT is not None, **consts, **opts)
+        _state_pass[grid2](
+            q, dO, gamma_c, k, DX, g32, dST if dST is not None else dS0, dhS, dS0, layout.cu, layout.coff, scale, -1.0,
+            REVERSE=True, CA=1 if spec.output_gates else 2, CB=2, HAS_SA=False, HAS_B=True, HAS_D0=dST is not None,
+            **state2)
         # every element of dq, dk, dv is written once, by one program: stored in the inputs' dtype straight away
         dQ = torch.empty(B * T, H, K, dtype=q.dtype, device=dev)
         dK = torch.empty(B * T, H, K, dtype=k.dtype, device=dev)
@@ -556,17 +571,17 @@ class RLAFunction(torch.autograd.Function):
         NV = triton.cdiv(V, opts["BV"])
         dBETA_P = torch.empty(NV, NTH, dtype=torch.float32, device=dev)
         dGAMMA_P = torch.empty_like(dBETA_P)
-        DX = torch.empty_like(dV)
-        _bwd_dv[(NV, max(NT, 1), H)](
-            q, k, v, g32, beta_c, gamma_c, X, DW, CORR, dO, dhS, dV, DX, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH,
+        DXq = torch.empty_like(dV)
+        _bwd_dv[(NV, C, H)](
+            q, k, v, g32, beta_c, gamma_c, X, DW, CORR, dO, dhS, dV, DXq, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH,
             scale, float(spec.clip), **consts, **opts)
         opts = _launch("bwd_dqk", V)
         BKt = opts.pop("BK")
         NK = triton.cdiv(K, BKt)
         EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
         EE_P, EK_P = torch.empty_like(EQ_P), torch.empty_like(EQ_P)
-        _bwd_dqk[(NK, max(NT, 1), H)](
-            q, k, v, g32, beta_c, gamma_c, W, X, DX, dO, hS, hR, dhS, dhR, dRT if dRT is not None else dS0, dQ, dK,
+        _bwd_dqk[(NK, C, H)](
+            q, k, v, g32, beta_c, gamma_c, W, X, DXq, dO, hS, hR, dhS, dhR, dRT if dRT is not None else dS0, dQ, dK,
             EQ_P, EE_P, EK_P, layout.cu, layout.cidx, NTH, scale, float(spec.clip),
             HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
         dBETA, dGAMMA = dBETA_P.sum(0).view(B * T, H), dGAMMA_P.sum(0).view(B * T, H)
