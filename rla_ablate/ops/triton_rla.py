@@ -1,4 +1,4 @@
-"""RLA (the additive rule) in seven Triton kernels of our own, one autograd Function.
+"""RLA (the additive rule) in six Triton kernels of our own (nine launches), one autograd Function.
 
 The `fla` composition runs the base recurrence twice over (once per query, [q; k]) and the auxiliary one after it,
 with PyTorch glue in between. Here, per head and chunk of BT tokens (b = the chunk-local cumsum of g, b' = b - g,
