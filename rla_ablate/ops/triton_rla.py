@@ -121,6 +121,18 @@ def _chunk_tile(cu, cidx, i_c, h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.c
 
 
 @triton.jit
+def _pass_coef(b, bp, b_L, CODE: tl.constexpr):
+    """The per-token weight of a state pass's term: 0 exp(b_L - b) (a write, to the chunk end), 1 exp(b), 2 exp(b')."""
+    if CODE == 0:
+        c = tl.exp(b_L - b)
+    elif CODE == 1:
+        c = tl.exp(b)
+    else:
+        c = tl.exp(bp)
+    return c
+
+
+@triton.jit
 def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, REVERSE: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, HAS_SA: tl.constexpr,
@@ -159,23 +171,13 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
         b, bp, b_L = _chunk_gates(g, tok, mt)
         b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_ka.dtype
-        if CA == 0:
-            coef = tl.exp(b_L - b)
-        elif CA == 1:
-            coef = tl.exp(b)
-        else:
-            coef = tl.exp(bp)
+        coef = _pass_coef(b, bp, b_L, CA)
         if HAS_SA:
             coef = coef * tl.load(sa + tok, mask=mt, other=0.0).to(tl.float32)
         b_ua = tl.load(ua + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
         D = D * tl.exp(b_L) + tl.dot(tl.trans((b_ua * (coef * scale_a)[:, None]).to(dt)), b_ka)
         if HAS_B:
-            if CB == 0:
-                coef_b = tl.exp(b_L - b)
-            elif CB == 1:
-                coef_b = tl.exp(b)
-            else:
-                coef_b = tl.exp(bp)
+            coef_b = _pass_coef(b, bp, b_L, CB)
             b_kb = tl.load(kb + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
             b_ub = tl.load(ub + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
             D += tl.dot(tl.trans((b_ub * (coef_b * sign_b)[:, None]).to(dt)), b_kb)
