@@ -120,7 +120,8 @@ def tune(T, tokens):
                 ms = f"{bench(fn, x, 'fwd+bwd'):8.2f} ms"
             except Exception as exc:  # an option the kernel cannot compile or launch with
                 ms = f"failed: {type(exc).__name__}: {str(exc)[:60]}"
-            print(f"  {kernel:12s} BV={option['BV']:<3d} warps={warps:<2d}{'':14s} {ms}", flush=True)
+            tiles = " ".join(f"{k}={v}" for k, v in option.items() if k != "num_warps")
+            print(f"  {kernel:14s} {tiles:12s} warps={warps:<2d} {ms}", flush=True)
         triton_rla.LAUNCH[kernel] = defaults[kernel]
 
 
