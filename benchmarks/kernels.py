@@ -101,7 +101,7 @@ def profile(runs, T, tokens, names):
 
 
 def tune(T, tokens):
-    """RLA [triton] fwd+bwd with each kernel at other warp counts (the others at their defaults)."""
+    """RLA [triton] fwd+bwd with each kernel at other warp counts or pipeline depths (the others at their defaults)."""
     from rla_ablate.ops import triton_rla
 
     defaults = {k: dict(v) for k, v in triton_rla.LAUNCH.items()}
@@ -110,9 +110,10 @@ def tune(T, tokens):
     print(f"\nRLA [triton] fwd+bwd, {tokens // T}x{T}, launch options (defaults {defaults})")
     print(f"  {'defaults':40s} {bench(fn, x, 'fwd+bwd'):8.2f} ms")
     for kernel in defaults:
-        # warps only: other tile widths can fault on Hopper with Triton 3.7 (docs/RESULTS.md), killing the run
-        for warps in (4, 8, 16):
-            option = dict(defaults[kernel], num_warps=warps)
+        # warps and pipeline stages only: other tile widths can fault on Hopper with Triton 3.7 (docs/RESULTS.md)
+        variants = [dict(num_warps=w) for w in (4, 8, 16)] + [dict(num_stages=s) for s in (1, 2, 4)]
+        for change in variants:
+            option = dict(defaults[kernel], **change)
             if option == defaults[kernel]:
                 continue
             triton_rla.LAUNCH[kernel] = option
@@ -120,8 +121,8 @@ def tune(T, tokens):
                 ms = f"{bench(fn, x, 'fwd+bwd'):8.2f} ms"
             except Exception as exc:  # an option the kernel cannot compile or launch with
                 ms = f"failed: {type(exc).__name__}: {str(exc)[:60]}"
-            tiles = " ".join(f"{k}={v}" for k, v in option.items() if k != "num_warps")
-            print(f"  {kernel:14s} {tiles:12s} warps={warps:<2d} {ms}", flush=True)
+            tiles = " ".join(f"{k}={v}" for k, v in option.items())
+            print(f"  {kernel:14s} {tiles:40s} {ms}", flush=True)
         triton_rla.LAUNCH[kernel] = defaults[kernel]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -22,6 +23,11 @@ import torch.nn.functional as F
 from rla_ablate.models import build_model, load_preset
 from rla_ablate.models.accounting import count_params, flops_per_token
 from rla_ablate.train.loop import PEAK_BF16_FLOPS
+
+
+def say(line: str) -> None:
+    # Progress on stderr: a fresh node compiles and autotunes for minutes inside the warm-up steps.
+    print(line, file=sys.stderr, flush=True)
 
 
 def device_peak(device: torch.device) -> float | None:
@@ -36,7 +42,10 @@ def measure(family: str, args, device: torch.device) -> dict:
     if family != "transformer" and args.backend != "auto":
         cfg = cfg.model_copy(update={"backend": args.backend})
     torch.manual_seed(0)
-    model = build_model(cfg).to(device)
+    t_build = time.perf_counter()
+    with device:  # initialise on the device: a 1.5B model built on the CPU first takes longer than its timed steps
+        model = build_model(cfg)
+    say(f"{family}: built {count_params(cfg) / 1e6:.0f}M parameters in {time.perf_counter() - t_build:.1f} s")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=device.type == "cuda")
     tokens = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), device=device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
@@ -49,10 +58,13 @@ def measure(family: str, args, device: torch.device) -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss
+        return loss.detach()
 
-    for _ in range(args.warmup):
-        step()
+    t_warm = time.perf_counter()
+    for i in range(args.warmup):
+        float(step())
+        say(f"{family}: warm-up step {i + 1}/{args.warmup} at {time.perf_counter() - t_warm:.1f} s")
+    warmup_s = time.perf_counter() - t_warm
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -67,7 +79,7 @@ def measure(family: str, args, device: torch.device) -> dict:
     peak = device_peak(device)
     return dict(family=family, preset=f"{args.scale}-{family}", params=count_params(cfg), tokens_per_s=tok_s,
                 mfu=flops_per_token(cfg, args.seq_len) * tok_s / peak if peak else None, loss=loss,
-                backend=model.backend_used,
+                backend=model.backend_used, warmup_s=warmup_s,
                 peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
 
 

@@ -111,8 +111,12 @@ def test_layout_lists_chunks_and_sums_each_sequence_from_the_end():
         want += [seq[t:].sum(0) for t in range(n)]
         start += n
     torch.testing.assert_close(layout.reverse_cumsum(x), torch.stack(want), rtol=1e-6, atol=1e-6)
+    assert layout.seq_of_token.tolist() == [0] * 5 + [2] + [3] * 9
     batched = Layout(3, 7, None, chunk=4, device="cpu")
     assert batched.cu.tolist() == [0, 7, 14, 21] and batched.chunks == 6
+    cached = Layout.batched(3, 7, 4, torch.device("cpu"))  # built once per shape, as every layer call asks again
+    assert cached is Layout.batched(3, 7, 4, torch.device("cpu"))
+    assert cached.cidx.tolist() == batched.cidx.tolist() and cached.seq_of_token.tolist() == [0] * 7 + [1] * 7 + [2] * 7
 
 
 def test_fused_kernels_take_only_what_ran_on_the_gpu():

@@ -32,6 +32,8 @@ and every accumulation in fp32. The backward keeps S_c and R_c from the forward.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -441,8 +443,16 @@ class Layout:
         self.coff = torch.tensor(starts, dtype=torch.int32, device=device)
         pairs = [(n, c) for n, count in enumerate(counts) for c in range(count)]
         self.cidx = torch.tensor(pairs or [(0, 0)], dtype=torch.int32, device=device).flatten()
+        # output_size given: repeat_interleave would otherwise wait for the GPU to learn its length
         self.seq_of_token = torch.repeat_interleave(torch.arange(self.N, device=device),
-                                                    torch.tensor(lengths, device=device))
+                                                    torch.tensor(lengths, device=device), output_size=ends[-1])
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def batched(B: int, T: int, chunk: int, device: torch.device) -> Layout:
+        """The layout of B sequences of T tokens, built once per shape: building one copies host lists to the device,
+        which every layer of every step would otherwise repeat (its tensors are only read)."""
+        return Layout(B, T, None, chunk, device)
 
     def reverse_cumsum(self, x: torch.Tensor) -> torch.Tensor:
         """sum_{j >= t, same sequence} x_j for x [tokens, H] (fp32 out).
@@ -630,7 +640,7 @@ def rla_triton(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initia
     S0, R0 = initial_state if initial_state is not None else (None, None)
     S0 = S0.float().contiguous() if S0 is not None else None
     R0 = R0.float().contiguous() if R0 is not None else None
-    layout = Layout(B, T, cu_seqlens, chunk, q.device)
+    layout = Layout.batched(B, T, chunk, q.device) if cu_seqlens is None else Layout(B, T, cu_seqlens, chunk, q.device)
     o, S_T, R_T = RLAFunction.apply(q, k, v, g, beta, gamma, S0, R0, layout, spec, scale, chunk)
     if spec.fit == "none" and R0 is not None and min(layout.lengths) == 0:
         empty = torch.tensor([n == 0 for n in layout.lengths], device=q.device)[:, None, None, None]
