@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from rla_ablate.models import ABLATIONS, ModelConfig, build_model
 from rla_ablate.ops.testing import assert_close
@@ -225,3 +226,20 @@ def test_l2norm_keeps_the_dtype_and_float64_precision():
     x = torch.randn(3, 5, 2, 16, dtype=torch.float64)
     assert _l2norm(x.bfloat16()).dtype == torch.bfloat16
     assert_close("float64 l2norm", x / (x.square().sum(-1, keepdim=True) + L2_EPS).sqrt(), _l2norm(x), ratio=1e-14)
+
+
+def test_short_convolution_is_causal_streams_and_hands_on_rows():
+    from rla_ablate.models.layers import ShortConvolution
+
+    torch.manual_seed(0)
+    conv = ShortConvolution(6, 4)
+    x = torch.randn(2, 9, 6)
+    y, cache = conv(x)
+    assert y.is_contiguous()  # the heads' kernels read rows of the last dimension
+    padded = torch.cat([torch.zeros(2, 3, 6), x], dim=1)
+    want = torch.stack([(padded[:, t:t + 4] * conv.weight[:, 0].t()).sum(1) for t in range(9)], dim=1)
+    torch.testing.assert_close(y, F.silu(want))
+    first, c = conv(x[:, :5])
+    rest, _ = conv(x[:, 5:], c)
+    torch.testing.assert_close(torch.cat([first, rest], dim=1), y)
+    torch.testing.assert_close(cache, x[:, -3:])

@@ -2,7 +2,8 @@
 
 The interpreter must be chosen before the kernels are defined, so the checks run in a fresh interpreter process
 (this file run as a script). FLA's naive recurrences stand in for its chunk kernels (as in test_ops_gpu_scheme.py);
-the base and auxiliary reads reach the kernels as strided views, V = 6 exercises the masked columns, and clip=0.7
+the base and auxiliary reads reach the kernels as strided views, and v with a strided last dimension (as a
+short convolution leaves it), V = 6 exercises the masked columns, and clip=0.7
 puts many residuals outside the clip. Every fit="residual" combination: outputs, states and every gradient.
 """
 
@@ -40,8 +41,14 @@ def check_all() -> None:
             return outputs_and_grads(lambda x: fn(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], spec, 0.3,
                                                   (x["S0"], x["R0"]), **kw), x)
 
+        def channels_first(q, k, v, *rest, **kw):
+            # v laid out as a model's short convolution leaves it (a transposed [B, H*V, T] buffer)
+            v = v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+            assert v.stride(-1) != 1
+            return compose_residual_attention(NAIVE_FLA, q, k, v, *rest, **kw)
+
         ref = run(naive_residual_attention)
-        got = run(lambda *a, **kw: compose_residual_attention(NAIVE_FLA, *a, **kw), glue=TRITON_GLUE)
+        got = run(channels_first, glue=TRITON_GLUE)
         compare(ref, got, ratio=2e-5, atol=1e-5)
         print(f"ok {rule}-{target}-{'gates' if og else 'nogates'}", flush=True)
 

@@ -72,7 +72,8 @@ class ShortConvolution(nn.Conv1d):
         x_full = torch.cat([cache_BWD.to(x_BTD.dtype), x_BTD], dim=1)  # [B, W - 1 + T, D]
         y_BDT = F.conv1d(x_full.transpose(1, 2), self.weight, groups=D)
         new_cache = x_full[:, x_full.shape[1] - (W - 1):]
-        return F.silu(y_BDT.transpose(1, 2)), new_cache
+        # [B, T, D] in memory too: a transposed view would reach the heads' kernels with a strided last dimension
+        return F.silu(y_BDT.transpose(1, 2).contiguous()), new_cache
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:

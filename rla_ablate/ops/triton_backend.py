@@ -120,9 +120,14 @@ def _output_bwd(do, base, corr, g, gamma, dbase, dcorr, dg, dgamma, R, T, H, V,
         tl.store(dcorr + off, d, mask=mask)
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its last dimension is contiguous (the kernels take any other strides), else a contiguous copy:
+    a model's short convolution, for one, hands over v as a transposed [B, D, T] buffer."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
 def _strides(x: torch.Tensor) -> tuple[int, int, int]:
-    if x.stride(-1) != 1:
-        raise ValueError("the last dimension must be contiguous")
+    assert x.stride(-1) == 1, "pass the tensor through _rows first"
     return x.stride(0), x.stride(1), x.stride(2)
 
 
@@ -138,6 +143,7 @@ class FusedResidual(torch.autograd.Function):
     def forward(ctx, v, pred, gamma, target: str, clip: float):
         B, T, H, V = v.shape
         R = B * T * H
+        v, pred = _rows(v), _rows(pred)
         gamma_c = gamma.contiguous() if gamma is not None else v.new_empty(1)
         w = torch.empty(B, T, H, V, dtype=v.dtype, device=v.device)
         _launch(_residual_fwd, R, V, v, pred, gamma_c, w, R, T, H, V, float(clip), *_strides(v), *_strides(pred),
@@ -166,6 +172,7 @@ class FusedOutput(torch.autograd.Function):
     def forward(ctx, base, corr, g, gamma, gates: bool, dtype):
         B, T, H, V = base.shape
         R = B * T * H
+        base, corr = _rows(base), _rows(corr)
         g_c, gamma_c = g.contiguous(), gamma.contiguous()
         o = torch.empty(B, T, H, V, dtype=dtype, device=base.device)
         _launch(_output_fwd, R, V, base, corr, g_c, gamma_c, o, R, T, H, V, *_strides(base), *_strides(corr),

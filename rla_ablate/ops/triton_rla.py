@@ -54,11 +54,7 @@ LAUNCH = {
     "bwd_residual": dict(BV=64, num_warps=8),
     "bwd_dv": dict(BV=64, num_warps=8),
     "bwd_dqk": dict(BK=64, num_warps=8),  # its V tile is the whole V
-    "bwd_dq": dict(BK=64, num_warps=8),  # the whole V, as bwd_dqk; used instead of it when SPLIT_DQK
-    "bwd_dk": dict(BK=64, num_warps=8),
 }
-# dq/dk in two kernels (query side, key side) instead of one that spills registers; to be decided on the H200
-SPLIT_DQK = False
 MIN_TILE = 64
 G_FLOOR = tl.constexpr(-60.0)
 
@@ -427,109 +423,6 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     tl.store(EK_P + o_part, tl.sum(k32 * dkW, axis=1), mask=mt)
 
 
-@triton.jit
-def _bwd_dq(q, k, v, g, beta, gamma, W, X, dO, hS, hR, dQ, DKQ, E1_P, E2_P, cu, cidx, NTH, scale, c_clip,
-            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-            TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr):
-    """The query side of the gradient (grid K tiles x chunks x heads; the whole V is one tile): the reads by q.
-
-    dq, the reads' share of dk (A^T q, Rm^T q: stored in fp32 for _bwd_dk, which adds the rest), and the per-token
-    d/db terms q . dq of the base read (E1) and of the residual read (E2).
-    """
-    i_k, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
-    rt, rk, rv = tl.arange(0, BT), i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    m_tk, m_tv, m_state = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :], mv[:, None] & mk[None, :]
-    o_tk, o_tv = tok[:, None] * K + rk[None, :], tok[:, None] * V + rv[None, :]
-    o_state = (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :]
-    b_q = tl.load(q + o_tk, mask=m_tk, other=0.0)
-    b_k = tl.load(k + o_tk, mask=m_tk, other=0.0)
-    dt = b_k.dtype
-    b, bp, b_L = _chunk_gates(g, tok, mt)
-    b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
-    eq = b if GATES else bp
-    b_do = tl.load(dO + o_tv, mask=m_tv, other=0.0).to(dt)
-    bv = (tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32)
-          * tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)[:, None]).to(dt)
-    # the base read by q: o += scale (exp(eq) q S_c^T + (q k^T * decay) beta v)
-    A = (tl.dot(b_do, tl.trans(bv)) * _decay(eq, b, rt[:, None] > rt[None, :])).to(dt)
-    dqS = tl.exp(eq)[:, None] * tl.dot(b_do, tl.load(hS + o_state, mask=m_state, other=0.0).to(dt)) \
-        + tl.dot(A, b_k)
-    dq = scale * dqS
-    tl.store(E1_P + i_k.to(tl.int64) * NTH + tok, scale * tl.sum(b_q.to(tl.float32) * dqS, axis=1), mask=mt)
-    dkq = scale * tl.dot(tl.trans(A), b_q)
-    if FIT_RES:
-        o_R = b_do
-        if GATES:
-            o_R = (b_do.to(tl.float32) * b_gamma[:, None]).to(dt)
-        # the residual read: o += c scale (exp(b) q R_c^T + (q k^T * decay incl. the diagonal) w)
-        Rm = (tl.dot(o_R, tl.trans(tl.load(W + o_tv, mask=m_tv, other=0.0).to(dt)))
-              * _decay(b, b, rt[:, None] >= rt[None, :])).to(dt)
-        dqR = tl.exp(b)[:, None] * tl.dot(o_R, tl.load(hR + o_state, mask=m_state, other=0.0).to(dt)) \
-            + tl.dot(Rm, b_k)
-        dq += scale * dqR
-        tl.store(E2_P + i_k.to(tl.int64) * NTH + tok, scale * tl.sum(b_q.to(tl.float32) * dqR, axis=1), mask=mt)
-        dkq += scale * tl.dot(tl.trans(Rm), b_q)
-    else:
-        # corr_t = c_t r_t (k_t . q~_t): no decays, outside d/db
-        s_n = tl.sum(_target(tl.load(X + o_tv, mask=m_tv, other=0.0), c_clip, TARGET) * b_do.to(tl.float32),
-                     axis=1) * scale
-        if GATES:
-            s_n = s_n * b_gamma
-        dq += s_n[:, None] * b_k.to(tl.float32)
-    tl.store(dQ + o_tk, dq.to(dQ.dtype.element_ty), mask=m_tk)
-    tl.store(DKQ + o_tk, dkq, mask=m_tk)
-
-
-@triton.jit
-def _bwd_dk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, dhS, dhR, dRT, DKQ, dK, EE_P, EK_P,
-            cu, cidx, NTH, scale, c_clip,
-            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-            TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr, HAS_DRT: tl.constexpr):
-    """The key side (grid K tiles x chunks x heads, the whole V one tile): the old read by k and the chunk's writes.
-
-    dk = (the old read's gradient) + (the writes' and _bwd_dq's reads' share, dkW); per-token d/db terms k . dk (EE)
-    and k . dkW (EK).
-    """
-    i_k, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
-    rt, rk, rv = tl.arange(0, BT), i_k * BK + tl.arange(0, BK), tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    m_tk, m_tv, m_state = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :], mv[:, None] & mk[None, :]
-    o_tk, o_tv = tok[:, None] * K + rk[None, :], tok[:, None] * V + rv[None, :]
-    o_state = (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :]
-    b_k = tl.load(k + o_tk, mask=m_tk, other=0.0)
-    dt = b_k.dtype
-    k32 = b_k.to(tl.float32)
-    b, bp, b_L = _chunk_gates(g, tok, mt)
-    bv = (tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32)
-          * tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)[:, None]).to(dt)
-    # the old read by k: p = exp(b') k S_c^T + (k k^T * decay) beta v, with dp = -dx (from _bwd_dv)
-    dp = -tl.load(DX + o_tv, mask=m_tv, other=0.0)
-    P = (tl.dot(dp, tl.trans(bv)) * _decay(bp, b, rt[:, None] > rt[None, :])).to(dt)
-    dk = tl.exp(bp)[:, None] * tl.dot(dp, tl.load(hS + o_state, mask=m_state, other=0.0).to(dt)) + tl.dot(P, b_k)
-    tl.store(EE_P + i_k.to(tl.int64) * NTH + tok, tl.sum(k32 * dk, axis=1), mask=mt)
-    # the writes of the chunk through its end state: dS_end^T beta v (+ dR_end^T w)
-    sw = tl.dot(bv, tl.load(dhS + o_state, mask=m_state, other=0.0).to(dt))
-    if FIT_RES:
-        sw += tl.dot(tl.load(W + o_tv, mask=m_tv, other=0.0).to(dt),
-                     tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt))
-    dkW = tl.load(DKQ + o_tk, mask=m_tk, other=0.0) + tl.dot(tl.trans(P), b_k) + tl.exp(b_L - b)[:, None] * sw
-    tl.store(EK_P + i_k.to(tl.int64) * NTH + tok, tl.sum(k32 * dkW, axis=1), mask=mt)
-    if not FIT_RES:
-        # corr_t = c_t r_t (k_t . q~_t) and R_T = r_T k_T^T: no decays, outside d/db
-        b_r = _target(tl.load(X + o_tv, mask=m_tv, other=0.0), c_clip, TARGET)
-        s_n = tl.sum(b_r * tl.load(dO + o_tv, mask=m_tv, other=0.0).to(tl.float32), axis=1) * scale
-        if GATES:
-            s_n = s_n * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
-        dk += s_n[:, None] * tl.load(q + o_tk, mask=m_tk, other=0.0).to(tl.float32)
-        if HAS_DRT:
-            b_dRT = tl.load(dRT + (n * H + h) * V * K + rv[:, None] * K + rk[None, :], mask=m_state, other=0.0)
-            dk += tl.where((t == eos - 1)[:, None], tl.dot(b_r, b_dRT), 0.0)
-    tl.store(dK + o_tk, (dk + dkW).to(dK.dtype.element_ty), mask=m_tk)
-
-
 class Layout:
     """Packed-sequence bookkeeping shared by the kernels: cu_seqlens, chunk offsets and the chunk list."""
 
@@ -694,23 +587,18 @@ class RLAFunction(torch.autograd.Function):
         _bwd_dv[(NV, C, H)](
             q, k, v, g32, beta_c, gamma_c, X, DW, CORR, dO, dhS, dV, DXq, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH,
             scale, float(spec.clip), **consts, **opts)
-        if SPLIT_DQK:
-            EQ, EE, EK = _dq_dk_split(q, k, v, g32, beta_c, gamma_c, W, X, DXq, dO, hS, hR, dhS, dhR, dRT, dS0, dQ,
-                                      dK, layout, NTH, C, scale, spec, consts)
-        else:
-            opts = _launch("bwd_dqk", V)
-            BKt = opts.pop("BK")
-            NK = triton.cdiv(K, BKt)
-            EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
-            EE_P, EK_P = torch.empty_like(EQ_P), torch.empty_like(EQ_P)
-            _bwd_dqk[(NK, C, H)](
-                q, k, v, g32, beta_c, gamma_c, W, X, DXq, dO, hS, hR, dhS, dhR, dRT if dRT is not None else dS0, dQ,
-                dK, EQ_P, EE_P, EK_P, layout.cu, layout.cidx, NTH, scale, float(spec.clip),
-                HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
-            EQ, EE, EK = EQ_P.sum(0), EE_P.sum(0), EK_P.sum(0)
+        opts = _launch("bwd_dqk", V)
+        BKt = opts.pop("BK")
+        NK = triton.cdiv(K, BKt)
+        EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
+        EE_P, EK_P = torch.empty_like(EQ_P), torch.empty_like(EQ_P)
+        _bwd_dqk[(NK, C, H)](
+            q, k, v, g32, beta_c, gamma_c, W, X, DXq, dO, hS, hR, dhS, dhR, dRT if dRT is not None else dS0, dQ, dK,
+            EQ_P, EE_P, EK_P, layout.cu, layout.cidx, NTH, scale, float(spec.clip),
+            HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
         dBETA, dGAMMA = dBETA_P.sum(0).view(B * T, H), dGAMMA_P.sum(0).view(B * T, H)
-        EE = EE.view(B * T, H)
-        EQK = (EQ - EK).view(B * T, H)
+        EE = EE_P.sum(0).view(B * T, H)
+        EQK = (EQ_P - EK_P).sum(0).view(B * T, H)
         dg = layout.reverse_cumsum(EQK + EE) - EE
         final = torch.zeros(N, H, dtype=torch.float32, device=dev)
         if dST is not None:
@@ -726,30 +614,6 @@ class RLAFunction(torch.autograd.Function):
                 dGAMMA.view(shape_g).to(gamma_dtype) if uses_gamma else None,
                 dS0 if ctx.has_S0 else None, dR0 if (ctx.has_R0 and fit_res) else None,
                 None, None, None, None)
-
-
-def _dq_dk_split(q, k, v, g32, beta_c, gamma_c, W, X, DXq, dO, hS, hR, dhS, dhR, dRT, dS0, dQ, dK, layout, NTH, C,
-                 scale, spec, consts):
-    """dq, dk by _bwd_dq then _bwd_dk; returns the per-token d/db sums (EQ, EE, EK) over K tiles."""
-    H, K = consts["H"], consts["K"]
-    fit_res = spec.fit == "residual"
-    opts_q, opts_k = _launch("bwd_dq", consts["V"]), _launch("bwd_dk", consts["V"])
-    BKq, BKk = opts_q.pop("BK"), opts_k.pop("BK")
-    NKq, NKk = triton.cdiv(K, BKq), triton.cdiv(K, BKk)
-    E1_P = torch.empty(NKq, NTH, dtype=torch.float32, device=q.device)
-    E2_P = torch.zeros_like(E1_P) if fit_res else E1_P.new_zeros(1, NTH)
-    DKQ = torch.empty(k.shape, dtype=torch.float32, device=q.device)
-    _bwd_dq[(NKq, C, H)](q, k, v, g32, beta_c, gamma_c, W, X, dO, hS, hR, dQ, DKQ, E1_P, E2_P, layout.cu,
-                         layout.cidx, NTH, scale, float(spec.clip), **(consts | dict(BK=BKq)), **opts_q)
-    EE_P = torch.empty(NKk, NTH, dtype=torch.float32, device=q.device)
-    EK_P = torch.empty_like(EE_P)
-    _bwd_dk[(NKk, C, H)](q, k, v, g32, beta_c, gamma_c, W, X, DXq, dO, hS, dhS, dhR, dRT if dRT is not None else dS0,
-                         DKQ, dK, EE_P, EK_P, layout.cu, layout.cidx, NTH, scale, float(spec.clip),
-                         HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKk)), **opts_k)
-    E1, E2 = E1_P.sum(0), E2_P.sum(0)
-    if spec.output_gates:  # the base read's d/db term is q . dq with gates (alpha_t S_{t-1} q_t), else k's side
-        return E1 + E2, EE_P.sum(0), EK_P.sum(0)
-    return E2, EE_P.sum(0) + E1, EK_P.sum(0)
 
 
 MAX_HEAD_DIM = 128
