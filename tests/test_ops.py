@@ -345,3 +345,14 @@ def test_packed_sequences_reject_bad_boundaries():
     two = make_inputs(B=2, T=10, requires_grad=False, with_state=False)
     with pytest.raises(ValueError, match="batch size must be 1"):
         residual_attention(*(two[n] for n in ("q", "k", "v", "g", "beta", "gamma")), cu_seqlens=torch.tensor([0, 10]))
+
+
+def test_auto_takes_the_fused_backend_only_for_the_rule_whose_gpu_tests_passed():
+    from rla_ablate.ops import BACKENDS, _load_gpu_backends, auto_order
+
+    _load_gpu_backends()
+    if not {"fla", "triton"} <= set(BACKENDS):
+        pytest.skip("FLA / triton not importable here")
+    assert auto_order("additive")[:2] == ["triton", "fla"]
+    assert auto_order("delta")[0] == "fla" and "triton" not in auto_order("delta")
+    assert auto_order("additive")[-1] == auto_order("delta")[-1] == "chunk"

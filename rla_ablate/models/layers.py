@@ -168,7 +168,7 @@ class ResidualAttention(nn.Module):
             gamma_BTH = torch.sigmoid(self.c_proj(x_BTD).to(acc))
 
         initial = (state.S, state.R) if state is not None and state.S is not None else None
-        self.backend_used = select_backend(q_BTHK, cfg.backend)
+        self.backend_used = select_backend(q_BTHK, cfg.backend, self.rule)
         o_BTHV, (S, R) = residual_attention(
             q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, gamma_BTH,
             rule=self.rule, fit=cfg.fit, target=cfg.target, clip=cfg.clip, output_gates=cfg.output_gates,

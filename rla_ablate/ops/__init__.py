@@ -28,15 +28,24 @@ BACKENDS: dict[str, tuple[BackendFn, Callable[[torch.Tensor], bool]]] = {
 CUDA_PREFERENCE: list[str] = ["chunk"]
 # Backends whose function takes `cu_seqlens=` (packed sequences) itself; the others run sequence by sequence.
 VARLEN_NATIVE: set[str] = set()
+# Backends that "auto" picks only for some rules (those whose GPU test set has passed), by name.
+AUTO_RULES: dict[str, frozenset[str]] = {}
 
 
 def register_backend(name: str, fn: BackendFn, available: Callable[[torch.Tensor], bool], *, cuda_rank: int | None = None,
-                     varlen: bool = False):
+                     varlen: bool = False, auto_rules: tuple[str, ...] | None = None):
     BACKENDS[name] = (fn, available)
     if varlen:
         VARLEN_NATIVE.add(name)
+    if auto_rules is not None:
+        AUTO_RULES[name] = frozenset(auto_rules)
     if cuda_rank is not None and name not in CUDA_PREFERENCE:
         CUDA_PREFERENCE.insert(cuda_rank, name)
+
+
+def auto_order(rule: str | None = None) -> list[str]:
+    """The backends "auto" tries on CUDA for `rule`, best first (a rule-restricted one only for its rules)."""
+    return [name for name in CUDA_PREFERENCE if name not in AUTO_RULES or rule in AUTO_RULES[name]]
 
 
 def _load_gpu_backends() -> None:
@@ -48,8 +57,8 @@ def _load_gpu_backends() -> None:
             pass
 
 
-def select_backend(x: torch.Tensor, requested: str = "auto") -> str:
-    """The backend that will actually run for tensors like `x` (layers log this name)."""
+def select_backend(x: torch.Tensor, requested: str = "auto", rule: str | None = None) -> str:
+    """The backend that will actually run for tensors like `x` and `rule` (layers log this name)."""
     if requested != "auto":
         if requested not in BACKENDS:
             _load_gpu_backends()
@@ -60,7 +69,7 @@ def select_backend(x: torch.Tensor, requested: str = "auto") -> str:
         return requested
     if x.is_cuda:
         _load_gpu_backends()
-        for name in CUDA_PREFERENCE:
+        for name in auto_order(rule):
             if BACKENDS[name][1](x):
                 return name
     return "chunk"
@@ -135,7 +144,7 @@ def residual_attention(q, k, v, g, beta, gamma=None, *, rule: str = "additive", 
     _check_inputs(q, k, v, g, beta, gamma, fit, initial_state, num_seqs)
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    name = select_backend(q, backend)
+    name = select_backend(q, backend, rule)
     fn = BACKENDS[name][0]
     gamma = gamma if fit != "off" else None
     if cu_seqlens is None:

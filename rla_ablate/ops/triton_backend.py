@@ -15,8 +15,9 @@ Both read the base reads straight from the base pass's output (strided [B, T, H,
 fp32 and write once in the input dtype. In this path the recurrences are still FLA's (RLA has its own in
 `triton_rla`; RDN's are the next step, docs/RESULTS.md).
 
-Not chosen by "auto" (no cuda_rank) until its whole GPU test set has passed on a GPU (docs/RESULTS.md says which
-cases have); request it with backend="triton".
+"auto" picks it first for the additive rule, whose whole GPU test set (every fit x target x gates, bf16 on the fused
+kernels and fp32 on the composition) has passed on the H200 (docs/RESULTS.md); for the delta rule it stays behind
+`fla` until that rule's set has passed too (request it with backend="triton").
 """
 
 from __future__ import annotations
@@ -216,4 +217,4 @@ def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale
                                       glue=TRITON_GLUE)
 
 
-register_backend("triton", triton_residual_attention, fla_available, varlen=True)
+register_backend("triton", triton_residual_attention, fla_available, cuda_rank=0, varlen=True, auto_rules=("additive",))

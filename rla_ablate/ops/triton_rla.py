@@ -15,9 +15,11 @@ b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "
                 (no output gates: b' replaces b in the base read and gamma goes).
     backward
       dR pass   (sequential, reverse): dR needs nothing from dS, so it runs first, alone
-      residual  (parallel): dw = dR_t k_t, dx = gamma T'(x) dw (the residual's gradient)
+      residual  (parallel): dw = dR_t k_t, dx = gamma T'(x) dw (the residual's gradient; stored in the inputs'
+                dtype), and dgamma's share T(x) . dw
       dS pass   (sequential, reverse): dS collects dx through dp = -dx (two dots per chunk)
-      dv        (parallel over V tiles x chunks): dv = beta dS_t k_t + dx, and each tile's share of dbeta, dgamma
+      dv        (parallel over V tiles x chunks): dv = beta dS_t k_t + dx, each tile's share of dbeta and of the
+                output gates' dgamma
       dq, dk    (parallel over K tiles x chunks): dq, dk, and for dg each tile's share of the per-token terms of
                 d/db (reads minus writes); dg is their reverse cumulative sum per sequence.
 The residual couples the recurrences only through x (forward) and dx (backward), both per token: splitting each
@@ -45,15 +47,18 @@ CHUNK = 64
 # Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives). Every tile
 # of a dot is at least 64 wide, padded by masks: on Hopper, Triton 3.6/3.7 miscompiles kernels holding several dots
 # with 16- or 32-wide operands (illegal shared-memory reads, triton-lang/triton#11366); BV=32 crashed here.
+# Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat 8 (the dq/dk kernel by
+# 13% of the whole fwd+bwd, though ptxas reports it spilling more): at ~250 registers a thread, 8 warps leave one
+# block per SM and nothing to overlap one program's loads with another's dots; two blocks of 4 warps can.
 LAUNCH = {
     # the state passes, one BV x BK fp32 tile per program (as FLA's chunk_fwd_h): one term (S, R, dR) or two (dS)
     "state_pass": dict(BK=64, BV=64, num_warps=4),
-    "state_pass_2": dict(BK=64, BV=64, num_warps=8),
-    "fwd_residual": dict(BV=64, num_warps=8),
-    "fwd_output": dict(BV=64, num_warps=8),
-    "bwd_residual": dict(BV=64, num_warps=8),
-    "bwd_dv": dict(BV=64, num_warps=8),
-    "bwd_dqk": dict(BK=64, num_warps=8),  # its V tile is the whole V
+    "state_pass_2": dict(BK=64, BV=64, num_warps=4),
+    "fwd_residual": dict(BV=64, num_warps=4),
+    "fwd_output": dict(BV=64, num_warps=4),
+    "bwd_residual": dict(BV=64, num_warps=4),
+    "bwd_dv": dict(BV=64, num_warps=4),
+    "bwd_dqk": dict(BK=64, num_warps=4),  # its V tile is the whole V
 }
 MIN_TILE = 64
 G_FLOOR = tl.constexpr(-60.0)
@@ -247,14 +252,14 @@ def _fwd_output(q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale,
     if GATES:
         b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
         o = base * scale + b_gamma[:, None] * corr
-        tl.store(CORR + tok[:, None] * V + rv[None, :], corr, mask=m_tv)
+        tl.store(CORR + tok[:, None] * V + rv[None, :], corr.to(CORR.dtype.element_ty), mask=m_tv)
     else:
         o = base * scale + corr
     tl.store(O + tok[:, None] * V + rv[None, :], o.to(O.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit
-def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DW, DX, cu, cidx, scale, c_clip,
+def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr,
                   HAS_DRT: tl.constexpr):
@@ -263,7 +268,8 @@ def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DW, DX, cu, cidx, scale, c_cl
     fit residual: dw_t = dR_t k_t = exp(b_L - b_t) dR_end k_t + scale sum_{s >= t, chunk} exp(b_s - b_t) (k_t . q_s) o_R,s
                   (o_R = gamma do with output gates, else do; dR_end from the dR pass)
     fit none:     dw_t = scale (q_t . k_t) o_R,t, plus dR_T k_T at each sequence's last token
-    Stores dw and dx in fp32 (dS's pass reads dx; _bwd_dv both).
+    Stores dx in the inputs' dtype (the dot operand of dS's pass and _bwd_dqk, and added to dv in _bwd_dv) and this
+    V tile's share of dgamma from the residual (fit residual: T(x) . dw), so that dw and x go no further.
     """
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
@@ -288,22 +294,20 @@ def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DW, DX, cu, cidx, scale, c_cl
         if HAS_DRT:
             b_dRT = tl.load(dRT + (n * H + h) * V * K + rv[:, None] * K + rk[None, :], mask=m_state, other=0.0)
             dw += tl.where((t == eos - 1)[:, None], tl.dot(b_k, tl.trans(b_dRT.to(dt))), 0.0)
-    dx = _target_slope(tl.load(X + o_tv, mask=m_tv, other=0.0), c_clip, TARGET) * dw
+    b_x = tl.load(X + o_tv, mask=m_tv, other=0.0)
+    dx = _target_slope(b_x, c_clip, TARGET) * dw
     if FIT_RES:
         dx = dx * b_gamma[:, None]
-    tl.store(DW + o_tv, dw, mask=m_tv)
-    tl.store(DX + o_tv, dx, mask=m_tv)
+        tl.store(dGR_P + i_v.to(tl.int64) * NTH + tok, tl.sum(_target(b_x, c_clip, TARGET) * dw, axis=1), mask=mt)
+    tl.store(DX + o_tv, dx.to(DX.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit
-def _bwd_dv(q, k, v, g, beta, gamma, X, DW, CORR, dO, dhS, dV, DX, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale, c_clip,
+def _bwd_dv(q, k, v, g, beta, gamma, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale,
             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-            TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr):
-    """dv = beta dS_t k_t + dx, and this V tile's shares of dbeta and dgamma (grid V tiles x chunks x heads).
-
-    Also stores dx in the inputs' dtype for _bwd_dqk, which only uses it as a dot operand (cast there anyway): it
-    then reads 2 bytes per element instead of x and dw (8), and holds fewer registers.
-    """
+            GATES: tl.constexpr):
+    """dv = beta dS_t k_t + dx, this V tile's share of dbeta and, with output gates, the gates' share of dgamma
+    (grid V tiles x chunks x heads)."""
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
     rt = tl.arange(0, BT)
@@ -312,34 +316,25 @@ def _bwd_dv(q, k, v, g, beta, gamma, X, DW, CORR, dO, dhS, dV, DX, dBETA_P, dGAM
     b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     dt = b_k.dtype
     b, bp, b_L = _chunk_gates(g, tok, mt)
-    b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
-    b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
     strict = rt[:, None] > rt[None, :]
     Dq = _decay(b if GATES else bp, b, strict)
     Dp = _decay(bp, b, strict)
-    b_v = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32)
     b_do = tl.load(dO + o_tv, mask=m_tv, other=0.0).to(dt)
-    b_x = tl.load(X + o_tv, mask=m_tv, other=0.0)
-    b_dw = tl.load(DW + o_tv, mask=m_tv, other=0.0)
+    b_dx = tl.load(DX + o_tv, mask=m_tv, other=0.0)
     b_dhS = tl.load(dhS + (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :],
                     mask=mv[:, None] & mk[None, :], other=0.0).to(dt)
-    dx = _target_slope(b_x, c_clip, TARGET) * b_dw
-    if FIT_RES:
-        dx = dx * b_gamma[:, None]
     # dS_t k_t: through the chunk's end state, the later base reads by q, the later old reads by k
     Uk = tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(b_dhS)) \
         + scale * tl.dot(tl.trans(Dq * tl.dot(b_q, tl.trans(b_k))).to(dt), b_do) \
-        + tl.dot(tl.trans(Dp * tl.dot(b_k, tl.trans(b_k))).to(dt), (-dx).to(dt))
-    tl.store(dV + o_tv, (b_beta[:, None] * Uk + dx).to(dV.dtype.element_ty), mask=m_tv)
-    tl.store(DX + o_tv, dx.to(DX.dtype.element_ty), mask=m_tv)
+        - tl.dot(tl.trans(Dp * tl.dot(b_k, tl.trans(b_k))).to(dt), b_dx)
+    b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
+    tl.store(dV + o_tv, (b_beta[:, None] * Uk + b_dx.to(tl.float32)).to(dV.dtype.element_ty), mask=m_tv)
     o_part = i_v.to(tl.int64) * NTH + tok
-    tl.store(dBETA_P + o_part, tl.sum(b_v * Uk, axis=1), mask=mt)
-    s_gamma = tl.zeros([BT], dtype=tl.float32)
-    if FIT_RES:
-        s_gamma += tl.sum(_target(b_x, c_clip, TARGET) * b_dw, axis=1)
+    tl.store(dBETA_P + o_part, tl.sum(tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) * Uk, axis=1), mask=mt)
     if GATES:
-        s_gamma += tl.sum(b_do.to(tl.float32) * tl.load(CORR + o_tv, mask=m_tv, other=0.0), axis=1)
-    tl.store(dGAMMA_P + o_part, s_gamma, mask=mt)
+        tl.store(dGAMMA_P + o_part,
+                 tl.sum(b_do.to(tl.float32) * tl.load(CORR + o_tv, mask=m_tv, other=0.0).to(tl.float32), axis=1),
+                 mask=mt)
 
 
 @triton.jit
@@ -378,7 +373,7 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     dq = scale * dqS
     s_qS = scale * tl.sum(q32 * dqS, axis=1)
     dkW = scale * tl.dot(tl.trans(A), b_q)
-    # the old read by k: p = exp(b') k S_c^T + (k k^T * decay) beta v, with dp = -dx (from _bwd_dv)
+    # the old read by k: p = exp(b') k S_c^T + (k k^T * decay) beta v, with dp = -dx (from _bwd_residual)
     dp = -tl.load(DX + o_tv, mask=m_tv, other=0.0)
     P = (tl.dot(dp, tl.trans(bv)) * _decay(bp, b, strict)).to(dt)
     dk = tl.exp(bp)[:, None] * tl.dot(dp, b_hS) + tl.dot(P, b_k)
@@ -517,7 +512,8 @@ class RLAFunction(torch.autograd.Function):
                 k, W, beta_c, k, W, g32, R0 if R0 is not None else RT, hR, RT, layout.cu, layout.coff, 1.0, 0.0,
                 REVERSE=False, CA=0, CB=0, HAS_SA=False, HAS_B=False, HAS_D0=R0 is not None, **state)
         O = torch.empty(B * T, H, V, dtype=q.dtype, device=dev)
-        CORR = torch.empty(B * T, H, V, dtype=torch.float32, device=dev) if spec.output_gates else X.new_empty(1)
+        # the residual read before its gate, for dgamma = do . corr: in the inputs' dtype, as the output
+        CORR = torch.empty(B * T, H, V, dtype=q.dtype, device=dev) if spec.output_gates else X.new_empty(1)
         opts = _launch("fwd_output", V)
         _fwd_output[(triton.cdiv(V, opts["BV"]), C, H)](
             q, k, v, g32, beta_c, gamma_c, W, hS, hR, O, CORR, layout.cu, layout.cidx, float(scale),
@@ -553,10 +549,10 @@ class RLAFunction(torch.autograd.Function):
                       GATES=spec.output_gates)
         dhS = torch.empty(NT, H, V, K, dtype=q.dtype, device=dev)
         dhR = torch.empty_like(dhS) if fit_res else dhS.new_empty(1)
-        DW = torch.empty(B * T, H, V, dtype=torch.float32, device=dev)
         dS0 = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
         dR0 = torch.empty_like(dS0) if fit_res else dS0.new_empty(1)
-        DX = torch.empty_like(DW)
+        DX = torch.empty(B * T, H, V, dtype=v.dtype, device=dev)
+        NTH = B * T * H
         C = max(NT, 1)
         grid, state = _state_launch(False, H, K, V, chunk, N * H)
         grid2, state2 = _state_launch(True, H, K, V, chunk, N * H)
@@ -567,9 +563,11 @@ class RLAFunction(torch.autograd.Function):
                 0.0, REVERSE=True, CA=1, CB=0, HAS_SA=spec.output_gates, HAS_B=False, HAS_D0=dRT is not None,
                 **state)
         opts = _launch("bwd_residual", V)
-        _bwd_residual[(triton.cdiv(V, opts["BV"]), C, H)](
-            q, k, g32, gamma_c, dO, X, dhR, dRT if dRT is not None else dS0, DW, DX, layout.cu, layout.cidx, scale,
-            float(spec.clip), HAS_DRT=dRT is not None, **consts, **opts)
+        NVr = triton.cdiv(V, opts["BV"])
+        dGR_P = torch.empty(NVr, NTH, dtype=torch.float32, device=dev) if fit_res else DX.new_empty(1)
+        _bwd_residual[(NVr, C, H)](
+            q, k, g32, gamma_c, dO, X, dhR, dRT if dRT is not None else dS0, DX, dGR_P, layout.cu, layout.cidx, NTH,
+            scale, float(spec.clip), HAS_DRT=dRT is not None, **consts, **opts)
         _state_pass[grid2](
             q, dO, gamma_c, k, DX, g32, dST if dST is not None else dS0, dhS, dS0, layout.cu, layout.coff, scale, -1.0,
             REVERSE=True, CA=1 if spec.output_gates else 2, CB=2, HAS_SA=False, HAS_B=True, HAS_D0=dST is not None,
@@ -578,25 +576,28 @@ class RLAFunction(torch.autograd.Function):
         dQ = torch.empty(B * T, H, K, dtype=q.dtype, device=dev)
         dK = torch.empty(B * T, H, K, dtype=k.dtype, device=dev)
         dV = torch.empty(B * T, H, V, dtype=v.dtype, device=dev)
-        NTH = B * T * H
         opts = _launch("bwd_dv", V)
         NV = triton.cdiv(V, opts["BV"])
         dBETA_P = torch.empty(NV, NTH, dtype=torch.float32, device=dev)
-        dGAMMA_P = torch.empty_like(dBETA_P)
-        DXq = torch.empty_like(dV)
+        dGAMMA_P = torch.empty_like(dBETA_P) if spec.output_gates else dBETA_P.new_empty(1)
         _bwd_dv[(NV, C, H)](
-            q, k, v, g32, beta_c, gamma_c, X, DW, CORR, dO, dhS, dV, DXq, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH,
-            scale, float(spec.clip), **consts, **opts)
+            q, k, v, g32, beta_c, gamma_c, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH, scale,
+            H=H, K=K, V=V, BT=chunk, BK=BK, GATES=spec.output_gates, **opts)
         opts = _launch("bwd_dqk", V)
         BKt = opts.pop("BK")
         NK = triton.cdiv(K, BKt)
         EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
         EE_P, EK_P = torch.empty_like(EQ_P), torch.empty_like(EQ_P)
         _bwd_dqk[(NK, C, H)](
-            q, k, v, g32, beta_c, gamma_c, W, X, DXq, dO, hS, hR, dhS, dhR, dRT if dRT is not None else dS0, dQ, dK,
+            q, k, v, g32, beta_c, gamma_c, W, X, DX, dO, hS, hR, dhS, dhR, dRT if dRT is not None else dS0, dQ, dK,
             EQ_P, EE_P, EK_P, layout.cu, layout.cidx, NTH, scale, float(spec.clip),
             HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
-        dBETA, dGAMMA = dBETA_P.sum(0).view(B * T, H), dGAMMA_P.sum(0).view(B * T, H)
+        dBETA = dBETA_P.sum(0).view(B * T, H)
+        dGAMMA = torch.zeros(B * T, H, dtype=torch.float32, device=dev)
+        if spec.output_gates:
+            dGAMMA += dGAMMA_P.sum(0).view(B * T, H)
+        if fit_res:
+            dGAMMA += dGR_P.sum(0).view(B * T, H)
         EE = EE_P.sum(0).view(B * T, H)
         EQK = (EQ_P - EK_P).sum(0).view(B * T, H)
         dg = layout.reverse_cumsum(EQK + EE) - EE
