@@ -34,7 +34,7 @@ if [[ $what == triton-tests ]]; then
         --junitxml="$OUT/junit-triton.xml" >"$OUT/tests-triton.log" 2>&1 || rc=1
     tail -n 25 "$OUT/tests-triton.log"
 fi
-if [[ $what == models ]]; then
+if [[ $what == models || $what == all ]]; then
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_models_gpu.py --junitxml="$OUT/junit-models.xml" \
         >"$OUT/tests-models.log" 2>&1 || rc=1
     tail -n 25 "$OUT/tests-models.log"
@@ -45,7 +45,7 @@ fi
 if [[ $what == bench || $what == all ]]; then
     python3 benchmarks/kernels.py --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log" || rc=1
 fi
-if [[ $what == train ]]; then
+if [[ $what == train || $what == all ]]; then
     python3 benchmarks/train_gpu.py --json "$OUT/train.json" 2>&1 | tee "$OUT/train.log" || rc=1
 fi
 if [[ $what == save-tuning || $what == all ]]; then
