@@ -87,9 +87,48 @@ def _place(x: torch.Tensor, slots: torch.Tensor, length: int) -> torch.Tensor:
     return out.index_copy(1, slots, x)
 
 
-def _pad_time(x: torch.Tensor, front: int, back: int) -> torch.Tensor:
-    """Zero slots before and after along time (dim 1) of [B, T, ...]."""
-    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (front, back))
+class _StackShifted(torch.autograd.Function):
+    """a, b [B, T, ...] -> [2B, T + 1, ...]: a over b along the batch, each with one zero slot along time, in front
+    (writes: token t at slot t + 1) or behind (reads: token t at slot t). One allocation and two copies forward, two
+    views backward; stacking padded copies (pad, pad, cat) cost four copies and, backward, two zero-filled
+    full-size gradients and their sum."""
+
+    @staticmethod
+    def forward(ctx, a, b, front: bool):
+        B, T = a.shape[:2]
+        out = a.new_empty(2 * B, T + 1, *a.shape[2:])
+        ctx.rows, ctx.B, ctx.T = slice(1, T + 1) if front else slice(0, T), B, T
+        out[:, 0 if front else T].zero_()
+        out[:B, ctx.rows] = a
+        out[B:, ctx.rows] = b
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad[:ctx.B, ctx.rows], grad[ctx.B:, ctx.rows], None
+
+
+class _Halves(torch.autograd.Function):
+    """o [2B, T + 1, ...] -> (o[:B, :T], o[B:, :T]); backward writes both gradients into one buffer (slicing twice
+    would zero-fill two full-size gradients and add them)."""
+
+    @staticmethod
+    def forward(ctx, o, B: int, T: int):
+        ctx.B, ctx.T = B, T
+        return o[:B, :T], o[B:, :T]
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        B, T = ctx.B, ctx.T
+        like = g1 if g1 is not None else g2
+        grad = like.new_empty(2 * B, T + 1, *like.shape[2:])
+        grad[:, T].zero_()
+        for half, g in ((slice(0, B), g1), (slice(B, 2 * B), g2)):
+            if g is None:
+                grad[half, :T].zero_()
+            else:
+                grad[half, :T] = g
+        return grad, None, None
 
 
 def _last_tokens(T: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:
@@ -149,27 +188,25 @@ def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, sp
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if cu_seqlens is None:
         # The two query copies ride as two batch halves (FLA's autotune keys on H, not B: the baseline's tuning holds).
-        place_w = lambda x: _pad_time(x, 1, 0)  # noqa: E731
-        place_r = lambda x: _pad_time(x, 0, 1)  # noqa: E731
-        stack = lambda a, b: torch.cat([a, b], dim=0)  # noqa: E731
-        halves = lambda o: (o[:B, :T], o[B:, :T])  # noqa: E731
+        writes = lambda x: _StackShifted.apply(x, x, True)  # noqa: E731
+        reads = lambda a, b: _StackShifted.apply(a, b, False)  # noqa: E731
+        halves = lambda o: _Halves.apply(o, B, T)  # noqa: E731
         cu2 = None
     else:
         # Packed: the second copy is the same packed sequences again, appended along time.
-        place_w = lambda x: _place(x, write, length)  # noqa: E731
-        place_r = lambda x: _place(x, read, length)  # noqa: E731
-        stack = lambda a, b: torch.cat([a, b], dim=1)  # noqa: E731
+        place = lambda x, slots: _place(x, slots, length)  # noqa: E731
+        writes = lambda x: torch.cat([place(x, write)] * 2, dim=1)  # noqa: E731
+        reads = lambda a, b: torch.cat([place(a, read), place(b, read)], dim=1)  # noqa: E731
         halves = lambda o: (o.index_select(1, read), o.index_select(1, read + length))  # noqa: E731
         cu2 = torch.cat([shifted_cu, shifted_cu[1:] + length])
-    twice = lambda x: stack(x, x)  # noqa: E731
-    queries = stack(place_r(q * scale), place_r(k))
-    k_w, g_w = twice(place_w(k)), twice(place_w(g32))
+    queries = reads(q * scale, k)
+    k_w, g_w = writes(k), writes(g32)
     h0 = torch.cat([S0, S0], dim=0) if S0 is not None else None
     if spec.rule == "additive":
-        v_w = twice(place_w(v * beta.to(v.dtype)[..., None]))
+        v_w = writes(v * beta.to(v.dtype)[..., None])
         o2, S2 = kernels.additive(queries, k_w, v_w, g_w, 1.0, h0, cu2)
     else:
-        v_w, beta_w = twice(place_w(v)), twice(place_w(beta.to(dtype)))
+        v_w, beta_w = writes(v), writes(beta.to(dtype))
         o2, S2 = kernels.delta(queries, k_w, v_w, g_w, beta_w, 1.0, h0, cu2)
     base_read, pred = halves(o2)  # S_{t-1} q_t (scaled), S_{t-1} k_t, in the kernel's dtype
     S_T = S2[:N]
