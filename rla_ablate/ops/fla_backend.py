@@ -97,7 +97,7 @@ class _StackShifted(torch.autograd.Function):
     def forward(ctx, a, b, front: bool):
         B, T = a.shape[:2]
         out = a.new_empty(2 * B, T + 1, *a.shape[2:])
-        ctx.rows, ctx.B, ctx.T = slice(1, T + 1) if front else slice(0, T), B, T
+        ctx.rows, ctx.B = slice(1, T + 1) if front else slice(0, T), B
         out[:, 0 if front else T].zero_()
         out[:B, ctx.rows] = a
         out[B:, ctx.rows] = b

@@ -303,7 +303,7 @@ def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, sca
 
 
 @triton.jit
-def _bwd_dv(q, k, v, g, beta, gamma, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale,
+def _bwd_dv(q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale,
             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
             GATES: tl.constexpr):
     """dv = beta dS_t k_t + dx, this V tile's share of dbeta and, with output gates, the gates' share of dgamma
@@ -581,7 +581,7 @@ class RLAFunction(torch.autograd.Function):
         dBETA_P = torch.empty(NV, NTH, dtype=torch.float32, device=dev)
         dGAMMA_P = torch.empty_like(dBETA_P) if spec.output_gates else dBETA_P.new_empty(1)
         _bwd_dv[(NV, C, H)](
-            q, k, v, g32, beta_c, gamma_c, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH, scale,
+            q, k, v, g32, beta_c, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH, scale,
             H=H, K=K, V=V, BT=chunk, BK=BK, GATES=spec.output_gates, **opts)
         opts = _launch("bwd_dqk", V)
         BKt = opts.pop("BK")
