@@ -122,10 +122,10 @@ def test_composition_without_initial_state(rule):
 
 @pytest.mark.parametrize("combo", [c for c in COMBOS if c[2] == "clip"], ids=combo_id)
 def test_packed_sequences_match_each_sequence_alone(combo):
-    """cu_seqlens: the shift slots restart per sequence, and states are per sequence."""
+    """cu_seqlens: the shift slots restart per sequence, and states are per sequence (an empty one keeps its own)."""
     rule, fit, target, og = combo
     spec = ResidualSpec(rule=rule, fit=fit, target=target, output_gates=og)
-    lengths = [5, 17, 1, 9]
+    lengths = [5, 17, 0, 1, 9]
     cu = torch.tensor([0, *itertools.accumulate(lengths)])
     x = make_inputs(B=1, T=sum(lengths), N=len(lengths))
     gamma = None if fit == "off" else x["gamma"]

@@ -165,25 +165,12 @@ class Glue:
 TORCH_GLUE = Glue(residual=_torch_residual, output=_torch_output)
 
 
-def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float,
-                               initial_state, cu_seqlens: torch.Tensor | None = None, glue: Glue = TORCH_GLUE):
-    """RLA / RDN from two exact chunk recurrences (see the module docstring). States are [N, H, V, K] fp32."""
-    B, T, H, K = q.shape
-    if cu_seqlens is not None and B != 1:
-        raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={B}")
-    S0, R0 = initial_state if initial_state is not None else (None, None)
-    S0 = S0.float() if S0 is not None else None
-    R0 = R0.float() if R0 is not None else None
-    g32 = g.float()
+def shifted_base_reads(kernels: BaseKernels, rule: str, q, k, v, g32, beta, S0, scale: float,
+                       cu_seqlens: torch.Tensor | None):
+    """(scale S_{t-1} q_t, S_{t-1} k_t, S_T) from one exact chunk recurrence run over a one-slot-shifted copy with
+    the two queries [q * scale; k] (module docstring): the reads in the kernel's dtype, S_T [N, H, V, K] fp32."""
+    B, T = q.shape[:2]
     dtype = q.dtype
-
-    if spec.fit == "off":
-        if spec.rule == "additive":
-            o, S_T = kernels.additive(q, k, v * beta.to(v.dtype)[..., None], g32, scale, S0, cu_seqlens)
-        else:
-            o, S_T = kernels.delta(q, k, v, g32, beta.to(dtype), scale, S0, cu_seqlens)
-        return o, (S_T, None)
-
     write, read, length, shifted_cu = shift_slots(B, T, cu_seqlens, q.device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if cu_seqlens is None:
@@ -202,14 +189,43 @@ def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, sp
     queries = reads(q * scale, k)
     k_w, g_w = writes(k), writes(g32)
     h0 = torch.cat([S0, S0], dim=0) if S0 is not None else None
-    if spec.rule == "additive":
+    if rule == "additive":
         v_w = writes(v * beta.to(v.dtype)[..., None])
         o2, S2 = kernels.additive(queries, k_w, v_w, g_w, 1.0, h0, cu2)
     else:
         v_w, beta_w = writes(v), writes(beta.to(dtype))
         o2, S2 = kernels.delta(queries, k_w, v_w, g_w, beta_w, 1.0, h0, cu2)
     base_read, pred = halves(o2)  # S_{t-1} q_t (scaled), S_{t-1} k_t, in the kernel's dtype
-    S_T = S2[:N]
+    return base_read, pred, S2[:N]
+
+
+def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float,
+                               initial_state, cu_seqlens: torch.Tensor | None = None, glue: Glue = TORCH_GLUE,
+                               base_reads: Callable | None = None):
+    """RLA / RDN from two exact chunk recurrences (see the module docstring). States are [N, H, V, K] fp32.
+
+    base_reads(q, k, v, g32, beta, S0, scale, cu_seqlens) -> (scale S_{t-1} q_t, S_{t-1} k_t, S_T) replaces the
+    shifted double pass of `shifted_base_reads` (the `triton` backend's one-pass delta rule, `triton_rdn`)."""
+    B, T, H, K = q.shape
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={B}")
+    S0, R0 = initial_state if initial_state is not None else (None, None)
+    S0 = S0.float() if S0 is not None else None
+    R0 = R0.float() if R0 is not None else None
+    g32 = g.float()
+    dtype = q.dtype
+
+    if spec.fit == "off":
+        if spec.rule == "additive":
+            o, S_T = kernels.additive(q, k, v * beta.to(v.dtype)[..., None], g32, scale, S0, cu_seqlens)
+        else:
+            o, S_T = kernels.delta(q, k, v, g32, beta.to(dtype), scale, S0, cu_seqlens)
+        return o, (S_T, None)
+
+    if base_reads is None:
+        base_read, pred, S_T = shifted_base_reads(kernels, spec.rule, q, k, v, g32, beta, S0, scale, cu_seqlens)
+    else:
+        base_read, pred, S_T = base_reads(q, k, v, g32, beta, S0, scale, cu_seqlens)
 
     if spec.fit == "none":
         r = spec.apply_target(v.float() - pred.float())
@@ -217,6 +233,9 @@ def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, sp
         last = _last_tokens(T, cu_seqlens, q.device)
         R_T = torch.einsum("nhv,nhk->nhvk", r[:, last].flatten(0, 1) if cu_seqlens is None else r[0, last],
                            k.float()[:, last].flatten(0, 1) if cu_seqlens is None else k.float()[0, last])
+        if cu_seqlens is not None:  # an empty packed sequence has no last token: it keeps R0 (or zeros)
+            empty = (cu_seqlens.diff() == 0)[:, None, None, None]
+            R_T = torch.where(empty, R0 if R0 is not None else 0.0, R_T)
     elif spec.rule == "additive":
         w = glue.residual(v, pred, gamma, spec)  # gamma_t r_t
         corr, R_T = kernels.additive(q, k, w, g32, scale, R0, cu_seqlens)

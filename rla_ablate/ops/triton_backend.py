@@ -29,6 +29,7 @@ import triton.language as tl
 from rla_ablate.ops import register_backend
 from rla_ablate.ops.fla_backend import FLA_KERNELS, Glue, compose_residual_attention, fla_available
 from rla_ablate.ops.spec import ResidualSpec
+from rla_ablate.ops import triton_rdn
 from rla_ablate.ops.triton_rla import TARGET_CODES, _target, _target_slope, covers, rla_triton
 
 BLOCK_ROWS = 16
@@ -213,8 +214,9 @@ def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale
     """The `triton` backend (signature of `naive_residual_attention`, plus FLA-style `cu_seqlens`)."""
     if covers(q, v, spec):
         return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
+    reads = triton_rdn.delta_two_reads if triton_rdn.covers(q, v, spec) else None
     return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
-                                      glue=TRITON_GLUE)
+                                      glue=TRITON_GLUE, base_reads=reads)
 
 
 register_backend("triton", triton_residual_attention, fla_available, cuda_rank=0, varlen=True, auto_rules=("additive",))

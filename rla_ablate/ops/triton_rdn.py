@@ -1,0 +1,423 @@
+"""RDN's base recurrence (the gated delta rule) read twice at the old state, in one pass: our kernels + FLA's WY step.
+
+RDN needs, per token, two reads of the *old* base state: the prediction p_t = S_{t-1} k_t (the residual's) and the
+base output scale * S_{t-1} q_t. The `fla` composition gets them by running FLA's whole delta-rule kernel over 2B
+sequences ([q; k] as queries on a one-slot-shifted copy), so the base recurrence, its WY step and its backward run
+twice. Here the recurrence runs once and both reads come out of it (docs/MATH.md "RDN's base pass"):
+
+    WY step   (FLA's fused kkt + solve_tril + recompute_w_u on the GPU; `TORCH_WY` for tests): per chunk of BT
+              tokens, A = (I + strict_lower(beta_t exp(b_t - b_s) k_t . k_s))^-1, w = A (beta exp(b) k), u = A (beta v),
+              so that the delta rule's effective writes are u_t - w_t S_c^T (S_c: the state where the chunk starts)
+    forward   S pass (sequential over chunks; one BV x K fp32 tile per program, as FLA's chunk_fwd_h):
+                  n = u - w S_c^T (stored: the writes),   S_{c+1} = exp(b_L) S_c + (n * exp(b_L - b))^T k
+              reads (parallel): with D = exp(b'_t - b_s)[s < t] (b' = b - g: the decay to S_{t-1}),
+                  p = exp(b') k S_c^T + (k k^T * D) n           (fp32: it defines the residual)
+                  B = scale (exp(b') q S_c^T + (q k^T * D) n)   (the inputs' dtype)
+    backward  local (parallel): the writes' gradient from the later reads of their own chunk,
+                  dn_loc = (k q^T * D^T) scale dB + (k k^T * D^T) dp
+              dS pass (sequential, reverse): dn = dn_loc + exp(b_L - b) k dS_{c+1}^T (stored), and
+                  dS_c = exp(b_L) dS_{c+1} + (exp(b') scale dB)^T q + (exp(b') dp)^T k - dn^T w
+              gradients (parallel, K tiles): dq, dk (as the reads' queries, as the keys of the reads and of the
+                  chunk-end write), dw = -dn S_c, and per token the d/db terms of reads and writes
+              WY step backward (FLA's prepare_wy_repr_bwd): from dw, du = dn to dk, dv, dbeta and dg.
+
+dg: the reads and writes follow docs/MATH.md's identity (reads at b' minus writes, a reverse cumsum over the
+sequence); the WY step's own dependence on the gates comes back from it already as a gradient of g.
+Chunk states, writes and gradients of writes are kept in the inputs' dtype (as FLA does), running states and
+accumulations in fp32. The auxiliary recurrence (R) needs only the ordinary inclusive read R_t q_t: it stays FLA's
+chunk_gated_delta_rule, called by the composition in `fla_backend`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from rla_ablate.ops.triton_rla import G_FLOOR, MIN_TILE, Layout, _chunk_gates, _chunk_tile, _decay
+
+CHUNK = 64
+MAX_HEAD_DIM = 128
+LAUNCH = {
+    "pass": dict(BV=64, num_warps=4),  # the two state passes hold a BV x K fp32 tile
+    "reads": dict(BV=64, num_warps=4),
+    "local": dict(BV=64, num_warps=4),
+    "dqk": dict(BK=64, num_warps=4),  # its V tile is the whole V
+}
+FLOOR = float(G_FLOOR.value)
+
+
+@triton.jit
+def _delta_fwd_pass(k, w, u, g, S0, hS, N_, ST, cu, coff,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, HAS_S0: tl.constexpr):
+    """S over the chunks of one sequence and head (grid V tiles x sequences*heads): stores S_c where each chunk
+    starts (hS), the writes n = u - w S_c^T (N_) and the final state (ST, fp32)."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    n, h = i_nh // H, i_nh % H
+    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    c0 = tl.load(coff + n).to(tl.int64)
+    rk, rv, rt = tl.arange(0, BK), i_v * BV + tl.arange(0, BV), tl.arange(0, BT)
+    mk, mv = rk < K, rv < V
+    m_state = mv[:, None] & mk[None, :]
+    o_state = rv[:, None] * K + rk[None, :]
+    o_seq = (n * H + h).to(tl.int64) * V * K
+    S = tl.zeros([BV, BK], dtype=tl.float32)
+    if HAS_S0:
+        S += tl.load(S0 + o_seq + o_state, mask=m_state, other=0.0)
+    NC = tl.cdiv(eos - bos, BT)
+    for c in range(NC):
+        tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
+        t = bos + c * BT + rt
+        mt = t < eos
+        tok = t * H + h
+        m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+        b, bp, b_L = _chunk_gates(g, tok, mt)
+        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        dt = b_k.dtype
+        b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(dt)
+        b_n = tl.load(u + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32) \
+            - tl.dot(b_w, tl.trans(S.to(dt)))
+        tl.store(N_ + tok[:, None] * V + rv[None, :], b_n.to(N_.dtype.element_ty), mask=m_tv)
+        S = S * tl.exp(b_L) + tl.dot(tl.trans((b_n * tl.exp(b_L - b)[:, None]).to(dt)), b_k)
+    tl.store(ST + o_seq + o_state, S, mask=m_state)
+
+
+@triton.jit
+def _delta_reads(q, k, g, hS, N_, P, BQ, cu, cidx, scale,
+                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                 BV: tl.constexpr):
+    """The two old reads p = S_{t-1} k_t and scale S_{t-1} q_t (grid V tiles x chunks x heads)."""
+    i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
+    rt = tl.arange(0, BT)
+    o_tv = tok[:, None] * V + rv[None, :]
+    b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    dt = b_k.dtype
+    b_n = tl.load(N_ + o_tv, mask=m_tv, other=0.0).to(dt)
+    b_hS = tl.load(hS + (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :],
+                   mask=mv[:, None] & mk[None, :], other=0.0).to(dt)
+    b, bp, b_L = _chunk_gates(g, tok, mt)
+    D = _decay(bp, b, rt[:, None] > rt[None, :])
+    e = tl.exp(bp)[:, None]
+    p = e * tl.dot(b_k, tl.trans(b_hS)) + tl.dot((tl.dot(b_k, tl.trans(b_k)) * D).to(dt), b_n)
+    tl.store(P + o_tv, p.to(P.dtype.element_ty), mask=m_tv)
+    bq = e * tl.dot(b_q, tl.trans(b_hS)) + tl.dot((tl.dot(b_q, tl.trans(b_k)) * D).to(dt), b_n)
+    tl.store(BQ + o_tv, (bq * scale).to(BQ.dtype.element_ty), mask=m_tv)
+
+
+@triton.jit
+def _delta_bwd_local(q, k, g, dBQ, dP, DNL, cu, cidx, scale,
+                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                     BV: tl.constexpr):
+    """dn_loc_s = sum_{t > s, chunk} exp(b'_t - b_s) (scale (k_s . q_t) dB_t + (k_s . k_t) dp_t), fp32 (grid V tiles
+    x chunks x heads): what the writes of a chunk get from the later reads inside it."""
+    i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
+    rt = tl.arange(0, BT)
+    o_tv = tok[:, None] * V + rv[None, :]
+    b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    dt = b_k.dtype
+    b, bp, b_L = _chunk_gates(g, tok, mt)
+    Dst = _decay(-b, -bp, rt[:, None] < rt[None, :])  # [s, t]: exp(b'_t - b_s) for s < t
+    b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(dt)
+    b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(dt)
+    dn = tl.dot((tl.dot(b_k, tl.trans(b_q)) * Dst * scale).to(dt), b_dB) \
+        + tl.dot((tl.dot(b_k, tl.trans(b_k)) * Dst).to(dt), b_dP)
+    tl.store(DNL + o_tv, dn, mask=m_tv)
+
+
+@triton.jit
+def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                    BV: tl.constexpr, HAS_DST: tl.constexpr):
+    """dS over the chunks in reverse (grid V tiles x sequences*heads): stores dS where each chunk ends (dhS), the
+    writes' whole gradient dn (DN) and dS0 (fp32)."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    n, h = i_nh // H, i_nh % H
+    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    c0 = tl.load(coff + n).to(tl.int64)
+    rk, rv, rt = tl.arange(0, BK), i_v * BV + tl.arange(0, BV), tl.arange(0, BT)
+    mk, mv = rk < K, rv < V
+    m_state = mv[:, None] & mk[None, :]
+    o_state = rv[:, None] * K + rk[None, :]
+    o_seq = (n * H + h).to(tl.int64) * V * K
+    D = tl.zeros([BV, BK], dtype=tl.float32)
+    if HAS_DST:
+        D += tl.load(dST + o_seq + o_state, mask=m_state, other=0.0)
+    NC = tl.cdiv(eos - bos, BT)
+    for i in range(NC):
+        c = NC - 1 - i
+        tl.store(dhS + ((c0 + c) * H + h) * V * K + o_state, D.to(dhS.dtype.element_ty), mask=m_state)
+        t = bos + c * BT + rt
+        mt = t < eos
+        tok = t * H + h
+        m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+        o_tv = tok[:, None] * V + rv[None, :]
+        b, bp, b_L = _chunk_gates(g, tok, mt)
+        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        dt = b_k.dtype
+        b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(dt)
+        dn = tl.load(DNL + o_tv, mask=m_tv, other=0.0) \
+            + tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(D.to(dt)))
+        tl.store(DN + o_tv, dn.to(DN.dtype.element_ty), mask=m_tv)
+        e = tl.exp(bp)
+        b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(tl.float32) * (e * scale)[:, None]
+        b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(tl.float32) * e[:, None]
+        D = D * tl.exp(b_L) + tl.dot(tl.trans(b_dB.to(dt)), b_q) + tl.dot(tl.trans(b_dP.to(dt)), b_k) \
+            - tl.dot(tl.trans(dn.to(dt)), b_w)
+    tl.store(dS0 + o_seq + o_state, D, mask=m_state)
+
+
+@triton.jit
+def _delta_bwd_dqk(q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, cu, cidx, NTH, scale,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr):
+    """dq, dk (fp32, before the WY step's share), dw = -dn S_c and this K tile's shares of the per-token d/db terms
+    E (reads, at b') and K (writes) (grid K tiles x chunks x heads; the whole V is one tile)."""
+    i_k, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, 0, H, K, V, BT, BK, BV)
+    rk = i_k * BK + tl.arange(0, BK)
+    mk = rk < K
+    m_tk, m_state = mt[:, None] & mk[None, :], mv[:, None] & mk[None, :]
+    rt = tl.arange(0, BT)
+    o_tk, o_tv = tok[:, None] * K + rk[None, :], tok[:, None] * V + rv[None, :]
+    o_state = (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :]
+    b_q = tl.load(q + o_tk, mask=m_tk, other=0.0)
+    b_k = tl.load(k + o_tk, mask=m_tk, other=0.0)
+    dt = b_k.dtype
+    q32, k32 = b_q.to(tl.float32), b_k.to(tl.float32)
+    b, bp, b_L = _chunk_gates(g, tok, mt)
+    D = _decay(bp, b, rt[:, None] > rt[None, :])
+    e = tl.exp(bp)[:, None]
+    b_n = tl.load(N_ + o_tv, mask=m_tv, other=0.0).to(dt)
+    b_hS = tl.load(hS + o_state, mask=m_state, other=0.0).to(dt)
+    # the read by q (its gradient dB already carries the scale's share through the product below)
+    b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(dt)
+    A = (tl.dot(b_dB, tl.trans(b_n)) * D * scale).to(dt)
+    dq = scale * e * tl.dot(b_dB, b_hS) + tl.dot(A, b_k)
+    dkw = tl.dot(tl.trans(A), b_q)
+    # the read by k, with dp from the residual
+    b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(dt)
+    A = (tl.dot(b_dP, tl.trans(b_n)) * D).to(dt)
+    dk = e * tl.dot(b_dP, b_hS) + tl.dot(A, b_k)
+    dkw += tl.dot(tl.trans(A), b_k)
+    # the chunk-end write: S_{c+1} = ... + (n exp(b_L - b))^T k
+    dkw += tl.exp(b_L - b)[:, None] * tl.dot(b_n, tl.load(dhS + o_state, mask=m_state, other=0.0).to(dt))
+    dw = -tl.dot(tl.load(DN + o_tv, mask=m_tv, other=0.0).to(dt), b_hS)
+    tl.store(dQ + o_tk, dq.to(dQ.dtype.element_ty), mask=m_tk)
+    tl.store(dK + o_tk, dk + dkw, mask=m_tk)
+    tl.store(dW + o_tk, dw.to(dW.dtype.element_ty), mask=m_tk)
+    o_part = i_k.to(tl.int64) * NTH + tok
+    tl.store(E_P + o_part, tl.sum(q32 * dq, axis=1) + tl.sum(k32 * dk, axis=1), mask=mt)
+    tl.store(K_P + o_part, tl.sum(k32 * dkw, axis=1), mask=mt)
+
+
+@dataclass(frozen=True)
+class WY:
+    """The delta rule's WY step for chunks of CHUNK tokens, and its backward.
+
+    fwd(k, v, beta, g, layout, cu_seqlens, chunk) -> (w, u, saved), tensors [B, T, H, *], g already floored, fp32;
+    bwd(k, v, beta, g, saved, dw, du, layout, cu_seqlens, chunk) -> (dk, dv, dbeta, db), db [B, T, H] the gradient of
+    the chunk-local cumsum b_t of g (what it reads from S_c at b_t belongs in the sequence-wide reverse cumsum).
+    """
+
+    fwd: Callable
+    bwd: Callable
+
+
+def _fla_wy_fwd(k, v, beta, g, layout, cu, chunk):
+    from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+    from fla.ops.utils import chunk_local_cumsum
+    from fla.ops.utils.constant import RCP_LN2
+
+    # FLA's kernels take the chunk-local cumsum of g in log2 units (they use exp2)
+    g_cs = chunk_local_cumsum(g, chunk_size=chunk, scale=RCP_LN2, cu_seqlens=cu)
+    w, u, A = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g_cs, beta=beta, cu_seqlens=cu, chunk_size=chunk)
+    return w, u, (g_cs, A)
+
+
+def _fla_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk):
+    from fla.ops.gated_delta_rule.wy_fast import prepare_wy_repr_bwd
+    from fla.ops.utils import chunk_local_cumsum
+
+    g_cs, A = saved
+    # its dg is the gradient of the chunk-local cumsum (FLA sums it from each chunk's end to get that of g)
+    return prepare_wy_repr_bwd(k=k, v=v, beta=beta, A=A, dw=dw, du=du, g=g_cs, cu_seqlens=cu)
+
+
+FLA_WY = WY(fwd=_fla_wy_fwd, bwd=_fla_wy_bwd)
+
+
+def _chunk_tokens(layout: Layout, chunk: int, device) -> torch.Tensor:
+    """[chunks, chunk] token indices of each chunk, the number of tokens where a chunk ends early."""
+    total = layout.seq_of_token.numel()
+    pairs = layout.cidx.view(-1, 2).long()[:layout.chunks]
+    start = layout.cu.long()[pairs[:, 0]] + pairs[:, 1] * chunk
+    idx = start[:, None] + torch.arange(chunk, device=device)
+    return torch.where(idx < layout.cu.long()[pairs[:, 0] + 1][:, None], idx, total)
+
+
+def _torch_wy_forward(k, v, beta, g, layout, chunk, b_of=None):
+    """w, u of the WY step in PyTorch (float64-exact when given float64): the reference for tests and CPU.
+
+    b_of(b) may replace the chunk-local cumsum b [chunks, chunk, H] (the backward differentiates through it)."""
+    B, T, H, K = k.shape
+    idx = _chunk_tokens(layout, chunk, k.device)
+
+    def gather(x):  # [B, T, H, ...] -> [chunks, chunk, H, ...], zeros past a sequence's end
+        flat = x.reshape(B * T, *x.shape[2:])
+        return torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])[idx]
+
+    kc, vc, bc = gather(k), gather(v), gather(beta)
+    b = gather(g).cumsum(1)  # [C, BT, H]
+    if b_of is not None:
+        b = b_of(b)
+    t = torch.arange(chunk, device=k.device)
+    strict = (t[:, None] > t[None, :])[None, :, :, None]
+    decay = torch.exp(torch.where(strict, b[:, :, None] - b[:, None, :], float("-inf")))  # [C, t, s, H]
+    L = torch.einsum("cthk,cshk->ctsh", kc, kc) * decay * bc[:, :, None]
+    M = (torch.eye(chunk, dtype=k.dtype, device=k.device)[None, :, :, None] + L).permute(0, 3, 1, 2)  # [C,H,t,s]
+    rhs_w = (kc * (bc * b.exp())[..., None]).permute(0, 2, 1, 3)
+    rhs_u = (vc * bc[..., None]).permute(0, 2, 1, 3)
+    w = torch.linalg.solve_triangular(M, rhs_w, upper=False, unitriangular=True).permute(0, 2, 1, 3)
+    u = torch.linalg.solve_triangular(M, rhs_u, upper=False, unitriangular=True).permute(0, 2, 1, 3)
+    return _scatter(w, idx, B, T), _scatter(u, idx, B, T), (b, idx)
+
+
+def _scatter(xc, idx, B, T):
+    """[chunks, chunk, H, ...] back to [B, T, H, ...] (the padded slots all land on a dropped dummy row)."""
+    out = xc.new_zeros(B * T + 1, *xc.shape[2:]).index_copy(0, idx.flatten(), xc.flatten(0, 1))
+    return out[:-1].reshape(B, T, *xc.shape[2:])
+
+
+def _torch_wy_fwd(k, v, beta, g, layout, cu, chunk):
+    w, u, _ = _torch_wy_forward(k, v, beta, g, layout, chunk)
+    return w.to(k.dtype), u.to(v.dtype), None
+
+
+def _torch_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk):
+    leaf = []
+
+    def as_leaf(b):
+        leaf.append(b.detach().requires_grad_(True))
+        return leaf[0]
+
+    with torch.enable_grad():
+        inputs = [x.detach().requires_grad_(True) for x in (k, v, beta)]
+        w, u, (_, idx) = _torch_wy_forward(*inputs, g, layout, chunk, b_of=as_leaf)
+        dk, dv, dbeta, db = torch.autograd.grad((w, u), inputs + leaf, (dw.to(w.dtype), du.to(u.dtype)))
+    B, T = k.shape[:2]
+    return dk, dv, dbeta, _scatter(db, idx, B, T)
+
+
+TORCH_WY = WY(fwd=_torch_wy_fwd, bwd=_torch_wy_bwd)
+
+
+def _grid_v(name: str, V: int) -> tuple[int, dict]:
+    opts = dict(LAUNCH[name])
+    opts["BV"] = max(MIN_TILE, min(opts["BV"], triton.next_power_of_2(V)))
+    return triton.cdiv(V, opts["BV"]), opts
+
+
+class DeltaTwoReads(torch.autograd.Function):
+    """(q, k, v, g, beta, S0) -> (scale S_{t-1} q_t [inputs' dtype], S_{t-1} k_t [fp32], S_T [fp32]) of the gated
+    delta rule S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, S0, layout: Layout, scale: float, chunk: int, wy: WY, cu):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        dev, dt = q.device, q.dtype
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        g32 = g.float().clamp_min(FLOOR).contiguous()  # the kernels' floor (docs/MATH.md), here for the WY step too
+        beta_c = beta.contiguous()
+        w, u, saved = wy.fwd(k, v, beta_c, g32, layout, cu, chunk)
+        NT, N = layout.chunks, layout.N
+        hS = torch.empty(NT, H, V, K, dtype=dt, device=dev)
+        N_ = torch.empty(B, T, H, V, dtype=dt, device=dev)
+        ST = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
+        BK = max(MIN_TILE, triton.next_power_of_2(K))
+        consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
+        nv, opts = _grid_v("pass", V)
+        _delta_fwd_pass[(nv, N * H)](k, w.contiguous(), u.contiguous(), g32, S0 if S0 is not None else ST, hS, N_,
+                                     ST, layout.cu, layout.coff, HAS_S0=S0 is not None, **consts, **opts)
+        P = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)
+        BQ = torch.empty(B, T, H, V, dtype=dt, device=dev)
+        nv, opts = _grid_v("reads", V)
+        _delta_reads[(nv, max(NT, 1), H)](q, k, g32, hS, N_, P, BQ, layout.cu, layout.cidx, float(scale),
+                                          **consts, **opts)
+        ctx.save_for_backward(q, k, v, g32, beta_c, w, hS, N_, ST)
+        ctx.saved, ctx.layout, ctx.scale, ctx.chunk, ctx.wy, ctx.cu = saved, layout, float(scale), chunk, wy, cu
+        ctx.has_S0, ctx.dtypes = S0 is not None, (g.dtype, beta.dtype)
+        return BQ, P, ST
+
+    @staticmethod
+    def backward(ctx, dBQ, dP, dST):
+        q, k, v, g32, beta_c, w, hS, N_, ST = ctx.saved_tensors
+        layout, scale, chunk = ctx.layout, ctx.scale, ctx.chunk
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        dev, dt = q.device, q.dtype
+        NT, N, NTH = layout.chunks, layout.N, B * T * H
+        C = max(NT, 1)
+        zeros = lambda: torch.zeros(B, T, H, V, dtype=dt, device=dev)  # noqa: E731
+        dBQ = dBQ.contiguous() if dBQ is not None else zeros()
+        dP = dP.contiguous() if dP is not None else zeros()
+        BK = max(MIN_TILE, triton.next_power_of_2(K))
+        consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
+        DNL = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)
+        nv, opts = _grid_v("local", V)
+        _delta_bwd_local[(nv, C, H)](q, k, g32, dBQ, dP, DNL, layout.cu, layout.cidx, scale, **consts, **opts)
+        dhS = torch.empty(NT, H, V, K, dtype=dt, device=dev)
+        DN = torch.empty(B, T, H, V, dtype=dt, device=dev)
+        dS0 = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
+        nv, opts = _grid_v("pass", V)
+        _delta_bwd_pass[(nv, N * H)](q, k, w, g32, dBQ, dP, DNL, dST.contiguous() if dST is not None else dS0, dhS,
+                                     DN, dS0, layout.cu, layout.coff, scale, HAS_DST=dST is not None, **consts, **opts)
+        opts = dict(LAUNCH["dqk"])
+        BKt = max(MIN_TILE, min(opts.pop("BK"), triton.next_power_of_2(K)))
+        NK = triton.cdiv(K, BKt)
+        dQ = torch.empty(B, T, H, K, dtype=dt, device=dev)
+        dK = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
+        dW = torch.empty(B, T, H, K, dtype=dt, device=dev)
+        E_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
+        K_P = torch.empty_like(E_P)
+        _delta_bwd_dqk[(NK, C, H)](q, k, g32, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, layout.cu,
+                                   layout.cidx, NTH, scale, H=H, K=K, V=V, BT=chunk, BK=BKt,
+                                   BV=max(MIN_TILE, triton.next_power_of_2(V)), **opts)
+        dk_wy, dv, dbeta, db_wy = ctx.wy.bwd(k, v, beta_c, g32, ctx.saved, dW, DN, layout, ctx.cu, chunk)
+        dK += dk_wy
+        E = E_P.sum(0).view(NTH // H, H)
+        dg = layout.reverse_cumsum(E - K_P.sum(0).view(NTH // H, H) + db_wy.float().view(NTH // H, H)) - E
+        if dST is not None:
+            dg += (dST.float() * ST).sum((-1, -2))[layout.seq_of_token]
+        dg = dg.view(B, T, H)
+        g_dtype, beta_dtype = ctx.dtypes
+        return (dQ, dK.to(dt), dv.to(v.dtype), dg.to(g_dtype), dbeta.to(beta_dtype), dS0 if ctx.has_S0 else None,
+                None, None, None, None, None)
+
+
+def covers(q: torch.Tensor, v: torch.Tensor, spec) -> bool:
+    """Whether RDN's base pass runs here: the delta rule with a residual path, bf16/fp16, heads up to 128 wide (the
+    state passes hold a whole K row of the state: K <= 128 keeps that tile in registers)."""
+    return (spec.rule == "delta" and spec.fit != "off" and q.dtype in (torch.bfloat16, torch.float16)
+            and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM)
+
+
+def delta_two_reads(q, k, v, g, beta, S0, scale: float, cu_seqlens: torch.Tensor | None = None,
+                    wy: WY = FLA_WY, chunk: int = CHUNK):
+    """(scale S_{t-1} q_t, S_{t-1} k_t, S_T) of the gated delta rule; q, k [B, T, H, K], S0 [N, H, V, K] fp32 or None.
+
+    Packed sequences as in FLA: B = 1 and cu_seqlens [N + 1]."""
+    B, T = q.shape[:2]
+    layout = Layout.batched(B, T, chunk, q.device) if cu_seqlens is None else Layout(B, T, cu_seqlens, chunk, q.device)
+    cu = cu_seqlens.long() if cu_seqlens is not None else None
+    return DeltaTwoReads.apply(q, k, v, g, beta, S0.float().contiguous() if S0 is not None else None, layout,
+                               scale, chunk, wy, cu)

@@ -1,0 +1,152 @@
+"""RDN's one-pass base recurrence (rla_ablate/ops/triton_rdn.py) on CPU, through Triton's interpreter.
+
+Our four kernels (S pass, the two old reads, the local write gradients, the dS pass, dq/dk/dw) run in the
+interpreter in fp32; the WY step is the PyTorch one (`TORCH_WY`: FLA's fused WY kernels do not run in the
+interpreter; the GPU tests run them), the auxiliary recurrence the naive delta rule. Against the float64 naive
+contract: outputs, final states and all eight gradients for every fit x target x gates, chunks of 16 (T=37: three
+chunks, the last partial), clip=0.7; packed sequences of uneven lengths (one of a single token, one empty) with
+gates of -1e5 and -300, heads that are not powers of two (K=24, V=20), K=80 (two K tiles in dq/dk, a masked K row
+in the passes) and V=72 (two V tiles in the passes), and a call without initial states. Measured: every error
+<= 1e-6 (relative RMS), tolerance 1e-5.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+RATIO, ATOL = 1e-5, 1e-6
+
+
+def check_all() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from rla_ablate.ops import _per_sequence
+    from rla_ablate.ops.fla_backend import BaseKernels, compose_residual_attention
+    from rla_ablate.ops.naive import naive_residual_attention
+    from rla_ablate.ops.spec import ResidualSpec
+    from rla_ablate.ops.testing import assert_close
+    from rla_ablate.ops.triton_rdn import TORCH_WY, delta_two_reads
+
+    names = ("q", "k", "v", "g", "beta", "gamma", "S0", "R0")
+    off = ResidualSpec(rule="delta", fit="off")
+
+    def exact_delta(q, k, v, g, beta, scale, h0, cu):  # the auxiliary recurrence: o_t = R_t q_t, naive
+        state = (h0, None) if h0 is not None else None
+        if cu is None:
+            o, (S, _) = naive_residual_attention(q, k, v, g, beta, None, off, scale, state)
+        else:
+            o, (S, _) = _per_sequence(naive_residual_attention, q, k, v, g, beta, None, off, scale, state, cu)
+        return o.to(q.dtype), S
+
+    kernels = BaseKernels(additive=None, delta=exact_delta)
+
+    def rdn(q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens=None):
+        reads = lambda q, k, v, g, beta, S0, scale, cu: delta_two_reads(  # noqa: E731
+            q, k, v, g, beta, S0, scale, cu, wy=TORCH_WY, chunk=16)
+        return compose_residual_attention(kernels, q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens,
+                                          base_reads=reads)
+
+    def make(B=2, T=37, H=2, K=16, V=16, N=None, seed=0):
+        gen = torch.Generator().manual_seed(seed)
+        rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+        uni = lambda *s: torch.rand(*s, generator=gen, dtype=torch.float64)  # noqa: E731
+        N = B if N is None else N
+        return {"q": rnd(B, T, H, K), "k": F.normalize(rnd(B, T, H, K), dim=-1), "v": rnd(B, T, H, V),
+                "g": F.logsigmoid(rnd(B, T, H) + 2.0), "beta": uni(B, T, H), "gamma": uni(B, T, H),
+                "S0": rnd(N, H, V, K) * 0.5, "R0": rnd(N, H, V, K) * 0.5}
+
+    def run(fn, master, spec, dtype, with_state=True, **kw):
+        x = {n: t.to(dtype).requires_grad_(True) for n, t in master.items()}
+        state = (x["S0"], x["R0"]) if with_state else None
+        o, (S, R) = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], spec, 0.3, state, **kw)
+        outs = {"o": o, "S_T": S, "R_T": R}
+        gen = torch.Generator().manual_seed(7)
+        loss = sum((t.double() * torch.randn(t.shape, generator=gen, dtype=torch.float64)).sum()
+                   for t in outs.values())
+        grads = torch.autograd.grad(loss, [x[n] for n in names], allow_unused=True)
+        return outs | {f"d{n}": torch.zeros_like(x[n]) if gr is None else gr for n, gr in zip(names, grads)}
+
+    worst = [0.0]
+
+    def compare(case, ref, got):
+        from rla_ablate.ops.testing import rel_rms_error
+
+        for name in ref:
+            assert_close(f"{case} {name}", ref[name], got[name], ratio=RATIO, atol=ATOL)
+            worst[0] = max(worst[0], rel_rms_error(ref[name], got[name]))
+        print(f"ok {case}", flush=True)
+
+    for fit, target, og in itertools.product(["residual", "none"], ["clip", "tanh", "identity"], [True, False]):
+        spec = ResidualSpec(rule="delta", fit=fit, target=target, output_gates=og, clip=0.7)
+        master = make()
+        compare(f"{fit}-{target}-{'gates' if og else 'nogates'}",
+                run(naive_residual_attention, master, spec, torch.float64), run(rdn, master, spec, torch.float32))
+
+    lengths = [20, 1, 35, 16, 0, 9]
+    cu = torch.tensor([0, *itertools.accumulate(lengths)])
+    for fit, og in (("residual", True), ("residual", False), ("none", True)):
+        spec = ResidualSpec(rule="delta", fit=fit, output_gates=og, clip=0.7)
+        master = make(B=1, T=sum(lengths), K=24, V=20, N=len(lengths))
+        master["g"][0, 5, 0], master["g"][0, 40, 1] = -1e5, -300.0
+        ref = run(lambda *a: _per_sequence(naive_residual_attention, *a, cu), master, spec, torch.float64)
+        compare(f"packed-{fit}-{'gates' if og else 'nogates'}", ref,
+                run(rdn, master, spec, torch.float32, cu_seqlens=cu))
+
+    spec = ResidualSpec(rule="delta", clip=0.7)
+    for K, V in ((80, 24), (24, 72)):  # two K tiles in dq/dk; two V tiles in the passes and reads
+        master = make(B=1, T=37, H=1, K=K, V=V)
+        compare(f"wide-K{K}-V{V}", run(naive_residual_attention, master, spec, torch.float64),
+                run(rdn, master, spec, torch.float32))
+
+    master = make(T=50)
+    compare("no-initial-state", run(naive_residual_attention, master, spec, torch.float64, with_state=False),
+            run(rdn, master, spec, torch.float32, with_state=False))
+    print(f"worst relative RMS error {worst[0]:.2e}", flush=True)
+
+
+def test_one_pass_delta_rule_matches_naive_under_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert proc.stdout.count("ok ") == 18, proc.stdout
+
+
+def test_torch_wy_step_solves_the_chunk_recurrence_of_the_delta_rule():
+    """u_t - w_t S_c^T are the delta rule's writes: S_t = exp(b_t) S_c + sum_{s<=t} exp(b_t - b_s) n_s k_s^T."""
+    import torch
+    import torch.nn.functional as F
+
+    from rla_ablate.ops.triton_rdn import _torch_wy_forward
+    from rla_ablate.ops.triton_rla import Layout
+
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, K, V, C = 1, 11, 2, 5, 3, 4
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen, dtype=torch.float64), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen, dtype=torch.float64)
+    beta = torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    g = -torch.rand(B, T, H, generator=gen, dtype=torch.float64)
+    S0 = torch.randn(H, V, K, generator=gen, dtype=torch.float64)
+    layout = Layout(B, T, None, C, "cpu")
+    w, u, _ = _torch_wy_forward(k, v, beta, g, layout, C)
+    S = S0.clone()
+    for c0 in range(0, T, C):  # the chunk's writes from its start state, against the token-by-token recurrence
+        S_c = S.clone()
+        for t in range(c0, min(c0 + C, T)):
+            a, b = g[0, t].exp()[:, None, None], beta[0, t][:, None, None]
+            kt, vt = k[0, t], v[0, t]
+            write = b[..., 0] * (vt - a[..., 0] * torch.einsum("hvk,hk->hv", S, kt))
+            n = u[0, t] - torch.einsum("hk,hvk->hv", w[0, t], S_c)
+            torch.testing.assert_close(n, write, rtol=1e-10, atol=1e-12)
+            S = a * S + write[..., None] * kt[:, None, :]
+
+
+if __name__ == "__main__":
+    check_all()
