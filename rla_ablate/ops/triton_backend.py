@@ -1,19 +1,20 @@
-"""The `triton` backend: RLA on our fused kernels (`triton_rla`), RDN as the `fla` composition with fused glue.
+"""The `triton` backend: RLA on our fused kernels (`triton_rla`), RDN on our one-pass base (`triton_rdn`) + FLA.
 
 rule="additive" with fit "residual" or "none" runs `triton_rla` (our own kernels: plain state passes plus parallel
-residual, output and gradient kernels) for bf16/fp16 heads up to 128 wide (`triton_rla.covers`; the rest takes
-the composition below); fit="off" is the baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). The delta rule still composes FLA's
-kernels, with the elementwise glue between them fused as below.
+residual, output and gradient kernels) for bf16/fp16 heads up to 128 wide (`triton_rla.covers`); fit="off" is the
+baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). rule="delta" with a residual path (bf16/fp16,
+heads up to 128: `triton_rdn.covers`) takes the `fla` composition with its base pass replaced by `triton_rdn`'s (the
+delta rule run once and read twice, instead of FLA's kernel over a shifted [q; k] double batch); the auxiliary
+recurrence stays FLA's. Everything else (fp32, wider heads) takes the composition as it is, with the glue fused.
 
-On the H200 the `fla` backend spends most of its time outside FLA (docs/RESULTS.md): about twenty fp32/bf16
-passes over [B, T, H, V] between and after the recurrences. Two kernels, each with its backward, replace them:
+The composition's elementwise glue, about twenty fp32/bf16 passes over [B, T, H, V] between and after the
+recurrences in PyTorch (docs/RESULTS.md), is two kernels here, each with its backward:
 
     residual:  w_t = gamma_t T(v_t - S_{t-1} k_t)   (or r_t alone for the delta rule, whose kernel takes gamma)
     output:    o_t = alpha_t S_{t-1} q_t + gamma_t R_t q_t   (or the ungated sum)
 
-Both read the base reads straight from the base pass's output (strided [B, T, H, V] views, no copies), compute in
-fp32 and write once in the input dtype. In this path the recurrences are still FLA's (RLA has its own in
-`triton_rla`; RDN's are the next step, docs/RESULTS.md).
+Both read the base reads where they lie (strided [B, T, H, V] views, no copies), compute in fp32 and write each
+result once, in its input's dtype.
 
 "auto" picks it first for the additive rule, whose whole GPU test set (every fit x target x gates, bf16 on the fused
 kernels and fp32 on the composition) has passed on the H200 (docs/RESULTS.md); for the delta rule it stays behind
@@ -62,7 +63,7 @@ def _residual_fwd(v, pred, gamma, w, R, T, H, V, c,
 
 
 @triton.jit
-def _residual_bwd(dw, v, pred, gamma, dv, dgamma, R, T, H, V, c,
+def _residual_bwd(dw, v, pred, gamma, dv, dpred, dgamma, R, T, H, V, c,
                   sv_b, sv_t, sv_h, sp_b, sp_t, sp_h,
                   TARGET: tl.constexpr, SCALE: tl.constexpr, BR: tl.constexpr, BV: tl.constexpr):
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -77,7 +78,9 @@ def _residual_bwd(dw, v, pred, gamma, dv, dgamma, R, T, H, V, c,
         gam = tl.load(gamma + rows, mask=rows < R, other=0.0).to(tl.float32)
         tl.store(dgamma + rows, tl.sum(g_out * _target(x, c, TARGET), axis=1), mask=rows < R)
         g_out = g_out * gam[:, None]
-    tl.store(dv + off_w, g_out * _target_slope(x, c, TARGET), mask=mask)
+    dx = g_out * _target_slope(x, c, TARGET)
+    tl.store(dv + off_w, dx.to(dv.dtype.element_ty), mask=mask)
+    tl.store(dpred + off_w, (-dx).to(dpred.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -115,11 +118,11 @@ def _output_bwd(do, base, corr, g, gamma, dbase, dcorr, dg, dgamma, R, T, H, V,
         gam = tl.load(gamma + rows, mask=rows < R, other=0.0).to(tl.float32)
         tl.store(dg + rows, alpha * tl.sum(d * x.to(tl.float32), axis=1), mask=rows < R)
         tl.store(dgamma + rows, tl.sum(d * y.to(tl.float32), axis=1), mask=rows < R)
-        tl.store(dbase + off, d * alpha[:, None], mask=mask)
-        tl.store(dcorr + off, d * gam[:, None], mask=mask)
+        tl.store(dbase + off, (d * alpha[:, None]).to(dbase.dtype.element_ty), mask=mask)
+        tl.store(dcorr + off, (d * gam[:, None]).to(dcorr.dtype.element_ty), mask=mask)
     else:
-        tl.store(dbase + off, d, mask=mask)
-        tl.store(dcorr + off, d, mask=mask)
+        tl.store(dbase + off, d.to(dbase.dtype.element_ty), mask=mask)
+        tl.store(dcorr + off, d.to(dcorr.dtype.element_ty), mask=mask)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -159,12 +162,13 @@ class FusedResidual(torch.autograd.Function):
         v, pred, gamma_c = ctx.saved_tensors
         B, T, H, V = v.shape
         R = B * T * H
-        dv = torch.empty(B, T, H, V, dtype=torch.float32, device=v.device)
+        # each gradient written once, in its input's dtype (computed in fp32)
+        dv = torch.empty(B, T, H, V, dtype=v.dtype, device=v.device)
+        dpred = torch.empty(B, T, H, V, dtype=pred.dtype, device=v.device)
         dgamma = torch.empty(B, T, H, dtype=torch.float32, device=v.device) if ctx.has_gamma else dv.new_empty(1)
-        _launch(_residual_bwd, R, V, dw.contiguous(), v, pred, gamma_c, dv, dgamma, R, T, H, V, ctx.clip,
+        _launch(_residual_bwd, R, V, dw.contiguous(), v, pred, gamma_c, dv, dpred, dgamma, R, T, H, V, ctx.clip,
                 *_strides(v), *_strides(pred), TARGET=TARGET_CODES[ctx.target], SCALE=ctx.has_gamma)
-        return (dv.to(v.dtype), (-dv).to(pred.dtype), dgamma.to(gamma_c.dtype) if ctx.has_gamma else None,
-                None, None)
+        return dv, dpred, dgamma.to(gamma_c.dtype) if ctx.has_gamma else None, None, None
 
 
 class FusedOutput(torch.autograd.Function):
@@ -188,13 +192,13 @@ class FusedOutput(torch.autograd.Function):
         base, corr, g_c, gamma_c = ctx.saved_tensors
         B, T, H, V = base.shape
         R = B * T * H
-        dbase = torch.empty(B, T, H, V, dtype=torch.float32, device=base.device)
-        dcorr = torch.empty_like(dbase)
+        dbase = torch.empty(B, T, H, V, dtype=base.dtype, device=base.device)
+        dcorr = torch.empty(B, T, H, V, dtype=corr.dtype, device=base.device)
         dg = torch.zeros(B, T, H, dtype=torch.float32, device=base.device)
         dgamma = torch.zeros_like(dg)
         _launch(_output_bwd, R, V, do.contiguous(), base, corr, g_c, gamma_c, dbase, dcorr, dg, dgamma, R, T, H, V,
                 *_strides(base), *_strides(corr), GATES=ctx.gates)
-        return (dbase.to(base.dtype), dcorr.to(corr.dtype), dg.to(g_c.dtype) if ctx.gates else None,
+        return (dbase, dcorr, dg.to(g_c.dtype) if ctx.gates else None,
                 dgamma.to(gamma_c.dtype) if ctx.gates else None, None, None)
 
 
