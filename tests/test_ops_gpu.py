@@ -7,7 +7,11 @@ same inputs rounded to the tested dtype. Skipped without CUDA.
 
 Tolerances (relative RMS error, absolute floor; `rla_ablate.ops.testing.assert_close`), a written decision:
 - fp32: 5e-3. FLA's dots run fp32 operands as tf32 (about 3e-4 per product) through up to three
-  chained recurrences.
+  chained recurrences. With the clip target, 1e-2 for dv: the residuals that tf32 moves across +-c take the other
+  branch, and the gradient of v through them differs by the whole upstream value. Measured on the H200
+  (2026-12-03, fla and triton backends, bit-identical): dv of the delta rule's clip cases 2.9e-3 to 6.9e-3 (T=37),
+  while with the identity and tanh targets every tensor stays under 1.6e-3; in float64 on CPU, the same relative
+  3e-4 noise on k moves dv by 1.2e-3 with the clip and 3.1e-4 without.
 - bf16: 3e-2 for everything. Operands and the base reads are bf16 (about 4e-3 each); on top, a clipped residual
   that sits within rounding of +-c takes the other branch in a few elements, and their gradients differ by the whole
   upstream value. Measured on an H200 (2026-12-02, fla backend, all 32 bf16 cases): the worst tensor of each
@@ -103,7 +107,13 @@ def reference(combo, T, dtype):
     return run_case(leaves(rounded(make_inputs(T=T), DTYPES[dtype]), torch.float64), "naive", combo)
 
 
-def check(case: str, ref: dict, got: dict, dtype):
+def tolerance(name: str, dtype, target: str) -> dict:
+    if dtype == torch.float32 and target == "clip" and name == "dv":
+        return dict(ratio=1e-2, atol=1e-4)
+    return TOLERANCE[dtype]
+
+
+def check(case: str, ref: dict, got: dict, dtype, target: str = "clip"):
     log = os.environ.get("RLA_GPU_ERRORS")
     if log:
         with open(log, "a") as f:
@@ -111,7 +121,7 @@ def check(case: str, ref: dict, got: dict, dtype):
             f.write(json.dumps({"case": case, "errors": errors}) + "\n")
     for name in ref:
         assert got[name].dtype in (torch.float32, torch.bfloat16, torch.float64), name
-        assert_close(f"{case} {name}", ref[name], got[name], **TOLERANCE[dtype])
+        assert_close(f"{case} {name}", ref[name], got[name], **tolerance(name, dtype, target))
 
 
 # Every combination at T=100; the paper-default switches (clip, output gates) also at T=37, shorter than a chunk.
@@ -123,7 +133,7 @@ CASES = [(c, 100) for c in COMBOS] + [(c, 37) for c in COMBOS if c[2] == "clip" 
 @pytest.mark.parametrize("backend", gpu_backends())
 def test_backend_matches_naive(backend, combo, T, dtype):
     got = run_case(leaves(make_inputs(T=T), DTYPES[dtype]), backend, combo)
-    check(f"{backend}-{combo_id(combo)}-{dtype}-T{T}", reference(combo, T, dtype), got, DTYPES[dtype])
+    check(f"{backend}-{combo_id(combo)}-{dtype}-T{T}", reference(combo, T, dtype), got, DTYPES[dtype], combo[2])
 
 
 @pytest.mark.parametrize("combo", [c for c in COMBOS if c[2] == "clip" and c[3]], ids=combo_id)

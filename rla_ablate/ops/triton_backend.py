@@ -16,9 +16,8 @@ recurrences in PyTorch (docs/RESULTS.md), is two kernels here, each with its bac
 Both read the base reads where they lie (strided [B, T, H, V] views, no copies), compute in fp32 and write each
 result once, in its input's dtype.
 
-"auto" picks it first for the additive rule, whose whole GPU test set (every fit x target x gates, bf16 on the fused
-kernels and fp32 on the composition) has passed on the H200 (docs/RESULTS.md); for the delta rule it stays behind
-`fla` until that rule's set has passed too (request it with backend="triton").
+"auto" picks it first for both rules: on the H200 every fit x target x gates case of each rule has passed, bf16 on
+our kernels and fp32 on the composition, and the models' GPU tests with it (docs/RESULTS.md, rounds 4 and 5).
 """
 
 from __future__ import annotations
@@ -223,4 +222,5 @@ def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale
                                       glue=TRITON_GLUE, base_reads=reads)
 
 
-register_backend("triton", triton_residual_attention, fla_available, cuda_rank=0, varlen=True, auto_rules=("additive",))
+register_backend("triton", triton_residual_attention, fla_available, cuda_rank=0, varlen=True,
+                 auto_rules=("additive", "delta"))

@@ -43,6 +43,8 @@ CHUNK = 64
 MAX_HEAD_DIM = 128
 LAUNCH = {
     "pass": dict(BV=64, num_warps=4),  # the two state passes hold a BV x K fp32 tile
+    # the dS pass loads seven chunk tiles: three pipeline stages need 238 KB of shared memory (H200: 232 KB)
+    "bwd_pass": dict(BV=64, num_warps=4, num_stages=2),
     "reads": dict(BV=64, num_warps=4),
     "local": dict(BV=64, num_warps=4),
     "dqk": dict(BK=64, num_warps=4),  # its V tile is the whole V
@@ -378,7 +380,7 @@ class DeltaTwoReads(torch.autograd.Function):
         dhS = torch.empty(NT, H, V, K, dtype=dt, device=dev)
         DN = torch.empty(B, T, H, V, dtype=dt, device=dev)
         dS0 = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
-        nv, opts = _grid_v("pass", V)
+        nv, opts = _grid_v("bwd_pass", V)
         _delta_bwd_pass[(nv, N * H)](q, k, w, g32, dBQ, dP, DNL, dST.contiguous() if dST is not None else dS0, dhS,
                                      DN, dS0, layout.cu, layout.coff, scale, HAS_DST=dST is not None, **consts, **opts)
         opts = dict(LAUNCH["dqk"])
