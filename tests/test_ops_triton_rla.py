@@ -24,40 +24,14 @@ RATIO, ATOL = 1e-5, 1e-6
 
 def check_all() -> None:
     import torch
-    import torch.nn.functional as F
+    from interpreter_checks import Comparer, make, run
 
     from rla_ablate.ops import _per_sequence
     from rla_ablate.ops.naive import naive_residual_attention
     from rla_ablate.ops.spec import ResidualSpec
-    from rla_ablate.ops.testing import assert_close
     from rla_ablate.ops.triton_rla import rla_triton
 
-    names = ("q", "k", "v", "g", "beta", "gamma", "S0", "R0")
-
-    def make(B=2, T=37, H=2, K=16, V=16, N=None, seed=0):
-        gen = torch.Generator().manual_seed(seed)
-        rnd = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
-        uni = lambda *s: torch.rand(*s, generator=gen, dtype=torch.float64)  # noqa: E731
-        N = B if N is None else N
-        return {"q": rnd(B, T, H, K), "k": F.normalize(rnd(B, T, H, K), dim=-1), "v": rnd(B, T, H, V),
-                "g": F.logsigmoid(rnd(B, T, H) + 2.0), "beta": uni(B, T, H), "gamma": uni(B, T, H),
-                "S0": rnd(N, H, V, K) * 0.5, "R0": rnd(N, H, V, K) * 0.5}
-
-    def run(fn, master, spec, dtype, with_state=True, **kw):
-        x = {n: t.to(dtype).requires_grad_(True) for n, t in master.items()}
-        state = (x["S0"], x["R0"]) if with_state else None
-        o, (S, R) = fn(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], spec, 0.3, state, **kw)
-        outs = {"o": o, "S_T": S, "R_T": R}
-        gen = torch.Generator().manual_seed(7)
-        loss = sum((t.double() * torch.randn(t.shape, generator=gen, dtype=torch.float64)).sum()
-                   for t in outs.values())
-        grads = torch.autograd.grad(loss, [x[n] for n in names], allow_unused=True)
-        return outs | {f"d{n}": torch.zeros_like(x[n]) if gr is None else gr for n, gr in zip(names, grads)}
-
-    def compare(case, ref, got):
-        for name in ref:
-            assert_close(f"{case} {name}", ref[name], got[name], ratio=RATIO, atol=ATOL)
-        print(f"ok {case}", flush=True)
+    compare = Comparer(RATIO, ATOL)
 
     for fit, target, og in itertools.product(["residual", "none"], ["clip", "tanh", "identity"], [True, False]):
         spec = ResidualSpec(rule="additive", fit=fit, target=target, output_gates=og, clip=0.7)

@@ -37,7 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rla_ablate.ops.triton_rla import G_FLOOR, MIN_TILE, Layout, _chunk_gates, _chunk_tile, _decay
+from rla_ablate.ops.triton_rla import (G_FLOOR, MIN_TILE, Layout, _chunk_gates, _chunk_tile, _decay, _pass_chunk,
+                                      _pass_program)
 
 CHUNK = 64
 MAX_HEAD_DIM = 128
@@ -58,26 +59,12 @@ def _delta_fwd_pass(k, w, u, g, S0, hS, N_, ST, cu, coff,
                     BV: tl.constexpr, HAS_S0: tl.constexpr):
     """S over the chunks of one sequence and head (grid V tiles x sequences*heads): stores S_c where each chunk
     starts (hS), the writes n = u - w S_c^T (N_) and the final state (ST, fp32)."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    n, h = i_nh // H, i_nh % H
-    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
-    c0 = tl.load(coff + n).to(tl.int64)
-    rk, rv, rt = tl.arange(0, BK), i_v * BV + tl.arange(0, BV), tl.arange(0, BT)
-    mk, mv = rk < K, rv < V
-    m_state = mv[:, None] & mk[None, :]
-    o_state = rv[:, None] * K + rk[None, :]
-    o_seq = (n * H + h).to(tl.int64) * V * K
-    S = tl.zeros([BV, BK], dtype=tl.float32)
-    if HAS_S0:
-        S += tl.load(S0 + o_seq + o_state, mask=m_state, other=0.0)
+    h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
+        cu, coff, S0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_S0)
     NC = tl.cdiv(eos - bos, BT)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
-        t = bos + c * BT + rt
-        mt = t < eos
-        tok = t * H + h
-        m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
-        b, bp, b_L = _chunk_gates(g, tok, mt)
+        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
         b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_k.dtype
         b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(dt)
@@ -140,28 +127,14 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
                     BV: tl.constexpr, HAS_DST: tl.constexpr):
     """dS over the chunks in reverse (grid V tiles x sequences*heads): stores dS where each chunk ends (dhS), the
     writes' whole gradient dn (DN) and dS0 (fp32)."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    n, h = i_nh // H, i_nh % H
-    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
-    c0 = tl.load(coff + n).to(tl.int64)
-    rk, rv, rt = tl.arange(0, BK), i_v * BV + tl.arange(0, BV), tl.arange(0, BT)
-    mk, mv = rk < K, rv < V
-    m_state = mv[:, None] & mk[None, :]
-    o_state = rv[:, None] * K + rk[None, :]
-    o_seq = (n * H + h).to(tl.int64) * V * K
-    D = tl.zeros([BV, BK], dtype=tl.float32)
-    if HAS_DST:
-        D += tl.load(dST + o_seq + o_state, mask=m_state, other=0.0)
+    h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
+        cu, coff, dST, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_DST)
     NC = tl.cdiv(eos - bos, BT)
     for i in range(NC):
         c = NC - 1 - i
         tl.store(dhS + ((c0 + c) * H + h) * V * K + o_state, D.to(dhS.dtype.element_ty), mask=m_state)
-        t = bos + c * BT + rt
-        mt = t < eos
-        tok = t * H + h
-        m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
         o_tv = tok[:, None] * V + rv[None, :]
-        b, bp, b_L = _chunk_gates(g, tok, mt)
         b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_k.dtype
         b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)

@@ -140,6 +140,35 @@ def _pass_coef(b, bp, b_L, CODE: tl.constexpr):
 
 
 @triton.jit
+def _pass_program(cu, coff, D0, i_k, i_v, i_nh, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, HAS_D0: tl.constexpr):
+    """A state pass's program (one sequence and head, one BV x BK state tile): the head, the sequence's token range
+    and first chunk, the tile's columns, masks and offsets, and its starting value (D0's tile or zeros, fp32)."""
+    n, h = i_nh // H, i_nh % H
+    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    c0 = tl.load(coff + n).to(tl.int64)
+    rk, rv = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < K, rv < V
+    m_state = mv[:, None] & mk[None, :]
+    o_state = rv[:, None] * K + rk[None, :]
+    o_seq = (n * H + h).to(tl.int64) * V * K
+    D = tl.zeros([BV, BK], dtype=tl.float32)
+    if HAS_D0:
+        D += tl.load(D0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
+    return h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D
+
+
+@triton.jit
+def _pass_chunk(g, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr):
+    """Chunk c of a state pass's sequence: token indices, their mask, row offsets, tile masks and the gates."""
+    t = bos + c * BT + tl.arange(0, BT)
+    mt = t < eos
+    tok = t * H + h
+    b, bp, b_L = _chunk_gates(g, tok, mt)
+    return mt, tok, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :], b, bp, b_L
+
+
+@triton.jit
 def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, REVERSE: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, HAS_SA: tl.constexpr,
@@ -154,28 +183,13 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
     Holds one BV x BK fp32 tile and two dots per chunk: no spills, and K tiles multiply the programs of long
     sequences (a B = 1 sequence of 128K tokens ran on 32 programs when the passes also made the residual).
     """
-    i_k, i_v, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n, h = i_nh // H, i_nh % H
-    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
-    c0 = tl.load(coff + n).to(tl.int64)
-    rk, rv = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    m_state = mv[:, None] & mk[None, :]
-    o_state = rv[:, None] * K + rk[None, :]
-    o_seq = (n * H + h).to(tl.int64) * V * K
-    D = tl.zeros([BV, BK], dtype=tl.float32)
-    if HAS_D0:
-        D += tl.load(D0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
-    rt = tl.arange(0, BT)
+    h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
+        cu, coff, D0, tl.program_id(0), tl.program_id(1), tl.program_id(2), H, K, V, BK, BV, HAS_D0)
     NC = tl.cdiv(eos - bos, BT)
     for i in range(NC):
         c = NC - 1 - i if REVERSE else i
         tl.store(hD + ((c0 + c) * H + h) * V * K + o_state, D.to(hD.dtype.element_ty), mask=m_state)
-        t = bos + c * BT + rt
-        mt = t < eos
-        tok = t * H + h
-        m_tk, m_tv = mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
-        b, bp, b_L = _chunk_gates(g, tok, mt)
+        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
         b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_ka.dtype
         coef = _pass_coef(b, bp, b_L, CA)
