@@ -18,8 +18,9 @@ sequences: the packed sequences twice along time). Then
     fit="off":      one plain FLA call, the baseline itself.
 
 Cost: the base pass runs 2B sequences plus one auxiliary pass, about three baseline calls, plus PyTorch glue
-between them (most of the measured time, docs/RESULTS.md). The `triton` backend fuses that glue; reading the base
-states once for both queries is its next step. This one is the readable, FLA-checked composition.
+between them (most of the measured time, docs/RESULTS.md). The `triton` backend fuses that glue and, for RDN, passes
+`base_reads` (`triton_rdn`: the base run once, both old reads from it); RLA runs on its own kernels there. This one
+is the readable, FLA-checked composition.
 FLA's conventions: g = log alpha (fp32), additive kernel has no beta (folded into v), states as [N, H, V, K]
 through `state_v_first=True`, initial states in fp32. Varlen: `cu_seqlens` [N + 1] with B = 1, as in FLA.
 """
