@@ -68,7 +68,7 @@ def test_fused_rla_kernels_match_naive_under_the_interpreter():
     assert proc.stdout.count("ok ") == 18, proc.stdout
 
 
-def test_layout_lists_chunks_and_sums_each_sequence_from_the_end():
+def test_layout_lists_chunks_and_sums_each_chunk_from_the_end():
     import torch
 
     from rla_ablate.ops.triton_rla import Layout
@@ -78,19 +78,21 @@ def test_layout_lists_chunks_and_sums_each_sequence_from_the_end():
     assert (layout.N, layout.chunks) == (4, 2 + 0 + 1 + 3)
     assert layout.coff.tolist() == [0, 2, 2, 3, 6]
     assert layout.cidx.view(-1, 2).tolist() == [[0, 0], [0, 1], [2, 0], [3, 0], [3, 1], [3, 2]]
+    assert layout.chunk_of_token.tolist() == [0] * 4 + [1] + [2] + [3] * 4 + [4] * 4 + [5]
     x = torch.randn(sum(lengths), 3)
     want, start = [], 0
-    for n in lengths:
-        seq = x[start:start + n]
-        want += [seq[t:].sum(0) for t in range(n)]
-        start += n
-    torch.testing.assert_close(layout.reverse_cumsum(x), torch.stack(want), rtol=1e-6, atol=1e-6)
-    assert layout.seq_of_token.tolist() == [0] * 5 + [2] + [3] * 9
+    for size in (4, 1, 1, 4, 4, 1):  # chunks of 4 tokens restart with each sequence; the last of each is partial
+        part = x[start:start + size]
+        want += [part[t:].sum(0) for t in range(size)]
+        start += size
+    torch.testing.assert_close(layout.chunk_reverse_cumsum(x), torch.stack(want), rtol=1e-6, atol=1e-6)
     batched = Layout(3, 7, None, chunk=4, device="cpu")
     assert batched.cu.tolist() == [0, 7, 14, 21] and batched.chunks == 6
     cached = Layout.batched(3, 7, 4, torch.device("cpu"))  # built once per shape, as every layer call asks again
     assert cached is Layout.batched(3, 7, 4, torch.device("cpu"))
-    assert cached.cidx.tolist() == batched.cidx.tolist() and cached.seq_of_token.tolist() == [0] * 7 + [1] * 7 + [2] * 7
+    assert cached.cidx.tolist() == batched.cidx.tolist()
+    assert cached.chunk_of_token.tolist() == [0] * 4 + [1] * 3 + [2] * 4 + [3] * 3 + [4] * 4 + [5] * 3
+    assert Layout(1, 0, torch.tensor([0, 0]), chunk=4, device="cpu").chunk_of_token.numel() == 0
 
 
 def test_fused_kernels_take_only_what_ran_on_the_gpu():

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from rla_ablate.ops.triton_rla import (G_FLOOR, MIN_TILE, Layout, _chunk_gates, _chunk_tile, _decay, _pass_chunk,
-                                      _pass_program)
+                                      _pass_program, chunk_gate_gradient)
 
 CHUNK = 64
 MAX_HEAD_DIM = 128
@@ -151,7 +151,7 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
 
 
 @triton.jit
-def _delta_bwd_dqk(q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, cu, cidx, NTH, scale,
+def _delta_bwd_dqk(q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, cu, cidx, NTH, NCH, scale,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                    BV: tl.constexpr):
     """dq, dk (fp32, before the WY step's share), dw = -dn S_c and this K tile's shares of the per-token d/db terms
@@ -184,7 +184,12 @@ def _delta_bwd_dqk(q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, cu, 
     dk = e * tl.dot(b_dP, b_hS) + tl.dot(A, b_k)
     dkw += tl.dot(tl.trans(A), b_k)
     # the chunk-end write: S_{c+1} = ... + (n exp(b_L - b))^T k
-    dkw += tl.exp(b_L - b)[:, None] * tl.dot(b_n, tl.load(dhS + o_state, mask=m_state, other=0.0).to(dt))
+    b_dhS = tl.load(dhS + o_state, mask=m_state, other=0.0).to(dt)
+    dke = tl.exp(b_L - b)[:, None] * tl.dot(b_n, b_dhS)
+    dkw += dke
+    # dg's end term of the chunk, <dS_{c+1}, S_{c+1}> = exp(b_L) <dS_{c+1}, S_c> + the writes' k . dk
+    z = tl.exp(b_L) * tl.sum(b_hS.to(tl.float32) * b_dhS.to(tl.float32)) + tl.sum(tl.sum(k32 * dke, axis=1))
+    tl.store(Z_P + i_k.to(tl.int64) * NCH + i_c * H + h, z)
     dw = -tl.dot(tl.load(DN + o_tv, mask=m_tv, other=0.0).to(dt), b_hS)
     tl.store(dQ + o_tk, dq.to(dQ.dtype.element_ty), mask=m_tk)
     tl.store(dK + o_tk, dk + dkw, mask=m_tk)
@@ -220,7 +225,6 @@ def _fla_wy_fwd(k, v, beta, g, layout, cu, chunk):
 
 def _fla_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk):
     from fla.ops.gated_delta_rule.wy_fast import prepare_wy_repr_bwd
-    from fla.ops.utils import chunk_local_cumsum
 
     g_cs, A = saved
     # its dg is the gradient of the chunk-local cumsum (FLA sums it from each chunk's end to get that of g)
@@ -232,7 +236,7 @@ FLA_WY = WY(fwd=_fla_wy_fwd, bwd=_fla_wy_bwd)
 
 def _chunk_tokens(layout: Layout, chunk: int, device) -> torch.Tensor:
     """[chunks, chunk] token indices of each chunk, the number of tokens where a chunk ends early."""
-    total = layout.seq_of_token.numel()
+    total = layout.chunk_of_token.numel()
     pairs = layout.cidx.view(-1, 2).long()[:layout.chunks]
     start = layout.cu.long()[pairs[:, 0]] + pairs[:, 1] * chunk
     idx = start[:, None] + torch.arange(chunk, device=device)
@@ -328,14 +332,14 @@ class DeltaTwoReads(torch.autograd.Function):
         nv, opts = _grid_v("reads", V)
         _delta_reads[(nv, max(NT, 1), H)](q, k, g32, hS, N_, P, BQ, layout.cu, layout.cidx, float(scale),
                                           **consts, **opts)
-        ctx.save_for_backward(q, k, v, g32, beta_c, w, hS, N_, ST)
+        ctx.save_for_backward(q, k, v, g32, beta_c, w, hS, N_)
         ctx.saved, ctx.layout, ctx.scale, ctx.chunk, ctx.wy, ctx.cu = saved, layout, float(scale), chunk, wy, cu
         ctx.has_S0, ctx.dtypes = S0 is not None, (g.dtype, beta.dtype)
         return BQ, P, ST
 
     @staticmethod
     def backward(ctx, dBQ, dP, dST):
-        q, k, v, g32, beta_c, w, hS, N_, ST = ctx.saved_tensors
+        q, k, v, g32, beta_c, w, hS, N_ = ctx.saved_tensors
         layout, scale, chunk = ctx.layout, ctx.scale, ctx.chunk
         B, T, H, K = q.shape
         V = v.shape[-1]
@@ -364,16 +368,15 @@ class DeltaTwoReads(torch.autograd.Function):
         dW = torch.empty(B, T, H, K, dtype=dt, device=dev)
         E_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
         K_P = torch.empty_like(E_P)
-        _delta_bwd_dqk[(NK, C, H)](q, k, g32, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, layout.cu,
-                                   layout.cidx, NTH, scale, H=H, K=K, V=V, BT=chunk, BK=BKt,
+        Z_P = torch.empty(NK, C * H, dtype=torch.float32, device=dev)
+        _delta_bwd_dqk[(NK, C, H)](q, k, g32, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, layout.cu,
+                                   layout.cidx, NTH, C * H, scale, H=H, K=K, V=V, BT=chunk, BK=BKt,
                                    BV=max(MIN_TILE, triton.next_power_of_2(V)), **opts)
         dk_wy, dv, dbeta, db_wy = ctx.wy.bwd(k, v, beta_c, g32, ctx.saved, dW, DN, layout, ctx.cu, chunk)
         dK += dk_wy
         E = E_P.sum(0).view(NTH // H, H)
-        dg = layout.reverse_cumsum(E - K_P.sum(0).view(NTH // H, H) + db_wy.float().view(NTH // H, H)) - E
-        if dST is not None:
-            dg += (dST.float() * ST).sum((-1, -2))[layout.seq_of_token]
-        dg = dg.view(B, T, H)
+        terms = E - K_P.sum(0).view(NTH // H, H) + db_wy.float().view(NTH // H, H)
+        dg = chunk_gate_gradient(layout, terms, E, Z_P, H).view(B, T, H)
         g_dtype, beta_dtype = ctx.dtypes
         return (dQ, dK.to(dt), dv.to(v.dtype), dg.to(g_dtype), dbeta.to(beta_dtype), dS0 if ctx.has_S0 else None,
                 None, None, None, None, None)

@@ -352,8 +352,8 @@ def _bwd_dv(q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx
 
 
 @triton.jit
-def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P,
-             cu, cidx, NTH, scale, c_clip,
+def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P,
+             cu, cidx, NTH, NCH, scale, c_clip,
              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
              TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr, HAS_DRT: tl.constexpr):
     """dq, dk on one K tile, and its shares of the per-token d/db terms (grid K tiles x chunks x heads).
@@ -394,7 +394,10 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     e_e = tl.sum(k32 * dk, axis=1)
     dkW += tl.dot(tl.trans(P), b_k)
     # the writes of the chunk through its end state: dS_end^T beta v (+ dR_end^T w)
-    sw = tl.dot(bv, tl.load(dhS + o_state, mask=m_state, other=0.0).to(dt))
+    b_dhS = tl.load(dhS + o_state, mask=m_state, other=0.0).to(dt)
+    sw = tl.dot(bv, b_dhS)
+    # <dS_end, S_end> (+ <dR_end, R_end>) = exp(b_L) <dS_end, S_c> + the writes' k . dk: the chunk's end term of dg
+    z = tl.exp(b_L) * tl.sum(b_hS.to(tl.float32) * b_dhS.to(tl.float32))
     e_q = tl.zeros([BT], dtype=tl.float32)
     if GATES:
         e_q += s_qS
@@ -410,10 +413,14 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
         dq += scale * dqR
         e_q += scale * tl.sum(q32 * dqR, axis=1)
         dkW += scale * tl.dot(tl.trans(Rm), b_q)
-        sw += tl.dot(b_w, tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt))
-        dkW += tl.exp(b_L - b)[:, None] * sw
-    else:
-        dkW += tl.exp(b_L - b)[:, None] * sw
+        b_dhR = tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt)
+        sw += tl.dot(b_w, b_dhR)
+        z += tl.exp(b_L) * tl.sum(tl.load(hR + o_state, mask=m_state, other=0.0).to(tl.float32) * b_dhR.to(tl.float32))
+    sw = tl.exp(b_L - b)[:, None] * sw
+    dkW += sw
+    z += tl.sum(tl.sum(k32 * sw, axis=1))
+    tl.store(Z_P + i_k.to(tl.int64) * NCH + i_c * H + h, z)
+    if not FIT_RES:
         # corr_t = c_t r_t (k_t . q~_t) and R_T = r_T k_T^T: no decays, outside d/db
         b_r = _target(tl.load(X + o_tv, mask=m_tv, other=0.0), c_clip, TARGET)
         s_n = tl.sum(b_r * b_do.to(tl.float32), axis=1) * scale
@@ -452,9 +459,15 @@ class Layout:
         self.coff = torch.tensor(starts, dtype=torch.int32, device=device)
         pairs = [(n, c) for n, count in enumerate(counts) for c in range(count)]
         self.cidx = torch.tensor(pairs or [(0, 0)], dtype=torch.int32, device=device).flatten()
+        sizes = [min(chunk, lengths[n] - c * chunk) for n, c in pairs]
+        chunk_ends = [0]
+        for n in sizes:
+            chunk_ends.append(chunk_ends[-1] + n)
         # output_size given: repeat_interleave would otherwise wait for the GPU to learn its length
-        self.seq_of_token = torch.repeat_interleave(torch.arange(self.N, device=device),
-                                                    torch.tensor(lengths, device=device), output_size=ends[-1])
+        self.chunk_of_token = torch.repeat_interleave(torch.arange(self.chunks, device=device),
+                                                      torch.tensor(sizes, dtype=torch.long, device=device),
+                                                      output_size=ends[-1])
+        self.chunk_end_of_token = torch.tensor(chunk_ends[1:], dtype=torch.long, device=device)[self.chunk_of_token]
 
     @staticmethod
     @functools.lru_cache(maxsize=64)
@@ -463,15 +476,28 @@ class Layout:
         which every layer of every step would otherwise repeat (its tensors are only read)."""
         return Layout(B, T, None, chunk, device)
 
-    def reverse_cumsum(self, x: torch.Tensor) -> torch.Tensor:
-        """sum_{j >= t, same sequence} x_j for x [tokens, H] (fp32 out).
+    def chunk_reverse_cumsum(self, x: torch.Tensor) -> torch.Tensor:
+        """sum_{j >= t, same chunk} x_j for x [tokens, H] (fp32 out).
 
         One scan along the innermost dimension ([H, tokens]: a scan over an outer dimension took 11 ms on the H200
-        for 64K tokens), in float64 so that subtracting the sums past each sequence's end loses nothing.
+        for 64K tokens), in float64 so that subtracting the sums past each chunk's end loses nothing.
         """
         xt = torch.cat([x.t().double(), x.new_zeros(x.shape[1], 1, dtype=torch.float64)], dim=1)
         tail = xt.flip(1).cumsum(1).flip(1)  # tail[:, t] = sum_{j >= t}
-        return (tail[:, :-1] - tail[:, self.cu[1:].long()][:, self.seq_of_token]).t().float()
+        return (tail[:, :-1] - tail[:, self.chunk_end_of_token]).t().float()
+
+
+def chunk_gate_gradient(layout: Layout, terms: torch.Tensor, E: torch.Tensor, Z_P: torch.Tensor, H: int):
+    """dg [tokens, H] from the kernels' per-token terms (reads minus writes, `terms`, of which `E` are the reads
+    that start at b') and their per-K-tile partials of each chunk's end term Z_c = <dS_end, S_end> (+ R's):
+
+        dg_t = sum_{j >= t, same chunk} terms_j - E_t + Z_{chunk of t}
+
+    (docs/MATH.md "dg without the states"). Summed over the whole sequence instead, the terms' bf16 rounding
+    accumulated: dg's error grew with the length (fp16, measured in the interpreter: 7e-4 at T=128, 6.5e-3 at 16K);
+    the chunk's end term holds what the later chunks add, from the states, exactly."""
+    Z = Z_P.sum(0).view(-1, H) if layout.chunks else Z_P.new_zeros(0, H)
+    return layout.chunk_reverse_cumsum(terms) - E + Z[layout.chunk_of_token]
 
 
 def _launch(name: str, V: int) -> dict:
@@ -541,7 +567,7 @@ class RLAFunction(torch.autograd.Function):
             if min(layout.lengths) == 0:
                 empty = torch.tensor([n == 0 for n in layout.lengths], device=dev)[:, None, None, None]
                 R_T = torch.where(empty, 0.0, R_T)
-        ctx.save_for_backward(q, k, v, g32, beta_c, gamma_c, hS, hR, X, W, CORR, ST, R_T)
+        ctx.save_for_backward(q, k, v, g32, beta_c, gamma_c, hS, hR, X, W, CORR)
         ctx.layout, ctx.spec, ctx.scale, ctx.chunk = layout, spec, float(scale), chunk
         ctx.shape, ctx.has_S0, ctx.has_R0 = (B, T, H, K, V), S0 is not None, R0 is not None
         ctx.dtypes = (g.dtype, beta.dtype, gamma.dtype)
@@ -549,7 +575,7 @@ class RLAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dO, dST, dRT):
-        q, k, v, g32, beta_c, gamma_c, hS, hR, X, W, CORR, ST, R_T = ctx.saved_tensors
+        q, k, v, g32, beta_c, gamma_c, hS, hR, X, W, CORR = ctx.saved_tensors
         layout, spec, scale, chunk = ctx.layout, ctx.spec, ctx.scale, ctx.chunk
         B, T, H, K, V = ctx.shape
         dev = q.device
@@ -602,9 +628,10 @@ class RLAFunction(torch.autograd.Function):
         NK = triton.cdiv(K, BKt)
         EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
         EE_P, EK_P = torch.empty_like(EQ_P), torch.empty_like(EQ_P)
+        Z_P = torch.empty(NK, C * H, dtype=torch.float32, device=dev)
         _bwd_dqk[(NK, C, H)](
             q, k, v, g32, beta_c, gamma_c, W, X, DX, dO, hS, hR, dhS, dhR, dRT if dRT is not None else dS0, dQ, dK,
-            EQ_P, EE_P, EK_P, layout.cu, layout.cidx, NTH, scale, float(spec.clip),
+            EQ_P, EE_P, EK_P, Z_P, layout.cu, layout.cidx, NTH, C * H, scale, float(spec.clip),
             HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
         dBETA = dBETA_P.sum(0).view(B * T, H)
         dGAMMA = torch.zeros(B * T, H, dtype=torch.float32, device=dev)
@@ -614,13 +641,7 @@ class RLAFunction(torch.autograd.Function):
             dGAMMA += dGR_P.sum(0).view(B * T, H)
         EE = EE_P.sum(0).view(B * T, H)
         EQK = (EQ_P - EK_P).sum(0).view(B * T, H)
-        dg = layout.reverse_cumsum(EQK + EE) - EE
-        final = torch.zeros(N, H, dtype=torch.float32, device=dev)
-        if dST is not None:
-            final += (dST.float() * ST).sum((-1, -2))
-        if dRT is not None and fit_res:
-            final += (dRT.float() * R_T).sum((-1, -2))
-        dg = dg + final[layout.seq_of_token]
+        dg = chunk_gate_gradient(layout, EQK + EE, EE, Z_P, H)
         g_dtype, beta_dtype, gamma_dtype = ctx.dtypes
         shape_k, shape_v, shape_g = (B, T, H, K), (B, T, H, V), (B, T, H)
         uses_gamma = fit_res or spec.output_gates
