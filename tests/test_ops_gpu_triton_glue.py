@@ -62,3 +62,25 @@ def test_fused_glue_matches_naive_under_the_interpreter():
 
 if __name__ == "__main__":
     check_all()
+
+
+@pytest.mark.parametrize("rule", ["additive", "delta"])
+def test_a_call_without_tokens_returns_the_initial_states(rule):
+    """B * T = 0 never reaches a kernel (their chunk lists would be empty; the chunk-state loads have no token mask)."""
+    import torch
+
+    from rla_ablate.ops.spec import ResidualSpec
+    from rla_ablate.ops.triton_backend import triton_residual_attention
+
+    q = torch.zeros(1, 0, 2, 8, dtype=torch.bfloat16)
+    v = torch.zeros(1, 0, 2, 6, dtype=torch.bfloat16)
+    gates = torch.zeros(1, 0, 2)
+    S0, R0 = torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
+    spec = ResidualSpec(rule=rule)
+    o, (S, R) = triton_residual_attention(q, q, v, gates, gates, gates, spec, 0.3, (S0, R0),
+                                          cu_seqlens=torch.tensor([0, 0, 0, 0]))
+    assert o.shape == (1, 0, 2, 6) and torch.equal(S, S0) and torch.equal(R, R0)
+    o, (S, R) = triton_residual_attention(q.expand(3, 0, 2, 8), q.expand(3, 0, 2, 8), v.expand(3, 0, 2, 6),
+                                          gates.expand(3, 0, 2), gates.expand(3, 0, 2), gates.expand(3, 0, 2), spec,
+                                          0.3, None)
+    assert o.shape == (3, 0, 2, 6) and S.abs().sum() == 0 and R.abs().sum() == 0

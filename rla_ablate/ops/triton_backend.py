@@ -26,10 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-from rla_ablate.ops import register_backend
+from rla_ablate.ops import _per_sequence, register_backend, triton_rdn
+from rla_ablate.ops.chunk import chunk_residual_attention
 from rla_ablate.ops.fla_backend import FLA_KERNELS, Glue, compose_residual_attention, fla_available
 from rla_ablate.ops.spec import ResidualSpec
-from rla_ablate.ops import triton_rdn
 from rla_ablate.ops.triton_rla import TARGET_CODES, _target, _target_slope, covers, rla_triton
 
 BLOCK_ROWS = 16
@@ -215,6 +215,10 @@ TRITON_GLUE = Glue(residual=_fused_residual, output=_fused_output)
 def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
                               cu_seqlens: torch.Tensor | None = None):
     """The `triton` backend (signature of `naive_residual_attention`, plus FLA-style `cu_seqlens`)."""
+    if q.shape[0] * q.shape[1] == 0:  # no tokens: no chunk for a kernel to read (their chunk lists are empty)
+        if cu_seqlens is None:
+            return chunk_residual_attention(q, k, v, g, beta, gamma, spec, scale, initial_state)
+        return _per_sequence(chunk_residual_attention, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
     if covers(q, v, spec):
         return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
     reads = triton_rdn.delta_two_reads if triton_rdn.covers(q, v, spec) else None
