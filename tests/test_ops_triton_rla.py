@@ -108,5 +108,14 @@ def test_fused_kernels_take_only_what_ran_on_the_gpu():
     assert not covers(x, x, ResidualSpec(rule="delta")) and not covers(x, x, ResidualSpec(fit="off"))
 
 
+def test_calls_whose_chunks_exceed_a_grid_axis_take_the_composition():
+    from rla_ablate.ops.triton_rla import MAX_CHUNKS, chunks_fit_grid
+
+    assert chunks_fit_grid(32 * 2048, 32, 16) and chunks_fit_grid(64 * (MAX_CHUNKS - 1), 1, 16)
+    assert not chunks_fit_grid(64 * MAX_CHUNKS, 1, 16)  # 4.2M tokens: one partial chunk too many
+    assert not chunks_fit_grid(64 * 60000, 6000, 1)  # packed: every sequence may end in a partial chunk
+    assert not chunks_fit_grid(4096 * 256, 4096, 16)  # 4,096 packed documents x 16 heads: one state pass too many
+
+
 if __name__ == "__main__":
     check_all()

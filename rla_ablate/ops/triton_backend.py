@@ -30,7 +30,7 @@ from rla_ablate.ops import _per_sequence, register_backend, triton_rdn
 from rla_ablate.ops.chunk import chunk_residual_attention
 from rla_ablate.ops.fla_backend import FLA_KERNELS, Glue, compose_residual_attention, fla_available
 from rla_ablate.ops.spec import ResidualSpec
-from rla_ablate.ops.triton_rla import TARGET_CODES, _target, _target_slope, covers, rla_triton
+from rla_ablate.ops.triton_rla import TARGET_CODES, _target, _target_slope, chunks_fit_grid, covers, rla_triton
 
 BLOCK_ROWS = 16
 
@@ -219,9 +219,11 @@ def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale
         if cu_seqlens is None:
             return chunk_residual_attention(q, k, v, g, beta, gamma, spec, scale, initial_state)
         return _per_sequence(chunk_residual_attention, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
-    if covers(q, v, spec):
+    B, T, H = q.shape[:3]
+    fits = chunks_fit_grid(B * T, B if cu_seqlens is None else cu_seqlens.numel() - 1, H)
+    if fits and covers(q, v, spec):
         return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
-    reads = triton_rdn.delta_two_reads if triton_rdn.covers(q, v, spec) else None
+    reads = triton_rdn.delta_two_reads if fits and triton_rdn.covers(q, v, spec) else None
     return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
                                       glue=TRITON_GLUE, base_reads=reads)
 

@@ -665,6 +665,18 @@ def covers(q: torch.Tensor, v: torch.Tensor, spec: ResidualSpec) -> bool:
             and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM)
 
 
+# CUDA grids allow at most 65,535 blocks along their second and third axes: the parallel kernels put the chunks
+# there, the state passes the sequences x heads
+MAX_CHUNKS = 65535
+
+
+def chunks_fit_grid(tokens: int, sequences: int, heads: int, chunk: int = CHUNK) -> bool:
+    """Whether a call's chunk list (at most tokens / chunk + one partial chunk per sequence, about 4.2M tokens) and
+    its sequences x heads fit a grid axis. Larger calls take the FLA composition, whose kernels flatten their grids
+    onto the first axis."""
+    return tokens // chunk + sequences <= MAX_CHUNKS and sequences * heads <= MAX_CHUNKS
+
+
 def rla_triton(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
                cu_seqlens: torch.Tensor | None = None, chunk: int = CHUNK):
     """RLA / its fit="none" ablation on the fused kernels (signature of the backends, plus `chunk` for tests)."""
