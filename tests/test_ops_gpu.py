@@ -30,7 +30,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rla_ablate.ops import BACKENDS, _load_gpu_backends, residual_attention
+from rla_ablate.ops import BACKENDS, VARLEN_NATIVE, _load_gpu_backends, _per_sequence, residual_attention
 from rla_ablate.ops.testing import assert_close, rel_rms_error
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -77,7 +77,11 @@ def leaves(master, dtype):
 
 def run_case(x, backend, combo, cu_seqlens=None):
     rule, fit, target, og = combo
-    fn = BACKENDS[backend][0] if cu_seqlens is not None else None
+    fn = None
+    if cu_seqlens is not None:
+        fn = BACKENDS[backend][0]
+        if backend not in VARLEN_NATIVE:  # the naive reference: each packed sequence alone
+            fn = functools.partial(_per_sequence, fn)
     gamma = None if fit == "off" else x["gamma"]
     if fn is None:
         o, (S, R) = residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], gamma, rule=rule, fit=fit,
@@ -139,17 +143,14 @@ def test_backend_matches_naive(backend, combo, T, dtype):
 @pytest.mark.parametrize("combo", [c for c in COMBOS if c[2] == "clip" and c[3]], ids=combo_id)
 @pytest.mark.parametrize("backend", [b for b in gpu_backends() if b in ("fla", "triton")])
 def test_packed_sequences_match_naive_per_sequence(backend, combo):
+    """Packed sequences (one of a single token, one longer than two chunks): outputs, final states and every
+    gradient against the naive recurrence run on each sequence alone."""
     lengths = [70, 1, 129, 33]
     cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda")
     master = make_inputs(B=1, T=sum(lengths), N=len(lengths))
     got = run_case(leaves(master, torch.bfloat16), backend, combo, cu_seqlens=cu)
-    for n, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-        part = {name: (x[:, a:b] if name not in ("S0", "R0") else x[n:n + 1]) for name, x in master.items()}
-        ref = run_case(leaves(rounded(part, torch.bfloat16), torch.float64), "naive", combo)
-        assert_close(f"o[seq {n}]", ref["o"], got["o"][:, a:b], **TOLERANCE[torch.bfloat16])
-        assert_close(f"S_T[seq {n}]", ref["S_T"], got["S_T"][n:n + 1], **TOLERANCE[torch.bfloat16])
-        if "R_T" in ref:
-            assert_close(f"R_T[seq {n}]", ref["R_T"], got["R_T"][n:n + 1], **TOLERANCE[torch.bfloat16])
+    ref = run_case(leaves(rounded(master, torch.bfloat16), torch.float64), "naive", combo, cu_seqlens=cu)
+    check(f"{backend}-{combo_id(combo)}-packed", ref, got, torch.bfloat16)
 
 
 def test_auto_picks_a_gpu_backend_and_names_it():
