@@ -37,8 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rla_ablate.ops.triton_rla import (G_FLOOR, MIN_TILE, Layout, _chunk_gates, _chunk_tile, _decay, _pass_chunk,
-                                      _pass_program, chunk_gate_gradient)
+from rla_ablate.ops.triton_rla import (G_FLOOR, MIN_TILE, Layout, _chunk_gates, _chunk_tile, _decay, _launch,
+                                      _pass_chunk, _pass_program, chunk_gate_gradient)
 
 CHUNK = 64
 MAX_HEAD_DIM = 128
@@ -300,8 +300,8 @@ TORCH_WY = WY(fwd=_torch_wy_fwd, bwd=_torch_wy_bwd)
 
 
 def _grid_v(name: str, V: int) -> tuple[int, dict]:
-    opts = dict(LAUNCH[name])
-    opts["BV"] = max(MIN_TILE, min(opts["BV"], triton.next_power_of_2(V)))
+    """The number of V tiles and the launch options of one of this module's kernels."""
+    opts = _launch(name, V, LAUNCH)
     return triton.cdiv(V, opts["BV"]), opts
 
 
@@ -346,9 +346,7 @@ class DeltaTwoReads(torch.autograd.Function):
         dev, dt = q.device, q.dtype
         NT, N, NTH = layout.chunks, layout.N, B * T * H
         C = max(NT, 1)
-        zeros = lambda: torch.zeros(B, T, H, V, dtype=dt, device=dev)  # noqa: E731
-        dBQ = dBQ.contiguous() if dBQ is not None else zeros()
-        dP = dP.contiguous() if dP is not None else zeros()
+        dBQ, dP = dBQ.contiguous(), dP.contiguous()  # never None: autograd materializes unused outputs' gradients
         BK = max(MIN_TILE, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
         DNL = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)

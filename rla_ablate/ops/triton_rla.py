@@ -500,10 +500,10 @@ def chunk_gate_gradient(layout: Layout, terms: torch.Tensor, E: torch.Tensor, Z_
     return layout.chunk_reverse_cumsum(terms) - E + Z[layout.chunk_of_token]
 
 
-def _launch(name: str, V: int) -> dict:
-    """The launch options of one kernel: its V tile (at most V rounded up to a power of two, at least MIN_TILE; the
-    whole V where LAUNCH names none), warps."""
-    opts = dict(LAUNCH[name])
+def _launch(name: str, V: int, table: dict = LAUNCH) -> dict:
+    """The launch options of one kernel in `table`: its V tile (at most V rounded up to a power of two, at least
+    MIN_TILE; the whole V where the table names none), warps."""
+    opts = dict(table[name])
     whole = triton.next_power_of_2(V)
     opts["BV"] = max(MIN_TILE, min(opts.get("BV", whole), whole))
     return opts
