@@ -1,10 +1,16 @@
 """Shared by the interpreter checks of our Triton kernels (test_ops_triton_rla.py, test_ops_triton_rdn.py): float64
-master inputs, one fwd+bwd with a fixed random upstream gradient, and the comparison against the naive contract.
+master inputs, one fwd+bwd with a fixed random upstream gradient, the packed-sequence cases, and the comparison
+against the naive contract.
 
-Those files run themselves as scripts under TRITON_INTERPRET=1 (the interpreter must be chosen before any kernel is
-defined), with this folder on sys.path."""
+Those files (and test_ops_gpu_triton_glue.py) run themselves as scripts under TRITON_INTERPRET=1 (the interpreter
+must be chosen before any kernel is defined; `run_interpreted`), with this folder on sys.path."""
 
 from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +41,32 @@ def run(fn, master, spec, dtype, with_state=True, **kw) -> dict:
     loss = sum((t.double() * torch.randn(t.shape, generator=gen, dtype=torch.float64)).sum() for t in outs.values())
     grads = torch.autograd.grad(loss, [x[n] for n in NAMES], allow_unused=True)
     return outs | {f"d{n}": torch.zeros_like(x[n]) if gr is None else gr for n, gr in zip(NAMES, grads)}
+
+
+def run_interpreted(script: str, checks: int, timeout: int) -> None:
+    """Run `script` in a fresh process under TRITON_INTERPRET=1 and assert it passed all `checks` ("ok <case>")."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert proc.stdout.count("ok ") == checks, proc.stdout
+
+
+def check_packed(compare, rule: str, fn, **kw) -> None:
+    """fn on packed sequences of uneven lengths (one of a single token, one empty; K=24, V=20, gates of -1e5 and
+    -300) against naive on each sequence alone: fit residual with and without output gates, and fit none."""
+    from rla_ablate.ops import _per_sequence
+    from rla_ablate.ops.naive import naive_residual_attention
+    from rla_ablate.ops.spec import ResidualSpec
+
+    lengths = [20, 1, 35, 16, 0, 9]
+    cu = torch.tensor([0, *itertools.accumulate(lengths)])
+    for fit, og in (("residual", True), ("residual", False), ("none", True)):
+        spec = ResidualSpec(rule=rule, fit=fit, output_gates=og, clip=0.7)
+        master = make(B=1, T=sum(lengths), K=24, V=20, N=len(lengths))
+        master["g"][0, 5, 0], master["g"][0, 40, 1] = -1e5, -300.0
+        ref = run(lambda *a: _per_sequence(naive_residual_attention, *a, cu), master, spec, torch.float64)
+        compare(f"packed-{fit}-{'gates' if og else 'nogates'}", ref,
+                run(fn, master, spec, torch.float32, cu_seqlens=cu, **kw))
 
 
 class Comparer:

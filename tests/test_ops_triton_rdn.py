@@ -13,9 +13,6 @@ in the passes) and V=72 (two V tiles in the passes), and a call without initial 
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -26,7 +23,7 @@ RATIO, ATOL = 1e-5, 1e-6
 
 def check_all() -> None:
     import torch
-    from interpreter_checks import Comparer, make, run
+    from interpreter_checks import Comparer, check_packed, make, run
 
     from rla_ablate.ops import _per_sequence
     from rla_ablate.ops.fla_backend import BaseKernels, compose_residual_attention
@@ -59,15 +56,7 @@ def check_all() -> None:
         compare(f"{fit}-{target}-{'gates' if og else 'nogates'}",
                 run(naive_residual_attention, master, spec, torch.float64), run(rdn, master, spec, torch.float32))
 
-    lengths = [20, 1, 35, 16, 0, 9]
-    cu = torch.tensor([0, *itertools.accumulate(lengths)])
-    for fit, og in (("residual", True), ("residual", False), ("none", True)):
-        spec = ResidualSpec(rule="delta", fit=fit, output_gates=og, clip=0.7)
-        master = make(B=1, T=sum(lengths), K=24, V=20, N=len(lengths))
-        master["g"][0, 5, 0], master["g"][0, 40, 1] = -1e5, -300.0
-        ref = run(lambda *a: _per_sequence(naive_residual_attention, *a, cu), master, spec, torch.float64)
-        compare(f"packed-{fit}-{'gates' if og else 'nogates'}", ref,
-                run(rdn, master, spec, torch.float32, cu_seqlens=cu))
+    check_packed(compare, "delta", rdn)
 
     spec = ResidualSpec(rule="delta", clip=0.7)
     for K, V in ((80, 24), (24, 72)):  # two K tiles in dq/dk; two V tiles in the passes and reads
@@ -82,10 +71,9 @@ def check_all() -> None:
 
 
 def test_one_pass_delta_rule_matches_naive_under_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert proc.stdout.count("ok ") == 18, proc.stdout
+    from interpreter_checks import run_interpreted
+
+    run_interpreted(__file__, checks=18, timeout=900)
 
 
 def test_torch_wy_step_solves_the_chunk_recurrence_of_the_delta_rule():
