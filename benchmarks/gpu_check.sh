@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One entry point on the GPU node, after the bundle is installed (PYTHONPATH=/tmp/site:$PWD):
-#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|bench|profile|tune|train|save-tuning|all] [pytest -k expr]
+#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|train-step|calibrate|bench|profile|tune|train|save-tuning|all]
+#                                [pytest -k expr]
 # GPU tests write a junit file, a log and every measured error to $OUT; the kernel table prints last.
 #
 # FLA autotunes each kernel per (H, K, V, dtypes, flags): a fresh node spent over 8 minutes on it (docs/RESULTS.md).
@@ -42,6 +43,19 @@ if [[ $what == models || $what == all ]]; then
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_models_gpu.py --junitxml="$OUT/junit-models.xml" \
         >"$OUT/tests-models.log" 2>&1 || rc=1
     tail -n 25 "$OUT/tests-models.log"
+fi
+if [[ $what == train-step || $what == all ]]; then
+    # the real training step (run_job: bf16 autocast, backend auto, AdamW, eval, checkpoint) of every job a sweep
+    # can produce: each family x each registry ablation x both controls, at the 100m presets' mixer shape
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_train_gpu.py ${select:+-k "$select"} \
+        --junitxml="$OUT/junit-train-step.xml" >"$OUT/tests-train-step.log" 2>&1 || rc=1
+    tail -n 30 "$OUT/tests-train-step.log"
+fi
+if [[ $what == calibrate ]]; then
+    # peak memory, tokens/s and warm-up of each 100m preset alone on the GPU, merged into the calibration table
+    python3 benchmarks/train_gpu.py --scale 100m --batch 16 --seq-len 2048 --steps 6 --warmup 2 --calibrate \
+        --json "$OUT/calibrate-100m.json" 2>&1 | tee "$OUT/calibrate.log" || rc=1
+    cp rla_ablate/sweep/calibration/h200.json "$OUT/h200.json"
 fi
 if [[ $what == profile || $what == tune ]]; then
     python3 benchmarks/kernels.py --$what --seq-lens 2048 2>&1 | tee "$OUT/$what.log" || rc=1

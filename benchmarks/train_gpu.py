@@ -2,12 +2,14 @@
 
     python benchmarks/train_gpu.py [--scale 1.5b] [--families rla rdn sgla gdn transformer]
                                    [--batch 4] [--seq-len 4096] [--steps 10] [--warmup 3] [--backend auto]
-                                   [--json out.json]
+                                   [--json out.json] [--calibrate [TABLE]]
 
 Each family builds the preset `<scale>-<family>` (models/), trains --warmup untimed then --steps timed AdamW steps
 on random tokens (fp32 master weights, bf16 autocast, as the training job does on GPU) and reports tokens/s, MFU
 (the model's analytic training FLOPs per token over the device's dense bf16 peak), peak memory and the op backend
 that ran. A family that runs out of memory is reported as such. `--device cpu --scale tiny` checks the script.
+`--calibrate` merges each measured row (model config, batch shape, tokens/s, peak memory, warm-up) into the
+calibration table that `rla-sweep plan` and `resources.gpus: auto` read (rla_ablate/sweep/calibration/h200.json).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +26,8 @@ import torch.nn.functional as F
 from rla_ablate.models import build_model, load_preset
 from rla_ablate.models.accounting import count_params, flops_per_token
 from rla_ablate.train.loop import PEAK_BF16_FLOPS
+
+CALIBRATION = Path(__file__).resolve().parents[1] / "rla_ablate" / "sweep" / "calibration" / "h200.json"
 
 
 def say(line: str) -> None:
@@ -77,7 +82,8 @@ def measure(family: str, args, device: torch.device) -> dict:
     seconds = time.perf_counter() - t0
     tok_s = args.batch * args.seq_len * args.steps / seconds
     peak = device_peak(device)
-    return dict(family=family, preset=f"{args.scale}-{family}", params=count_params(cfg), tokens_per_s=tok_s,
+    return dict(family=family, preset=f"{args.scale}-{family}", model=cfg.model_dump(mode="json"),
+                params=count_params(cfg), tokens_per_s=tok_s,
                 mfu=flops_per_token(cfg, args.seq_len) * tok_s / peak if peak else None, loss=loss,
                 backend=model.backend_used, warmup_s=warmup_s,
                 peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
@@ -94,6 +100,8 @@ def main():
     parser.add_argument("--backend", default="auto", help="op backend of the linear families (auto, fla, triton)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--calibrate", nargs="?", const=str(CALIBRATION), default=None, metavar="TABLE",
+                        help="merge the rows into this calibration table (default: the package's H200 table)")
     args = parser.parse_args()
     device = torch.device(args.device)
     rows = []
@@ -122,6 +130,36 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=where, args=vars(args), results=rows), f, indent=1)
+    if args.calibrate:
+        calibrate(args.calibrate, rows, args, where)
+
+
+def calibrate(path: str, rows: list[dict], args, where: str) -> None:
+    """Merge measured rows into the calibration table, replacing a row of the same preset, shape and backend."""
+    import datetime
+
+    import fla
+    import triton
+
+    table = json.loads(Path(path).read_text())
+    if table.get("device") not in where:
+        say(f"not calibrating: the table is for {table.get('device')}, this is {where}")
+        return
+    stamp = (f"{datetime.date.today()}, torch {torch.__version__}, triton {triton.__version__}, "
+             f"FLA {getattr(fla, '__version__', '?')}")
+    command = f"python3 benchmarks/train_gpu.py --scale {args.scale} --batch {args.batch} --seq-len {args.seq_len} " \
+              f"--steps {args.steps} --warmup {args.warmup} --calibrate"
+    for r in rows:
+        if "error" in r:
+            continue
+        new = {"preset": r["preset"], "model": r["model"], "micro_batch_size": args.batch, "seq_len": args.seq_len,
+               "tokens_per_s": round(r["tokens_per_s"]), "peak_gib": round(r["peak_mem_gib"], 2),
+               "backend": r["backend"], "warmup_s": round(r["warmup_s"], 1), "measured": stamp, "command": command}
+        key = (new["preset"], new["micro_batch_size"], new["seq_len"], new["backend"])
+        table["rows"] = [x for x in table["rows"]
+                         if (x["preset"], x["micro_batch_size"], x["seq_len"], x["backend"]) != key] + [new]
+    Path(path).write_text(json.dumps(table, indent=1) + "\n")
+    say(f"calibration: {len(rows)} rows merged into {path}")
 
 
 if __name__ == "__main__":

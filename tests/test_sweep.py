@@ -21,7 +21,7 @@ from rla_ablate.sweep.ids import job_id
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 JOB_KEYS = {"job_id", "name", "family", "ablations", "params", "state_elements", "flops_per_token", "tokens",
-            "gpu_hours"}
+            "gpu_hours", "mem_gib", "gpu_share", "tokens_per_s", "cost_source"}
 
 
 def test_committed_sweeps_exist():
@@ -39,7 +39,8 @@ def test_committed_sweep_plans(path, capsys):
         assert set(row) == JOB_KEYS
         assert row["family"] in ("transformer", "sgla", "gdn", "rla", "rdn")
         assert row["params"] > 0 and row["state_elements"] > 0 and row["flops_per_token"] > 0
-        assert row["gpu_hours"] == pytest.approx(row["flops_per_token"] * row["tokens"] / 400e12 / 3600)
+        assert row["mem_gib"] > 0 and row["tokens_per_s"] > 0 and row["cost_source"]
+        assert row["gpu_hours"] == pytest.approx(row["tokens"] / row["tokens_per_s"] / 3600, rel=1e-3)
     ids = [r["job_id"] for r in doc["jobs"]]
     assert len(set(ids)) == len(ids)
     names = [r["name"] for r in doc["jobs"]]

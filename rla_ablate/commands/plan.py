@@ -10,12 +10,14 @@ import sys
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "plan", help="list a sweep's jobs with params, state size, FLOPs/token, tokens and GPU-hours",
-        description="Expand and validate a sweep file without running anything. GPU-hours assume "
-                    "resources.assumed_tflops sustained training TFLOP/s per GPU.")
+        description="Expand and validate a sweep file without running anything. Peak GPU memory and GPU-hours "
+                    "come from the calibration table of measured H200 runs (rla_ablate/sweep/calibration/); GPU "
+                    "shares are for this machine's GPU, or the calibration device without one.")
     parser.add_argument("file", help="the sweep file (YAML)")
     parser.add_argument("--json", action="store_true",
                         help='print {"jobs": [{job_id, name, family, ablations, params, state_elements, '
-                             'flops_per_token, tokens, gpu_hours}], "totals": {...}}')
+                             'flops_per_token, tokens, mem_gib, gpu_share, tokens_per_s, gpu_hours, cost_source}], '
+                             '"totals": {...}}')
     parser.set_defaults(func=run)
 
 
@@ -38,17 +40,24 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     t = doc["totals"]
+    packing = f", {t['jobs_per_gpu']:g} jobs per GPU" if t["jobs_per_gpu"] else ""
     table = Table(title=f"sweep {t['sweep']}: {t['jobs']} jobs, {_h(t['tokens'])} tokens, "
-                        f"{t['gpu_hours']:,.1f} GPU-hours at {t['assumed_tflops']:g} TFLOP/s per GPU")
+                        f"{t['gpu_hours']:,.2f} GPU-hours; peak memory up to {t['max_mem_gib']:.1f} GiB of "
+                        f"{t['gpu_memory_gib']:g} ({t['gpu']}){packing}")
     for col, justify in (("job", "left"), ("id", "left"), ("family", "left"), ("ablations", "left"),
                          ("params", "right"), ("state/layer", "right"), ("FLOPs/tok", "right"),
-                         ("tokens", "right"), ("GPU-h", "right")):
+                         ("tokens", "right"), ("mem GiB", "right"), ("GPU share", "right"), ("tok/s", "right"),
+                         ("GPU-h", "right")):
         table.add_column(col, justify=justify)
+    sources = sorted({r["cost_source"] for r in doc["jobs"]})
     for r in doc["jobs"]:
+        share = f"{r['gpu_share']:.2f}" if r["gpu_share"] else "-"
         table.add_row(r["name"], r["job_id"][:8], r["family"], "+".join(r["ablations"]) or "-", _h(r["params"]),
-                      _h(r["state_elements"]), _h(r["flops_per_token"]), _h(r["tokens"]), f"{r['gpu_hours']:,.2f}")
+                      _h(r["state_elements"]), _h(r["flops_per_token"]), _h(r["tokens"]), f"{r['mem_gib']:.1f}",
+                      share, _h(r["tokens_per_s"]), f"{r['gpu_hours']:,.2f}")
+    table.caption = "tok/s alone on one GPU from: " + "; ".join(sources)
     if "search_trials" in t:
-        table.caption = f"Optuna search: the base job above runs as {t['search_trials']} trials (totals include them)"
+        table.caption += f"\nOptuna search: the base job above runs as {t['search_trials']} trials (totals include them)"
     # A pipe or a file gets full rows rather than rich's default 80 columns.
     Console(width=None if sys.stdout.isatty() else 200).print(table)
     return 0

@@ -430,7 +430,9 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
         dk += s_n[:, None] * q32
         if HAS_DRT:
             b_dRT = tl.load(dRT + (n * H + h) * V * K + rv[:, None] * K + rk[None, :], mask=m_state, other=0.0)
-            dk += tl.where((t == eos - 1)[:, None], tl.dot(b_r, b_dRT), 0.0)
+            # dR_T arrives in whatever dtype autograd materialized (bf16 under autocast, fp32 from a loss on R_T);
+            # b_r is fp32: tl.dot needs one dtype, and this once-per-sequence term takes fp32
+            dk += tl.where((t == eos - 1)[:, None], tl.dot(b_r.to(tl.float32), b_dRT.to(tl.float32)), 0.0)
     tl.store(dQ + o_tk, dq.to(dQ.dtype.element_ty), mask=m_tk)
     tl.store(dK + o_tk, (dk + dkW).to(dK.dtype.element_ty), mask=m_tk)
     o_part = i_k.to(tl.int64) * NTH + tok

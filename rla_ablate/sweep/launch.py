@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -69,10 +70,10 @@ class LaunchSummary:
         return unfinished == self.pruned
 
 
-def _check_resources(sweep: Sweep, cluster: dict[str, float]) -> None:
+def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any]) -> None:
     res = sweep.config.resources
     line = sweep.source.line(("resources",))
-    gpus_needed = res.gpus
+    gpus_needed = max((p.gpus for p in placements.values()), default=0.0)
     have_gpus, have_cpus = cluster.get("GPU", 0.0), cluster.get("CPU", 0.0)
     if gpus_needed > have_gpus:
         raise UserError(f"each job asks for {gpus_needed:g} GPU(s) but the Ray cluster has {have_gpus:g}; "
@@ -115,6 +116,7 @@ class _Services:
         import ray
 
         self.sdir.triton_cache.mkdir(parents=True, exist_ok=True)
+        _seed_triton_cache(self.sdir.triton_cache)
         env = {"TRITON_CACHE_DIR": str(self.sdir.triton_cache)}
         # Local workers inherit the driver's environment; remote nodes get it through the runtime env.
         os.environ.update(env)
@@ -150,6 +152,25 @@ class _Services:
             self.server = None
 
 
+# Autotune results of FLA's and our kernels for the committed presets' shapes, measured on an H200 (the Triton
+# version and the GPU are part of each entry's key: elsewhere they are ignored and tuning runs as usual).
+TUNING_SEEDS = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu-tuning" / "triton-cache"
+
+
+def _seed_triton_cache(cache: Path) -> None:
+    """Copy the shipped autotune results into the sweep's Triton cache, keeping what is there: a fresh node's first
+    step then compiles the winning configurations only, instead of timing every candidate for minutes."""
+    if not TUNING_SEEDS.is_dir():
+        return
+    for src in TUNING_SEEDS.rglob("*"):
+        dst = cache / src.relative_to(TUNING_SEEDS)
+        if src.is_dir():
+            dst.mkdir(parents=True, exist_ok=True)
+        elif not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+
+
 def _check_reachable(address: str) -> None:
     """Fail in seconds, not after Ray's minute of retries, when a host:port address does not answer."""
     host, _, port = address.rpartition(":")
@@ -163,8 +184,11 @@ def _check_reachable(address: str) -> None:
 
 
 def _job_record(job: ResolvedJob) -> dict[str, Any]:
+    from rla_ablate.sweep.calibration import estimate_memory
+
     rec = job.describe()
     rec["tokens_target"] = int(job.job.train.tokens)
+    rec["mem_estimate_gib"] = round(estimate_memory(job.job).gib, 2)
     return rec
 
 
@@ -182,8 +206,13 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     sdir = SweepDir(opts.root, sweep.name)
     if opts.max_concurrent is not None and opts.max_concurrent < 1:
         raise UserError("--max-concurrent must be at least 1", key="--max-concurrent")
+    from rla_ablate.sweep.packing import gpu_memory_bytes, place
+
+    placements = None
     if opts.address is None:
-        _check_resources(sweep, _local_resources())
+        local = _local_resources()
+        placements = place(sweep, gpu_memory_bytes() if local["GPU"] > 0 else None)
+        _check_resources(sweep, local, placements)
     sdir.acquire()
     previous_term = None
     services = _Services(sdir, opts)
@@ -219,7 +248,13 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         progress.note(f"Ray: {'joined ' + opts.address if opts.address else 'local instance'}, "
                       f"{cluster.get('CPU', 0):g} CPUs, {cluster.get('GPU', 0):g} GPUs ({time.monotonic() - t0:.1f} s)")
         if opts.address is not None:
-            _check_resources(sweep, cluster)
+            from rla_ablate.sweep.packing import probe_cluster_gpu_memory
+
+            import ray
+
+            placements = place(sweep, probe_cluster_gpu_memory(ray) if cluster.get("GPU", 0) > 0 else None)
+            _check_resources(sweep, cluster, placements)
+        _note_placements(progress, placements)
         t0 = time.monotonic()
         services.start_tracking()
         progress.note(f"MLflow: {services.tracking_uri} ({time.monotonic() - t0:.1f} s)")
@@ -232,7 +267,8 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
                                          "description": sweep.config.description[:5000]})
         sdir.write_meta(parent_run_id=parent)
         runner = _Runner(sweep, sdir, services, opts, progress, on_event)
-        runner.window = opts.max_concurrent or default_window(sweep, cluster)
+        runner.placements = placements
+        runner.window = opts.max_concurrent or default_window(sweep, cluster, placements)
         if sweep.config.search is None:
             runner.run(todo)
         else:
@@ -259,17 +295,32 @@ class _Listed:
     job_id: str
 
 
-def default_window(sweep: Sweep, cluster: dict[str, float]) -> int:
+def default_window(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any] | None = None) -> int:
     """Tasks kept in flight without --max-concurrent: twice what the cluster runs at once, so Ray always has the
     next job queued while runs are created just in time; a search keeps only what runs, so that each new trial
     is sampled knowing every finished one."""
     res = sweep.config.resources
     workers = max((j.job.train.num_workers for j in sweep.jobs), default=1)
     fit = cluster.get("CPU", 1.0) / (res.cpus * workers)
-    if res.gpus > 0:
-        fit = min(fit, cluster.get("GPU", 0.0) / (res.gpus * workers))
+    shares = [p.gpus for p in (placements or {}).values() if p.gpus > 0]
+    if shares:
+        # packed by memory, jobs differ in their share: the mean share says how many run at once
+        fit = min(fit, cluster.get("GPU", 0.0) / (sum(shares) / len(shares) * workers))
     fit = max(1, int(fit + 1e-9))
     return fit if sweep.config.search is not None else 2 * fit
+
+
+def _note_placements(progress: Any, placements: dict[str, Any] | None) -> None:
+    if not placements:
+        return
+    shares = [p.gpus for p in placements.values()]
+    if not any(shares):
+        return
+    est = [p.estimate_gib for p in placements.values()]
+    packed = [g for g in shares if 0 < g < 1]
+    per_gpu = f"{len(packed) / sum(packed):.1f} jobs per GPU on average" if packed else "whole GPUs"
+    progress.note(f"GPU shares {min(shares):.2f}-{max(shares):.2f} ({per_gpu}); estimated peak memory "
+                  f"{min(est):.1f}-{max(est):.1f} GiB per job")
 
 
 def _term_as_interrupt() -> Any:
@@ -331,6 +382,8 @@ class _Runner:
         self.on_values: Callable[[ResolvedJob, list[tuple[int, float]]], None] | None = None
         self.watch: str | None = None
         self.window = 1
+        # job_id -> rla_ablate.sweep.packing.Placement (GPU share and allocator cap); None: from resources.gpus
+        self.placements: dict[str, Any] | None = None
 
     @property
     def capacity(self) -> int:
@@ -361,11 +414,14 @@ class _Runner:
                              attempts=st.attempts + 1, error=None)
         # Multi-worker jobs start their own Ray Train workers (one GPU each); the task itself only coordinates.
         multi = job.job.train.num_workers > 1
-        options = {"num_cpus": 1 if multi else res.cpus, "num_gpus": 0 if multi else res.gpus,
+        placement = (self.placements or {}).get(job.job_id)
+        gpus = placement.gpus if placement is not None else (0.0 if res.auto else float(res.gpus))
+        options = {"num_cpus": 1 if multi else res.cpus, "num_gpus": 0 if multi else gpus,
                    "name": f"{self.sweep.name}:{job.name}"}
         ref = run_remote.options(**options).remote(job.job, str(self.sdir.job_dir(job.job_id)),
                                                    job.job_id, self.services.tracking_uri, run_id, self.monitor,
-                                                   res.cpus, self.watch)
+                                                   res.cpus, self.watch,
+                                                   placement.cap if placement is not None and not multi else None)
         self.inflight[ref] = job
         self.tries[job.job_id] = self.tries.get(job.job_id, 0) + 1
         self.progress.update(job, "pending", st.tokens_done)

@@ -1,7 +1,10 @@
-"""What a sweep will cost before any of it runs: per job params, recurrent state, FLOPs, tokens and GPU-hours.
+"""What a sweep will cost before any of it runs: per job params, recurrent state, FLOPs, tokens, estimated peak GPU
+memory, GPU share and GPU-hours.
 
-GPU-hours = flops_per_token (training: forward + backward) x tokens / (resources.assumed_tflops x 1e12) / 3600.
-It is the same whether a job runs on a fraction of a GPU or on several: it estimates GPU time, not wall time.
+GPU-hours = tokens / (the job's tokens/s alone on one GPU) / 3600, the tokens/s from the achieved FLOP/s of its
+family's nearest measured row in the calibration table (rla_ablate/sweep/calibration/), or from
+`resources.assumed_tflops` for a family without one (`cost_source` says which). It is GPU time, not wall time:
+jobs packed on one GPU share it.
 """
 
 from __future__ import annotations
@@ -11,34 +14,55 @@ from typing import Any
 from rla_ablate.sweep.expand import ResolvedJob, Sweep
 
 
-def plan_rows(sweep: Sweep) -> list[dict[str, Any]]:
+def plan_rows(sweep: Sweep, gpu_bytes: int | None = None) -> list[dict[str, Any]]:
     from rla_ablate.models import count_params, flops_per_token, state_elements_per_layer
+    from rla_ablate.sweep.calibration import estimate_memory, estimate_speed, gpu_share
 
-    tflops = sweep.config.resources.assumed_tflops
-    cache: dict[int, tuple[int, int, float]] = {}
+    res = sweep.config.resources
+    cache: dict[tuple, tuple] = {}
     rows = []
     for job in sweep.jobs:
         model, train = job.job.model, job.job.train
-        key = (id(model), train.seq_len)
+        key = (id(model), train.seq_len, train.micro_batch_size, train.num_workers, train.fsdp)
         if key not in cache:
-            cache[key] = (count_params(model), state_elements_per_layer(model), flops_per_token(model, train.seq_len))
-        params, state, flops = cache[key]
+            mem = estimate_memory(job.job)
+            speed = estimate_speed(job.job, res.assumed_tflops)
+            share = None
+            if gpu_bytes and (res.auto or 0 < float(res.gpus) < 1):
+                share = gpu_share(mem, gpu_bytes, res.memory_margin)
+            cache[key] = (count_params(model), state_elements_per_layer(model), flops_per_token(model, train.seq_len),
+                          mem.gib, share, speed)
+        params, state, flops, mem_gib, share, speed = cache[key]
         rows.append({
             "job_id": job.job_id, "name": job.name, "family": job.family, "ablations": list(job.ablations),
             "params": int(params), "state_elements": int(state), "flops_per_token": float(flops),
-            "tokens": int(train.tokens), "gpu_hours": float(flops) * train.tokens / (tflops * 1e12) / 3600.0,
+            "tokens": int(train.tokens), "mem_gib": round(mem_gib, 2), "gpu_share": share,
+            "tokens_per_s": round(speed.tokens_per_s), "gpu_hours": train.tokens / speed.tokens_per_s / 3600.0,
+            "cost_source": speed.source,
         })
     return rows
 
 
-def plan(sweep: Sweep) -> dict[str, Any]:
-    """The `rla-sweep plan --json` document: {"jobs": [...], "totals": {...}}."""
-    rows = plan_rows(sweep)
+def plan(sweep: Sweep, gpu_bytes: int | None = None) -> dict[str, Any]:
+    """The `rla-sweep plan --json` document: {"jobs": [...], "totals": {...}}. `gpu_bytes`: memory of the GPU the
+    shares are computed for (default: this machine's, else the calibration device's)."""
+    from rla_ablate.sweep.calibration import GiB, load_table
+    from rla_ablate.sweep.packing import gpu_memory_bytes
+
+    gpu_name = "this machine's GPU"
+    if gpu_bytes is None:
+        gpu_bytes = gpu_memory_bytes()
+    if gpu_bytes is None:
+        table = load_table()
+        gpu_bytes, gpu_name = int(table["gpu_memory_bytes"]), table["device"]
+    rows = plan_rows(sweep, gpu_bytes)
     search = sweep.config.search
     trials = search.n_trials if search else 1
     by_family: dict[str, int] = {}
     for r in rows:
         by_family[r["family"]] = by_family.get(r["family"], 0) + 1
+    shares = [r["gpu_share"] for r in rows if r["gpu_share"]]
+    res = sweep.config.resources
     totals = {
         "sweep": sweep.name,
         "jobs": len(rows) * trials,
@@ -46,9 +70,15 @@ def plan(sweep: Sweep) -> dict[str, Any]:
         "gpu_hours": sum(r["gpu_hours"] for r in rows) * trials,
         "flops": sum(r["flops_per_token"] * r["tokens"] for r in rows) * trials,
         "jobs_by_family": by_family,
-        "gpus_per_job": sweep.config.resources.gpus,
-        "cpus_per_job": sweep.config.resources.cpus,
-        "assumed_tflops": sweep.config.resources.assumed_tflops,
+        "gpus_per_job": res.gpus,
+        "cpus_per_job": res.cpus,
+        "assumed_tflops": res.assumed_tflops,
+        "memory_margin": res.memory_margin,
+        "gpu": gpu_name,
+        "gpu_memory_gib": round(gpu_bytes / GiB, 1),
+        "max_mem_gib": max((r["mem_gib"] for r in rows), default=0.0),
+        # jobs one GPU holds at once on average when packed by memory (auto) or by an explicit fraction
+        "jobs_per_gpu": round(len(shares) / sum(shares), 2) if shares else None,
     }
     if search:
         totals["search_trials"] = search.n_trials

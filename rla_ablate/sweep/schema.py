@@ -66,18 +66,30 @@ class ControlRef(_Strict):
 class Resources(_Strict):
     """What one job asks Ray for."""
 
-    gpus: float = 0.0
-    """GPUs per job; fractions below 1 share a GPU (0.25 = four jobs per GPU), above 1 must be whole."""
+    gpus: float | Literal["auto"] = 0.0
+    """GPUs per job; fractions below 1 share a GPU (0.25 = four jobs per GPU), above 1 must be whole. `auto`: each
+    job takes the share of one GPU its estimated peak memory needs (plus `memory_margin`), so Ray packs as many
+    jobs on a GPU as fit; on a machine without GPUs, `auto` trains on the CPU."""
+    memory_margin: float = Field(default=0.10, ge=0, le=1)
+    """Head room on top of a job's estimated peak GPU memory when it is packed (`gpus: auto`) or its explicit share
+    is checked at launch: 0.10 = 10% more than the estimate."""
     cpus: float = 1.0
     """CPU cores per job (torch intra-op threads follow it)."""
     retries: int = Field(default=2, ge=0, le=20)
     """Times a failed job is rerun from its last checkpoint before the sweep reports it failed (diverged: never)."""
     assumed_tflops: float = Field(default=400.0, gt=0)
-    """Sustained training TFLOP/s per GPU used for the plan's GPU-hours estimate (H200 bf16 at ~40% MFU)."""
+    """Sustained training TFLOP/s per GPU for the plan's GPU-hours of a family without a measured row in the
+    calibration table (rla_ablate/sweep/calibration/); measured tokens/s take precedence."""
+
+    @property
+    def auto(self) -> bool:
+        return self.gpus == "auto"
 
     @field_validator("gpus")
     @classmethod
-    def _gpus_possible(cls, v: float) -> float:
+    def _gpus_possible(cls, v: float | str) -> float | str:
+        if v == "auto":
+            return v
         if v < 0 or not math.isfinite(v):
             raise ValueError("must be >= 0")
         if v > 1 and v != int(v):

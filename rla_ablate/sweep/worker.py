@@ -133,8 +133,10 @@ class SweepLogger:
 
 
 def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_id: str | None,
-            monitor: Any, cpus: float, watch: str | None = None) -> dict[str, Any]:
-    """Run one job to its end (or a stop request) and return its outcome; never raises."""
+            monitor: Any, cpus: float, watch: str | None = None, allocator_cap: float | None = None) -> dict[str, Any]:
+    """Run one job to its end (or a stop request) and return its outcome; never raises.
+
+    `allocator_cap`: the fraction of the GPU this job's allocator may hold (its share when jobs are packed)."""
     entered = time.time()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -143,6 +145,9 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
         import torch
 
         torch.set_num_threads(max(1, int(cpus)))
+        if allocator_cap is not None and torch.cuda.is_available():
+            # Ray's fractional GPUs do not limit memory: past its share this job fails alone, its neighbours live
+            torch.cuda.set_per_process_memory_fraction(allocator_cap)
         from rla_ablate.train import run_job
 
         inner = None

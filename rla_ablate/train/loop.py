@@ -369,6 +369,9 @@ class Trainer:
             values["train/tokens_per_s"] = tokens_per_s
             if self.peak_flops:
                 values["train/mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.ctx.world_size)
+        if self.device.type == "cuda":
+            # what the memory estimate of `plan` is checked against (rla_ablate.sweep.calibration)
+            values["train/peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         self._log(values)
         w.reset()
 
@@ -411,7 +414,9 @@ class Trainer:
             self.window.seconds += time.perf_counter() - started
             self.window.tokens += cfg.batch_tokens
             if not backend_reported:
-                self.logger.event("info", self.tokens, {"backend": self.raw_model.backend_used})
+                # the first step of a process pays for compiling and autotuning its kernels: its wall time says so
+                self.logger.event("info", self.tokens, {"backend": self.raw_model.backend_used,
+                                                        "first_step_s": round(time.perf_counter() - started, 3)})
                 backend_reported = True
             if verdict.skip:
                 self.logger.event("skipped_step", self.tokens,

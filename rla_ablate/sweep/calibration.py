@@ -1,0 +1,219 @@
+"""What a job will need on a GPU before it runs: peak memory and tokens/s, from peaks measured on the GPU.
+
+Peak memory of one training worker (bf16 autocast, fp32 master weights, AdamW, the loop of rla_ablate.train):
+
+    static      = 4 P (weights) + 4 P (gradients) + 8 P (AdamW's two moments), divided by the workers under FSDP,
+                  + 2 P (autocast's bf16 copies of the weights, alive through forward and backward)
+    activations = N [ L (a_f * W_mix + 8 I) + 12 vocab ]             N = micro_batch_size * seq_len tokens
+      8 I       the SwiGLU MLP keeps four bf16 tensors of the intermediate width per token (gate, up, silu, product)
+      12 vocab  the loss: fp32 logits' log-softmax kept for backward plus its fp32 and bf16 gradients at the peak
+      W_mix     the mixer's width, (2 H dk + 3 H dv) / 5 for the linear families (q, k; v, gate, output), which is
+                the hidden size for every committed preset and grows with the matched-state controls; H * head_dim
+                for the transformer
+      a_f       bytes per token, layer and unit of W_mix for the rest (mixer internals, norms, residual stream): the
+                only calibrated number. Each measured row of the calibration table gives one a_f for its family
+                and width; a job takes its family's, interpolated in log W_mix between calibrated widths (clamped
+                outside them).
+
+`plan` shows the estimate; `resources.gpus: auto` packs jobs on a GPU by it and each worker caps its allocator at
+its share (rla_ablate.sweep.worker). The table (calibration/h200.json, written by `benchmarks/train_gpu.py
+--calibrate`) also holds tokens/s measured alone on the GPU: a job's GPU-hours come from the achieved FLOP/s of
+its family's nearest calibrated width, not from an assumed peak.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import math
+from dataclasses import asdict, dataclass
+from importlib import resources
+from typing import Any
+
+GiB = 2**30
+# Bytes per token of the MLP (per unit of intermediate width) and of the loss (per vocabulary entry): see above.
+MLP_BYTES, LOSS_BYTES = 8, 12
+# Allocations outside the caching allocator's cap (CUDA context, cuBLAS workspaces): per process, measured ~0.5 GiB.
+CONTEXT_BYTES = int(0.75 * GiB)
+TABLE = "h200.json"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one training worker is expected to hold at its peak (the caching allocator's max_memory_allocated)."""
+
+    weights: int
+    grads: int
+    optimizer: int
+    autocast_copies: int
+    activations: int
+    loss: int
+    a_f: float
+    """The calibrated activation coefficient used (bytes per token, layer and unit of mixer width)."""
+    source: str
+    """Which calibration rows gave a_f."""
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.grads + self.optimizer + self.autocast_copies + self.activations + self.loss
+
+    @property
+    def gib(self) -> float:
+        return self.total / GiB
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "total": self.total, "gib": self.gib}
+
+
+@dataclass(frozen=True)
+class SpeedEstimate:
+    tokens_per_s: float
+    """Training tokens/s of the job alone on one GPU."""
+    source: str
+    """'measured <preset> ...' or 'assumed <TFLOP/s>'."""
+
+
+def mixer_width(model: Any) -> float:
+    if model.family == "transformer":
+        return float(model.num_heads * model.head_dim)
+    return (2 * model.num_heads * model.head_dim + 3 * model.num_heads * model.head_v_dim) / 5
+
+
+@functools.lru_cache(maxsize=4)
+def load_table(name: str = TABLE) -> dict[str, Any]:
+    """The calibration table shipped with the package: {"device", "gpu_memory_bytes", "rows": [...]}."""
+    text = resources.files("rla_ablate.sweep").joinpath("calibration", name).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@functools.lru_cache(maxsize=4)
+def _rows(name: str = TABLE) -> list[tuple[dict[str, Any], Any]]:
+    """(row, its ModelConfig) for every row of the table."""
+    from rla_ablate.models import ModelConfig
+
+    return [(row, ModelConfig.model_validate(row["model"])) for row in load_table(name)["rows"]]
+
+
+def _static_bytes(model: Any, train: Any) -> tuple[int, int, int, int]:
+    from rla_ablate.models import count_params
+
+    P = count_params(model)
+    shards = train.num_workers if train.fsdp else 1
+    return 4 * P // shards, 4 * P // shards, 8 * P // shards, 2 * P
+
+
+def _per_token_other(model: Any) -> tuple[float, float]:
+    """(MLP bytes per token over all layers, loss bytes per token)."""
+    return float(model.num_layers * MLP_BYTES * model.intermediate_size), float(LOSS_BYTES * model.vocab_size)
+
+
+def row_a_f(row: dict[str, Any], model: Any) -> float:
+    """The activation coefficient one measured row implies (see the module docstring)."""
+    train = _Shape(row["micro_batch_size"], row["seq_len"])
+    static = sum(_static_bytes(model, train))
+    mlp, loss = _per_token_other(model)
+    n = train.micro_batch_size * train.seq_len
+    rest = row["peak_gib"] * GiB - static - n * (mlp + loss)
+    return rest / (n * model.num_layers * mixer_width(model))
+
+
+@dataclass(frozen=True)
+class _Shape:
+    micro_batch_size: int
+    seq_len: int
+    num_workers: int = 1
+    fsdp: bool = False
+
+
+@functools.lru_cache(maxsize=8)
+def _coefficients(name: str = TABLE) -> dict[str, list[tuple[float, float, str]]]:
+    """family -> sorted [(log width, a_f averaged over that width's rows, presets)]."""
+    by: dict[str, dict[float, list[tuple[float, str]]]] = {}
+    for row, model in _rows(name):
+        if row.get("peak_gib") is None:
+            continue
+        by.setdefault(model.family, {}).setdefault(mixer_width(model), []).append((row_a_f(row, model), row["preset"]))
+    out = {}
+    for fam, widths in by.items():
+        out[fam] = sorted((math.log(w), sum(a for a, _ in v) / len(v), "+".join(sorted({p for _, p in v})))
+                          for w, v in widths.items())
+    return out
+
+
+def _a_f(model: Any, name: str = TABLE) -> tuple[float, str]:
+    coeffs = _coefficients(name)
+    pts = coeffs.get(model.family)
+    if not pts:
+        # An uncalibrated family takes the largest coefficient of the calibrated ones: the estimate errs high.
+        best = max((p for ps in coeffs.values() for p in ps), key=lambda p: p[1])
+        return best[1], f"uncalibrated family; the largest coefficient ({best[2]})"
+    x = math.log(mixer_width(model))
+    xs = [p[0] for p in pts]
+    i = bisect.bisect_left(xs, x)
+    if i == 0:
+        return pts[0][1], pts[0][2]
+    if i == len(pts):
+        return pts[-1][1], pts[-1][2]
+    (x0, a0, s0), (x1, a1, s1) = pts[i - 1], pts[i]
+    t = (x - x0) / (x1 - x0)
+    return a0 + t * (a1 - a0), f"{s0} .. {s1}"
+
+
+def estimate_memory(job: Any, name: str = TABLE) -> MemoryEstimate:
+    """Peak memory of one training worker of `job` (a JobConfig) on a GPU."""
+    model, train = job.model, job.train
+    weights, grads, optimizer, copies = _static_bytes(model, train)
+    mlp, loss = _per_token_other(model)
+    a_f, source = _a_f(model, name)
+    n = train.micro_batch_size * train.seq_len
+    acts = n * (model.num_layers * a_f * mixer_width(model) + mlp)
+    return MemoryEstimate(weights=weights, grads=grads, optimizer=optimizer, autocast_copies=copies,
+                          activations=int(acts), loss=int(n * loss), a_f=a_f, source=source)
+
+
+def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedEstimate:
+    """Tokens/s of `job` alone on one GPU, from its family's rows measured alone (the sequence length nearest the
+    job's at each width): between calibrated widths the achieved FLOP/s is interpolated in log width and scaled to
+    the job's FLOPs per token; above them the widest row's FLOP/s holds; below them the narrowest row's tokens/s
+    (small models are bound by kernel launches, not FLOPs: they are not assumed faster). `assumed_tflops` serves a
+    family without a row."""
+    from rla_ablate.models.accounting import flops_per_token
+
+    model, train = job.model, job.train
+    flops = flops_per_token(model, train.seq_len)
+    rows = [(r, m) for r, m in _rows(name) if r.get("tokens_per_s") and m.family == model.family]
+    if not rows:
+        return SpeedEstimate(assumed_tflops * 1e12 / flops, f"assumed {assumed_tflops:g} TFLOP/s")
+    best: dict[float, tuple] = {}
+    for r, m in rows:
+        w = math.log(mixer_width(m))
+        key = (abs(r["seq_len"] - train.seq_len), abs(r["micro_batch_size"] - train.micro_batch_size))
+        if w not in best or key < best[w][0]:
+            best[w] = (key, r, r["tokens_per_s"] * flops_per_token(m, r["seq_len"]))
+    pts = sorted((w, r, achieved) for w, (_, r, achieved) in best.items())
+    x = math.log(mixer_width(model))
+
+    def label(r: dict) -> str:
+        return f"{r['preset']} ({r['micro_batch_size']} x {r['seq_len']}, {r.get('backend', '?')})"
+
+    if x < pts[0][0] - 1e-9:
+        return SpeedEstimate(float(pts[0][1]["tokens_per_s"]), f"measured {label(pts[0][1])}, narrower model")
+    if x >= pts[-1][0] - 1e-9:
+        return SpeedEstimate(pts[-1][2] / flops, f"measured {label(pts[-1][1])}")
+    i = bisect.bisect_left([p[0] for p in pts], x)
+    (x0, r0, f0), (x1, r1, f1) = pts[i - 1], pts[i]
+    achieved = math.exp(math.log(f0) + (x - x0) / (x1 - x0) * (math.log(f1) - math.log(f0)))
+    return SpeedEstimate(achieved / flops, f"measured {label(r0)} .. {label(r1)}")
+
+
+def gpu_share(estimate: MemoryEstimate, gpu_bytes: int, margin: float) -> float:
+    """The fraction of one GPU a job needs: its estimate plus `margin`, plus the process's context, rounded up to
+    a hundredth (Ray's fractional GPUs add up exactly at that grain)."""
+    need = estimate.total * (1.0 + margin) + CONTEXT_BYTES
+    return math.ceil(need / gpu_bytes * 100 - 1e-9) / 100
+
+
+def allocator_cap(share: float, gpu_bytes: int) -> float:
+    """What `torch.cuda.set_per_process_memory_fraction` gets for a share: the context lives outside the cap."""
+    return max(0.01, share - CONTEXT_BYTES / gpu_bytes)
