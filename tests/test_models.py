@@ -3,6 +3,7 @@ stats and backends, and the config's validation. (The op itself is covered by te
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -81,8 +82,12 @@ def test_backend_and_stats():
     rla(torch.zeros(1, 6, dtype=torch.long))
     assert rla.backend_used == "chunk"
     stats = rla.layer_stats()
-    assert sorted(stats) == sorted(f"layer_{i:02d}/{k}" for i in range(2) for k in ("attn_out_norm", "S_norm", "R_norm"))
-    assert all(isinstance(v, float) and v > 0 for v in stats.values())
+    residual_names = ("attn_out_norm", "S_norm", "R_norm", "residual_rms", "target_engaged", "mixer_rms",
+                      "mixer_rms_over_sqrt_eps", "alpha_mean", "beta_mean", "gamma_mean")
+    assert sorted(stats) == sorted(f"layer_{i:02d}/{k}" for i in range(2) for k in residual_names)
+    assert all(isinstance(v, float) and math.isfinite(v) for v in stats.values())
+    # Every norm and mean is positive; only target_engaged may be 0.
+    assert all(v > 0 for k, v in stats.items() if not k.endswith("target_engaged"))
     rla.track_stats(False)
     rla(torch.zeros(1, 6, dtype=torch.long))
     assert rla.layer_stats() == {}
@@ -90,7 +95,9 @@ def test_backend_and_stats():
     gdn = built(make("gdn"))
     gdn.track_stats(True)
     gdn(torch.zeros(1, 3, dtype=torch.long))
-    assert sorted(gdn.layer_stats()) == sorted(f"layer_{i:02d}/{k}" for i in range(2) for k in ("attn_out_norm", "S_norm"))
+    baseline_names = ("attn_out_norm", "S_norm", "residual_rms", "mixer_rms", "mixer_rms_over_sqrt_eps", "alpha_mean",
+                      "beta_mean")
+    assert sorted(gdn.layer_stats()) == sorted(f"layer_{i:02d}/{k}" for i in range(2) for k in baseline_names)
 
     tf = built(make("transformer"))
     tf.track_stats(True)

@@ -5,6 +5,7 @@ from rla_ablate.models.ablations import ABLATIONS, Ablation, apply_ablation, get
 from rla_ablate.models.accounting import count_params, flops_per_token, non_embedding_params, state_elements_per_layer
 from rla_ablate.models.budget import MatchedControl, MatchError, matched_params, matched_state
 from rla_ablate.models.config import BASELINE_OF, FAMILIES, LINEAR_FAMILIES, RESIDUAL_FAMILIES, ModelConfig
+from rla_ablate.models.diagnostics import aggregate_diagnostics, mixer_diagnostics
 from rla_ablate.models.model import CausalLM, build_model
 from rla_ablate.models.presets import list_presets, load_preset
 
@@ -13,5 +14,5 @@ __all__ = [
     "count_params", "flops_per_token", "non_embedding_params", "state_elements_per_layer",
     "MatchedControl", "MatchError", "matched_params", "matched_state",
     "BASELINE_OF", "FAMILIES", "LINEAR_FAMILIES", "RESIDUAL_FAMILIES", "ModelConfig",
-    "CausalLM", "build_model", "list_presets", "load_preset",
+    "CausalLM", "build_model", "aggregate_diagnostics", "mixer_diagnostics", "list_presets", "load_preset",
 ]

@@ -25,7 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from rla_ablate.models.config import ModelConfig
-from rla_ablate.ops import residual_attention, select_backend
+from rla_ablate.models.diagnostics import mixer_diagnostics
+from rla_ablate.ops import ResidualSpec, residual_attention, select_backend
 
 # FLA's SimpleGatedLinearAttention default: keeps alpha = sigmoid(x)^(1/16) close to 1 at init.
 GATE_LOGIT_NORMALIZER = 16
@@ -95,6 +96,8 @@ class ResidualAttention(nn.Module):
         H, K, V, D = cfg.num_heads, cfg.head_dim, cfg.head_v_dim, cfg.hidden_size
         self.num_heads, self.head_k_dim, self.head_v_dim = H, K, V
         self.rule = cfg.rule
+        self.spec = ResidualSpec(rule=cfg.rule, fit=cfg.fit, target=cfg.target, clip=cfg.clip,
+                                 output_gates=cfg.output_gates)
         self.q_proj = nn.Linear(D, H * K, bias=False)
         self.k_proj = nn.Linear(D, H * K, bias=False)
         self.v_proj = nn.Linear(D, H * V, bias=False)
@@ -176,6 +179,10 @@ class ResidualAttention(nn.Module):
         )
         if self.stats_enabled:
             self._record_stats(o_BTHV, S, R)
+            self.stats |= mixer_diagnostics(
+                o_BTHV, k_BTHK, v_BTHV, g_BTH, beta_BTH, gamma_BTH, spec=self.spec, norm_eps=self.o_norm.eps,
+                S0=initial[0] if initial is not None else None,
+            )
 
         gate_BTHV = self.g_proj(x_BTD).view(B, T, H, V)
         y = self.o_norm(o_BTHV.to(x_BTD.dtype)) * F.silu(gate_BTHV)

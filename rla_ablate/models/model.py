@@ -7,7 +7,8 @@
     logits_BV = model.step(next_token_B, cache)      # one token; equals the parallel forward's last position
 
 `model.backend_used` names the op backend that ran last; with `model.track_stats(True)`, `model.layer_stats()`
-returns `{"layer_00/attn_out_norm": ..., "layer_00/S_norm": ..., "layer_00/R_norm": ...}` from the last forward.
+returns `{"layer_00/attn_out_norm": ..., "layer_00/S_norm": ..., "layer_00/residual_rms": ..., ...}` from the last
+forward: state norms and the mechanism diagnostics (`rla_ablate.models.diagnostics`, docs/TRAINING.md).
 """
 
 from __future__ import annotations
@@ -93,13 +94,21 @@ class CausalLM(nn.Module):
         return names[-1] if names else None
 
     def track_stats(self, enabled: bool = True) -> None:
-        """Record per-layer attention-output and state norms on every forward (costs a few reductions)."""
+        """Record per-layer norms and diagnostics on every forward.
+
+        Linear layers then also rerun the base recurrence (no gradients, float32) to get the residuals: about
+        the cost of the forward op again, so switch it on for single evaluation forwards, not for training.
+        """
         for layer in self.layers:
             layer.attn.stats_enabled = bool(enabled)
             layer.attn.stats = {}
 
     def layer_stats(self) -> dict[str, float]:
-        """`layer_XX/attn_out_norm`, `layer_XX/S_norm`, `layer_XX/R_norm` from the last forward, as floats."""
+        """`layer_XX/<name>` from the last forward with tracking on, as floats (names: docs/TRAINING.md).
+
+        attn_out_norm, S_norm, R_norm (rla/rdn), residual_rms, target_engaged (rla/rdn), mixer_rms,
+        mixer_rms_over_sqrt_eps, alpha_mean, beta_mean, gamma_mean (rla/rdn); the transformer: attn_out_norm.
+        """
         out: dict[str, float] = {}
         for i, layer in enumerate(self.layers):
             for name, value in layer.attn.stats.items():

@@ -118,3 +118,31 @@ def chunk_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale:
 
     o_BHTV = torch.cat(outputs, dim=2) if outputs else v_BHTV
     return o_BHTV.transpose(1, 2).to(q.dtype), (S, None if spec.fit == "off" else R)
+
+
+def chunk_base_reads(k, v, g, beta, rule: str, S0=None, chunk_size: int = DEFAULT_CHUNK):
+    """The old reads S_{t-1} k_t of the base state for every token, [B, T, H, V], in float32 (float64 inputs: 64).
+
+    The base stage of `chunk_residual_attention` alone (S does not depend on R or q), for the diagnostics:
+    the fast backends keep S_{t-1} k_t inside their kernels. S0 [B, H, V, K] or None (zeros).
+    """
+    acc = torch.float64 if k.dtype == torch.float64 else torch.float32
+    k_BHTK = k.to(acc).transpose(1, 2)
+    v_BHTV = v.to(acc).transpose(1, 2)
+    g_BHT = g.to(acc).transpose(1, 2)
+    beta_BHT = beta.to(acc).transpose(1, 2)
+    B, H, T, K = k_BHTK.shape
+    V = v_BHTV.shape[-1]
+    S = S0.to(acc) if S0 is not None else k_BHTK.new_zeros(B, H, V, K)
+    reads = []
+    for start in range(0, T, chunk_size):
+        sl = slice(start, min(start + chunk_size, T))
+        k_c, v_c, g_c, beta_c = k_BHTK[:, :, sl], v_BHTV[:, :, sl], g_BHT[:, :, sl], beta_BHT[:, :, sl]
+        b, b_prev, D_incl, D_prev = _decays(g_c)
+        kk = k_c @ k_c.transpose(-1, -2)
+        S0k = k_c @ S.transpose(-1, -2)
+        u = _write_values(rule, beta_c, v_c, S0k, b, D_incl, kk)
+        reads.append(b_prev.exp()[..., None] * S0k + (D_prev * kk) @ u)
+        S = _carry(S, b, u, k_c, D_incl)
+    pred_BHTV = torch.cat(reads, dim=2) if reads else v_BHTV
+    return pred_BHTV.transpose(1, 2)

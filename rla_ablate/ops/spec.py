@@ -14,6 +14,8 @@ Target = Literal["clip", "tanh", "identity"]
 RULES = ("additive", "delta")
 FITS = ("residual", "none", "off")
 TARGETS = ("clip", "tanh", "identity")
+# The tanh target counts as engaged on an element when it moves it by more than this fraction of |x|.
+TANH_ENGAGED_RELATIVE_CHANGE = 0.01
 
 
 @dataclass(frozen=True)
@@ -51,3 +53,16 @@ class ResidualSpec:
         if self.target == "tanh":
             return c * torch.tanh(x / c)
         return x
+
+    def target_changes(self, x: torch.Tensor) -> torch.Tensor:
+        """Where the target moves the residual x noticeably (bool, x's shape): the target is engaged there.
+
+        clip: |x| > c. tanh: |c tanh(x / c) - x| > 0.01 |x|, a change of more than 1% (|x| > 0.174 c); the
+        tanh moves every nonzero x a little, so a plain != would call it always engaged. identity: never.
+        """
+        c = float(self.clip)
+        if self.target == "clip":
+            return x.abs() > c
+        if self.target == "tanh":
+            return (c * torch.tanh(x / c) - x).abs() > TANH_ENGAGED_RELATIVE_CHANGE * x.abs()
+        return torch.zeros_like(x, dtype=torch.bool)

@@ -64,7 +64,8 @@ class TrainConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=1)
     """How many of the newest checkpoints to keep on disk."""
     stats_every_tokens: int | None = Field(None, gt=0)
-    """Log per-layer attention-output and S/R state norms (Fig. 4a) at this interval. null: at every eval."""
+    """Log per-layer norms (Fig. 4a) and mechanism diagnostics, from one eval batch, at this interval. null: at
+    every eval."""
 
     seed: int = 0
     """Seed for initialization, data order and every random number generator."""

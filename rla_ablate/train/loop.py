@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from rla_ablate import __version__
 from rla_ablate.data import make_eval_batches, make_train_stream, vocab_size
 from rla_ablate.errors import UserError
-from rla_ablate.models import build_model, flops_per_token
+from rla_ablate.models import aggregate_diagnostics, build_model, flops_per_token
 from rla_ablate.train.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
 from rla_ablate.train.guard import DivergenceGuard
 from rla_ablate.train.job import JobConfig, JobResult
@@ -161,6 +161,8 @@ class Trainer:
         self.tokens = 0
         self.window = _LogWindow()
         self.pending_state: dict | None = None
+        # The last training micro batch: the stats forward's input when the job has no eval batches.
+        self.last_batch = None
 
     def setup(self) -> dict | None:
         """Build everything; returns the checkpoint state a resume starts from, if any."""
@@ -287,8 +289,8 @@ class Trainer:
         return F.cross_entropy(logits_BTV.float().flatten(0, 1), batch.labels.flatten(),
                                ignore_index=IGNORE_INDEX, reduction="sum")
 
-    def train_step(self, want_stats: bool) -> tuple[float, float, dict[str, float]]:
-        """Forward/backward over the step's micro batches and clipping; returns (loss, grad norm, layer stats)."""
+    def train_step(self) -> tuple[float, float]:
+        """Forward/backward over the step's micro batches and clipping; returns (loss, grad norm)."""
         n_micro = self.cfg.micro_batches_per_step
         host_batches = [next(self.stream) for _ in range(n_micro)]
         local_scored = float(sum(int((b.labels != IGNORE_INDEX).sum()) for b in host_batches))
@@ -299,11 +301,8 @@ class Trainer:
         scale = self.ctx.world_size / max(scored, 1.0)
         # Summed in float64 on the device: one host sync per step, not one per micro batch.
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        stats: dict[str, float] = {}
         for i, batch in enumerate(batches):
             last = i == n_micro - 1
-            if want_stats and last:
-                self.raw_model.track_stats(True)
             sync = contextlib.nullcontext()
             if self.ctx.distributed and not last and hasattr(self.model, "no_sync"):
                 sync = self.model.no_sync()
@@ -311,29 +310,61 @@ class Trainer:
                 nll = self._forward_loss(batch)
                 (nll * scale).backward()
             loss_sum += nll.detach().double()
-            if want_stats and last:
-                stats = self.raw_model.layer_stats()
-                self.raw_model.track_stats(False)
+        self.last_batch = batches[-1]
         (total,) = self._all_reduce([float(loss_sum)])
         loss = total / max(scored, 1.0)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        return loss, float(grad_norm), stats
+        return loss, float(grad_norm)
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def _stats_forward(self, batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """A forward with stats tracking on: (logits, per-layer stats and their diag/ aggregates)."""
+        self.raw_model.track_stats(True)
+        try:
+            with _autocast(self.device, self.cfg.precision):
+                logits_BTV = self.model(batch.input_ids)
+            stats = self.raw_model.layer_stats()
+        finally:
+            self.raw_model.track_stats(False)
+        return logits_BTV, stats | aggregate_diagnostics(stats)
+
+    @torch.no_grad()
+    def collect_stats(self) -> dict[str, float]:
+        """Layer stats at a stats point without an evaluation: one forward of the batch `evaluate` tracks."""
+        batch = next((b for batches in self.evals.values() for b in batches), self.last_batch)
+        if batch is None:
+            return {}
+        self.model.eval()
+        _, stats = self._stats_forward(batch.to(self.device))
+        self.model.train()
+        return stats
+
+    @torch.no_grad()
+    def evaluate(self, want_stats: bool = False) -> tuple[dict[str, float], dict[str, float]]:
+        """(eval metrics, layer stats); the stats come from the first batch of the first eval set when wanted.
+
+        A fixed eval batch makes the stats comparable across stats points and across the runs of a sweep, and
+        keeps the diagnostics' extra pass out of the training step.
+        """
         # Every worker scores every batch: sharded models need all workers in each forward, and the
         # numbers are then those of a single process.
         self.model.eval()
-        out = {}
+        out: dict[str, float] = {}
+        stats: dict[str, float] = {}
+        stats_pending = want_stats
         for name, batches in self.evals.items():
             nll, count, correct = 0.0, 0, 0
             for batch in batches:
                 batch = batch.to(self.device)
-                with _autocast(self.device, self.cfg.precision):
-                    logits_BTV = self.model(batch.input_ids)
+                if stats_pending:
+                    logits_BTV, stats = self._stats_forward(batch)
+                    stats_pending = False
+                else:
+                    with _autocast(self.device, self.cfg.precision):
+                        logits_BTV = self.model(batch.input_ids)
                 logits_BTV = logits_BTV.float()
                 mask = batch.labels != IGNORE_INDEX
                 nll += float(F.cross_entropy(logits_BTV.flatten(0, 1), batch.labels.flatten(),
@@ -345,7 +376,9 @@ class Trainer:
             out[f"eval/{name}/ppl"] = math.exp(min(loss, 700.0))
             out[f"eval/{name}/acc"] = correct / max(count, 1)
         self.model.train()
-        return out
+        if stats_pending:
+            stats = self.collect_stats()
+        return out, stats
 
     def _log(self, values: dict[str, float]) -> None:
         if not values:
@@ -401,9 +434,8 @@ class Trainer:
                 group["lr"] = lr
             next_step = self.step + 1
             last = next_step == cfg.total_steps
-            want_stats = next_step % cfg.stats_every_steps == 0 or last
             started = time.perf_counter()
-            loss, grad_norm, stats = self.train_step(want_stats)
+            loss, grad_norm = self.train_step()
             verdict = self.guard.check(loss, grad_norm)
             if verdict.skip:
                 self.optimizer.zero_grad(set_to_none=True)
@@ -431,10 +463,13 @@ class Trainer:
                 self.logger.event("loss_spike", self.tokens, verdict.spike)
             if next_step % cfg.log_every_steps == 0 or last:
                 self._flush_window(lr)
-            if stats:
-                self._log(stats)
+            want_stats = next_step % cfg.stats_every_steps == 0 or last
             if next_step % cfg.eval_every_steps == 0 or last:
-                self._log(self.evaluate())
+                evals, stats = self.evaluate(want_stats)
+                self._log(stats)
+                self._log(evals)
+            elif want_stats:
+                self._log(self.collect_stats())
             if last:
                 self.save(finished=True)
             elif next_step % cfg.checkpoint_every_steps == 0:
