@@ -113,6 +113,9 @@ def main():
         if device.type == "cuda":
             torch.cuda.empty_cache()
         print(json.dumps(rows[-1]), flush=True)
+        if args.calibrate:
+            # row by row: a run stopped at a time limit keeps what it measured
+            calibrate(args.calibrate, rows[-1:], args, torch.cuda.get_device_name(device))
     base = {"rla": "sgla", "rdn": "gdn"}
     by_family = {r["family"]: r for r in rows}
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -130,8 +133,6 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=where, args=vars(args), results=rows), f, indent=1)
-    if args.calibrate:
-        calibrate(args.calibrate, rows, args, where)
 
 
 def calibrate(path: str, rows: list[dict], args, where: str) -> None:
