@@ -6,8 +6,12 @@ import sys
 import time
 from typing import Any
 
-STYLE = {"pending": "dim", "running": "cyan", "finished": "green", "failed": "red", "diverged": "magenta",
-         "cancelled": "yellow"}
+from rich.markup import escape
+
+from rla_ablate.outcome import Status
+
+STYLE = {Status.PENDING: "dim", Status.RUNNING: "cyan", Status.FINISHED: "green", Status.FAILED: "red",
+         Status.DIVERGED: "magenta", Status.CANCELLED: "yellow"}
 # Beyond this many jobs the live table shows the running and recently changed ones, plus counts.
 MAX_ROWS = 24
 
@@ -60,7 +64,7 @@ class Progress:
         self._ensure_live()
 
     def note(self, text: str) -> None:
-        self.console.print(f"[{self._elapsed()}] {text}")
+        self.console.print(f"[{self._elapsed()}] {escape(text)}")
 
     def _elapsed(self) -> str:
         s = int(time.monotonic() - self.started)
@@ -116,10 +120,17 @@ class Progress:
                            f"({summary.ran} attempts run; {summary.skipped} jobs were already done)")
         meta = sdir.meta()
         store = meta.get("backend_uri") if meta.get("embedded_tracking") else meta.get("tracking_uri")
-        self.console.print(f"runs: {store} (experiment rla-sweep/{self.sweep}); `rla-sweep status {self.sweep} "
-                           f"--root {sdir.root}` lists them")
-        for name, err in summary.failed:
-            self.console.print(f"  [red]failed[/] {name}: {err}")
-        if not summary.ok:
+        if store:
+            self.console.print(f"runs: {escape(store)} (experiment rla-sweep/{self.sweep}); `rla-sweep status "
+                               f"{self.sweep} --root {sdir.root}` lists them")
+        for f in summary.failed:
+            self.console.print(f"  [red]failed[/] {escape(f.name)} ({f.job_id[:8]}), cause {f.cause or 'unknown'}: "
+                               f"{escape(f.error)}")
+            if f.log is not None:
+                self.console.print(f"    traceback: {escape(str(f.log))}")
+        if summary.resume_helps:
             print(f"rerun `rla-sweep resume {self.sweep} --root {sdir.root}` to resume unfinished jobs from their "
                   "checkpoints", file=sys.stderr)
+        elif not summary.ok:
+            print("every failure above repeats on each attempt (cause config or compile): fix the sweep file or the "
+                  "code, then launch again", file=sys.stderr)
