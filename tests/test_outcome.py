@@ -105,7 +105,7 @@ def test_outcome_from_exception_names_the_exception_not_the_traceback():
     assert JobOutcome.from_exception(raised(UserError("bad"))).deterministic
 
 
-def test_outcome_round_trips():
+def test_outcome_survives_pickle_and_json():
     out = JobOutcome.from_exception(raised(RuntimeError("CUDA out of memory")), tokens_done=7, metrics={"a": 1.0})
     out.gpu_memory_gib = 35.2
     again = pickle.loads(pickle.dumps(out))
