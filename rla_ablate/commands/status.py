@@ -16,7 +16,7 @@ def register(subparsers) -> None:
     parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
     parser.add_argument("--json", action="store_true",
                         help='print {"sweep", "root", "tracking_uri", "jobs": [{job_id, name, ablations, status, '
-                             'mlflow_run_id, tokens_done, tokens_target, error}]}')
+                             'mlflow_run_id, tokens_done, tokens_target, error, cause, traceback, error_log}]}')
     parser.set_defaults(func=run)
 
 
@@ -29,20 +29,30 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     counts: dict[str, int] = {}
     for j in doc["jobs"]:
         counts[j["status"]] = counts.get(j["status"], 0) + 1
+    # Before any launch started MLflow the sweep has no store to name.
+    store = doc["tracking_uri"] or "none yet (no launch of this sweep has started MLflow)"
     table = Table(title=f"sweep {doc['sweep']}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
-                  caption=f"runs: {doc['tracking_uri']}")
-    for col in ("job", "id", "ablations", "status", "tokens", "MLflow run", "error"):
+                  caption=f"runs: {escape(store)}")
+    for col in ("job", "id", "ablations", "status", "tokens", "MLflow run", "cause", "error"):
         table.add_column(col, overflow="fold")
     for j in doc["jobs"]:
-        table.add_row(j["name"], j["job_id"][:8], "+".join(j["ablations"]) or "-",
+        # The error is one line ("Type: message"); the traceback is in the job's error.log and in --json.
+        error = (j["error"] or "").strip().splitlines()
+        table.add_row(escape(j["name"]), j["job_id"][:8], escape("+".join(j["ablations"]) or "-"),
                       f"[{STYLE.get(j['status'], '')}]{j['status']}[/]",
                       f"{fmt_tokens(j['tokens_done'])}/{fmt_tokens(j['tokens_target'])}",
-                      (j["mlflow_run_id"] or "")[:12], (j["error"] or "").splitlines()[0][:80] if j["error"] else "")
+                      (j["mlflow_run_id"] or "")[:12], j["cause"] or "", escape(error[0][:160]) if error else "")
     # A pipe or a file gets full rows rather than rich's default 80 columns.
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(table)
+    for j in doc["jobs"]:
+        if j["status"] == "failed" and j["error_log"]:
+            console.print(f"{escape(j['name'])} ({j['job_id'][:8]}) tracebacks: {escape(j['error_log'])}",
+                          soft_wrap=True)
     return 0

@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rla_ablate.errors import JobFailed
     from rla_ablate.models import count_params
+    from rla_ablate.outcome import Status
     from rla_ablate.train import ProgressLogger, run_job
     from rla_ablate.train.checkpoint import list_checkpoints
 
@@ -137,11 +138,13 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, previous)
     _summary(console, result, out)
     resume = f"rerun the same command to resume from {out / 'checkpoints'}"
-    if result.status == "finished":
+    if result.status == Status.FINISHED:
         return 0
-    if result.status == "cancelled":
+    if result.status == Status.CANCELLED:
         console.print(f"cancelled at {result.tokens_done:,} tokens; {resume}")
         return 130
-    raise JobFailed(f"job {result.status}: {result.error}\n{resume}" if result.status == "failed" else
+    # A failure prints its whole traceback, which ends with the error line.
+    raise JobFailed(f"job {result.status}: {result.traceback or result.error}\n{resume}"
+                    if result.status == Status.FAILED else
                     f"job {result.status}: {result.error} (see loss_spike / skipped_step events in "
                     f"{out / 'metrics.jsonl'}); lower train.lr or raise train.max_skipped_steps, then {resume}")

@@ -2,9 +2,11 @@
 
 Scheduling is Ray core: one task per job attempt with the sweep's `num_cpus`/`num_gpus` (fractional GPUs
 share a device), at most `--max-concurrent` in flight, Ray deciding where and when each runs. The driver
-only submits, waits (`ray.wait`) and decides about retries: a failed attempt reruns from the job's last
-checkpoint (run_job resumes given the same out_dir) up to `resources.retries` times; a diverged job is a
-result and never reruns.
+only submits, waits (`ray.wait`) and decides about retries by the failure's cause (rla_ablate.outcome): a
+failed attempt reruns from the job's last checkpoint (run_job resumes given the same out_dir) up to
+`resources.retries` times; a config or compile failure never reruns (it would fail the same way); an attempt
+out of GPU memory reruns once alone on a GPU when it shared one (`_Runner._retry_with_more_memory`); a
+diverged job is a result and never reruns.
 
 Embedded default: a local Ray instance and the local MLflow server of `rla_ablate.tracking` (the single
 writer; jobs log over HTTP), both stopped at exit, Ctrl-C included; their pids are recorded in the sweep
@@ -27,9 +29,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rla_ablate.errors import UserError
+from rla_ablate.outcome import ENDED, TERMINAL, Cause, JobOutcome, Status
 from rla_ablate.ray_local import init_local_ray
 from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep
-from rla_ablate.sweep.state import TERMINAL, SweepDir
+from rla_ablate.sweep.state import SweepDir
 
 DEFAULT_ROOT = "rla-runs"
 # Seconds jobs get to write a checkpoint and return after Ctrl-C or `rla-sweep cancel`.
@@ -53,12 +56,25 @@ class LaunchOptions:
 
 
 @dataclass
+class FailedJob:
+    """A job this launch left failed, as the summary names it."""
+
+    name: str
+    job_id: str
+    error: str
+    """The cause line: "Type: message" (or the out-of-memory report)."""
+    cause: Cause | None = None
+    log: Path | None = None
+    """The job's error.log (every failed attempt's traceback), when one was written."""
+
+
+@dataclass
 class LaunchSummary:
     sweep: str
     counts: dict[str, int] = field(default_factory=dict)
     skipped: int = 0
     ran: int = 0
-    failed: list[tuple[str, str]] = field(default_factory=list)
+    failed: list[FailedJob] = field(default_factory=list)
     pruned: int = 0
     """Search trials stopped by the pruner (status cancelled): a result, not a failure."""
     interrupted: bool = False
@@ -66,8 +82,17 @@ class LaunchSummary:
 
     @property
     def ok(self) -> bool:
-        unfinished = sum(n for k, n in self.counts.items() if k != "finished")
+        unfinished = sum(n for k, n in self.counts.items() if k != Status.FINISHED)
         return unfinished == self.pruned
+
+    @property
+    def resume_helps(self) -> bool:
+        """False when every unfinished job failed deterministically (config, compile): a resume fails them again."""
+        if self.ok:
+            return False
+        unfinished = sum(n for k, n in self.counts.items() if k != Status.FINISHED) - self.pruned
+        deterministic = [f for f in self.failed if f.cause is not None and f.cause.deterministic]
+        return not (self.failed and len(deterministic) == len(self.failed) == unfinished)
 
 
 def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any]) -> None:
@@ -347,7 +372,7 @@ def _count(sdir: SweepDir, jobs: list[Any]) -> dict[str, int]:
 def _close_parent(tracking_uri: str, parent: str, summary: LaunchSummary) -> None:
     from mlflow.tracking import MlflowClient
 
-    status = "FINISHED" if summary.ok else ("KILLED" if summary.counts.get("cancelled") else "FAILED")
+    status = "FINISHED" if summary.ok else ("KILLED" if summary.counts.get(Status.CANCELLED) else "FAILED")
     try:
         # set_terminated prints "View run ... at <url>" to stdout; the summary names the store instead.
         with contextlib.redirect_stdout(io.StringIO()):
@@ -374,11 +399,16 @@ class _Runner:
         self.inflight: dict[Any, ResolvedJob] = {}
         # Attempts in this launch (status.json counts them over all launches); retries are per launch.
         self.tries: dict[str, int] = {}
+        # Ray task options of each job's latest attempt: the out-of-memory retry decides from them.
+        self.task_options: dict[str, dict[str, Any]] = {}
+        # Options that replace the sweep's for a job's next attempts (a rerun alone on a GPU after running out of
+        # memory); such a rerun fixes the resources, so it does not use up one of `resources.retries`.
+        self.more_memory: dict[str, dict[str, Any]] = {}
         self.stopping = False
         self.stop_reason = ""
         self._last_record = 0.0
         # job_id -> callback(job, outcome) used by the search to tell Optuna.
-        self.on_done: Callable[[ResolvedJob, dict], None] | None = None
+        self.on_done: Callable[[ResolvedJob, JobOutcome], None] | None = None
         self.on_values: Callable[[ResolvedJob, list[tuple[int, float]]], None] | None = None
         self.watch: str | None = None
         self.window = 1
@@ -410,21 +440,23 @@ class _Runner:
         self.on_event("queued", {"job_id": job.job_id})
         run_id = self.ensure_run(job)
         st = self.sdir.status(job.job_id)
-        self.sdir.set_status(job.job_id, status="pending", tokens_target=int(job.job.train.tokens),
-                             attempts=st.attempts + 1, error=None)
+        self.sdir.set_status(job.job_id, status=Status.PENDING, tokens_target=int(job.job.train.tokens),
+                             attempts=st.attempts + 1, error=None, cause=None, traceback=None)
         # Multi-worker jobs start their own Ray Train workers (one GPU each); the task itself only coordinates.
         multi = job.job.train.num_workers > 1
         placement = (self.placements or {}).get(job.job_id)
         gpus = placement.gpus if placement is not None else (0.0 if res.auto else float(res.gpus))
         options = {"num_cpus": 1 if multi else res.cpus, "num_gpus": 0 if multi else gpus,
-                   "name": f"{self.sweep.name}:{job.name}"}
+                   "name": f"{self.sweep.name}:{job.name}", **self.more_memory.get(job.job_id, {})}
+        self.task_options[job.job_id] = options
+        # a job rerun alone on a GPU after running out of memory has the whole device: no cap
+        cap = placement.cap if placement is not None and not multi and options["num_gpus"] < 1 else None
         ref = run_remote.options(**options).remote(job.job, str(self.sdir.job_dir(job.job_id)),
                                                    job.job_id, self.services.tracking_uri, run_id, self.monitor,
-                                                   res.cpus, self.watch,
-                                                   placement.cap if placement is not None and not multi else None)
+                                                   res.cpus, self.watch, cap)
         self.inflight[ref] = job
         self.tries[job.job_id] = self.tries.get(job.job_id, 0) + 1
-        self.progress.update(job, "pending", st.tokens_done)
+        self.progress.update(job, Status.PENDING, st.tokens_done)
         self.on_event("submitted", {"job_id": job.job_id, "attempt": st.attempts + 1})
 
     def run(self, todo: list[ResolvedJob]) -> None:
@@ -432,7 +464,7 @@ class _Runner:
         self.all_jobs = list(self.sweep.jobs)
         for job in self.sweep.jobs:
             st = self.sdir.status(job.job_id)
-            self.progress.update(job, st.status if st.status in TERMINAL else "pending", st.tokens_done,
+            self.progress.update(job, st.status if st.status in TERMINAL else Status.PENDING, st.tokens_done,
                                  int(job.job.train.tokens))
         queue = deque(todo)
         while queue or self.inflight:
@@ -442,18 +474,19 @@ class _Runner:
                 if self.stopping:
                     while queue:
                         job = queue.popleft()
-                        self.sdir.set_status(job.job_id, status="cancelled",
+                        self.sdir.set_status(job.job_id, status=Status.CANCELLED,
                                              error=f"{self.stop_reason} before it started")
-                        self.progress.update(job, "cancelled")
-                for job, outcome in self.step():
-                    if outcome is not None and outcome.get("retry"):
+                        self.progress.update(job, Status.CANCELLED)
+                for job, _outcome, retry in self.step():
+                    if retry:
                         queue.appendleft(job)
             except KeyboardInterrupt:
                 self.interrupted()
 
-    def step(self, timeout: float = 0.5) -> list[tuple[ResolvedJob, dict | None]]:
-        """Wait a little for outcomes, refresh progress, check for a cancel request; returns finished attempts."""
-        done: list[tuple[ResolvedJob, dict | None]] = []
+    def step(self, timeout: float = 0.5) -> list[tuple[ResolvedJob, JobOutcome, bool]]:
+        """Wait a little for outcomes, refresh progress, check for a cancel request; returns the attempts that ended:
+        (job, outcome, whether the job runs again)."""
+        done: list[tuple[ResolvedJob, JobOutcome, bool]] = []
         try:
             if self.inflight:
                 # Return at the first completion (not after `timeout`), then take every other one already done.
@@ -469,7 +502,7 @@ class _Runner:
             self._poll()
             for ref in ready:
                 job = self.inflight.pop(ref)
-                done.append((job, self._collect(job, ref)))
+                done.append((job, *self._collect(job, ref)))
             if not self.stopping and self.sdir.cancel_requested():
                 self.stop("cancelled by `rla-sweep cancel`")
         except KeyboardInterrupt:
@@ -500,9 +533,9 @@ class _Runner:
             if job.job_id in started:
                 n = tokens.get(job.job_id, 0) or 0
                 st = self.sdir.status(job.job_id)
-                if st.status != "running" or abs(st.tokens_done - n) > 0:
-                    self.sdir.set_status(job.job_id, status="running", tokens_done=n)
-                self.progress.update(job, "running", n)
+                if st.status != Status.RUNNING or abs(st.tokens_done - n) > 0:
+                    self.sdir.set_status(job.job_id, status=Status.RUNNING, tokens_done=n)
+                self.progress.update(job, Status.RUNNING, n)
             if values.get(job.job_id) and self.on_values is not None:
                 self.on_values(job, values[job.job_id])
         self.progress.refresh()
@@ -514,48 +547,95 @@ class _Runner:
             for ref, job in list(self.inflight.items()):
                 self.ray.cancel(ref, force=True)
                 self.inflight.pop(ref)
-                self.sdir.set_status(job.job_id, status="cancelled", error=f"{self.stop_reason}; did not stop "
+                self.sdir.set_status(job.job_id, status=Status.CANCELLED, error=f"{self.stop_reason}; did not stop "
                                      f"within {STOP_GRACE_S:.0f} s, killed (resumes from its last checkpoint)")
-                self.progress.update(job, "cancelled")
+                self.progress.update(job, Status.CANCELLED)
 
-    def _collect(self, job: ResolvedJob, ref: Any) -> dict:
+    def _collect(self, job: ResolvedJob, ref: Any) -> tuple[JobOutcome, bool]:
+        """The attempt's outcome, recorded; True when the job runs again (a retry)."""
+        tokens_before = self.sdir.status(job.job_id).tokens_done
         try:
             outcome = self.ray.get(ref)
         except self.ray.exceptions.TaskCancelledError:
-            outcome = {"status": "cancelled", "tokens_done": self.sdir.status(job.job_id).tokens_done, "metrics": {},
-                       "error": f"{getattr(self, 'stop_reason', 'stopped')} before it started"}
+            outcome = JobOutcome(Status.CANCELLED, tokens_done=tokens_before,
+                                 error=f"{getattr(self, 'stop_reason', 'stopped')} before it started")
         except Exception as exc:
-            # The worker process died (OOM killer, segfault, node lost): a failure like any other.
-            outcome = {"status": "failed", "tokens_done": self.sdir.status(job.job_id).tokens_done, "metrics": {},
-                       "error": f"worker died: {type(exc).__name__}: {str(exc)[:2000]}"}
-        status = outcome.get("status", "failed")
-        if status not in ("finished", "failed", "diverged", "cancelled"):
-            status = "failed"
+            # The worker process died (OOM killer, segfault, node lost): nothing came back from it.
+            outcome = JobOutcome.from_exception(exc, tokens_done=tokens_before, cause=Cause.WORKER_DIED)
+            outcome.error = f"worker died: {outcome.error}"
+        if not isinstance(outcome, JobOutcome):
+            outcome = JobOutcome(Status.FAILED, tokens_done=tokens_before, cause=Cause.OTHER,
+                                 error=f"the worker returned {type(outcome).__name__}, not a JobOutcome")
+        if outcome.status not in ENDED:
+            outcome.status = Status.FAILED
+        if outcome.status == Status.FAILED and outcome.cause is None:
+            outcome.cause = Cause.OTHER
         st = self.sdir.status(job.job_id)
-        tokens = int(outcome.get("tokens_done") or 0)
+        tokens = outcome.tokens_done
         self.summary.ran += 1
         self.monitor.clear.remote(job.job_id)
-        retries = self.sweep.config.resources.retries
-        if status == "failed" and outcome.get("retryable", True) and not self.stopping \
-                and self.tries.get(job.job_id, 1) <= retries:
-            self.sdir.set_status(job.job_id, status="pending", tokens_done=tokens, error=outcome.get("error"))
-            self.progress.note(f"{job.name}: attempt {self.tries[job.job_id]} failed, retrying from its last checkpoint: "
-                               f"{_first_line(outcome.get('error'))}")
-            self.progress.update(job, "pending", tokens)
-            self.on_event("retry", {"job_id": job.job_id, "attempt": st.attempts, "error": outcome.get("error")})
-            outcome["retry"] = True
-            return outcome
-        error = outcome.get("error")
-        if status == "cancelled" and not error:
-            error = getattr(self, "stop_reason", "stopped")
-        self.sdir.set_status(job.job_id, status=status, tokens_done=tokens, error=error)
-        self.progress.update(job, status, tokens)
-        if status == "failed":
-            self.summary.failed.append((job.name, _first_line(error)))
-        self.on_event("done", {"job_id": job.job_id, "status": status, "timing": outcome.get("timing")})
+        log = None
+        if outcome.status == Status.FAILED:
+            log = self.sdir.log_failure(job.job_id, st.attempts, outcome)
+        retry = self._retry(job, outcome) if outcome.status == Status.FAILED and not self.stopping else None
+        if retry is not None:
+            self.sdir.set_status(job.job_id, status=Status.PENDING, tokens_done=tokens, error=outcome.error,
+                                 cause=outcome.cause, traceback=outcome.traceback)
+            self.progress.note(f"{job.name}: attempt {self.tries[job.job_id]} failed ({outcome.cause}: "
+                               f"{_first_line(outcome.error)}); {retry}; log: {log}")
+            self.progress.update(job, Status.PENDING, tokens)
+            self.on_event("retry", {"job_id": job.job_id, "attempt": st.attempts, "error": outcome.error,
+                                    "cause": str(outcome.cause)})
+            return outcome, True
+        if outcome.status == Status.FAILED and outcome.cause == Cause.OOM:
+            outcome.error = self._oom_report(job, outcome)
+        if outcome.status == Status.CANCELLED and not outcome.error:
+            outcome.error = getattr(self, "stop_reason", "stopped")
+        self.sdir.set_status(job.job_id, status=outcome.status, tokens_done=tokens, error=outcome.error,
+                             cause=outcome.cause, traceback=outcome.traceback)
+        self.progress.update(job, outcome.status, tokens)
+        if outcome.status == Status.FAILED:
+            self.summary.failed.append(FailedJob(job.name, job.job_id, _first_line(outcome.error), outcome.cause, log))
+        self.on_event("done", {"job_id": job.job_id, "status": str(outcome.status), "timing": outcome.timing})
         if self.on_done is not None:
             self.on_done(job, outcome)
-        return outcome
+        return outcome, False
+
+    def _retry(self, job: ResolvedJob, outcome: JobOutcome) -> str | None:
+        """Whether a failed attempt reruns, by its cause: None when not, else how (for the note)."""
+        cause = outcome.cause or Cause.OTHER
+        if cause.deterministic:
+            # A config or compile error fails the same way on every attempt.
+            return None
+        if cause == Cause.OOM:
+            options = self._retry_with_more_memory(job, outcome)
+            if options is None:
+                return None
+            self.more_memory[job.job_id] = options
+            given = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in options.items())
+            return f"rerunning from its last checkpoint with more memory ({given})"
+        used = self.tries.get(job.job_id, 1) - (1 if job.job_id in self.more_memory else 0)
+        if used <= self.sweep.config.resources.retries:
+            return "retrying from its last checkpoint"
+        return None
+
+    def _retry_with_more_memory(self, job: ResolvedJob, outcome: JobOutcome) -> dict[str, Any] | None:
+        """Ray task options that give a job out of GPU memory more of it, or None when this launch cannot.
+
+        A job that shared a GPU (a fraction below 1) reruns once alone on a whole GPU; one that already had a
+        whole GPU, or ran on CPU, cannot get more here and is reported instead (`_oom_report`)."""
+        gpus = float(self.task_options.get(job.job_id, {}).get("num_gpus") or 0.0)
+        if 0.0 < gpus < 1.0:
+            return {"num_gpus": 1.0}
+        return None
+
+    def _oom_report(self, job: ResolvedJob, outcome: JobOutcome) -> str:
+        """"out of memory: estimated X GiB, had Y GiB" plus the exception's line."""
+        rec = next((r for r in self.sdir.job_list() if r.get("job_id") == job.job_id), {})
+        estimate = rec.get("mem_estimate_gib")
+        est = f"estimated {float(estimate):.1f} GiB" if estimate is not None else "estimate unknown"
+        had = f"{outcome.gpu_memory_gib:.1f} GiB" if outcome.gpu_memory_gib is not None else "unknown"
+        return f"out of memory: {est}, had {had} ({_first_line(outcome.error)})"
 
 
 def _first_line(text: str | None) -> str:

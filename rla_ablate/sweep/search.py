@@ -3,18 +3,21 @@
 The study lives in a real RDB storage (SQLite at `<root>/<sweep>/optuna.db`, written by the driver only),
 so a relaunch continues it. The driver asks for trials while there is capacity, feeds the intermediate
 values of `search.metric` that workers report (step = tokens seen) to the pruner, and stops a pruned job
-through the monitor. A trial interrupted by a killed launch is marked failed and its parameters are
-enqueued again: the same parameters give the same job id, so the new trial resumes from the checkpoint.
+through the monitor (status cancelled, cause `pruned`). A trial interrupted by a killed launch is marked
+failed and its parameters are enqueued again: the same parameters give the same job id, so the new trial
+resumes from the checkpoint.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from rla_ablate.outcome import Cause, JobOutcome, Status
 from rla_ablate.sweep.expand import ResolvedJob, expand
 from rla_ablate.sweep.schema import SearchConfig, SearchParam
 
-PRUNED_PREFIX = "pruned by Optuna"
+# What a pruned job's error says; whether a job was pruned is its cause (Cause.PRUNED), never this text.
+PRUNED_MESSAGE = "pruned by Optuna"
 INTERRUPTED = "interrupted"
 
 
@@ -62,7 +65,7 @@ def pruned_count(sdir: Any) -> int:
     n = 0
     for rec in sdir.job_list():
         st = sdir.status(rec["job_id"])
-        n += st.status == "cancelled" and (st.error or "").startswith(PRUNED_PREFIX)
+        n += st.status == Status.CANCELLED and st.cause == Cause.PRUNED
     return n
 
 
@@ -101,26 +104,27 @@ def run_search(runner: Any) -> None:
             trial.report(value, step)
         if trial.should_prune():
             pruned.add(job.job_id)
-            runner.progress.note(f"{job.name}: {PRUNED_PREFIX} at {values[-1][0]:,} tokens")
+            runner.progress.note(f"{job.name}: {PRUNED_MESSAGE} at {values[-1][0]:,} tokens")
             runner.monitor.request_stop.remote(job.job_id)
 
-    def tell(job: ResolvedJob, outcome: dict) -> None:
+    def tell(job: ResolvedJob, outcome: JobOutcome) -> None:
         trial = trials.pop(job.job_id, None)
         if trial is None:
             return
-        status = outcome.get("status")
+        status = outcome.status
         if job.job_id in pruned:
-            sdir.set_status(job.job_id, status="cancelled", error=f"{PRUNED_PREFIX} (trial {trial.number})")
+            sdir.set_status(job.job_id, status=Status.CANCELLED, cause=Cause.PRUNED,
+                            error=f"{PRUNED_MESSAGE} (trial {trial.number})")
             runner.summary.pruned += 1
             study.tell(trial, state=TrialState.PRUNED)
-        elif status == "finished" and cfg.metric in (outcome.get("metrics") or {}):
-            study.tell(trial, float(outcome["metrics"][cfg.metric]))
-        elif status == "cancelled":
+        elif status == Status.FINISHED and cfg.metric in outcome.metrics:
+            study.tell(trial, float(outcome.metrics[cfg.metric]))
+        elif status == Status.CANCELLED:
             study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
             study.tell(trial, state=TrialState.FAIL)
             study.enqueue_trial(trial.params, skip_if_exists=False)
         else:
-            if status == "finished":
+            if status == Status.FINISHED:
                 sdir.set_status(job.job_id, error=f"finished without logging {cfg.metric}; check search.metric")
             study.tell(trial, state=TrialState.FAIL)
 
@@ -160,10 +164,10 @@ def _search_round(runner: Any, study: Any, cfg: SearchConfig, trials: dict, know
         runner.all_jobs.append(job)
         st = sdir.status(job.job_id)
         # The sampler proposed parameters that already ran: reuse the result instead of training again.
-        if st.status == "finished" and job.job_id in _values(sdir, job.job_id, cfg.metric):
+        if st.status == Status.FINISHED and job.job_id in _values(sdir, job.job_id, cfg.metric):
             study.tell(trial, _values(sdir, job.job_id, cfg.metric)[job.job_id])
             continue
-        if st.status == "cancelled" and (st.error or "").startswith(PRUNED_PREFIX):
+        if st.status == Status.CANCELLED and st.cause == Cause.PRUNED:
             runner.summary.pruned += 1
             study.tell(trial, state=TrialState.PRUNED)
             continue
@@ -172,12 +176,12 @@ def _search_round(runner: Any, study: Any, cfg: SearchConfig, trials: dict, know
             study.tell(trial, state=TrialState.FAIL)
             continue
         trials[job.job_id] = trial
-        runner.progress.update(job, "pending", st.tokens_done)
+        runner.progress.update(job, Status.PENDING, st.tokens_done)
         runner.submit(job)
     if not runner.inflight:
         return False
-    for job, outcome in runner.step():
-        if outcome is not None and outcome.get("retry"):
+    for job, _outcome, retry in runner.step():
+        if retry:
             runner.submit(job)
     return True
 

@@ -4,7 +4,8 @@
         sweep.yaml            the file of the last launch (resume reads it)
         sweep.json            {name, tracking_uri, backend_uri, parent_run_id}
         jobs.json             the current expansion: [{job_id, name, family, ablations, seed, tokens_target, ...}]
-        jobs/<job_id>/        run_job's out_dir (checkpoints/, metrics.jsonl) plus job.json and status.json
+        jobs/<job_id>/        run_job's out_dir (checkpoints/, metrics.jsonl) plus job.json and status.json, and
+                              error.log: the traceback of every failed attempt, appended
         launch.lock           flock held by the running launch (the kernel drops it when the process dies)
         launch.json           {pid, pgid, host, started, children: [[pid, create_time], ...]}
         cancel.request        written by `rla-sweep cancel`; the launch stops its jobs at their next step
@@ -29,10 +30,12 @@ import psutil
 
 from rla_ablate.errors import UserError
 from rla_ablate.fileio import atomic_write_text
+from rla_ablate.outcome import Cause, Status, last_line
 
-STATUSES = ("pending", "running", "finished", "failed", "diverged", "cancelled")
-# Final states a relaunch does not rerun: a diverged job diverges again (same config, same seed).
-TERMINAL = ("finished", "diverged")
+# The first line of a traceback.
+_TRACEBACK_HEAD = "Traceback (most recent call last):"
+# Folders written before `cause` existed marked a pruned trial by this error prefix.
+_LEGACY_PRUNED = "pruned by Optuna"
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -49,14 +52,31 @@ def read_json(path: Path, default: Any = None) -> Any:
 
 @dataclass
 class JobStatus:
-    status: str = "pending"
+    status: Status = Status.PENDING
     mlflow_run_id: str | None = None
     tokens_done: int = 0
     tokens_target: int = 0
     error: str | None = None
+    """One line: the last attempt's "Type: message", or why the job stopped."""
     attempts: int = 0
     tracking_uri: str | None = None
     updated: float = 0.0
+    cause: Cause | None = None
+    """Why the job did not finish (rla_ablate.outcome.Cause); None while it runs, once finished, or unknown."""
+    traceback: str | None = None
+    """The last failed attempt's traceback (every attempt's is in error.log)."""
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status) if self.status in Status._value2member_map_ else Status.PENDING
+        self.cause = Cause(self.cause) if self.cause in Cause._value2member_map_ else None
+        if self.error and "\n" in self.error.strip() and self.traceback is None:
+            # Folders written before `traceback` existed: a traceback, or "Type: message" and a traceback, in `error`.
+            text = self.error.strip()
+            line = last_line(text) if text.startswith(_TRACEBACK_HEAD) else text.splitlines()[0].strip()
+            self.traceback, self.error = self.error, line
+        if (self.cause is None and self.status == Status.CANCELLED
+                and (self.error or "").startswith(_LEGACY_PRUNED)):
+            self.cause = Cause.PRUNED
 
 
 class SweepDir:
@@ -87,6 +107,10 @@ class SweepDir:
     @property
     def cancel_path(self) -> Path:
         return self.path / "cancel.request"
+
+    def error_log(self, job_id: str) -> Path:
+        """Every failed attempt's traceback, appended (attempt number, time, cause)."""
+        return self.job_dir(job_id) / "error.log"
 
     @property
     def optuna_uri(self) -> str:
@@ -123,10 +147,24 @@ class SweepDir:
         st = self.status(job_id)
         for key, value in changes.items():
             setattr(st, key, value)
+        # Values set as plain strings become the enums again (and unknown ones fail here, not in a reader).
+        st.status = Status(st.status)
+        st.cause = Cause(st.cause) if st.cause is not None else None
         st.updated = time.time()
         self.job_dir(job_id).mkdir(parents=True, exist_ok=True)
         write_json(self.job_dir(job_id) / "status.json", asdict(st))
         return st
+
+    def log_failure(self, job_id: str, attempt: int, outcome: Any) -> Path:
+        """Append a failed attempt's traceback (or its error line when there is none) to the job's error.log."""
+        path = self.error_log(job_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
+        body = (outcome.traceback or outcome.error or "no error recorded").rstrip("\n")
+        with path.open("a", encoding="utf-8") as f:
+            f.write(f"=== attempt {attempt} at {stamp}: {outcome.status}, cause {outcome.cause or 'unknown'}, "
+                    f"{outcome.tokens_done} tokens ===\n{body}\n\n")
+        return path
 
     # ownership
     def lock_held_by_other(self) -> bool:

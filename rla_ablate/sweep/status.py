@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rla_ablate.errors import UserError
+from rla_ablate.outcome import ACTIVE, Status
 from rla_ablate.sweep.state import SweepDir
 
 INTERRUPTED = "the launch stopped before this job ended; `rla-sweep resume {name}` resumes it from its checkpoint"
@@ -34,18 +35,23 @@ def open_sweep(root: str | Path, name_or_file: str) -> SweepDir:
 
 
 def sweep_status(sdir: SweepDir) -> dict[str, Any]:
-    """The `status --json` document."""
+    """The `status --json` document. Per job, `error` is one line ("Type: message" for a failure), `cause` why it
+    did not finish (rla_ablate.outcome.Cause), `traceback` the last failed attempt's, `error_log` the file holding
+    every failed attempt's traceback (None until one failed)."""
     meta = sdir.meta()
     live = sdir.lock_held_by_other()
     jobs = []
     for rec in sdir.job_list():
         st = sdir.status(rec["job_id"])
         status, error = st.status, st.error
-        if status in ("pending", "running") and not live and st.attempts:
-            status, error = "pending", error or INTERRUPTED.format(name=sdir.name)
+        if status in ACTIVE and not live and st.attempts:
+            status, error = Status.PENDING, error or INTERRUPTED.format(name=sdir.name)
+        log = sdir.error_log(rec["job_id"])
         jobs.append({"job_id": rec["job_id"], "name": rec["name"], "ablations": rec.get("ablations", []),
-                     "status": status, "mlflow_run_id": st.mlflow_run_id, "tokens_done": int(st.tokens_done),
-                     "tokens_target": int(rec.get("tokens_target") or st.tokens_target), "error": error})
+                     "status": status.value, "mlflow_run_id": st.mlflow_run_id, "tokens_done": int(st.tokens_done),
+                     "tokens_target": int(rec.get("tokens_target") or st.tokens_target), "error": error,
+                     "cause": st.cause.value if st.cause is not None else None, "traceback": st.traceback,
+                     "error_log": str(log) if log.exists() else None})
     # Embedded server: its SQLite store opens the runs after the launch (and its server) are gone.
     uri = meta.get("backend_uri") if meta.get("embedded_tracking", True) else meta.get("tracking_uri")
     return {"sweep": sdir.name, "root": str(sdir.root), "tracking_uri": uri, "jobs": jobs}
@@ -57,8 +63,8 @@ def cancel(sdir: SweepDir, wait_s: float, say=print) -> bool:
         changed = 0
         for rec in sdir.job_list():
             st = sdir.status(rec["job_id"])
-            if st.status in ("pending", "running"):
-                sdir.set_status(rec["job_id"], status="cancelled", error="cancelled by `rla-sweep cancel`")
+            if st.status in ACTIVE:
+                sdir.set_status(rec["job_id"], status=Status.CANCELLED, error="cancelled by `rla-sweep cancel`")
                 changed += 1
         say(f"no launch of sweep '{sdir.name}' is running" + (f"; marked {changed} unfinished jobs cancelled"
                                                               if changed else ""))

@@ -1,25 +1,48 @@
 """What runs inside a Ray worker: one job, its MLflow logger, progress and stop requests through the monitor.
 
-The driver never trains; a worker never decides about retries. A job's outcome is a plain dict (failures
-are values): {"status", "tokens_done", "metrics", "error"}.
+The driver never trains; a worker never decides about retries. A job attempt returns a
+`rla_ablate.outcome.JobOutcome` (failures are values): status, tokens, metrics, error line, traceback, cause,
+and the GPU memory the attempt had.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from rla_ablate.errors import UserError
+from rla_ablate.outcome import JobOutcome, Status
 
 # Fault injection for resilience tests and drills: "<job_id prefix or *>@<tokens>" makes that job raise once,
 # at the first step at or past <tokens>; a marker file in its out_dir keeps the retry from raising again.
 FAIL_ONCE_ENV = "RLA_SWEEP_FAIL_ONCE"
+# What the injected failure is (a drill of each failure cause): other (default), config, compile, oom.
+FAIL_KIND_ENV = "RLA_SWEEP_FAIL_KIND"
 REPORT_EVERY_S = 1.0
+
+
+class CompilationError(RuntimeError):
+    """The injected stand-in for Triton's CompilationError (FAIL_KIND_ENV=compile): classified by its name, like
+    the real one, so the drill needs no GPU and no triton."""
+
+
+def injected_failure(kind: str, tokens: int) -> BaseException:
+    """The exception FAIL_ONCE_ENV raises for FAIL_KIND_ENV `kind`."""
+    where = f"injected failure at {tokens} tokens ({FAIL_ONCE_ENV}" + (f", {FAIL_KIND_ENV}={kind})" if kind else ")")
+    if kind == "config":
+        return UserError(where)
+    if kind == "compile":
+        return CompilationError(where)
+    if kind == "oom":
+        return RuntimeError(f"CUDA out of memory: {where}")
+    if kind in ("", "other"):
+        return RuntimeError(where)
+    raise UserError(f"unknown {FAIL_KIND_ENV} {kind!r}; one of other, config, compile, oom", key=FAIL_KIND_ENV)
 
 
 @ray.remote(num_cpus=0)
@@ -115,7 +138,7 @@ class SweepLogger:
         if self._fail_at is not None and self.tokens is not None and self.tokens >= self._fail_at:
             self._fail_at = None
             (self.out_dir / ".failed-once").write_text(str(self.tokens))
-            raise RuntimeError(f"injected failure at {self.tokens} tokens ({FAIL_ONCE_ENV})")
+            raise injected_failure(os.environ.get(FAIL_KIND_ENV, "").strip().lower(), self.tokens)
         self._report()
         return self._stop
 
@@ -132,8 +155,25 @@ class SweepLogger:
             self._values = values + self._values
 
 
+def gpu_memory_gib(allocator_cap: float | None = None) -> float | None:
+    """GPU memory this task may use: the device's total times its allocator cap, else times the task's GPU
+    fraction; None without CUDA (or when the job never touched it: this must not create a CUDA context)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    try:
+        fraction = float(ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0))
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    except Exception:
+        return None
+    if allocator_cap is not None:
+        return total * allocator_cap / 2**30
+    # A task that holds no GPU (a multi-worker job's coordinator) has no share of this device to report.
+    return total * min(fraction, 1.0) / 2**30 if fraction > 0 else None
+
+
 def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_id: str | None,
-            monitor: Any, cpus: float, watch: str | None = None, allocator_cap: float | None = None) -> dict[str, Any]:
+            monitor: Any, cpus: float, watch: str | None = None, allocator_cap: float | None = None) -> JobOutcome:
     """Run one job to its end (or a stop request) and return its outcome; never raises.
 
     `allocator_cap`: the fraction of the GPU this job's allocator may hold (its share when jobs are packed)."""
@@ -158,31 +198,29 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
         logger = SweepLogger(inner, monitor, job_id, out, watch=watch)
         logger.announce()
         started = time.time()
-        result = run_job(job, out, logger, should_stop=logger.should_stop)
+        outcome = run_job(job, out, logger, should_stop=logger.should_stop)
         ended = time.time()
-        outcome = {"status": str(result.status), "tokens_done": int(result.tokens_done),
-                   "metrics": {k: float(v) for k, v in (result.metrics or {}).items()}, "error": result.error}
-        logger.close(outcome["status"], outcome["error"])
+        outcome.metrics = {k: float(v) for k, v in (outcome.metrics or {}).items()}
+        outcome.gpu_memory_gib = gpu_memory_gib(allocator_cap)
+        logger.close(outcome.status, outcome.traceback or outcome.error)
         # Wall-clock marks (epoch seconds) for the scheduling-overhead benchmark.
-        outcome["timing"] = {"entered": entered, "run_job_start": started, "run_job_end": ended,
-                             "returned": time.time(), "triton_cache": os.environ.get("TRITON_CACHE_DIR")}
+        outcome.timing = {"entered": entered, "run_job_start": started, "run_job_end": ended,
+                          "returned": time.time(), "triton_cache": os.environ.get("TRITON_CACHE_DIR")}
         return outcome
-    except UserError as exc:
-        # A configuration that cannot run fails the same way on every attempt: no retry.
-        if logger is not None:
-            logger.close("failed", str(exc))
-        return {"status": "failed", "tokens_done": 0, "metrics": {}, "error": str(exc), "retryable": False}
     except BaseException as exc:
-        interrupted = isinstance(exc, KeyboardInterrupt)
-        status = "cancelled" if interrupted else "failed"
+        # UserError (a configuration run_job rejects before it starts) is classified `config`: never retried.
+        tokens = (logger.tokens or 0) if logger is not None else 0
+        if isinstance(exc, KeyboardInterrupt):
+            outcome = JobOutcome(Status.CANCELLED, tokens_done=tokens, error="interrupted")
+        else:
+            outcome = JobOutcome.from_exception(exc, tokens_done=tokens, out_dir=out)
+            outcome.gpu_memory_gib = gpu_memory_gib(allocator_cap)
         if logger is not None:
             try:
-                logger.close(status, f"{type(exc).__name__}: {exc}")
+                logger.close(outcome.status, outcome.error)
             except Exception:
                 pass
-        error = "interrupted" if interrupted else f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=20)}"
-        tokens = (logger.tokens or 0) if logger is not None else 0
-        return {"status": status, "tokens_done": tokens, "metrics": {}, "error": error}
+        return outcome
 
 
 run_remote = ray.remote(max_retries=0)(execute)

@@ -22,15 +22,16 @@ from typing import Any
 
 import requests
 
+from rla_ablate.outcome import Status
 from rla_ablate.tracking.runs import BACKEND, HOST, STATUS, STATUS_REASON
 
 log = logging.getLogger(__name__)
 
 _BATCH = 1000
 _MAX_TAGS = 100
-# Job status (rla_ablate.train JobResult.status) -> MLflow run status.
-RUN_STATUS = {"finished": "FINISHED", "failed": "FAILED", "diverged": "FAILED", "cancelled": "KILLED",
-              "killed": "KILLED", "interrupted": "KILLED"}
+# How a job ended (rla_ablate.outcome.Status) -> MLflow run status; a plain status string looks up the same entry.
+RUN_STATUS = {Status.FINISHED: "FINISHED", Status.FAILED: "FAILED", Status.DIVERGED: "FAILED",
+              Status.CANCELLED: "KILLED"}
 
 
 class _UnknownRun(Exception):
@@ -136,7 +137,7 @@ class MLflowLogger:
             self._wake.set()
             time.sleep(0.05)
 
-    def close(self, status: str = "finished", reason: str | None = None) -> None:
+    def close(self, status: str = Status.FINISHED, reason: str | None = None) -> None:
         if self._closed:
             return
         self._closed = True

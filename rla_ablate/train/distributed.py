@@ -18,6 +18,7 @@ import torch
 from rla_ablate.fileio import atomic_write_text
 from rla_ablate.ray_local import init_local_ray
 from rla_ablate.train.checkpoint import list_checkpoints
+from rla_ablate.outcome import Cause, Status
 from rla_ablate.train.job import JobConfig, JobResult
 from rla_ablate.train.loggers import CompositeLogger, MetricLogger
 
@@ -54,7 +55,7 @@ class _Forwarder(threading.Thread):
         super().__init__(daemon=True)
         self.path, self.logger, self.should_stop, self.stop_file = path, logger, should_stop, stop_file
         self.done = threading.Event()
-        self.stop_error: str | None = None
+        self.stop_exc: BaseException | None = None
         self.inode, self.offset = None, 0
         # Lines the caller already has (an earlier attempt's records) are never sent again.
         self.seen: set[bytes] = set()
@@ -97,7 +98,7 @@ class _Forwarder(threading.Thread):
                 stop = self.should_stop is not None and self.should_stop()
             except Exception as exc:
                 # As in a single process, an exception from should_stop fails the job; it stops at a checkpoint.
-                self.stop_error = f"{type(exc).__name__}: {exc}"
+                self.stop_exc = exc
                 stop = True
             if stop:
                 self.stop_file.touch()
@@ -130,7 +131,7 @@ def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger 
     use_gpu = job.train.device == "cuda" or (job.train.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     forwarder = _Forwarder(metrics_path, logger, should_stop, stop_file)
     forwarder.start()
-    error = None
+    error: BaseException | None = None
     try:
         trainer = TorchTrainer(
             _worker_loop,
@@ -142,7 +143,7 @@ def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger 
         )
         trainer.fit()
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        error = exc
     finally:
         forwarder.done.set()
         forwarder.join()
@@ -151,17 +152,24 @@ def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger 
         if started_ray:
             ray.shutdown()
     if result_file.exists():
-        data = json.loads(result_file.read_text())
-        result = JobResult(status=data["status"], tokens_done=data["tokens_done"], metrics=data["metrics"],
-                           error=data["error"], out_dir=out_dir)
+        result = JobResult.from_dict(json.loads(result_file.read_text()))
+        result.out_dir = out_dir
     else:
         done = list_checkpoints(out_dir)
-        result = JobResult(status="failed", tokens_done=done[-1][0] if done else 0,
-                           error=error or "the workers ended without a result", out_dir=out_dir)
-    if forwarder.stop_error is not None and result.status == "cancelled":
-        result.status, result.error = "failed", f"should_stop raised {forwarder.stop_error}"
+        tokens = done[-1][0] if done else 0
+        if error is not None:
+            result = JobResult.from_exception(error, tokens_done=tokens, out_dir=out_dir)
+        else:
+            result = JobResult(status=Status.FAILED, tokens_done=tokens, error="the workers ended without a result",
+                               cause=Cause.OTHER, out_dir=out_dir)
+    if forwarder.stop_exc is not None and result.status == Status.CANCELLED:
+        failed = JobResult.from_exception(forwarder.stop_exc, tokens_done=result.tokens_done, metrics=result.metrics,
+                                          out_dir=out_dir)
+        failed.error = f"should_stop raised {failed.error}"
+        result = failed
     if logger is not None:
-        logger.close(result.status, result.error)
+        # As for one process, the logs keep a failure's whole traceback.
+        logger.close(result.status, result.traceback or result.error)
     return result
 
 

@@ -1,4 +1,5 @@
-"""`JobConfig`: everything that defines one training job, and `JobResult`, what running it returns.
+"""`JobConfig`: everything that defines one training job, and `JobResult` (= `rla_ablate.outcome.JobOutcome`),
+what running it returns.
 
 The canonical JSON of a resolved `JobConfig` (sorted keys, no whitespace) is what the sweep hashes into a
 job id, and what a checkpoint records so that a resume never continues a different configuration.
@@ -7,14 +8,12 @@ job id, and what a checkpoint records so that a resume never continues a differe
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rla_ablate.data.config import DataConfig, EvalConfig, StdlibData
 from rla_ablate.models.config import ModelConfig
+from rla_ablate.outcome import JobOutcome
 from rla_ablate.train.config import TrainConfig
 
 # Fields that change how a job is observed or stored, never the numbers it computes: a resume may change them.
@@ -71,21 +70,6 @@ class JobConfig(BaseModel):
         return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
-@dataclass
-class JobResult:
-    """What `run_job` returns; failures are values, not exceptions."""
-
-    status: str
-    """finished | diverged | failed | cancelled."""
-    tokens_done: int
-    """Training tokens seen when the job stopped."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """The last value of every metric logged (final eval included)."""
-    error: str | None = None
-    """Why the job did not finish: "diverged at N tokens", a traceback, or "cancelled at N tokens"."""
-    out_dir: Path | None = None
-    """Where metrics.jsonl and checkpoints are."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "tokens_done": self.tokens_done, "metrics": dict(self.metrics),
-                "error": self.error, "out_dir": str(self.out_dir) if self.out_dir else None}
+# What `run_job` returns is the one job outcome type of the package (rla_ablate.outcome): status, tokens,
+# metrics, error line, traceback and cause. The old name stays for callers of the train API.
+JobResult = JobOutcome

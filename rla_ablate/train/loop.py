@@ -13,7 +13,6 @@ import math
 import random
 import socket
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,6 +25,7 @@ from rla_ablate import __version__
 from rla_ablate.data import make_eval_batches, make_train_stream, vocab_size
 from rla_ablate.errors import UserError
 from rla_ablate.models import aggregate_diagnostics, build_model, flops_per_token
+from rla_ablate.outcome import Status
 from rla_ablate.train.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
 from rla_ablate.train.guard import DivergenceGuard
 from rla_ablate.train.job import JobConfig, JobResult
@@ -58,8 +58,9 @@ def run_job(job: JobConfig, out_dir: str | Path, logger: MetricLogger | None = N
 
     `out_dir/metrics.jsonl` is always written; `logger` (MLflow, a progress bar, ...) receives the same
     metrics and events. `should_stop()` is polled before every step: when it returns True the job saves a
-    checkpoint and returns with status "cancelled". Errors become a JobResult with status "failed"; a
-    configuration that cannot run at all raises UserError before training starts.
+    checkpoint and returns with status "cancelled". Errors become a JobResult with status "failed" (error line,
+    traceback and cause: rla_ablate.outcome); a configuration that cannot run at all raises UserError before
+    training starts.
     """
     if job.train.num_workers > 1:
         from rla_ablate.train.distributed import run_data_parallel
@@ -428,7 +429,7 @@ class Trainer:
         while self.step < cfg.total_steps:
             if self._stop_requested():
                 self.save()
-                return self.result("cancelled", f"cancelled at {self.tokens} tokens")
+                return self.result(Status.CANCELLED, f"cancelled at {self.tokens} tokens")
             lr = self._lr(self.tokens + cfg.batch_tokens)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -456,7 +457,7 @@ class Trainer:
                 self._log({"train/skipped_steps": float(self.guard.skipped)})
                 if verdict.diverged:
                     self._flush_window(lr)
-                    return self.result("diverged", f"diverged at {self.tokens} tokens")
+                    return self.result(Status.DIVERGED, f"diverged at {self.tokens} tokens")
             else:
                 self.window.add(loss, grad_norm)
             if verdict.spike is not None:
@@ -474,11 +475,15 @@ class Trainer:
                 self.save(finished=True)
             elif next_step % cfg.checkpoint_every_steps == 0:
                 self.save()
-        return self.result("finished", None)
+        return self.result(Status.FINISHED, None)
 
-    def result(self, status: str, reason: str | None) -> JobResult:
+    def result(self, status: Status, reason: str | None) -> JobResult:
         return JobResult(status=status, tokens_done=self.tokens, metrics=dict(self.metrics), error=reason,
                          out_dir=self.out_dir)
+
+    def failure(self, exc: BaseException) -> JobResult:
+        """A failed result naming the exception (its line, traceback and cause), not only its traceback."""
+        return JobResult.from_exception(exc, tokens_done=self.tokens, metrics=dict(self.metrics), out_dir=self.out_dir)
 
 
 def train_worker(job: JobConfig, out_dir: str | Path, logger: MetricLogger | None,
@@ -492,23 +497,26 @@ def train_worker(job: JobConfig, out_dir: str | Path, logger: MetricLogger | Non
     except UserError:
         # A configuration that cannot run is the caller's to report, before any log is touched.
         raise
-    except Exception:
-        result = trainer.result("failed", traceback.format_exc())
+    except Exception as exc:
+        result = trainer.failure(exc)
         if ctx.rank == 0:
             # Appended, never truncated: the history of an earlier attempt stays readable.
-            CompositeLogger(JSONLLogger(out_dir / "metrics.jsonl"), logger).close(result.status, result.error)
+            CompositeLogger(JSONLLogger(out_dir / "metrics.jsonl"), logger).close(result.status, _reason(result))
         return result
     if state is not None and state.get("finished"):
-        return JobResult(status="finished", tokens_done=int(state["tokens"]),
+        return JobResult(status=Status.FINISHED, tokens_done=int(state["tokens"]),
                          metrics={k: float(v) for k, v in state["metrics"].items()}, out_dir=out_dir)
     trainer.open_logs(None if state is None else int(state["tokens"]))
     # The trainer drops the checkpoint once restored: at 1.5B it is gigabytes of host memory.
     trainer.pending_state, state = state, None
     try:
         result = trainer.run()
-    except UserError as exc:
-        result = trainer.result("failed", str(exc))
-    except Exception:
-        result = trainer.result("failed", traceback.format_exc())
-    trainer.logger.close(result.status, result.error)
+    except Exception as exc:
+        result = trainer.failure(exc)
+    trainer.logger.close(result.status, _reason(result))
     return result
+
+
+def _reason(result: JobResult) -> str | None:
+    # The logs (metrics.jsonl's close record, MLflow's status reason) keep the whole traceback of a failure.
+    return result.traceback or result.error
