@@ -1,11 +1,15 @@
 """Series identity at expansion: one series per config up to the seed, for grids, arms with overrides, ablations
-and controls; the identity tags a launch puts on each run. No MLflow here."""
+and controls; the identity tags a launch puts on each run; spec keys that may group by it. No MLflow here."""
 
 from __future__ import annotations
 
 import json
 import textwrap
 
+import pytest
+
+from rla_ablate.dashboard.spec import check_key, load_spec
+from rla_ablate.errors import UserError
 from rla_ablate.sweep.expand import load_sweep
 from rla_ablate.sweep.identity import series_id
 from rla_ablate.sweep.ids import job_id
@@ -93,3 +97,31 @@ def test_arms_with_overrides_and_controls_are_their_own_series(tmp_path):
     assert {j.control for j in controls} == {"matched_state"} and len(by_series(controls)) == 1
     assert {j.arm_label for j in controls} == {"tiny-rdn"} and sorted(j.seed for j in controls) == [0, 1]
     assert all(j.family == "gdn" and j.identity_tags()["control"] == "matched_state" for j in controls)
+
+
+@pytest.mark.parametrize("key, ok", [("model.clip", True), ("train.lr", True), ("point.model.clip", True),
+                                     ("arm", True), ("data.kind", True), ("eval.0.tokens", True),
+                                     ("model.clp", False), ("train.learning_rate", False), ("colour", False)])
+def test_spec_keys_any_resolved_config_key_or_identity_tag(key, ok):
+    if ok:
+        assert check_key(key) == key
+    else:
+        with pytest.raises(ValueError):
+            check_key(key)
+
+
+def test_spec_grouping_by_config_key_is_allowed_and_typos_name_line_and_key(tmp_path):
+    path = tmp_path / "clip.yaml"
+    path.write_text("kind: table\ntitle: t\nseries: [ablations, model.clip]\ncolumns: [{metric: eval/val/loss}]\n")
+    assert load_spec(path).series == ["ablations", "model.clip"]
+    path.write_text("kind: table\ntitle: t\nruns: {family: rla}\nseries: [ablations, model.clp]\n"
+                    "columns: [{metric: eval/val/loss}]\n")
+    with pytest.raises(UserError) as err:
+        load_spec(path)
+    assert f"{path}:4: series" in str(err.value) and "did you mean 'model.clip'" in str(err.value)
+    path.write_text("kind: table\ntitle: t\ncolumns: [{metric: eval/val/loss}]\nclaims:\n"
+                    "  - {claim: c, treatment: {ablations: x}, reference: {ablations: none}, expect: up, "
+                    "min_effect: 0.01}\n")
+    with pytest.raises(UserError) as err:
+        load_spec(path)
+    assert ":5: claims.0.expect" in str(err.value) and "allowed: higher, lower" in str(err.value)
