@@ -263,7 +263,7 @@ def test_validity_panel_states_engaged_off_not_measured_identical(server, tmp_pa
     assert states[("RLA, log-cosh", "0")] == "not measured"                    # no diagnostics: never "engaged"
     assert states[("RLA, tied γ", "0")] == states[("RLA, tied γ", "1")] == "identical"
     assert states[("RDN, tied γ", "0")] == "engaged" and states[("RLA", "0")] == "engaged"
-    assert "diag/target_engaged &gt;= 0.001 on the reference" in panel
+    assert "target_engaged &gt;= 0.001 (reference)" in panel and "mixer_rms_over_sqrt_eps: job 0.4 (&lt; 1)" in panel
     # Figures and tables comparing those variants say so on themselves.
     fig4 = next(r for r in dash.rendered if r.name == "fig4b_train_loss")
     assert ("off", "RDN: w/o clip") in [(st, label) for st, label, _ in fig4.flagged]

@@ -140,8 +140,9 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
             return f"{ui_url}/#/experiments/{exp}/runs/{run_id}"
 
         rendered = []
+        validity: dict = {}
         for spec in specs:
-            rendered.append(render(spec, runs, out, run_url))
+            rendered.append(render(spec, runs, out, run_url, validity))
             if progress is not None:
                 progress(spec)
         counts: dict[str, int] = {}

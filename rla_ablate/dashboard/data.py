@@ -13,6 +13,7 @@ import fnmatch
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from rla_ablate.dashboard.selection import OLDER, VERSION, config_params
 from rla_ablate.sweep.identity import ARM, CONTROL, POINT_PREFIX, PRESET, SERIES
@@ -90,9 +91,9 @@ class Series:
     def order(self) -> int:
         return min((r.order for r in self.runs), default=0)
 
-    @property
+    @cached_property
     def config(self) -> dict[str, str]:
-        """Its resolved config without the seed (the params of any of its runs)."""
+        """Its resolved config without the seed (the params of any of its runs; read once runs are grouped)."""
         return config_params(self.runs[0].params) if self.runs else {}
 
     def value(self, key: str) -> str | None:
@@ -206,13 +207,6 @@ def assign_labels(spec, panels: dict[str, list[Series]]) -> None:
                 if s.stale:
                     text += f" ({OLDER_LABEL})"
                 s.label = text
-
-
-def series_label(spec, tags: dict[str, str]) -> str:
-    """The label of a lone series with these tags (see `assign_labels` for series that share spec values)."""
-    s = Series(("",), dict(tags), "", [], tuple(tags.get(t, "?") for t in spec.series))
-    assign_labels(spec, {"": [s]})
-    return s.label
 
 
 def _identity(run: RunRecord, spec) -> dict[str, str]:

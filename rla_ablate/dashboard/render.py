@@ -470,14 +470,14 @@ def render_table(spec: TableSpec, out: Rendered):
 
 def validity_rows(spec: ValiditySpec, runs: SweepRuns, out: Rendered, run_url, index: V.ValidityIndex) -> None:
     """One row per job (a series at one seed): which checks it needs, the values, the thresholds, the state."""
-    out.header = ["job", "seed", "checks (threshold)", "measured", "state", "run"]
+    out.header = ["job", "seed", "checks: diag/... >= threshold (on)", "measured (final value)", "state", "run"]
     panels = D.group(spec, runs)
     for panel, series in panels.items():
         for s in series:
             v = index.of(s)
             if v is None:
                 continue
-            checks = "; ".join(f"{c.name}: {c.describe()}" for c in v.checks) or "none (no linear-attention mixer)"
+            checks = "; ".join(c.describe() for c in v.checks) or "none (no linear-attention mixer)"
             by_seed = {sv.seed: sv for sv in v.seeds}
             for r in s.runs:
                 seed = s.seed(r)
@@ -547,11 +547,15 @@ def _footer(fig, out: Rendered) -> None:
              family="DejaVu Sans", transform=fig.transFigure)
 
 
-def render(spec: FigureSpec, runs: SweepRuns, out_dir: Path, run_url=lambda run_id: None) -> Rendered:
+def render(spec: FigureSpec, runs: SweepRuns, out_dir: Path, run_url=lambda run_id: None,
+           validity_cache: dict | None = None) -> Rendered:
+    """Render one spec; `validity_cache` shares the validity of every series between specs with equal thresholds."""
     out = Rendered(spec.name, spec.title, spec.caption, spec.kind)
     with plt.rc_context(STYLE):
         try:
-            index = V.ValidityIndex(runs, spec.validity)
+            key = tuple(sorted(spec.validity.model_dump().items()))
+            cache = validity_cache if validity_cache is not None else {}
+            index = cache.get(key) or cache.setdefault(key, V.ValidityIndex(runs, spec.validity))
             out.verdicts = evaluate(spec, runs, index)
             if isinstance(spec, TableSpec):
                 table_rows(spec, runs, out, run_url, index)

@@ -54,7 +54,8 @@ class Check:
     """What it tells, in words."""
 
     def describe(self) -> str:
-        return f"{self.metric} >= {self.threshold:g} on the {' and the '.join(self.on)}"
+        """e.g. 'target_engaged >= 0.001 (reference)'."""
+        return f"{self.metric.removeprefix('diag/')} >= {self.threshold:g} ({', '.join(self.on)})"
 
 
 def checks_for(ablations: str, family: str, thresholds) -> list[Check]:
@@ -91,9 +92,13 @@ class Measured:
         return OFF if any(v < self.check.threshold for v in vals) else ENGAGED
 
     def text(self) -> str:
-        shown = ", ".join(f"{w} {'—' if self.values.get(w) is None else f'{self.values[w]:.4g}'}"
-                          for w in self.check.on)
-        return f"{self.check.metric} ({shown}; needs >= {self.check.threshold:g})"
+        """e.g. 'target_engaged: reference 0 (< 0.001)'; '—' for a value not logged."""
+        shown = []
+        for w in self.check.on:
+            v = self.values.get(w)
+            mark = "" if v is None or v >= self.check.threshold else f" (< {self.check.threshold:g})"
+            shown.append(f"{w} {'—' if v is None else f'{v:.4g}'}{mark}")
+        return f"{self.check.metric.removeprefix('diag/')}: {', '.join(shown)}"
 
 
 @dataclass
@@ -246,21 +251,6 @@ class ValidityIndex:
 
 
 MARK = {OFF: "mechanism off", IDENTICAL: "identical to reference", NOT_MEASURED: "mechanism not measured"}
-
-
-def flag(v: Validity | None) -> str:
-    """'' when the comparison is sound (engaged, or nothing to check), else what to print next to it."""
-    return MARK.get(v.state, "") if v is not None else ""
-
-
-def figure_notes(items: list[tuple[str, Validity | None]]) -> list[str]:
-    """The lines a figure or table prints about its variants whose mechanism was off, identical or unmeasured."""
-    out = []
-    for label, v in items:
-        if v is None or v.state in (ENGAGED, NO_CHECK):
-            continue
-        out.append(f"{label}: {MARK[v.state]}: {v.detail()}")
-    return out
 
 
 def comparison(index: ValidityIndex, a: D.Series, b: D.Series | None) -> tuple[str, str]:
