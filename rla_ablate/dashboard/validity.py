@@ -213,7 +213,7 @@ REFERENCE = {"ablations": "none", "control": "none"}
 
 def assess(series: D.Series, everything: list[D.Series], thresholds) -> Validity:
     """The validity of one series: its reference is the same model without ablation or control (nearest
-    config, same seed), looked up among every series of the sweep, not only those a figure shows."""
+    config, same seed), looked up among `everything` (every series of the sweep, not only those a figure shows)."""
     family = series.value("family") or ""
     ablations = series.value("ablations") or "none"
     is_variant = ablations != "none"
@@ -241,7 +241,17 @@ class ValidityIndex:
     def __init__(self, runs, thresholds):
         self.everything = D.all_series(runs)
         self.thresholds = thresholds
-        self._by_key = {s.key: assess(s, self.everything, thresholds) for s in self.everything}
+        # A reference shares family, grid point and version with its variant: look it up in that bucket only,
+        # so that a sweep of thousands of series does not compare every pair.
+        buckets: dict[tuple, list[D.Series]] = {}
+        for s in self.everything:
+            buckets.setdefault(self._bucket(s), []).append(s)
+        self._by_key = {s.key: assess(s, buckets[self._bucket(s)], thresholds) for s in self.everything}
+
+    @staticmethod
+    def _bucket(s: D.Series) -> tuple:
+        return (s.value("family"), s.value(D.VERSION),
+                tuple(sorted((k, v) for k, v in s.tags.items() if k.startswith(D.POINT_PREFIX))))
 
     def of(self, series: D.Series) -> Validity | None:
         return self._by_key.get(series.key)
