@@ -7,6 +7,7 @@ amount, so a rendered figure or table can be checked against numbers computed he
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -84,3 +85,77 @@ def log_sweep(tracking_uri: str, sweep: str) -> dict[tuple, str]:
                                  "RuntimeError: synthetic" if (family, ablation, seed) == FAILED else None)
     runs["parent"] = parent
     return runs
+
+
+# A real sweep expansion logged with synthetic metrics, tagged exactly as `launch` tags its runs, and its sweep
+# folder written as `launch` writes it: for tests of series identity, stale runs, validity and verdicts
+# without training anything.
+LAST = 4096
+STEPS = (1024, 2048, LAST)
+REPO_SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+
+
+def write_sweep_folder(root, sweep, tracking_uri: str):
+    """ROOT/NAME as a launch of `sweep` leaves it: sweep.json, jobs.json (the current expansion), job.json."""
+    from rla_ablate.sweep.launch import _job_record
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(root, sweep.name)
+    sdir.path.mkdir(parents=True, exist_ok=True)
+    sdir.write_meta(tracking_uri=tracking_uri, backend_uri=tracking_uri, embedded_tracking=False)
+    sdir.write_job_list([_job_record(j) for j in sweep.jobs])
+    for job in sweep.jobs:
+        sdir.job_dir(job.job_id).mkdir(parents=True, exist_ok=True)
+        path = sdir.job_dir(job.job_id) / "job.json"
+        if not path.exists():
+            path.write_text(job.job.model_dump_json(indent=1))
+    return sdir
+
+
+def launch_tags(job) -> dict:
+    """The tags `rla_ablate.sweep.launch` gives a job's run."""
+    tags = {"family": job.family, "ablations": list(job.ablations), "seed": job.seed, "name": job.name,
+            **job.identity_tags()}
+    if job.control_of:
+        tags["control_of"] = job.control_of
+    return tags
+
+
+def log_jobs(tracking_uri: str, sweep_name: str, jobs, final, diag=None, status=None) -> dict[str, str]:
+    """Log each job's run: eval/val/loss and train/loss descending to `final(job)` at LAST tokens, and the
+    diagnostics `diag(job)` (a dict of diag/* values, or None for none) at every eval point.
+    `status(job)` gives the MLflow end status (default FINISHED). Returns job id -> run id."""
+    import contextlib
+    import io
+    import time
+
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    out = {}
+    for job in jobs:
+        run_id = create_or_get_child_run(tracking_uri, sweep_name, job.job_id, tags=launch_tags(job),
+                                         config=job.job.model_dump(mode="json"))
+        end = (status or (lambda j: "FINISHED"))(job)
+        steps = STEPS if end == "FINISHED" else STEPS[:1]
+        now = int(time.time() * 1000)
+        metrics = []
+        for step in steps:
+            loss = final(job) + 0.5 * (LAST - step) / LAST
+            values = {"eval/val/loss": loss, "eval/val/ppl": math.exp(loss), "train/loss": loss + 0.01}
+            values.update((diag(job) or {}) if diag is not None else {})
+            metrics += [Metric(k, float(v), now, step) for k, v in values.items()]
+        client.log_batch(run_id, metrics=metrics)
+        with contextlib.redirect_stdout(io.StringIO()):     # set_terminated prints a "View run" link
+            client.set_terminated(run_id, status=end)
+        out[job.job_id] = run_id
+    return out
+
+
+def sweep_file(tmp_path, text: str, name: str = "sweep.yaml"):
+    import textwrap
+
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path

@@ -48,9 +48,13 @@ def sweep(tmp_path_factory):
         (root / SWEEP).mkdir()
         (root / SWEEP / "sweep.json").write_text(json.dumps(
             {"name": SWEEP, "tracking_uri": server.uri, "embedded_tracking": False}))
-        (root / SWEEP / "jobs.json").write_text(json.dumps(
-            [{"job_id": "rdn-no_fitting-3", "name": "rdn-no_fitting-s3", "family": "rdn",
-              "ablations": ["no_fitting"], "seed": 3}]))
+        # jobs.json lists the current expansion: every logged job, plus one not started yet.
+        logged = [{"job_id": f"{family}-{ablation}-{seed}", "name": f"{family}-{ablation}-s{seed}", "family": family,
+                   "ablations": [] if ablation == "none" else [ablation], "seed": seed}
+                  for family, arms in syn.ARMS.items() for ablation in arms for seed in syn.SEEDS]
+        (root / SWEEP / "jobs.json").write_text(json.dumps(logged + [
+            {"job_id": "rdn-no_fitting-3", "name": "rdn-no_fitting-s3", "family": "rdn",
+             "ablations": ["no_fitting"], "seed": 3}]))
         assert main(["dashboard", SWEEP, "--root", str(root)]) == 0
         yield root, server, runs
 

@@ -12,7 +12,7 @@ from rla_ablate.errors import UserError
 
 REQUIRED = {"fig3a_tied_gamma": "curve", "fig3b_gains_by_category": "gains", "fig4a_layer_norms": "layers",
             "fig4b_train_loss": "curve", "table4_no_fitting": "table", "table5_output_gates": "table",
-            "matched_budget": "scatter"}
+            "matched_budget": "scatter", "appb_logcosh": "table", "validity": "validity"}
 
 
 def test_committed_specs_load():
@@ -31,6 +31,12 @@ def test_committed_specs_load():
     assert gains.category("hellaswag") == "other"
     assert isinstance(specs["table4_no_fitting"], TableSpec)
     assert len(list(spec_dir().glob("*.yaml"))) == len(specs)
+    # Every claim names its rule; the question specs load too.
+    for spec in specs.values():
+        for claim in spec.claims:
+            assert claim.expect in ("higher", "lower") and claim.min_effect > 0 and claim.treatment, spec.name
+    questions = {s.name: s for s in load_specs(spec_dir() / "questions")}
+    assert questions["clip_radius"].series == ["model.clip"] and questions["clip_radius"].claims
 
 
 def write(tmp_path, text, name="spec.yaml"):

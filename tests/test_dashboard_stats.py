@@ -57,3 +57,47 @@ def test_paired_diff_uses_only_common_seeds():
     assert paired_diff({0: 1.0}, {1: 1.0}).format() == "no paired seeds"
     single = paired_diff({0: 1.25}, {0: 1.0})
     assert single.diff.n == 1 and math.isnan(single.p_value) and single.format() == "+0.250 (n=1)"
+
+
+def test_seeds_for_power_known_values_and_its_definition():
+    from rla_ablate.dashboard.stats import paired_t_power, seeds_for_power
+
+    # Standardized effect d = min_effect / sd of the differences; the textbook paired-t sample sizes (two-sided,
+    # alpha 0.05, power 0.8): d = 0.5 -> 34 pairs, d = 1 -> 10 pairs.
+    assert seeds_for_power(1.0, 0.5) == 34 and seeds_for_power(0.02, 0.01) == 34
+    assert seeds_for_power(1.0, 1.0) == 10 and seeds_for_power(1.0, -1.0) == 10
+    for sd, effect in ((0.003, 0.01), (0.05, 0.004), (0.011, 0.01)):
+        n = seeds_for_power(sd, effect)
+        # The fewest seeds that reach 80% power: n does, n - 1 does not.
+        assert paired_t_power(n, effect, sd) >= 0.8
+        assert n == 2 or paired_t_power(n - 1, effect, sd) < 0.8
+    assert seeds_for_power(0.0, 0.01) == 2
+    assert seeds_for_power(math.nan, 0.01) is None and seeds_for_power(0.01, 0.0) is None
+
+
+def test_paired_t_power_matches_simulation():
+    from rla_ablate.dashboard.stats import paired_t_power
+
+    rng = np.random.default_rng(3)
+    n, effect, sd = 10, 0.01, 0.01
+    d = rng.normal(effect, sd, size=(20000, n))
+    t = d.mean(axis=1) / (d.std(axis=1, ddof=1) / math.sqrt(n))
+    simulated = float(np.mean(np.abs(t) > stats.t.ppf(0.975, n - 1)))
+    assert paired_t_power(n, effect, sd) == pytest.approx(simulated, abs=0.015)
+
+
+@pytest.mark.parametrize("mean, lo, hi, n, sign, verdict, why", [
+    (0.050, 0.030, 0.070, 3, +1, "confirmed", "interval on the claimed side"),
+    (-0.050, -0.070, -0.030, 3, -1, "confirmed", "interval on the claimed side"),
+    (0.050, 0.030, 0.070, 3, -1, "contradicted", "reversed"),
+    (0.005, 0.001, 0.009, 5, +1, "contradicted", "negligible"),     # real, but smaller than worth reporting
+    (0.000, -0.004, 0.004, 5, +1, "contradicted", "negligible"),    # rules out the claimed effect
+    (0.008, 0.001, 0.020, 5, +1, "unresolved", "below the minimum effect"),
+    (0.010, -0.020, 0.040, 3, +1, "unresolved", "covers both"),
+    (0.050, math.nan, math.nan, 1, +1, "unresolved", "1 paired seed: no interval"),
+])
+def test_verdict_rules(mean, lo, hi, n, sign, verdict, why):
+    from rla_ablate.dashboard.stats import Summary, classify
+
+    got, reason = classify(Summary(mean, lo, hi, n, 0.01), sign, 0.01)
+    assert got == verdict and why in reason

@@ -10,14 +10,18 @@ def register(subparsers) -> None:
         "dashboard", help="render the figures and tables of dashboards/*.yaml from a sweep's tracked runs",
         description="Render every spec in dashboards/ (or --specs) from the sweep's MLflow runs to PNG and SVG, "
                     "write one self-contained HTML page with the figures, tables (mean ± 95%% CI over seeds, "
-                    "paired differences) and run links, and log them to the sweep's parent run. Unfinished or "
-                    "missing jobs are shown as such.")
+                    "paired differences), the validity panel and the verdict on each claim, with run links, and log "
+                    "them to the sweep's parent run. Only the runs of the sweep's current expansion are read "
+                    "(see --include-stale). Unfinished or missing jobs are shown as such.")
     parser.add_argument("name", help="the sweep name")
     parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
     parser.add_argument("--specs", default=None, help="folder of figure specs (default: the repository's dashboards/)")
     parser.add_argument("--out", default=None, help="output folder (default: ROOT/NAME/dashboard)")
     parser.add_argument("--tracking-uri", default=None,
                         help="read runs from this MLflow server instead of the sweep's own store")
+    parser.add_argument("--include-stale", action="store_true",
+                        help="also show runs of earlier versions of the sweep file (jobs no longer in its "
+                             "expansion), labelled 'older sweep version'; by default only the current jobs")
     parser.set_defaults(func=run)
 
 
@@ -35,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("starting the tracking server", total=n)
         dash = build_dashboard(args.name, args.root, specs_dir=args.specs, out_dir=args.out,
-                               tracking_uri=args.tracking_uri,
+                               tracking_uri=args.tracking_uri, include_stale=args.include_stale,
                                progress=lambda spec: bar.update(task, advance=1, description=spec.name))
     if dash.synced:
         console.print(f"backfilled {dash.synced} metrics from the jobs' metrics.jsonl into MLflow", highlight=False)
@@ -45,6 +49,15 @@ def run(args: argparse.Namespace) -> int:
             line += f"  [yellow]({len(r.notes)} note{'s' if len(r.notes) > 1 else ''}: {r.notes[0]}"
             line += " ...)" if len(r.notes) > 1 else ")"
         console.print(line, highlight=False, soft_wrap=True)
+    for note in dash.notes:
+        console.print(f"[yellow]{note}[/]", highlight=False, soft_wrap=True)
+    if dash.verdicts:
+        console.print("verdicts (paired by seed, 95% t-interval; rules in each spec's claims:):", highlight=False)
+        style = {"confirmed": "green", "contradicted": "red", "unresolved": "dim"}
+        for v in dash.verdicts:
+            console.print(f"  [{style.get(v.verdict, '')}]{v.verdict:<12}[/] {v.spec}: {v.claim.claim} | "
+                          f"{v.comparison()}: Δ = {v.diff_text()} | {v.reason} | seeds for 80% power: "
+                          f"{v.seeds_text()} | mechanism: {v.mechanism}", highlight=False, soft_wrap=True)
     console.print(f"page: [bold]{dash.page.resolve()}[/]", highlight=False, soft_wrap=True)
     if dash.logged_to:
         console.print(f"logged to MLflow run {dash.logged_to} (artifacts/dashboard/) in {dash.tracking_uri}",

@@ -27,6 +27,17 @@ table.results { border-collapse: collapse; margin: 8px 0; font-variant-numeric: 
 table.results th, table.results td { border-bottom: 1px solid #eee; padding: 5px 12px 5px 0; text-align: left; }
 table.results th { border-bottom: 2px solid #ccc; }
 td.best { font-weight: 600; }
+table.verdicts, table.validity { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
+table.verdicts th, table.verdicts td, table.validity th, table.validity td { border-bottom: 1px solid #eee;
+       padding: 4px 10px 4px 0; text-align: left; vertical-align: top; }
+.v-confirmed { color: #1a7f37; font-weight: 600; }
+.v-contradicted { color: #b42318; font-weight: 600; }
+.v-unresolved { color: #6b6b6b; font-weight: 600; }
+tr.s-off td, tr.s-identical td { background: repeating-linear-gradient(135deg, #f2f2f2 0 6px, #e6e6e6 6px 12px);
+       color: #555; }
+tr.s-not-measured td { color: #8a4b00; }
+ul.flagged { color: #8a4b00; margin: 8px 0 0; padding-left: 18px; }
+p.page-notes { color: #8a4b00; }
 ul.notes { color: #8a4b00; margin: 8px 0 0; padding-left: 18px; }
 details { margin-top: 8px; color: #444; font-size: 13px; }
 a.file { font-size: 12px; color: #666; margin-right: 10px; }
@@ -43,20 +54,58 @@ def _cell(c: Cell, tag: str = "td") -> str:
     return f"<{tag}{cls}>{text}</{tag}>"
 
 
+def _verdict_table(verdicts, with_spec: bool = False) -> str:
+    head = (["figure"] if with_spec else []) + ["verdict", "claim", "comparison", "Δ (95% CI, n seeds)",
+                                                 "min effect", "why", "seeds for 80% power", "mechanism"]
+    rows = []
+    for v in verdicts:
+        cells = ([f'<a href="#{escape(v.spec)}">{escape(v.spec)}</a>'] if with_spec else []) + [
+            f'<span class="v-{escape(v.verdict)}">{escape(v.verdict)}</span>', escape(v.claim.claim),
+            escape(v.comparison()), escape(f"{v.metric or v.claim.metric}: {v.diff_text()}"),
+            escape(f"{v.claim.min_effect:g} ({v.claim.expect})"), escape(v.reason), escape(v.seeds_text()),
+            escape(v.mechanism)]
+        rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return ('<table class="verdicts"><thead><tr>' + "".join(f"<th>{escape(h)}</th>" for h in head)
+            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _validity_table(r: Rendered) -> str:
+    state_col = r.header.index("state")
+    rows = []
+    for row in r.rows:
+        cls = "s-" + row[state_col].text.replace(" ", "-").replace("/", "")
+        rows.append(f'<tr class="{escape(cls)}">' + "".join(_cell(c) for c in row) + "</tr>")
+    return ('<table class="validity"><thead><tr>' + "".join(f"<th>{escape(h)}</th>" for h in r.header)
+            + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
 def _section(r: Rendered, run_url) -> str:
     parts = [f'<section id="{escape(r.name)}" data-kind="{escape(r.kind)}">', f"<h2>{escape(r.title)}</h2>"]
     if r.caption:
         parts.append(f'<p class="caption">{escape(r.caption)}</p>')
-    if r.rows:
+    if r.kind == "validity":
+        # The panel is a figure too (its PNG), then the same rows as a table with links.
+        if r.png is not None and r.png.exists():
+            data = base64.b64encode(r.png.read_bytes()).decode()
+            parts.append(f'<figure><img alt="{escape(r.title)}" src="data:image/png;base64,{data}"></figure>')
+        if r.rows:
+            parts.append(_validity_table(r))
+    elif r.rows:
         parts.append('<table class="results"><thead><tr>' + "".join(f"<th>{escape(h)}</th>" for h in r.header)
                      + "</tr></thead><tbody>")
         parts += ["<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in r.rows]
         parts.append("</tbody></table>")
         parts.append('<p class="caption">mean ± 95% t-interval over seeds (n seeds); Δ = row − reference, paired '
-                     "by seed, with its 95% interval and paired t-test p.</p>")
+                     "by seed, with its 95% interval and paired t-test p. mechanism: engaged, off, identical "
+                     "(results equal the reference's), not measured (no diagnostics), n/a; * see the notes.</p>")
     elif r.png is not None and r.png.exists():
         data = base64.b64encode(r.png.read_bytes()).decode()
         parts.append(f'<figure><img alt="{escape(r.title)}" src="data:image/png;base64,{data}"></figure>')
+    if r.verdicts:
+        parts.append(_verdict_table(r.verdicts))
+    if r.flagged and r.kind != "validity":
+        parts.append('<ul class="flagged">' + "".join(f"<li>⚠ {escape(n)}</li>" for n in r.flagged_lines)
+                     + "</ul>")
     if r.notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in r.notes) + "</ul>")
     files = [p for p in (r.png, r.svg) if p is not None]
@@ -79,17 +128,29 @@ def _section(r: Rendered, run_url) -> str:
 
 
 def write_page(path: Path, sweep: str, rendered: list[Rendered], *, tracking: str, ui_hint: str, run_url,
-               n_runs: dict[str, int]) -> Path:
+               n_runs: dict[str, int], notes: list[str] = ()) -> Path:
     counts = ", ".join(f"{n} {s}" for s, n in sorted(n_runs.items())) or "no job runs"
-    nav = "".join(f'<a href="#{escape(r.name)}">{escape(r.title)}</a>' for r in rendered)
-    body = "\n".join(_section(r, run_url) for r in rendered)
+    nav = '<a href="#verdicts">Verdicts</a>' + "".join(f'<a href="#{escape(r.name)}">{escape(r.title)}</a>'
+                                                       for r in rendered)
+    verdicts = [v for r in rendered for v in r.verdicts]
+    summary = ('<section id="verdicts" data-kind="verdicts"><h2>Verdicts on the paper\'s claims</h2>'
+               '<p class="caption">Each claim\'s rule is in its spec (claims:). Δ = treatment − reference, paired '
+               "by seed, 95% t-interval. confirmed: the interval lies on the claimed side and |mean| reaches the "
+               "minimum effect; contradicted: the interval excludes every effect of the minimum size in the claimed "
+               "direction; unresolved: anything else, one seed, or a comparison whose mechanism was off or whose "
+               "results are identical. Seeds for 80% power: two-sided paired t-test at 0.05 detecting the minimum "
+               "effect with the observed spread.</p>"
+               + (_verdict_table(verdicts, with_spec=True) if verdicts else "<p>No spec states a claim.</p>")
+               + "</section>")
+    body = summary + "\n" + "\n".join(_section(r, run_url) for r in rendered)
+    page_notes = "".join(f'<p class="page-notes">{escape(n)}</p>' for n in notes)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>rla-sweep dashboard: {escape(sweep)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head>
 <body><header><h1>Sweep <code>{escape(sweep)}</code></h1>
 <p>Runs: {escape(counts)}. Rendered {stamp} from {escape(tracking)}.</p>
-<p>Run links open in the MLflow UI: {escape(ui_hint)}</p></header>
+<p>Run links open in the MLflow UI: {escape(ui_hint)}</p>{page_notes}</header>
 <nav>{nav}</nav><main>
 {body}
 </main></body></html>

@@ -2,6 +2,9 @@
 
 Missing data never raises: a series without finished runs is listed in the figure's notes (and drawn
 partially where that makes sense, e.g. the curve of a running job), a figure with no data at all says so.
+A variant whose mechanism was off, or whose results equal its reference's, is drawn dotted / hatched / hollow
+and named in a note printed on the figure itself; tables get a `mechanism` column. A spec's claims get their
+verdicts printed under the figure or table.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rla_ablate.dashboard import data as D  # noqa: E402
+from rla_ablate.dashboard import validity as V  # noqa: E402
 from rla_ablate.dashboard.spec import (CurveSpec, FigureSpec, GainsSpec, LayersSpec, ScatterSpec,  # noqa: E402
-                                       TableSpec)
+                                       TableSpec, ValiditySpec)
 from rla_ablate.dashboard.stats import mean_ci, paired_diff  # noqa: E402
+from rla_ablate.dashboard.verdict import Verdict, evaluate  # noqa: E402
 from rla_ablate.tracking.read import SweepRuns  # noqa: E402
 
 COLORS = plt.get_cmap("tab10").colors
@@ -51,6 +56,14 @@ class Rendered:
     rows: list[list[Cell]] = field(default_factory=list)
     runs: list[tuple[str, str, str]] = field(default_factory=list)
     """(label, run name, run id) of every run the figure read."""
+    verdicts: list[Verdict] = field(default_factory=list)
+    """The verdict on each of the spec's claims."""
+    flagged: list[tuple[str, str, str]] = field(default_factory=list)
+    """(state, label, detail) of each variant whose mechanism was off, identical or not measured."""
+
+    @property
+    def flagged_lines(self) -> list[str]:
+        return [f"{label}: {V.MARK[state]}: {detail}" for state, label, detail in self.flagged]
 
 
 def _color(i: int):
@@ -60,6 +73,35 @@ def _color(i: int):
 def _width(i: int, n: int) -> float:
     # Earlier series are drawn wider and underneath, so identical curves still show both colors.
     return 1.2 + 1.6 * (n - 1 - i) / max(n - 1, 1)
+
+
+FLAG_SUFFIX = {V.OFF: " [mechanism off]", V.IDENTICAL: " [identical to reference]"}
+
+
+def _colors(spec, series: list[D.Series]) -> dict[tuple, tuple[tuple, int]]:
+    """series key -> (colour, index within its colour): by the spec's `color` key, else one colour per series."""
+    out, groups, counts = {}, {}, {}
+    for s in series:
+        group = s.value(spec.color) if spec.color else s.key
+        idx = groups.setdefault(group, len(groups))
+        out[s.key] = (_color(idx), counts.get(group, 0))
+        counts[group] = counts.get(group, 0) + 1
+    return out
+
+
+def _flag(out: Rendered, index: V.ValidityIndex, s: D.Series, ref: D.Series | None = None,
+          where: str = "") -> str:
+    """The comparison state of a series (against `ref`, else its own validity); notes it when not sound."""
+    if ref is not None:
+        state, detail = V.comparison(index, s, ref)
+    else:
+        v = index.of(s)
+        state, detail = (v.state, v.detail()) if v is not None else (V.NO_CHECK, "")
+    if state in V.MARK:
+        item = (state, f"{where}{s.label}", detail)
+        if item not in out.flagged:
+            out.flagged.append(item)
+    return state
 
 
 def _panels_figure(n: int, width: float = 4.6, height: float = 3.4):
@@ -112,15 +154,26 @@ def _grouped_figure(spec, runs: SweepRuns):
     return panels, fig, axes
 
 
-def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered):
+def _validity_reference(spec, s: D.Series, series: list[D.Series]) -> D.Series | None:
+    """The series a figure compares `s` with: the spec's `reference` overrides applied to it (by default the
+    same model without ablation), among the series it draws."""
+    return D.reference_of(s, spec.reference, series, keys=_keys(spec))
+
+
+def _keys(spec) -> tuple[str, ...]:
+    return tuple(spec.series) + ((spec.panels,) if spec.panels else ())
+
+
+def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered, index: V.ValidityIndex):
     panels, fig, axes = _grouped_figure(spec, runs)
     key = D.resolve_metric(spec.y, runs.jobs)
     for ax, (panel, series) in zip(axes, panels.items()):
         _note_missing(out, spec, panel, series)
+        colors = _colors(spec, series)
         drawn = 0
         for i, s in enumerate(series):
             per_run = []
-            for r in s.runs:
+            for r in s.unique:
                 if key is None or key not in r.metrics:
                     continue
                 pts = runs.history(r.run_id, key)
@@ -129,6 +182,7 @@ def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered):
                 out.runs.append((s.label, r.name, r.run_id))
             if not per_run:
                 continue
+            state = _flag(out, index, s, _validity_reference(spec, s, series), _where(spec, panel))
             steps = sorted(set().union(*(d.keys() for _, d in per_run)))
             stats = [mean_ci([d[x] for _, d in per_run if x in d]) for x in steps]
             mean = np.array([st.mean for st in stats])
@@ -137,12 +191,15 @@ def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered):
             n_done = sum(r.finished for r, _ in per_run)
             unfinished = len(per_run) - n_done
             label = f"{s.label} (n={len(per_run)}" + (f", {unfinished} unfinished)" if unfinished else ")")
-            style = "-" if n_done == len(per_run) else "--"
-            marker = "o" if len(steps) <= 12 else None
-            ax.plot(steps, mean, style, color=_color(i), label=label, marker=marker, markersize=3,
-                    linewidth=_width(i, len(series)), zorder=2 + i)
+            label += FLAG_SUFFIX.get(state, "")
+            style = ":" if state in FLAG_SUFFIX else ("-" if n_done == len(per_run) else "--")
+            color, shade = colors[s.key]
+            marker = MARKERS[shade % len(MARKERS)] if (spec.color or len(steps) <= 12) else None
+            ax.plot(steps, mean, style, color=color, label=label, marker=marker, markersize=3,
+                    markevery=max(1, len(steps) // 12), linewidth=_width(i, len(series)), zorder=2 + i)
             if np.isfinite(lo).any():
-                ax.fill_between(steps, lo, hi, color=_color(i), alpha=0.18, linewidth=0)
+                ax.fill_between(steps, lo, hi, color=color, alpha=0.18, linewidth=0,
+                                hatch="//" if state in FLAG_SUFFIX else None)
             drawn += 1
         if not drawn:
             _empty(ax, f"no data for {spec.y}" + ("" if series else " (no matching runs)"))
@@ -150,6 +207,10 @@ def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered):
         _tokens_axis(ax)
         _finish_panel(ax, spec, panel, spec.ylabel or key)
     return fig
+
+
+def _where(spec, panel: str) -> str:
+    return f"{_panel_title(spec, panel)}: " if panel else ""
 
 
 def _finish_panel(ax, spec, panel, ylabel: str) -> None:
@@ -162,11 +223,12 @@ def _finish_panel(ax, spec, panel, ylabel: str) -> None:
     ax.legend()
 
 
-def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered):
+def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered, index: V.ValidityIndex):
     panels, fig, axes = _grouped_figure(spec, runs)
     layers = D.layer_keys(spec.y, runs.jobs)
     for ax, (panel, series) in zip(axes, panels.items()):
         _note_missing(out, spec, panel, series)
+        colors = _colors(spec, series)
         drawn = 0
         for i, s in enumerate(series):
             xs, st = [], []
@@ -177,11 +239,17 @@ def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered):
                     st.append(mean_ci(values))
             if not xs:
                 continue
+            state = _flag(out, index, s, _validity_reference(spec, s, series), _where(spec, panel))
             out.runs.extend((s.label, r.name, r.run_id) for r in s.finished)
             mean = np.array([x.mean for x in st])
             err = np.array([x.half_width if x.n >= 2 else 0.0 for x in st])
-            ax.errorbar(xs, mean, yerr=err, color=_color(i), marker=MARKERS[i % len(MARKERS)], markersize=5, capsize=3,
-                        linewidth=_width(i, len(series)), zorder=2 + i, label=f"{s.label} (n={max(x.n for x in st)})")
+            color, shade = colors[s.key]
+            marker = MARKERS[(i if not spec.color else shade) % len(MARKERS)]
+            flagged = state in FLAG_SUFFIX
+            ax.errorbar(xs, mean, yerr=err, color=color, marker=marker, markersize=5, capsize=3,
+                        linestyle=":" if flagged else "-", markerfacecolor="none" if flagged else color,
+                        linewidth=_width(i, len(series)), zorder=2 + i,
+                        label=f"{s.label} (n={max(x.n for x in st)})" + FLAG_SUFFIX.get(state, ""))
             drawn += 1
         if not drawn:
             _empty(ax, f"no finished run logged {spec.y.format(layer='XX')}")
@@ -192,14 +260,14 @@ def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered):
     return fig
 
 
-def render_gains(spec: GainsSpec, runs: SweepRuns, out: Rendered):
+def render_gains(spec: GainsSpec, runs: SweepRuns, out: Rendered, index: V.ValidityIndex):
     panels, fig, axes = _grouped_figure(spec, runs)
     sets = D.eval_sets(spec.metric, runs.jobs)
     categories = sorted({spec.category(name) for name, _ in sets}, key=lambda c: (c == "other", c))
     sign = 1.0 if spec.higher_is_better else -1.0
     for ax, (panel, series) in zip(axes, panels.items()):
         _note_missing(out, spec, panel, series)
-        pairs = [(s, ref) for s in series if (ref := D.reference_of(s, spec.reference, series)) is not None]
+        pairs = [(s, ref) for s in series if (ref := D.reference_of(s, spec.reference, series, _keys(spec))) is not None]
         width = min(0.8 / max(len(pairs), 1), 0.3)
         drawn = 0
         for i, (s, ref) in enumerate(pairs):
@@ -222,8 +290,12 @@ def render_gains(spec: GainsSpec, runs: SweepRuns, out: Rendered):
                 out.notes.append(f"{s.label} vs {ref.label}: no seed finished on both sides")
                 continue
             out.runs.extend((s.label, r.name, r.run_id) for r in s.finished + ref.finished)
+            state = _flag(out, index, s, ref, _where(spec, panel))
+            flagged = state in FLAG_SUFFIX
+            name = f"{s.label} − {ref.label}" if spec.higher_is_better else f"{ref.label} − {s.label}"
             bars = ax.bar(xs, means, width=width * 0.95, yerr=errs, capsize=3, color=_color(i),
-                          label=f"{s.label} − {ref.label}" if spec.higher_is_better else f"{ref.label} − {s.label}")
+                          hatch="///" if flagged else None, alpha=0.45 if flagged else 1.0,
+                          edgecolor="0.2" if flagged else None, label=name + FLAG_SUFFIX.get(state, ""))
             ax.bar_label(bars, labels=[f"{m:+.3f}" for m in means], padding=2, fontsize=7)
             drawn += 1
         if not drawn:
@@ -254,34 +326,48 @@ def _log_axis(axis) -> None:
     axis.set_minor_formatter(minor)
 
 
-def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered):
+def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered, index: V.ValidityIndex):
     panels = D.group(spec, runs)
     series = [s for p in panels.values() for s in p]
     for p, ss in panels.items():
         _note_missing(out, spec, p, ss)
     key = D.resolve_metric(spec.y, runs.jobs)
-    colors = _family_colors(series)
+    colors = _family_colors(series) if not spec.color else {}
+    by_color = _colors(spec, series) if spec.color else {}
     variants = list(dict.fromkeys(s.tags.get("ablations", "") for s in series))
     fig, axes = _panels_figure(len(spec.x), width=5.6, height=4.0)
     for ax, axis in zip(axes, spec.x):
         drawn = 0
+        lines: dict[object, tuple[tuple, list[tuple[float, float]]]] = {}
         for i, s in enumerate(series):
             finals = D.final_by_seed(s, key)
-            xs = [float(r.params[axis.param]) for r in s.finished if axis.param in r.params]
+            xs = [float(v) for r in s.finished if (v := D.value_of(r, axis.param)) is not None and _is_number(v)]
             if not finals or not xs:
                 continue
+            state = _flag(out, index, s, _validity_reference(spec, s, series))
+            flagged = state in FLAG_SUFFIX
             st = mean_ci(list(finals.values()))
             x = float(np.median(xs))
-            color = colors.get(s.tags.get("family", ""), _color(i))
-            marker = MARKERS[variants.index(s.tags.get("ablations", "")) % len(MARKERS)]
+            if spec.color:
+                color, shade = by_color[s.key]
+                marker = MARKERS[shade % len(MARKERS)]
+            else:
+                color = colors.get(s.tags.get("family", ""), _color(i))
+                marker = MARKERS[variants.index(s.tags.get("ablations", "")) % len(MARKERS)]
             ax.errorbar([x], [st.mean], yerr=[st.half_width if st.n >= 2 else 0.0], fmt=marker, color=color,
-                        capsize=3, markersize=6, label=f"{s.label} (n={st.n})")
+                        capsize=3, markersize=6, markerfacecolor="none" if flagged else color,
+                        label=f"{s.label} (n={st.n})" + FLAG_SUFFIX.get(state, ""))
             ax.annotate(s.label, (x, st.mean), textcoords="offset points", xytext=(7, -3 + 8 * (drawn % 2)),
                         fontsize=7, color=color)
+            lines.setdefault(s.value(spec.color) if spec.color else s.key, (color, []))[1].append((x, st.mean))
             drawn += 1
         if not drawn:
             _empty(ax, f"no finished run has param {axis.param} and metric {spec.y}")
             continue
+        if spec.connect:
+            for color, pts in lines.values():
+                pts.sort()
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", color=color, alpha=0.6, linewidth=1, zorder=1)
         if axis.log:
             ax.set_xscale("log")
             _log_axis(ax.xaxis)
@@ -297,7 +383,14 @@ def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered):
     return fig
 
 
-def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url) -> None:
+def _is_number(v: str) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except ValueError:
+        return False
+
+
+def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: V.ValidityIndex) -> None:
     panels = D.group(spec, runs)
     # A glob column becomes one column per matching metric (eval/*/loss -> eval loss (val), eval loss (mqar)).
     columns = []
@@ -308,7 +401,7 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url) -> None
             if len(keys) > 1:
                 label += f" ({D.glob_part(c.metric, key)})"
             columns.append((c, key, label))
-    out.header = ["model"] + [h for _, _, label in columns for h in (label, f"Δ {label}")] + ["runs"]
+    out.header = ["model"] + [h for _, _, label in columns for h in (label, f"Δ {label}")] + ["mechanism", "runs"]
     for panel, series in panels.items():
         _note_missing(out, spec, panel, series)
         summaries = {id(s): [mean_ci(list(D.final_by_seed(s, k).values())) for _, k, _ in columns] for s in series}
@@ -316,9 +409,9 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url) -> None
         for j, (c, _, _) in enumerate(columns):
             means = [summaries[id(s)][j].mean for s in series if summaries[id(s)][j].n]
             best.append((max(means) if c.higher_is_better else min(means)) if means else None)
-        refs = [r for o in series if (r := D.reference_of(o, spec.reference, series)) is not None]
+        refs = [r for o in series if (r := D.reference_of(o, spec.reference, series, _keys(spec))) is not None]
         for s in series:
-            ref = D.reference_of(s, spec.reference, series)
+            ref = D.reference_of(s, spec.reference, series, _keys(spec))
             label = s.label + (f" [{s.state_note()}]" if s.state_note() else "")
             row = [Cell(label)]
             for j, (c, key, _) in enumerate(columns):
@@ -329,6 +422,8 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url) -> None
                 else:
                     d = paired_diff(D.final_by_seed(s, key), D.final_by_seed(ref, key))
                     row.append(Cell(d.format(c.digits) if d.diff.n else "no paired seeds"))
+            state = _flag(out, index, s, ref, _where(spec, panel))
+            row.append(Cell(state + ("*" if state in V.MARK else "")))
             links = [(f"seed {s.seed(r)}", run_url(r.run_id) if r.run_id else None) for r in s.runs]
             row.append(Cell(" ".join(t for t, _ in links) or "no run", links=links))
             out.rows.append(row)
@@ -337,8 +432,8 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url) -> None
 
 def render_table(spec: TableSpec, out: Rendered):
     # The PNG stacks each value over its difference (two lines a cell) to stay half as wide as the HTML table.
-    metrics = out.header[1:-1:2]
-    cols = ["model"] + metrics
+    metrics = out.header[1:-2:2]
+    cols = ["model"] + metrics + ["mechanism"]
     cells, bold = [], []
     for row in out.rows:
         line = [row[0].text.replace(" [", "\n[")]
@@ -348,6 +443,8 @@ def render_table(spec: TableSpec, out: Rendered):
             below = {"—": "", "reference": "\nreference"}.get(diff.text, f"\nΔ {diff.text}")
             line.append(value.text + below)
             marks.append(value.best)
+        line.append(row[-2].text)
+        marks.append(False)
         cells.append(line)
         bold.append(marks)
     if not cells:
@@ -363,25 +460,120 @@ def render_table(spec: TableSpec, out: Rendered):
         cell.set_height(0.9 / (len(cells) + 1) * (1.0 if r == 0 else 1.0))
         if r == 0 or bold[r - 1][c]:
             cell.set_text_props(weight="bold")
+        if r > 0 and cells[r - 1][-1].rstrip("*") in (V.OFF, V.IDENTICAL):
+            # The row of a variant whose mechanism was off, or that changed nothing: greyed and hatched.
+            cell.set_facecolor("0.93")
+            cell.set_hatch("//")
+            cell.set_text_props(color="0.35")
     return fig
 
 
-def render(spec: FigureSpec, runs: SweepRuns, out_dir: Path, run_url=lambda run_id: None) -> Rendered:
+def validity_rows(spec: ValiditySpec, runs: SweepRuns, out: Rendered, run_url, index: V.ValidityIndex) -> None:
+    """One row per job (a series at one seed): which checks it needs, the values, the thresholds, the state."""
+    out.header = ["job", "seed", "checks: diag/... >= threshold (on)", "measured (final value)", "state", "run"]
+    panels = D.group(spec, runs)
+    for panel, series in panels.items():
+        for s in series:
+            v = index.of(s)
+            if v is None:
+                continue
+            checks = "; ".join(c.describe() for c in v.checks) or "none (no linear-attention mixer)"
+            by_seed = {sv.seed: sv for sv in v.seeds}
+            for r in s.runs:
+                seed = s.seed(r)
+                sv = by_seed.get(seed)
+                if sv is not None and sv.run is r:
+                    state = sv.state
+                    measured = "; ".join(m.text() for m in sv.measured)
+                    if sv.identical:
+                        measured += f"; final results identical to {v.reference.label if v.reference else 'reference'}"
+                elif not v.checks:
+                    state, measured = V.NO_CHECK, ""
+                else:
+                    state = V.NOT_MEASURED
+                    measured = f"run {r.status}" if not r.finished else f"seed {seed} has more than one run"
+                where = _where(spec, panel)
+                if state in V.MARK:
+                    out.flagged.append((state, f"{where}{s.label}, seed {seed}", measured))
+                out.rows.append([Cell(f"{where}{s.label}"), Cell(seed), Cell(checks), Cell(measured or "—"),
+                                 Cell(state), Cell(r.name, link=run_url(r.run_id) if r.run_id else None)])
+                out.runs.append((s.label, r.name, r.run_id))
+
+
+def render_rows_png(out: Rendered, widths: tuple[float, ...] = ()):
+    """A plain PNG of a row table (the validity panel): one line per row, greyed where the state is not sound."""
+    cells = [[c.text for c in row] for row in out.rows] or [["no runs match this panel's filter"]
+                                                             + [""] * (len(out.header) - 1)]
+    fig, ax = plt.subplots(figsize=(14, 0.2 * len(cells) + 0.8))
+    ax.axis("off")
+    table = ax.table(cellText=cells, colLabels=out.header, loc="upper center", cellLoc="left", colLoc="left")
+    table.auto_set_font_size(False)
+    table.set_fontsize(7)
+    table.auto_set_column_width(list(range(len(out.header))))
+    state_col = out.header.index("state") if "state" in out.header else None
+    for (r, c), cell in table.get_celld().items():
+        cell.set_edgecolor("0.85")
+        if r == 0:
+            cell.set_text_props(weight="bold")
+        elif state_col is not None and cells[r - 1][state_col] in (V.OFF, V.IDENTICAL, V.NOT_MEASURED):
+            cell.set_facecolor("0.93")
+            if cells[r - 1][state_col] != V.NOT_MEASURED:
+                cell.set_hatch("//")
+    return fig
+
+
+def _footer(fig, out: Rendered) -> None:
+    """Print the flagged variants and the verdicts on the figure itself, under its axes."""
+    lines = []
+    for state, what in ((V.OFF, "MECHANISM OFF (the comparison cannot test the ablation)"),
+                        (V.IDENTICAL, "IDENTICAL to the reference (same final results on every seed)"),
+                        (V.NOT_MEASURED, "mechanism not measured (no diag/* metrics)")):
+        labels = list(dict.fromkeys(label for st, label, _ in out.flagged if st == state))
+        if labels:
+            lines.append(f"⚠ {what}: {', '.join(labels)}")
+    off = [f"  {label}: {detail}" for st, label, detail in out.flagged if st == V.OFF]
+    lines += off[:6] + ([f"  ... {len(off) - 6} more in the validity panel"] if len(off) > 6 else [])
+    if out.verdicts:
+        lines.append("Verdicts (paired by seed, 95% t-interval):")
+        lines += [f"  {v.verdict.upper()}: {v.claim.claim} [{v.comparison()}: Δ = {v.diff_text()}; "
+                  f"seeds for 80% power: {v.seeds_text()}]" for v in out.verdicts]
+    if not lines:
+        return
+    import textwrap
+
+    width = int(fig.get_figwidth() * 15)
+    wrapped = [w for line in lines for w in textwrap.wrap(line, width, subsequent_indent="      ") or [""]]
+    fig.text(0.01, 0.0, "\n".join(wrapped), ha="left", va="top", fontsize=7, color="#8a4b00",
+             family="DejaVu Sans", transform=fig.transFigure)
+
+
+def render(spec: FigureSpec, runs: SweepRuns, out_dir: Path, run_url=lambda run_id: None,
+           validity_cache: dict | None = None) -> Rendered:
+    """Render one spec; `validity_cache` shares the validity of every series between specs with equal thresholds."""
     out = Rendered(spec.name, spec.title, spec.caption, spec.kind)
     with plt.rc_context(STYLE):
         try:
+            key = tuple(sorted(spec.validity.model_dump().items()))
+            cache = validity_cache if validity_cache is not None else {}
+            index = cache.get(key) or cache.setdefault(key, V.ValidityIndex(runs, spec.validity))
+            out.verdicts = evaluate(spec, runs, index)
             if isinstance(spec, TableSpec):
-                table_rows(spec, runs, out, run_url)
+                table_rows(spec, runs, out, run_url, index)
                 fig = render_table(spec, out)
+            elif isinstance(spec, ValiditySpec):
+                validity_rows(spec, runs, out, run_url, index)
+                fig = render_rows_png(out)
             else:
                 fig = {CurveSpec: render_curve, LayersSpec: render_layers, GainsSpec: render_gains,
-                       ScatterSpec: render_scatter}[type(spec)](spec, runs, out)
+                       ScatterSpec: render_scatter}[type(spec)](spec, runs, out, index)
         except Exception as exc:  # noqa: BLE001 - one broken figure must not take the whole dashboard down
             out.notes.append(f"could not render: {type(exc).__name__}: {exc}")
             fig, ax = plt.subplots(figsize=(6, 2))
             _empty(ax, f"could not render: {type(exc).__name__}: {exc}")
         fig.suptitle(spec.title, fontsize=11)
         fig.tight_layout()
+        if not isinstance(spec, ValiditySpec):
+            _footer(fig, out)
         out_dir.mkdir(parents=True, exist_ok=True)
         out.png, out.svg = out_dir / f"{spec.name}.png", out_dir / f"{spec.name}.svg"
         fig.savefig(out.png, dpi=150, bbox_inches="tight")

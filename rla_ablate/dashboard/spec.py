@@ -1,12 +1,17 @@
 """Figure and table specs: one YAML file each in `dashboards/`, validated with file:line: key errors.
 
-A spec selects runs by tags (`runs`), groups them into series by tags (`series`; seeds are always
-aggregated: mean and 95% t-interval), optionally splits them into panels by a tag, and says what to
-draw. Metric names may be globs (`eval/*/loss`): the alphabetically first key present in the runs is used.
+A spec selects runs (`runs`), names, orders and colours series by any key (`series`, `color`), optionally
+splits them into panels by a key, and says what to draw. A series is always one experiment up to the seed
+(`rla_ablate.dashboard.data`): keys never pool two configs. Keys are run tags (family, ablations, arm, ...),
+grid/zip point tags (point.model.clip) or resolved config keys (model.clip, train.lr). Metric names may be
+globs (`eval/*/loss`): the alphabetically first key present in the runs is used. A spec may also state the
+paper's claims it tests (`claims`, each with a verdict rule) and the thresholds of its mechanism checks
+(`validity`).
 """
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from pathlib import Path
 from typing import Literal, Union
@@ -16,28 +21,139 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 from rla_ablate.config import load_yaml, validate
 from rla_ablate.errors import UserError
 
-KINDS = ("curve", "layers", "gains", "table", "scatter")
-# Tags a spec may filter or group by (set by rla_ablate.tracking for every job run).
-TAGS = ("family", "ablations", "seed", "sweep", "job_id", "kernel_backend", "host", "git_commit")
+KINDS = ("curve", "layers", "gains", "table", "scatter", "validity")
+# Tags a spec may filter or group by (set by rla_ablate.tracking for every job run, the identity tags by the
+# launcher, version by the dashboard: current or older).
+TAGS = ("family", "ablations", "seed", "sweep", "job_id", "kernel_backend", "host", "git_commit", "arm", "preset",
+        "control", "series", "version")
+CONFIG_SECTIONS = ("model", "train", "data", "eval")
+Scalar = Union[str, bool, int, float, None]
+KEY_HELP = (f"allowed: {', '.join(TAGS)}, point.<grid/zip key> (point.model.clip), or a resolved config key "
+            "(model.<field>, train.<field>, data.<field>, eval.<i>.<field>)")
 
 
-class _Spec(BaseModel):
+def _config_fields(section: str) -> list[str] | None:
+    """The fields of a config section whose keys can be checked (model, train); None: any key (data, eval)."""
+    if section == "model":
+        from rla_ablate.models.config import ModelConfig
+
+        return sorted(ModelConfig.model_fields)
+    if section == "train":
+        from rla_ablate.train.config import TrainConfig
+
+        return sorted(TrainConfig.model_fields)
+    return None
+
+
+def check_key(key: str, *, where: str = "", seed: bool = True) -> str:
+    """A key a spec may use: a tag, point.<config key>, or a resolved config key; ValueError says what is allowed."""
+    place = f" in {where}" if where else ""
+    if key in TAGS:
+        if key == "seed" and not seed:
+            raise ValueError(f"key 'seed' is not allowed{place} (seeds are aggregated); "
+                             + KEY_HELP.replace("seed, ", ""))
+        return key
+    dotted = key[len("point."):] if key.startswith("point.") else key
+    section, _, rest = dotted.partition(".")
+    if section in CONFIG_SECTIONS and rest:
+        fields = _config_fields(section)
+        name = rest.split(".")[0]
+        if fields is not None and name not in fields:
+            close = difflib.get_close_matches(name, fields, n=1)
+            hint = f" (did you mean '{section}.{close[0]}'?)" if close else ""
+            raise ValueError(f"unknown config key '{dotted}'{place}{hint}; {section}.* keys: {', '.join(fields)}")
+        return key
+    close = difflib.get_close_matches(key, list(TAGS), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    raise ValueError(f"unknown tag '{key}'{place}; {KEY_HELP}{hint}")
+
+
+def _as_list(v) -> list:
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def _matches(filters: dict, run_or_tags) -> bool:
+    from rla_ablate.dashboard.data import same_value, value_of
+
+    if hasattr(run_or_tags, "tags"):
+        def get(k):
+            return value_of(run_or_tags, k)
+    else:
+        def get(k):
+            return run_or_tags.get(k)
+    return all(any(same_value(get(k), v) for v in _as_list(vals)) for k, vals in filters.items())
+
+
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+
+class ValidityThresholds(_Strict):
+    """Thresholds of the mechanism checks (rla_ablate.dashboard.validity) used by this figure or table."""
+
+    target_engaged_min: float = Field(0.001, ge=0)
+    """Clip-type ablations (no_clip, no_clip_no_norm, logcosh): the reference's diag/target_engaged must reach it."""
+    mixer_rms_over_sqrt_eps_min: float = Field(1.0, ge=0)
+    """Every comparison of mixers: diag/mixer_rms_over_sqrt_eps of the job and of its reference must reach it."""
+
+
+class Claim(_Strict):
+    """A claim of the paper and the rule that decides it from the paired difference treatment - reference."""
+
+    claim: str
+    """The claim in words, e.g. 'persistent R helps: without fitting the eval loss rises (Table 4)'."""
+    metric: str = "eval/*/loss"
+    """Metric whose final value is compared (glob allowed: the validation set is preferred)."""
+    treatment: dict[str, Union[Scalar, list[Scalar]]]
+    """Which series the claim is about (a filter like `runs`), e.g. {ablations: no_fitting}; one verdict each."""
+    reference: dict[str, Scalar]
+    """Key overrides that turn a treatment series into the series it is compared with, e.g. {ablations: none}."""
+    expect: Literal["higher", "lower"]
+    """What the claim predicts for treatment - reference, paired by seed: higher (> 0) or lower (< 0)."""
+    min_effect: float = Field(ge=0)
+    """The smallest |difference| worth reporting, in the metric's units; also the effect the seed count is for."""
+
+    @field_validator("treatment", "reference")
+    @classmethod
+    def _keys(cls, v):
+        if not v:
+            raise ValueError("give at least one key, e.g. {ablations: none}")
+        for key in v:
+            check_key(key, where="a claim")
+        return v
+
+    def selects(self, run_or_tags) -> bool:
+        return _matches(self.treatment, run_or_tags)
+
+
+class _Spec(_Strict):
     kind: str
-    """What to draw: curve | layers | gains | table | scatter."""
+    """What to draw: curve | layers | gains | table | scatter | validity."""
     title: str
     """Title shown above the figure or table."""
     caption: str = ""
     """One or two sentences under it: what it shows and which figure or table of the paper it mirrors."""
-    runs: dict[str, Union[str, list[str]]] = Field(default_factory=dict)
-    """Tag filters: tag -> allowed value or values (e.g. {family: [rla, rdn], ablations: [none, tied_gamma]})."""
+    runs: dict[str, Union[Scalar, list[Scalar]]] = Field(default_factory=dict)
+    """Filters: key -> allowed value or values (e.g. {family: [rla, rdn], ablations: [none, tied_gamma],
+    model.clip: [0.05, 0.2]}); numbers compare as numbers (1 == 1.0)."""
     series: list[str] = Field(default_factory=lambda: ["family", "ablations"])
-    """Tags whose values identify one line, bar group, point or table row."""
+    """Keys that name and order series (e.g. [ablations, model.clip]). They never merge two configs: series
+    sharing these values are told apart in their labels by what differs (arm, grid values, other config)."""
     panels: str | None = None
-    """Tag with one subplot per value (e.g. family), or none."""
+    """Key with one subplot per value (e.g. family, model.clip), or none."""
+    color: str | None = None
+    """Key whose value picks the colour (series sharing it share a colour, with different markers); default:
+    one colour per series."""
     labels: dict[str, str] = Field(default_factory=dict)
-    """Display names for series, keyed by their tag values joined with '/' (e.g. 'rla/tied_gamma': 'RLA, tied γ')."""
+    """Display names keyed by the series' values of `series` joined with '/' (e.g. 'rla/tied_gamma': 'RLA, tied γ'),
+    or by a single value (e.g. 'none: independent γ')."""
+    reference: dict[str, Scalar] = Field(default_factory=lambda: {"ablations": "none"})
+    """Key overrides that turn a series into the one it is compared with, paired by seed, e.g. {ablations: none}
+    or {model.clip: 1.0}: tables' Δ column, gains, and the 'identical' / mechanism marks of every figure."""
+    claims: list[Claim] = Field(default_factory=list)
+    """The paper's claims this figure or table tests, each with its verdict rule (see Claim)."""
+    validity: ValidityThresholds = Field(default_factory=ValidityThresholds)
+    """Thresholds of the mechanism checks that mark variants whose mechanism was off."""
     _name: str = PrivateAttr("")
 
     @property
@@ -47,34 +163,39 @@ class _Spec(BaseModel):
 
     @field_validator("runs")
     @classmethod
-    def _known_filter_tags(cls, v):
-        for tag in v:
-            if tag not in TAGS:
-                raise ValueError(f"unknown tag '{tag}' in runs; allowed: {', '.join(TAGS)}")
+    def _known_filter_keys(cls, v):
+        for key in v:
+            check_key(key, where="runs")
+        return v
+
+    @field_validator("reference")
+    @classmethod
+    def _known_reference_keys(cls, v):
+        for key in v:
+            check_key(key, where="reference", seed=False)
         return v
 
     @field_validator("series")
     @classmethod
-    def _known_series_tags(cls, v):
-        for tag in v:
-            if tag not in TAGS or tag == "seed":
-                raise ValueError(f"series tag '{tag}' is not allowed (seeds are aggregated); allowed: "
-                                 f"{', '.join(t for t in TAGS if t != 'seed')}")
+    def _known_series_keys(cls, v):
+        for key in v:
+            check_key(key, where="series", seed=False)
         return v
 
-    @field_validator("panels")
+    @field_validator("panels", "color")
     @classmethod
-    def _known_panel_tag(cls, v):
-        if v is not None and v not in TAGS:
-            raise ValueError(f"unknown tag '{v}'; allowed: {', '.join(TAGS)}")
+    def _known_key(cls, v):
+        if v is not None:
+            check_key(v, seed=False)
         return v
 
-    def allowed(self, tag: str) -> list[str] | None:
-        v = self.runs.get(tag)
-        return None if v is None else ([v] if isinstance(v, str) else list(v))
+    def allowed(self, key: str) -> list | None:
+        v = self.runs.get(key)
+        return None if v is None else _as_list(v)
 
-    def matches(self, tags: dict[str, str]) -> bool:
-        return all(tags.get(t) in vals for t in self.runs if (vals := self.allowed(t)) is not None)
+    def matches(self, run_or_tags) -> bool:
+        """Whether a run (or a plain tag dict) passes the `runs` filters."""
+        return _matches(self.runs, run_or_tags)
 
 
 class CurveSpec(_Spec):
@@ -118,8 +239,6 @@ class GainsSpec(_Spec):
     """Per-eval-set metric with {set} for the set name, e.g. eval/{set}/loss."""
     categories: dict[str, list[str]]
     """Category -> eval-set name globs; sets matching none go to 'other'."""
-    reference: dict[str, str] = Field(default_factory=lambda: {"ablations": "none"})
-    """Tag overrides that turn a series into its reference (paired by seed)."""
     higher_is_better: bool = False
     """Gain = treatment - reference if true, reference - treatment if false (losses)."""
     ylabel: str | None = None
@@ -139,8 +258,7 @@ class GainsSpec(_Spec):
         return "other"
 
 
-class Column(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Column(_Strict):
 
     metric: str
     """Metric whose final value fills the column (glob allowed)."""
@@ -158,15 +276,12 @@ class TableSpec(_Spec):
     kind: Literal["table"]
     columns: list[Column] = Field(min_length=1)
     """One column per metric."""
-    reference: dict[str, str] = Field(default_factory=lambda: {"ablations": "none"})
-    """Tag overrides that turn a row into its reference row (paired by seed); a row equal to it has no difference."""
 
 
-class Axis(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Axis(_Strict):
     param: str
-    """Run param giving x (e.g. accounting.state_elements_per_layer, accounting.params)."""
+    """Run param giving x: a resolved config key (model.clip, train.lr) or accounting.state_elements_per_layer,
+    accounting.params, accounting.flops_per_token."""
     label: str | None = None
     """Axis label; defaults to the param name."""
     log: bool = False
@@ -183,11 +298,19 @@ class ScatterSpec(_Spec):
     """Axis label; defaults to the metric name."""
     x: list[Axis] = Field(min_length=1)
     """One panel per axis."""
+    connect: bool = False
+    """Join the points of one colour (see `color`) by a line, in order of x (e.g. loss against model.clip)."""
+
+
+class ValiditySpec(_Spec):
+    """The validity panel: per job, whether the mechanism its ablation tests was engaged, and the threshold used."""
+
+    kind: Literal["validity"]
 
 
 SPEC_TYPES: dict[str, type[_Spec]] = {"curve": CurveSpec, "layers": LayersSpec, "gains": GainsSpec,
-                                      "table": TableSpec, "scatter": ScatterSpec}
-FigureSpec = Union[CurveSpec, LayersSpec, GainsSpec, TableSpec, ScatterSpec]
+                                      "table": TableSpec, "scatter": ScatterSpec, "validity": ValiditySpec}
+FigureSpec = Union[CurveSpec, LayersSpec, GainsSpec, TableSpec, ScatterSpec, ValiditySpec]
 
 
 def load_spec(path: str | Path) -> FigureSpec:

@@ -79,3 +79,85 @@ def paired_diff(treatment: Mapping[object, float], reference: Mapping[object, fl
         else:
             p = 0.0 if summary.mean != 0 else 1.0
     return PairedDiff(summary, p, seeds)
+
+
+# The power analysis behind "seeds needed": a two-sided paired t-test at level ALPHA with power POWER.
+ALPHA, POWER = 0.05, 0.8
+MAX_SEEDS = 100_000
+
+
+def paired_t_power(n: int, effect: float, sd: float, alpha: float = ALPHA) -> float:
+    """Power of the two-sided paired t-test with n pairs to detect a true mean difference `effect` when the
+    differences have standard deviation `sd`: P(|T| > t_{1-α/2, n-1}) with T ~ noncentral t(n-1, δ),
+    δ = effect·√n / sd."""
+    if n < 2:
+        return math.nan
+    if sd == 0:
+        return 1.0 if effect != 0 else alpha
+    df = n - 1
+    crit = float(stats.t.ppf(1 - alpha / 2, df))
+    nc = abs(effect) * math.sqrt(n) / sd
+    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+
+
+def seeds_for_power(sd: float, effect: float, power: float = POWER, alpha: float = ALPHA) -> int | None:
+    """The fewest seeds n >= 2 whose paired t-test (two-sided, level `alpha`) detects a mean difference of
+    `effect` with probability `power`, if the differences vary with standard deviation `sd` (the observed
+    one). None when it cannot be said (sd unknown or not finite, effect 0); MAX_SEEDS + 1 past the cap."""
+    if not (math.isfinite(sd) and math.isfinite(effect)) or effect == 0 or sd < 0:
+        return None
+    if sd == 0:
+        return 2
+
+    def enough(n: int) -> bool:
+        return paired_t_power(n, effect, sd, alpha) >= power
+
+    # Power grows with n. Start at the normal approximation n ≈ ((z_{1-α/2} + z_power)·sd/effect)², bracket
+    # the answer between a failing lo and a passing hi, then bisect.
+    z = float(stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power))
+    start = min(MAX_SEEDS, max(2, int((z * sd / abs(effect)) ** 2)))
+    if enough(start):
+        lo, hi = 1, start                 # n = 1 has no test: it always fails
+    else:
+        lo, hi = start, start
+        while not enough(hi):
+            if hi > MAX_SEEDS:
+                return MAX_SEEDS + 1
+            lo, hi = hi, min(2 * hi, MAX_SEEDS + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if mid >= 2 and enough(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+CONFIRMED, CONTRADICTED, UNRESOLVED = "confirmed", "contradicted", "unresolved"
+
+
+def classify(diff: Summary, sign: int, min_effect: float) -> tuple[str, str]:
+    """Verdict on a claim that the paired difference (treatment - reference) has sign `sign` (+1 or -1) and
+    is at least `min_effect` in size, from its mean and 95% t-interval [lo, hi]. Oriented (e = sign·diff):
+
+      confirmed     the interval lies entirely on the claimed side (e_lo > 0) and the mean e >= min_effect;
+      contradicted  the interval excludes every effect of min_effect or more in the claimed direction
+                    (e_hi < min_effect): either the effect goes the other way (e_hi < 0, 'reversed') or it is,
+                    at most, too small to be worth reporting ('negligible');
+      unresolved    anything else, and always with fewer than two paired seeds (no interval).
+
+    The two are exclusive: confirmed needs e >= min_effect, contradicted e <= e_hi < min_effect."""
+    if diff.n < 2 or not (math.isfinite(diff.lo) and math.isfinite(diff.hi)):
+        return UNRESOLVED, (f"{diff.n} paired seed{'s' if diff.n != 1 else ''}: no interval"
+                            if diff.n else "no paired seeds")
+    lo, hi = sorted((sign * diff.lo, sign * diff.hi))
+    mean = sign * diff.mean
+    if lo > 0 and mean >= min_effect:
+        return CONFIRMED, f"interval on the claimed side and mean {mean:+.4g} >= {min_effect:g}"
+    if hi < min_effect:
+        if hi < 0:
+            return CONTRADICTED, "reversed: the interval lies entirely on the other side"
+        return CONTRADICTED, f"negligible: the interval rules out an effect of {min_effect:g} or more"
+    if lo > 0:
+        return UNRESOLVED, f"on the claimed side, but the mean {mean:+.4g} is below the minimum effect {min_effect:g}"
+    return UNRESOLVED, "the interval covers both no effect and an effect of the claimed size"

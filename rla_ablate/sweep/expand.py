@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from rla_ablate.config import LocatedYAML, load_yaml, validate
 from rla_ablate.errors import UserError
+from rla_ablate.sweep.identity import series_id_from_sections
 from rla_ablate.sweep.ids import hash_text, join_sections, section_json
 from rla_ablate.sweep.schema import AblationRef, ControlRef, SweepConfig
 
@@ -45,11 +46,27 @@ class ResolvedJob:
     """For a derived control: what else moved when the baseline was widened."""
     arm: int = 0
     """Index of the model arm (in `models:`) it comes from."""
+    arm_label: str = ""
+    """The arm's label: its `name:`, else its preset."""
+    preset: str = ""
+    """The arm's preset (name or path)."""
+    control: str | None = None
+    """For a derived control: its name as in the job name (matched_state, matched_state[heads], ...)."""
+    series: str = ""
+    """The series id: the hash of the resolved config without the seed (`rla_ablate.sweep.identity`)."""
+
+    def identity_tags(self) -> dict[str, str]:
+        """The tags that name this job's series in MLflow: arm, preset, control, point.<key>, series."""
+        from rla_ablate.sweep.identity import identity_tags
+
+        return identity_tags(arm=self.arm_label, preset=self.preset, control=self.control, series=self.series,
+                             point=self.point)
 
     def describe(self) -> dict[str, Any]:
         return {"job_id": self.job_id, "name": self.name, "family": self.family, "ablations": list(self.ablations),
                 "seed": self.seed, "point": dict(self.point), "control_of": self.control_of,
-                "control_report": self.control_report}
+                "control_report": self.control_report, "arm": self.arm_label, "preset": self.preset,
+                "control": self.control, "series": self.series}
 
 
 @dataclass
@@ -223,9 +240,10 @@ class _Resolver:
         self._model_cache[cache_key] = cfg
         return cfg
 
-    def job(self, model_cfg: BaseModel, point: dict[str, Any], seed: int) -> tuple[BaseModel, str]:
-        """The resolved JobConfig and its id. Validated in full once per model and point; seeds vary
-        `train.seed` on a copy (no validator reads it), and the id re-encodes only the train section."""
+    def job(self, model_cfg: BaseModel, point: dict[str, Any], seed: int) -> tuple[BaseModel, str, str]:
+        """The resolved JobConfig, its id and its series id. Validated in full once per model and point; seeds
+        vary `train.seed` on a copy (no validator reads it), and the id re-encodes only the train section. The
+        series id does not depend on the seed, so it is hashed once per model and point."""
         rest = tuple((k, repr(v)) for k, v in point.items() if not k.startswith("model."))
         key = (id(model_cfg), rest)
         hit = self._job_cache.get(key)
@@ -233,12 +251,12 @@ class _Resolver:
             job = self._validate_job(model_cfg, point, seed)
             dump = job.model_dump(mode="json")
             sections = {k: section_json(v) for k, v in dump.items()}
-            hit = self._job_cache[key] = (job, sections)
-        job, sections = hit
+            hit = self._job_cache[key] = (job, sections, series_id_from_sections(sections, dump["train"]))
+        job, sections, series = hit
         if job.train.seed != seed:
             job = job.model_copy(update={"train": job.train.model_copy(update={"seed": seed})})
             sections = dict(sections, train=section_json(job.train.model_dump(mode="json")))
-        return job, hash_text(join_sections(sections))
+        return job, hash_text(join_sections(sections)), series
 
     def _validate_job(self, model_cfg: BaseModel, point: dict[str, Any], seed: int) -> BaseModel:
         data = copy.deepcopy(self.cfg.base)
@@ -363,11 +381,11 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
             for ablation in variants:
                 model_cfg = r.model(i, arm_cfg, point, ablation)
                 for seed in cfg.seeds:
-                    job, jid = r.job(model_cfg, point, seed)
+                    job, jid, series = r.job(model_cfg, point, seed)
                     name = "/".join(p for p in (labels[i], ablation, _point_label(point), f"seed{seed}") if p)
                     add(ResolvedJob(job_id=jid, name=name, family=str(model_cfg.family),
                                     ablations=[ablation] if ablation else [], seed=seed, job=job, point=dict(point),
-                                    arm=i))
+                                    arm=i, arm_label=labels[i], preset=cfg.models[i].preset, series=series))
 
     for j, ref in enumerate(controls):
         derive = r.M.matched_state if ref.name == "matched_state" else r.M.matched_params
@@ -384,14 +402,17 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
                     raise _err(located, ("controls", j), f"cannot derive {ref.name} for '{labels[i]}': {exc}") from None
                 model_cfg, report = _split_control(derived)
                 for seed in cfg.seeds:
-                    job, jid = r.job(model_cfg, point, seed)
+                    job, jid, series = r.job(model_cfg, point, seed)
                     target_name = "/".join(p for p in (labels[i], _point_label(point)) if p)
                     tag = ref.name if ref.axis == "expand_v" else f"{ref.name}[{ref.axis}]"
                     name = "/".join(p for p in (f"{baseline}~{tag}({labels[i]})", _point_label(point),
                                                 f"seed{seed}") if p)
+                    # A control's arm is the residual arm it is derived from: the pairing of matched-state
+                    # claims prefers it when several arms of that family exist.
                     add(ResolvedJob(job_id=jid, name=name, family=baseline, ablations=[ref.name], seed=seed,
                                     job=job, point=dict(point), control_of=target_name, control_report=report,
-                                    arm=i))
+                                    arm=i, arm_label=labels[i], preset=cfg.models[i].preset, control=tag,
+                                    series=series))
     return jobs
 
 

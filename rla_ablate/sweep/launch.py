@@ -425,7 +425,8 @@ class _Runner:
         st = self.sdir.status(job.job_id)
         if st.mlflow_run_id and st.tracking_uri == self.services.tracking_uri:
             return st.mlflow_run_id
-        tags = {"family": job.family, "ablations": list(job.ablations), "seed": job.seed, "name": job.name}
+        tags = {"family": job.family, "ablations": list(job.ablations), "seed": job.seed, "name": job.name,
+                **job.identity_tags()}
         if job.control_of:
             tags["control_of"] = job.control_of
         run_id = create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id, tags=tags,

@@ -135,6 +135,15 @@ class SweepDir:
     def write_job_list(self, jobs: list[dict]) -> None:
         write_json(self.path / "jobs.json", jobs)
 
+    def has_job_list(self) -> bool:
+        """Whether a launch has recorded the sweep's current expansion (jobs.json)."""
+        return (self.path / "jobs.json").exists()
+
+    def job_config(self, job_id: str) -> dict | None:
+        """The resolved JobConfig a job ran with (its job.json), also for jobs of earlier versions of the file."""
+        data = read_json(self.job_dir(job_id) / "job.json")
+        return data if isinstance(data, dict) else None
+
     # per-job records
     def status(self, job_id: str) -> JobStatus:
         data = read_json(self.job_dir(job_id) / "status.json")

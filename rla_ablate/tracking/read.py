@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from mlflow.tracking import MlflowClient
 
-from rla_ablate.tracking.runs import JOB_ID, ROLE, SWEEP, ablations_tag, experiment_name
+from rla_ablate.tracking.runs import JOB_ID, ROLE, SWEEP, ablations_tag, experiment_name, param_value
 
 # MLflow status -> what a dashboard says about a run that is not finished.
 STATE = {"FINISHED": "finished", "RUNNING": "running", "SCHEDULED": "queued", "FAILED": "failed",
@@ -25,6 +25,8 @@ class RunRecord:
     """The value at the largest step of each metric."""
     steps: dict[str, int] = field(default_factory=dict)
     """The largest step of each metric."""
+    order: int = 0
+    """Position of its job in the sweep's expansion (jobs.json), for a stable display order."""
 
     @property
     def name(self) -> str:
@@ -62,16 +64,23 @@ class SweepRuns:
                 self.jobs.append(rec)
         self.jobs.sort(key=lambda r: (r.tags.get("family", ""), r.tags.get("ablations", ""), r.tags.get("seed", "")))
 
-    def add_planned(self, jobs: list[dict]) -> None:
-        """Jobs of the sweep's expansion (its jobs.json) that have no run yet, shown as 'not started'."""
+    def add_planned(self, jobs: list[dict], params: dict[str, dict[str, str]] | None = None) -> None:
+        """Jobs of the sweep's expansion (its jobs.json) that have no run yet, shown as 'not started'; `params`
+        (job id -> flattened resolved config) lets a figure group them by config keys like the runs."""
         have = {r.tags.get(JOB_ID) for r in self.jobs}
-        for job in jobs:
+        for i, job in enumerate(jobs):
             if job.get("job_id") in have:
                 continue
             tags = {SWEEP: self.sweep, JOB_ID: str(job.get("job_id")), "family": str(job.get("family")),
                     "ablations": ablations_tag(job.get("ablations")), "seed": str(job.get("seed")),
                     "mlflow.runName": str(job.get("name") or job.get("job_id"))}
-            self.jobs.append(RunRecord("", self.experiment_id or "", "not started", tags, {}, {}))
+            for key in ("arm", "preset", "control", "series"):
+                if job.get(key):
+                    tags[key] = str(job[key])
+            for key, value in (job.get("point") or {}).items():
+                tags[f"point.{key}"] = param_value(value)
+            extra = dict((params or {}).get(str(job.get("job_id")), {}))
+            self.jobs.append(RunRecord("", self.experiment_id or "", "not started", tags, extra, {}, order=i))
 
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """(step, value) of one metric, sorted by step; the last value logged wins at a repeated step."""

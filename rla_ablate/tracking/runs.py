@@ -53,6 +53,11 @@ def git_commit() -> str:
     return head + ("+dirty" if dirty else "")
 
 
+def param_value(value: Any) -> str:
+    """How a config value is spelled as a param or tag: 0.05, 64, true, null, [1, 2]."""
+    return json.dumps(value) if isinstance(value, (list, tuple, dict, bool)) or value is None else str(value)
+
+
 def flatten(config: Any, prefix: str = "") -> dict[str, str]:
     """{"model": {"hidden": 64}, "eval": [{"name": "val"}]} -> {"model.hidden": "64", "eval.0.name": "val"}."""
     out: dict[str, str] = {}
@@ -63,8 +68,7 @@ def flatten(config: Any, prefix: str = "") -> dict[str, str]:
         for i, value in enumerate(config):
             out.update(flatten(value, f"{prefix}{i}."))
     else:
-        text = json.dumps(config) if isinstance(config, (list, tuple, bool)) or config is None else str(config)
-        out[prefix[:-1]] = text[:_MAX_PARAM_LEN]
+        out[prefix[:-1]] = param_value(config)[:_MAX_PARAM_LEN]
     return out
 
 
@@ -137,8 +141,9 @@ def create_or_get_child_run(tracking_uri: str, sweep: str, job_id: str, tags: di
                             params: dict | None = None, config: dict | None = None) -> str:
     """The job's run under the sweep's parent run; found by `job_id` on relaunch, never duplicated.
 
-    `tags` should carry family, ablations (see `ablations_tag`) and seed; `params` default to the
-    flattened `config`, which is also stored as the artifact `config.json`.
+    `tags` should carry family, ablations (see `ablations_tag`) and seed, and a sweep's jobs also their series
+    identity (arm, preset, control, point.<key> per grid/zip key, series: `rla_ablate.sweep.identity`);
+    `params` default to the flattened `config`, which is also stored as the artifact `config.json`.
     """
     client = MlflowClient(tracking_uri)
     parent = ensure_parent_run(tracking_uri, sweep)
@@ -152,7 +157,9 @@ def create_or_get_child_run(tracking_uri: str, sweep: str, job_id: str, tags: di
     run_id = _find_run(client, exp_id, {ROLE: "job", SWEEP: sweep, JOB_ID: job_id})
     created = run_id is None
     if created:
-        parts = (tags.get(FAMILY), tags.get(ABLATIONS), f"s{tags[SEED]}" if SEED in tags else None)
+        # Grid/zip values in the name: the runs of a clip sweep are told apart in the MLflow UI's run list.
+        point = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in tags.items() if k.startswith("point.")]
+        parts = (tags.get(FAMILY), tags.get(ABLATIONS), *point, f"s{tags[SEED]}" if SEED in tags else None)
         name = "-".join(str(x) for x in parts if x) or job_id
         run = client.create_run(exp_id, tags={**all_tags, "mlflow.runName": f"{name}-{job_id[:8]}"})
         run_id = run.info.run_id

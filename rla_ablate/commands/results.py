@@ -1,0 +1,73 @@
+"""`rla-sweep results NAME`: one row per job with its identity and final metrics, as text, CSV or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "results", help="print one row per job: identity (family, arm, ablations, grid keys, seed, series) and "
+                        "final metrics",
+        description="Read the sweep's runs (only those of its current expansion unless --include-stale) and print "
+                    "one row per job: job_id, name, status, version, family, arm, preset, ablations, control, one "
+                    "point.<key> column per grid/zip key, seed, series (the hash of the config without the seed: "
+                    "rows with one series are replicates), tokens, and the final eval/*/{loss,ppl,acc}, "
+                    "train/loss and diag/* values. --csv and --json load straight into pandas.")
+    parser.add_argument("name", help="the sweep name (or its sweep file)")
+    parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
+    fmt.add_argument("--json", action="store_true", help="a JSON list of objects (missing values: null)")
+    parser.add_argument("--include-stale", action="store_true",
+                        help="also list runs of earlier versions of the sweep file (version = older)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="read runs from this MLflow server instead of the sweep's own store")
+    parser.set_defaults(func=run)
+
+
+def _text(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def run(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from rla_ablate.dashboard.build import open_sweep_dir, open_tracking, read_runs
+    from rla_ablate.dashboard.results import result_rows
+    from rla_ablate.sweep.status import resolve_name
+
+    name = resolve_name(args.name)
+    if args.tracking_uri is None:
+        open_sweep_dir(args.root, name)
+    ctx = contextlib.nullcontext(args.tracking_uri) if args.tracking_uri else open_tracking(args.root, name)
+    with ctx as uri:
+        runs, selection = read_runs(name, args.root, uri, include_stale=args.include_stale)
+    columns, rows = result_rows(runs.jobs)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    elif args.csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        shown = [c for c in columns if c not in ("run_id", "job_id") and any(r[c] is not None for r in rows)]
+        table = Table(title=f"sweep {name}: {len(rows)} jobs", caption="; ".join(selection.notes()) or None)
+        for c in shown:
+            table.add_column(c, overflow="fold")
+        for r in rows:
+            table.add_row(*(_text(r[c]) for c in shown))
+        Console(width=None if sys.stdout.isatty() else 400).print(table)
+    for note in selection.notes() if (args.csv or args.json) else ():
+        print(note, file=sys.stderr)
+    return 0

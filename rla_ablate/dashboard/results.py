@@ -1,0 +1,47 @@
+"""One row per job: its identity and final metrics, for `rla-sweep results` (and pandas).
+
+    family, arm, preset, ablations, control, point.<key> per grid/zip key, seed, series  (identity)
+    eval/<set>/{loss,ppl,acc}, train/loss, diag/*                                          (final values)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+
+from rla_ablate.dashboard.selection import VERSION
+from rla_ablate.sweep.identity import ARM, CONTROL, POINT_PREFIX, PRESET, SERIES
+from rla_ablate.tracking.read import RunRecord
+
+IDENTITY_COLUMNS = ("job_id", "name", "status", VERSION, "family", ARM, PRESET, "ablations", CONTROL)
+METRIC_PATTERNS = ("eval/*/loss", "eval/*/ppl", "eval/*/acc", "train/loss", "diag/*")
+
+
+def _seed(value: str | None):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def result_rows(jobs: list[RunRecord]) -> tuple[list[str], list[dict]]:
+    """(columns, rows): identity columns, the grid/zip keys, seed, series, tokens, then every final metric."""
+    points = sorted({k for r in jobs for k in r.tags if k.startswith(POINT_PREFIX)})
+    metrics = []
+    for pattern in METRIC_PATTERNS:
+        metrics += sorted({k for r in jobs for k in r.metrics if fnmatch.fnmatchcase(k, pattern)} - set(metrics))
+    columns = [*IDENTITY_COLUMNS, *points, "seed", SERIES, "tokens", *metrics, "run_id"]
+    rows = []
+    for r in jobs:
+        row: dict = {c: r.tags.get(c) for c in (*IDENTITY_COLUMNS, *points, SERIES)}
+        row["name"] = r.tags.get("name") or r.name
+        row["status"] = r.status
+        row["seed"] = _seed(r.tags.get("seed"))
+        row["tokens"] = max(r.steps.values()) if r.steps else None
+        for m in metrics:
+            v = r.metrics.get(m)
+            # A diverged run's NaN/inf is no number to analyse (its status says why): missing, like an unlogged one.
+            row[m] = v if v is not None and math.isfinite(v) else None
+        row["run_id"] = r.run_id or None
+        rows.append({c: row.get(c) for c in columns})
+    return columns, rows

@@ -1,0 +1,124 @@
+"""Verdicts on the paper's claims: each claim of a spec (`claims:`) decided from paired differences by seed.
+
+For each treatment series a claim selects, its reference series is found by applying the claim's `reference`
+overrides (same grid point, nearest config), the final values of the claim's metric are paired by seed, and
+d = treatment - reference gets its mean and 95% t-interval (`stats.paired_diff`). The verdict follows
+`stats.classify`: confirmed, contradicted or unresolved; with one seed there is no interval and the verdict is
+unresolved. A comparison whose mechanism was off, or whose results are identical, is unresolved whatever the
+numbers say (the experiment could not test the claim); one whose diagnostics are missing is decided on the
+numbers and says "mechanism not measured".
+
+Seeds needed: the fewest seeds n for which a two-sided paired t-test at level 0.05 has 80% power to detect a
+difference of min_effect when the paired differences vary as observed (`stats.seeds_for_power`; noncentral t,
+needs two or more seeds to estimate that spread).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from rla_ablate.dashboard import data as D
+from rla_ablate.dashboard import validity as V
+from rla_ablate.dashboard.spec import Claim
+from rla_ablate.dashboard.stats import (ALPHA, MAX_SEEDS, POWER, UNRESOLVED, PairedDiff, classify, paired_diff,
+                                        seeds_for_power)
+
+
+@dataclass
+class Verdict:
+    spec: str
+    claim: Claim
+    treatment: str
+    """Label of the treatment series ('' when no series matches)."""
+    reference: str
+    metric: str | None
+    diff: PairedDiff | None
+    verdict: str
+    """confirmed | contradicted | unresolved."""
+    reason: str
+    seeds_needed: int | None
+    mechanism: str
+    """The comparison's validity state: engaged, off, identical, not measured or n/a."""
+    mechanism_detail: str = ""
+
+    def seeds_text(self) -> str:
+        if self.seeds_needed is None:
+            return "unknown (needs 2+ seeds to estimate the spread)" if self.claim.min_effect else "—"
+        if self.seeds_needed > MAX_SEEDS:
+            return f"more than {MAX_SEEDS}"
+        return str(self.seeds_needed)
+
+    def comparison(self) -> str:
+        if not self.treatment:
+            return "no matching series"
+        return f"{self.treatment} − {self.reference or '(no reference)'}"
+
+    def diff_text(self, digits: int = 4) -> str:
+        if self.diff is None or self.diff.diff.n == 0:
+            return "no paired seeds"
+        return self.diff.format(digits)
+
+    def line(self) -> str:
+        return (f"{self.verdict.upper()}: {self.claim.claim} | {self.comparison()}: Δ {self.metric or self.claim.metric}"
+                f" = {self.diff_text()} | {self.reason} | seeds for {POWER:.0%} power at |Δ| = "
+                f"{self.claim.min_effect:g}: {self.seeds_text()}")
+
+    def as_dict(self) -> dict:
+        d = self.diff.diff if self.diff is not None else None
+
+        def num(x):
+            return None if x is None or not math.isfinite(x) else x
+
+        return {"spec": self.spec, "claim": self.claim.claim, "treatment": self.treatment, "reference": self.reference,
+                "metric": self.metric, "expect": self.claim.expect, "min_effect": self.claim.min_effect,
+                "n": d.n if d else 0, "mean": num(d.mean) if d else None, "lo": num(d.lo) if d else None,
+                "hi": num(d.hi) if d else None, "p": num(self.diff.p_value) if self.diff else None,
+                "seeds": list(self.diff.seeds) if self.diff else [], "verdict": self.verdict, "reason": self.reason,
+                "seeds_needed": self.seeds_needed, "power": POWER, "alpha": ALPHA, "mechanism": self.mechanism,
+                "mechanism_detail": self.mechanism_detail}
+
+
+def _labelled(spec, series: list[D.Series]) -> dict[tuple, str]:
+    """Labels for series of several families and grid points (copies: the shared series keep theirs)."""
+    keys = list(dict.fromkeys(["family", *spec.series]))
+    fake = SimpleNamespace(series=keys, labels=spec.labels)
+    copies = [D.Series(s.key, dict(s.tags), "", s.runs, tuple(s.value(k) or "?" for k in keys)) for s in series]
+    D.assign_labels(fake, {"": copies})
+    return {c.key: c.label for c in copies}
+
+
+def evaluate(spec, runs, index: V.ValidityIndex) -> list[Verdict]:
+    """One verdict per claim of `spec` and treatment series it selects (one 'unresolved' when none matches)."""
+    everything = index.everything
+    out = []
+    for claim in spec.claims:
+        treatments = [s for s in everything if s.runs and claim.selects(s.runs[0])]
+        pairs = [(t, D.reference_of(t, claim.reference, everything, keys=("family", "ablations", "control")))
+                 for t in treatments]
+        labels = _labelled(spec, [s for pair in pairs for s in pair if s is not None])
+        key = D.resolve_metric(claim.metric, runs.jobs)
+        if not pairs:
+            out.append(Verdict(spec.name, claim, "", "", key, None, UNRESOLVED,
+                               f"no run matches the treatment {claim.treatment}", None, V.NO_CHECK))
+            continue
+        for t, ref in pairs:
+            if ref is None:
+                out.append(Verdict(spec.name, claim, labels[t.key], "", key, None, UNRESOLVED,
+                                   f"no reference series (the treatment with {claim.reference})", None, V.NO_CHECK))
+                continue
+            d = paired_diff(D.final_by_seed(t, key), D.final_by_seed(ref, key))
+            sign = 1 if claim.expect == "higher" else -1
+            verdict, reason = classify(d.diff, sign, claim.min_effect)
+            state, detail = V.comparison(index, t, ref)
+            if state in (V.OFF, V.IDENTICAL):
+                verdict = UNRESOLVED
+                reason = ("mechanism off: the comparison cannot test the claim" if state == V.OFF
+                          else "identical results: the ablation changed nothing at this scale")
+            elif state == V.NOT_MEASURED:
+                reason += " (mechanism not measured)"
+            needed = seeds_for_power(d.diff.std, claim.min_effect) if d.diff.n >= 2 else None
+            out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], key, d, verdict, reason, needed,
+                               state, detail))
+    return out

@@ -1,0 +1,373 @@
+"""Comparisons a dashboard may draw, on real sweep expansions logged with synthetic metrics through the real MLflow
+server and tagged as `launch` tags them: one series per config up to the seed (grids, arms with overrides), n
+counts seeds, only the current expansion by default, the validity panel's states, and the verdict rules."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import textwrap
+
+import numpy as np
+import pytest
+
+import dashboard_synthetic as syn
+from rla_ablate.cli import main
+from rla_ablate.dashboard import data as D
+from rla_ablate.dashboard.build import build_dashboard, read_runs
+from rla_ablate.dashboard.spec import load_spec, load_specs
+from rla_ablate.dashboard.stats import paired_diff, seeds_for_power
+from rla_ablate.models import ABLATIONS
+from rla_ablate.sweep.expand import load_sweep
+from rla_ablate.tracking import TrackingServer, create_or_get_child_run
+
+pytestmark = pytest.mark.slow
+
+BASE = """\
+base:
+  train: {tokens: 4096, seq_len: 64, micro_batch_size: 2, batch_tokens: 128}
+  data: {kind: stdlib}
+  eval: [{name: val, data: {kind: stdlib, split: validation}, tokens: 256}]
+"""
+
+
+def sweep_text(body: str) -> str:
+    return textwrap.dedent(body) + BASE
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with TrackingServer(tmp_path_factory.mktemp("mlflow")) as srv:
+        yield srv
+
+
+def logged(server, tmp_path, text: str, final, diag=None, status=None):
+    """Expand the sweep text (BASE added), write its folder under tmp_path/runs, log its jobs; returns
+    (root, sweep, run ids)."""
+    sweep = load_sweep(syn.sweep_file(tmp_path, sweep_text(text)))
+    root = tmp_path / "runs"
+    syn.write_sweep_folder(root, sweep, server.uri)
+    ids = syn.log_jobs(server.uri, sweep.name, sweep.jobs, final, diag, status)
+    return root, sweep, ids
+
+
+def table(page: str, spec: str) -> dict[str, list[str]]:
+    """{row label: cells} of one table section of the HTML page."""
+    section = page[page.index(f'id="{spec}"'):]
+    section = section[:section.index("</section>")]
+    body = section[section.index('<table class="results">'):section.index("</table>") + 8]
+    rows = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in re.findall(r"<tr>(.*?)</tr>", body)]
+    return {r[0]: r for r in rows if r}
+
+
+def dashboard(root, name, server, specs=None, **kw):
+    dash = build_dashboard(name, root, specs_dir=specs, tracking_uri=server.uri, log_artifacts=False, **kw)
+    return dash, dash.page.read_text()
+
+
+CLIP_EFFECT = {0.05: 0.04, 0.2: 0.01, 1.0: 0.0}
+
+
+def clip_loss(job) -> float:
+    return 3.0 + CLIP_EFFECT[job.job.model.clip] + (0.05 if "no_fitting" in job.ablations else 0.0) \
+        + 0.002 * job.seed
+
+
+def test_clip_grid_one_series_per_clip_value_n_counts_seeds(server, tmp_path):
+    root, sweep, _ = logged(server, tmp_path, f"""\
+        name: clipgrid
+        models: [{{preset: tiny-rla}}]
+        grid: {{model.clip: [0.05, 0.2, 1.0]}}
+        ablations: [no_fitting]
+        seeds: [0, 1]
+        """, clip_loss)
+    dash, page = dashboard(root, "clipgrid", server)
+    rows = table(page, "table4_no_fitting")
+    # Six rows (3 clip values x with/without fitting), each two seeds: nothing pooled, nothing called "paper default".
+    assert sorted(rows) == sorted(["RLA, clip=0.05", "RLA, clip=0.2", "RLA, clip=1.0", "RLA, no fitting, clip=0.05",
+                                   "RLA, no fitting, clip=0.2", "RLA, no fitting, clip=1.0"])
+    assert "paper default" not in page
+    for clip, effect in CLIP_EFFECT.items():
+        row = rows[f"RLA, clip={clip}"]
+        assert float(row[1].split()[0]) == pytest.approx(3.001 + effect, abs=6e-4) and "(n=2)" in row[1]
+        # Δ pairs each no-fitting row with the same clip value, seed by seed: exactly +0.05.
+        assert rows[f"RLA, no fitting, clip={clip}"][2].startswith("+0.050 ± 0.000 (n=2)")
+        links = re.findall(r">seed (\d)<", row[-1])
+        assert links == ["0", "1"]
+    # A spec may group by the config key itself; each series is one clip value with n = 2 seeds.
+    spec_dir = tmp_path / "specs"
+    spec_dir.mkdir()
+    (spec_dir / "clip.yaml").write_text(
+        "kind: curve\ntitle: clip\nruns: {family: rla}\nseries: [ablations, model.clip]\ny: eval/*/loss\n")
+    runs, _ = read_runs("clipgrid", root, server.uri)
+    panels = D.group(load_spec(spec_dir / "clip.yaml"), runs)
+    series = panels[""]
+    assert [s.label for s in series] == ["clip=0.05", "clip=0.2", "clip=1.0", "no fitting, clip=0.05",
+                                         "no fitting, clip=0.2", "no fitting, clip=1.0"]
+    assert all(s.seeds == ["0", "1"] and len(s.by_seed()) == 2 for s in series)
+    # ... and put it on the x axis, coloured by another key, points of one colour joined.
+    (spec_dir / "vs_clip.yaml").write_text(
+        "kind: scatter\ntitle: loss vs clip\nseries: [ablations, model.clip]\ncolor: ablations\nconnect: true\n"
+        "y: eval/*/loss\nx: [{param: model.clip, log: true}]\n")
+    from rla_ablate.dashboard.render import render
+
+    drawn = render(load_spec(spec_dir / "vs_clip.yaml"), runs, tmp_path / "out")
+    assert not drawn.notes and drawn.png.stat().st_size > 5000
+    assert len({name for _, name, _ in drawn.runs}) == 12
+    # The verdict on Table 4's RLA claim: one per clip value, each on its own pair of seeds.
+    verdicts = [v for v in dash.verdicts if v.spec == "table4_no_fitting" and "RLA" in v.claim.claim]
+    assert sorted(v.treatment for v in verdicts) == ["RLA, no fitting, clip=0.05", "RLA, no fitting, clip=0.2",
+                                                     "RLA, no fitting, clip=1.0"]
+    assert all(v.diff.diff.n == 2 and v.diff.diff.mean == pytest.approx(0.05) for v in verdicts)
+
+
+def test_arms_with_overrides_stay_apart_and_pair_with_their_own_arm(server, tmp_path):
+    def loss(job):
+        return 3.0 + (0.02 if job.arm_label == "rdn-c05" else 0.0) + (0.03 * bool(job.ablations)) + 0.001 * job.seed
+
+    root, sweep, _ = logged(server, tmp_path, f"""\
+        name: arms
+        models:
+          - {{preset: tiny-rdn}}
+          - {{preset: tiny-rdn, overrides: {{clip: 0.5}}, name: rdn-c05}}
+        ablations: [no_fitting]
+        seeds: [0, 1]
+        """, loss)
+    _, page = dashboard(root, "arms", server)
+    rows = table(page, "table4_no_fitting")
+    assert sorted(rows) == ["RDN, no fitting, rdn-c05", "RDN, no fitting, tiny-rdn", "RDN, rdn-c05", "RDN, tiny-rdn"]
+    assert float(rows["RDN, rdn-c05"][1].split()[0]) == pytest.approx(3.0205, abs=6e-4)
+    assert float(rows["RDN, tiny-rdn"][1].split()[0]) == pytest.approx(3.0005, abs=6e-4)
+    assert "(n=2)" in rows["RDN, rdn-c05"][1] and "(n=2)" in rows["RDN, tiny-rdn"][1]
+    # Each arm's ablation is paired with the same arm (+0.03), not with the other arm (+0.01 or +0.05).
+    assert rows["RDN, no fitting, rdn-c05"][2].startswith("+0.030 ± 0.000 (n=2)")
+    assert rows["RDN, no fitting, tiny-rdn"][2].startswith("+0.030 ± 0.000 (n=2)")
+
+
+def test_two_runs_with_one_seed_are_an_error_not_an_average(server, tmp_path):
+    root, sweep, _ = logged(server, tmp_path, """\
+        name: dup
+        models: [{preset: tiny-rla}]
+        seeds: [0, 1]
+        """, lambda job: 3.0 + 0.01 * job.seed)
+    # A second run claiming the same series and seed, logged by hand into the sweep's experiment; without a
+    # jobs.json (e.g. a shared server and no sweep folder) every run of the experiment counts.
+    job = next(j for j in sweep.jobs if j.seed == 0)
+    extra = create_or_get_child_run(server.uri, "dup", "by-hand", tags=syn.launch_tags(job),
+                                    config=job.job.model_dump(mode="json"))
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(server.uri).log_metric(extra, "eval/val/loss", 9.0, step=syn.LAST)
+    MlflowClient(server.uri).set_terminated(extra)
+    runs, sel = read_runs("dup", root, server.uri)
+    assert sel.stale_excluded == 1 and len(D.all_series(runs)) == 1
+    (root / "dup" / "jobs.json").unlink()
+    runs, sel = read_runs("dup", root, server.uri)
+    (series,) = D.all_series(runs)
+    assert not sel.expansion_known and set(series.duplicates) == {"0"}
+    # Seed 0 is left out (never averaged: 9.0 would drag the mean), seed 1 stands alone: n = 1.
+    assert series.by_seed().keys() == {"1"} and D.final_by_seed(series, "eval/val/loss") == {"1": 3.01}
+    _, page = dashboard(root, "dup", server)
+    rows = table(page, "table_matched_state")
+    (label,) = [k for k in rows if k.startswith("RLA")]
+    assert "seed 0 has 2 runs" in label and "left out" in label and "(n=1)" in rows[label][1]
+    assert "every run of the experiment is shown" in page
+
+
+def test_edited_and_relaunched_sweep_shows_only_its_current_jobs(server, tmp_path, capsys):
+    text = f"""\
+        name: edited
+        models: [{{preset: tiny-rla}}, {{preset: tiny-sgla}}]
+        seeds: [0, 1, 2]
+        """
+    failed = lambda job: "FAILED" if job.family == "sgla" and job.seed == 2 else "FINISHED"  # noqa: E731
+    root, v1, _ = logged(server, tmp_path, text, lambda job: 3.0 + 0.01 * job.seed, status=failed)
+    # The file is edited to one seed and relaunched: jobs.json now lists only seed 0; seeds 1 and 2 are stale.
+    v2 = load_sweep(syn.sweep_file(tmp_path, sweep_text(text.replace("seeds: [0, 1, 2]", "seeds: [0]"))))
+    syn.write_sweep_folder(root, v2, server.uri)
+    dash, page = dashboard(root, "edited", server)
+    rows = table(page, "table_matched_state")
+    assert sorted(rows) == ["RLA", "sGLA"]
+    assert "(n=1)" in rows["sGLA"][1] and "seeds finished" not in page
+    assert "4 run(s) of earlier versions of the sweep file are not shown" in page
+    assert "older sweep version" not in table(page, "table_matched_state")
+    # With the flag, the older runs are back, labelled, in series of their own.
+    dash, page = dashboard(root, "edited", server, include_stale=True)
+    rows = table(page, "table_matched_state")
+    assert sorted(rows) == ["RLA", "RLA (older sweep version)", "sGLA",
+                            "sGLA (older sweep version) [1 of 2 seeds finished; 1 failed]"]
+    assert "(n=2)" in rows["RLA (older sweep version)"][1] and "(n=1)" in rows["RLA"][1]
+    # results: one row per current job, the same with --include-stale plus the older ones.
+    assert main(["results", "edited", "--root", str(root), "--tracking-uri", server.uri, "--csv"]) == 0
+    current = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert sorted((r["family"], r["seed"], r["version"]) for r in current) == [("rla", "0", "current"),
+                                                                                ("sgla", "0", "current")]
+    assert main(["results", "edited", "--root", str(root), "--tracking-uri", server.uri, "--json",
+                 "--include-stale"]) == 0
+    every = json.loads(capsys.readouterr().out)
+    assert len(every) == 6 and sum(r["version"] == "older" for r in every) == 4
+    assert {r["series"] for r in every if r["family"] == "rla"} == {v1.jobs[0].series}
+
+
+def diag_values(target: float | None, mixer: float | None) -> dict:
+    out = {}
+    if target is not None:
+        out.update({"diag/target_engaged": target, "layer_00/target_engaged": target})
+    if mixer is not None:
+        out.update({"diag/mixer_rms_over_sqrt_eps": mixer, "layer_00/mixer_rms_over_sqrt_eps": mixer})
+    out.update({"diag/residual_rms": 0.3, "diag/alpha_mean": 0.5, "diag/beta_mean": 0.5, "diag/gamma_mean": 0.5})
+    return out
+
+
+VALIDITY = f"""\
+    name: valid
+    models: [{{preset: tiny-rla}}, {{preset: tiny-rdn}}]
+    ablations:
+      - {{name: no_clip, families: [rdn]}}
+      - {{name: no_clip_no_norm, families: [rla]}}
+      - no_output_gates
+      - tied_gamma
+      - {{name: logcosh, families: [rla]}}
+    seeds: [0, 1]
+    """
+
+
+def test_validity_panel_states_engaged_off_not_measured_identical(server, tmp_path, capsys):
+    def loss(job):
+        # tied_gamma of RLA computes the same model here: identical final results, seed by seed.
+        shift = {"tied_gamma": 0.0 if job.family == "rla" else 0.02, "no_clip": 0.03, "no_clip_no_norm": 0.04,
+                 "no_output_gates": 0.01, "logcosh": 0.005}
+        return 3.0 + sum(shift[a] for a in job.ablations) + 0.003 * job.seed
+
+    def diag(job):
+        if job.family == "rla" and "logcosh" in job.ablations:
+            return None                     # logged no diagnostics: an older run
+        if job.family == "rdn":
+            # RDN's clip never engages here; its output path is alive except without output gates.
+            return diag_values(0.0, 0.4 if "no_output_gates" in job.ablations else 3.0)
+        return diag_values(0.05, 3.0)
+
+    root, sweep, _ = logged(server, tmp_path, VALIDITY, loss, diag)
+    dash, page = dashboard(root, "valid", server)
+    panel = page[page.index('id="validity"'):]
+    panel = panel[:panel.index("</section>")]
+    states = {}
+    for row in re.findall(r'<tr class="s-([a-z/-]+)">(.*?)</tr>', panel):
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row[1])
+        states[(cells[0], cells[1])] = cells[4]
+    assert states[("RLA, w/o clip &amp; norm", "0")] == "engaged"             # the reference's clip engaged
+    assert states[("RDN, w/o clip", "0")] == "off"                             # the reference's clip never did
+    assert states[("RDN, no output gates", "1")] == "off"                      # mixer below sqrt(eps)
+    assert states[("RLA, log-cosh", "0")] == "not measured"                    # no diagnostics: never "engaged"
+    assert states[("RLA, tied γ", "0")] == states[("RLA, tied γ", "1")] == "identical"
+    assert states[("RDN, tied γ", "0")] == "engaged" and states[("RLA", "0")] == "engaged"
+    assert "target_engaged &gt;= 0.001 (reference)" in panel and "mixer_rms_over_sqrt_eps: job 0.4 (&lt; 1)" in panel
+    # Figures and tables comparing those variants say so on themselves.
+    fig4 = next(r for r in dash.rendered if r.name == "fig4b_train_loss")
+    assert ("off", "RDN: w/o clip") in [(st, label) for st, label, _ in fig4.flagged]
+    rows = table(page, "table5_output_gates")
+    assert rows["RDN, no output gates"][-2] == "off*" and rows["RLA, no output gates"][-2] == "engaged"
+    logcosh = table(page, "appb_logcosh")
+    assert logcosh["RLA, log-cosh"][-2] == "not measured*"
+    tied = [v for v in dash.verdicts if v.spec == "fig3a_tied_gamma" and "RLA" in v.claim.claim][0]
+    assert tied.mechanism == "identical" and tied.verdict == "unresolved" and "identical" in tied.reason
+    gates = [v for v in dash.verdicts if v.spec == "table5_output_gates" and "RDN" in v.claim.claim][0]
+    assert gates.mechanism == "off" and gates.verdict == "unresolved"
+    # Spec thresholds are used: with the mixer threshold lowered to 0.1, RDN without output gates is engaged.
+    spec_dir = tmp_path / "specs"
+    spec_dir.mkdir()
+    (spec_dir / "gates.yaml").write_text(
+        "kind: table\ntitle: gates\nruns: {ablations: [none, no_output_gates]}\n"
+        "columns: [{metric: eval/*/loss}]\nvalidity: {mixer_rms_over_sqrt_eps_min: 0.1}\n")
+    _, page = dashboard(root, "valid", server, specs=spec_dir)
+    assert table(page, "gates")["RDN, no output gates"][-2] == "engaged"
+
+
+def test_verdict_rules_on_known_effects(server, tmp_path):
+    rng = np.random.default_rng(7)
+    seeds = list(range(6))
+    noise = {s: rng.normal(0, 0.02) for s in seeds}            # shared by a seed's runs: pairing removes it
+    # Per-seed differences to the reference, chosen so that each rule has one clear case.
+    delta = {"no_fitting": [0.050, 0.052, 0.048, 0.051, 0.049, 0.050],          # +0.05, tight: confirmed
+             "no_output_gates": [0.040, 0.042, 0.038, 0.041, 0.039, 0.040],     # claimed lower, is higher: reversed
+             "tied_gamma": [0.040, -0.020, 0.030, -0.010, 0.035, -0.015],       # +0.01, wide: unresolved
+             "no_clip": [0.0010, 0.0012, 0.0008, 0.0011, 0.0009, 0.0010]}      # real but tiny: negligible
+
+    def loss(job):
+        a = job.ablations[0] if job.ablations else None
+        return 3.0 + noise[job.seed] + (delta[a][job.seed] if a else 0.0)
+
+    text = f"""\
+        name: verdicts
+        models: [{{preset: tiny-rla}}]
+        ablations: [no_fitting, no_output_gates, tied_gamma, no_clip]
+        seeds: {seeds}
+        """
+    spec_dir = tmp_path / "specs"
+    spec_dir.mkdir()
+    (spec_dir / "claims.yaml").write_text(
+        "kind: table\ntitle: claims\nruns: {family: rla}\ncolumns: [{metric: eval/*/loss}]\nclaims:\n"
+        "  - {claim: fitting helps, treatment: {ablations: no_fitting}, reference: {ablations: none},"
+        " expect: higher, min_effect: 0.01}\n"
+        "  - {claim: gates hurt RLA, treatment: {ablations: no_output_gates}, reference: {ablations: none},"
+        " expect: lower, min_effect: 0.01}\n"
+        "  - {claim: tying γ hurts, treatment: {ablations: tied_gamma}, reference: {ablations: none},"
+        " expect: higher, min_effect: 0.01}\n"
+        "  - {claim: the clip matters, treatment: {ablations: no_clip}, reference: {ablations: none},"
+        " expect: higher, min_effect: 0.01}\n"
+        "  - {claim: nothing to compare, treatment: {ablations: no_norm}, reference: {ablations: none},"
+        " expect: higher, min_effect: 0.01}\n")
+    root, sweep, _ = logged(server, tmp_path, text, loss,
+                            lambda job: diag_values(0.05, 3.0))
+    dash, page = dashboard(root, "verdicts", server, specs=spec_dir)
+    got = {v.claim.claim: v for v in dash.verdicts}
+    assert got["fitting helps"].verdict == "confirmed"
+    assert got["gates hurt RLA"].verdict == "contradicted" and got["gates hurt RLA"].reason.startswith("reversed")
+    assert got["tying γ hurts"].verdict == "unresolved"
+    assert got["the clip matters"].verdict == "contradicted" and got["the clip matters"].reason.startswith("negligible")
+    assert got["nothing to compare"].verdict == "unresolved" and got["nothing to compare"].treatment == ""
+    # The numbers are the paired statistics, and the seed count is the power analysis of the observed spread.
+    by = {(j.ablations[0] if j.ablations else "none", j.seed): loss(j) for j in sweep.jobs}
+    for claim, abl in (("fitting helps", "no_fitting"), ("tying γ hurts", "tied_gamma")):
+        expected = paired_diff({s: by[(abl, s)] for s in seeds}, {s: by[("none", s)] for s in seeds})
+        v = got[claim]
+        assert v.diff.diff.n == 6
+        assert v.diff.diff.mean == pytest.approx(expected.diff.mean, abs=1e-9)
+        assert v.diff.diff.lo == pytest.approx(expected.diff.lo, abs=1e-9)
+        assert v.seeds_needed == seeds_for_power(expected.diff.std, 0.01)
+    assert got["tying γ hurts"].seeds_needed > 6 and got["fitting helps"].seeds_needed <= 3
+    verdicts = json.loads((dash.out_dir / "verdicts.json").read_text())
+    assert {v["claim"]: v["verdict"] for v in verdicts}["fitting helps"] == "confirmed"
+    assert 'class="v-confirmed"' in page and 'class="v-contradicted"' in page
+
+
+def test_smoke_sweep_dashboard_has_the_validity_panel_and_a_verdict_per_claim(server, tmp_path):
+    sweep = load_sweep(syn.REPO_SWEEPS / "smoke.yaml")
+    root = tmp_path / "runs"
+    syn.write_sweep_folder(root, sweep, server.uri)
+    syn.log_jobs(server.uri, sweep.name, sweep.jobs, lambda job: 3.0 + 0.01 * len(job.ablations),
+                 lambda job: diag_values(0.0, 0.5))
+    dash, page = dashboard(root, sweep.name, server)
+    assert 'id="validity"' in page and '<table class="validity">' in page
+    claims = [(s.name, c.claim) for s in load_specs() for c in s.claims]
+    decided = {(v.spec, v.claim.claim) for v in dash.verdicts}
+    assert set(claims) == decided and len(claims) >= 10
+    # One seed: no interval, so nothing is confirmed or contradicted.
+    assert {v.verdict for v in dash.verdicts} == {"unresolved"}
+    assert all(v.diff is None or v.diff.diff.n <= 1 for v in dash.verdicts)
+    # Every ablation of the smoke sweep shows up in the validity panel; at this scale none was engaged.
+    panel = page[page.index('id="validity"'):]
+    for name in ("no output gates", "no fitting", "tied γ", "w/o clip &amp; norm", "w/o clip", "log-cosh",
+                 "matched state"):
+        assert f"{name}</td>" in panel, name
+    states = re.findall(r'<tr class="s-([a-z-]+)">', panel)
+    assert len(states) == len(sweep.jobs) and set(states) == {"off"}      # mixer output 0.5 < sqrt(eps)
+
+
+def test_every_registry_ablation_has_a_figure_or_table():
+    shown = set()
+    for spec in load_specs():
+        shown |= set(spec.allowed("ablations") or [])
+    assert set(ABLATIONS) <= shown, set(ABLATIONS) - shown

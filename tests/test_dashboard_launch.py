@@ -1,0 +1,66 @@
+"""A clip-radius sweep launched for real (tiny model, CPU, a few hundred tokens per job), then read back by
+`rla-sweep results` and the dashboard: one series per clip value with n = seeds, from the tags `launch` wrote."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rla_ablate.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+TINY = {"num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "head_dim": 16}
+SWEEP = {
+    "name": "clip-e2e",
+    "models": [{"preset": "tiny-rla", "overrides": TINY}],
+    "base": {
+        "train": {"tokens": 512, "seq_len": 64, "micro_batch_size": 4, "batch_tokens": 256, "warmup_tokens": 0,
+                  "eval_every_tokens": 512, "checkpoint_every_tokens": 512, "cpu_threads": 1},
+        "data": {"kind": "stdlib"},
+        "eval": [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 256}],
+    },
+    "grid": {"model.clip": [0.05, 0.2, 1.0]},
+    "seeds": [0, 1],
+    "resources": {"cpus": 1, "retries": 0},
+}
+
+
+def test_launched_clip_sweep_gives_one_series_per_clip_value(tmp_path, capsys):
+    path = tmp_path / "clip.yaml"
+    path.write_text(yaml.safe_dump(SWEEP, sort_keys=False))
+    root = tmp_path / "runs"
+    out = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "launch", str(path), "--root", str(root)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert out.returncode == 0, out.stdout + out.stderr
+    # The launch is over: read its SQLite store directly (no server to start).
+    store = f"sqlite:///{root / 'clip-e2e' / 'mlflow' / 'mlflow.db'}"
+    assert main(["results", "clip-e2e", "--root", str(root), "--tracking-uri", store, "--csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 6 and {r["status"] for r in rows} == {"finished"}
+    by_clip: dict[str, list[dict]] = {}
+    for r in rows:
+        by_clip.setdefault(r["point.model.clip"], []).append(r)
+    assert sorted(by_clip) == ["0.05", "0.2", "1.0"]
+    for clip, members in by_clip.items():
+        assert sorted(r["seed"] for r in members) == ["0", "1"]
+        assert len({r["series"] for r in members}) == 1, clip
+        assert all(r["arm"] == "tiny-rla" and r["eval/val/loss"] for r in members)
+    assert len({r["series"] for r in rows}) == 3
+    # The dashboard's tables: one row per clip value, two seeds each (not "RLA (n=2)" for one of them).
+    from rla_ablate.dashboard.build import build_dashboard
+
+    dash = build_dashboard("clip-e2e", root, tracking_uri=store, log_artifacts=False)
+    table = next(r for r in dash.rendered if r.name == "table4_no_fitting")
+    labels = {row[0].text: row for row in table.rows}
+    assert sorted(labels) == ["RLA, clip=0.05", "RLA, clip=0.2", "RLA, clip=1.0"]
+    for row in labels.values():
+        assert "(n=2)" in row[1].text and [t for t, _ in row[-1].links] == ["seed 0", "seed 1"]
