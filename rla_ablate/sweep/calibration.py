@@ -34,8 +34,11 @@ from typing import Any
 GiB = 2**30
 # Bytes per token of the MLP (per unit of intermediate width) and of the loss (per vocabulary entry): see above.
 MLP_BYTES, LOSS_BYTES = 8, 12
-# Allocations outside the caching allocator's cap (CUDA context, cuBLAS workspaces): per process, measured ~0.5 GiB.
-CONTEXT_BYTES = int(0.75 * GiB)
+# Allocations outside the caching allocator's cap (CUDA context, loaded kernels): ~0.73 GiB per process measured
+# on an H200 (a packed job's CUDA out-of-memory report), rounded up.
+CONTEXT_BYTES = int(1.0 * GiB)
+# nvidia-smi's memory.total exceeds what processes can allocate: 140.4 GiB on an H200, of which torch sees 139.8.
+DRIVER_RESERVED_BYTES = int(1.0 * GiB)
 TABLE = "h200.json"
 
 
@@ -128,7 +131,9 @@ class _Shape:
 
 @functools.lru_cache(maxsize=8)
 def _coefficients(name: str = TABLE) -> dict[str, list[tuple[float, float, str]]]:
-    """family -> sorted [(log width, a_f averaged over that width's rows, presets)]."""
+    """family -> sorted [(log width, the largest a_f of that width's rows, presets)]. The largest: jobs of one shape
+    peak up to ~10% apart (which FLA kernel configuration a process tuned, cuBLAS workspaces), and a packed job
+    must fit at its worst."""
     by: dict[str, dict[float, list[tuple[float, str]]]] = {}
     for row, model in _rows(name):
         if row.get("peak_gib") is None:
@@ -136,7 +141,7 @@ def _coefficients(name: str = TABLE) -> dict[str, list[tuple[float, float, str]]
         by.setdefault(model.family, {}).setdefault(mixer_width(model), []).append((row_a_f(row, model), row["preset"]))
     out = {}
     for fam, widths in by.items():
-        out[fam] = sorted((math.log(w), sum(a for a, _ in v) / len(v), "+".join(sorted({p for _, p in v})))
+        out[fam] = sorted((math.log(w), max(a for a, _ in v), max(v)[1])
                           for w, v in widths.items())
     return out
 
@@ -208,12 +213,14 @@ def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedE
 
 
 def gpu_share(estimate: MemoryEstimate, gpu_bytes: int, margin: float) -> float:
-    """The fraction of one GPU a job needs: its estimate plus `margin`, plus the process's context, rounded up to
-    a hundredth (Ray's fractional GPUs add up exactly at that grain)."""
+    """The fraction of one GPU a job needs: its estimate plus `margin`, plus the process's context, over what
+    processes can allocate of the device, rounded up to a hundredth (Ray's fractional GPUs add up exactly at that
+    grain)."""
     need = estimate.total * (1.0 + margin) + CONTEXT_BYTES
-    return math.ceil(need / gpu_bytes * 100 - 1e-9) / 100
+    return math.ceil(need / (gpu_bytes - DRIVER_RESERVED_BYTES) * 100 - 1e-9) / 100
 
 
 def allocator_cap(share: float, gpu_bytes: int) -> float:
-    """What `torch.cuda.set_per_process_memory_fraction` gets for a share: the context lives outside the cap."""
-    return max(0.01, share - CONTEXT_BYTES / gpu_bytes)
+    """What `torch.cuda.set_per_process_memory_fraction` (a fraction of the device's total) gets for a share: the
+    share of the allocatable memory less the context, which lives outside the cap."""
+    return max(0.01, (share * (gpu_bytes - DRIVER_RESERVED_BYTES) - CONTEXT_BYTES) / gpu_bytes)
