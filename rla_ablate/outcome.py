@@ -14,7 +14,18 @@ from pathlib import Path
 from typing import Any
 
 
-class Status(str, Enum):
+class _Plain(str, Enum):
+    """A str-valued enum printed and formatted as its plain value on every Python version (3.12 changed the
+    mixin's default)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Status(_Plain):
     """A job's state. str-valued: status.json, jobs' JSONL records and MLflow tags hold the plain strings."""
 
     PENDING = "pending"
@@ -23,13 +34,6 @@ class Status(str, Enum):
     FAILED = "failed"
     DIVERGED = "diverged"
     CANCELLED = "cancelled"
-
-    # Printed and formatted as the plain value on every Python version (3.12 changed the mixin default).
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 # Not ended yet: queued, or running in some process.
@@ -40,7 +44,7 @@ ENDED = frozenset({Status.FINISHED, Status.FAILED, Status.DIVERGED, Status.CANCE
 TERMINAL = frozenset({Status.FINISHED, Status.DIVERGED})
 
 
-class Cause(str, Enum):
+class Cause(_Plain):
     """Why a job did not finish. A failed job has one of the first five; a cancelled one may be `pruned`."""
 
     CONFIG = "config"
@@ -55,12 +59,6 @@ class Cause(str, Enum):
     """Any other exception."""
     PRUNED = "pruned"
     """A search trial stopped by Optuna's pruner (status cancelled): a result, not a failure."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
     @property
     def deterministic(self) -> bool:

@@ -637,7 +637,11 @@ class _Runner:
         """"out of memory: estimated X GiB, had Y GiB" plus the exception's line."""
         rec = next((r for r in self.sdir.job_list() if r.get("job_id") == job.job_id), {})
         estimate = rec.get("mem_estimate_gib")
-        est = f"estimated {float(estimate):.3g} GiB" if estimate is not None else "estimate unknown"
+        if estimate is None:
+            est = "estimate unknown"
+        else:
+            gib = float(estimate)
+            est = f"estimated {gib:.1f} GiB" if gib >= 1 else f"estimated {gib:.2g} GiB"
         had = f"{outcome.gpu_memory_gib:.1f} GiB" if outcome.gpu_memory_gib is not None else "unknown"
         return f"out of memory: {est}, had {had} ({_first_line(outcome.error)})"
 
