@@ -18,7 +18,9 @@ repo=$PWD
 case $what in
 start|resume)
     if [[ -d $CACHE ]]; then
-        (cd "$CACHE" && find . -name '*.autotune.json' -exec cp -n --parents {} "$repo/benchmarks/gpu-tuning/triton-cache/" \;)
+        (cd "$CACHE" && find . -name '*.autotune.json' | while read -r f; do
+            [[ -e $repo/benchmarks/gpu-tuning/triton-cache/$f ]] || cp --parents "$f" "$repo/benchmarks/gpu-tuning/triton-cache/"
+        done)
     fi
     verb=launch
     [[ $what == resume ]] && verb=resume
