@@ -81,3 +81,36 @@ def test_cli_prints_user_errors_without_traceback_and_exits_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "no-such-command"], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
+
+
+def test_duplicate_key_names_both_lines():
+    with pytest.raises(UserError) as info:
+        load_yaml_text("name: x\ntrain:\n  learning_rate: 0.1\n  schedule: linear\n  learning_rate: 0.2\n", "s.yaml")
+    msg = str(info.value)
+    assert msg.startswith("s.yaml:5: train.learning_rate: duplicate key 'learning_rate'")
+    assert "line 3" in msg and "line 5" in msg
+    # the same key in two different mappings is fine
+    load_yaml_text("a: {x: 1}\nb: {x: 2}\n", "s.yaml")
+
+
+@pytest.mark.parametrize("text, value", [("1e5", 1e5), ("1E5", 1e5), ("-2e-3", -2e-3), ("1.5e5", 1.5e5),
+                                         ("3.0e-3", 3e-3), ("+1e+2", 100.0)])
+def test_scientific_notation_without_a_dot_is_a_number(text, value):
+    assert load_yaml_text(f"v: {text}\n", "s.yaml").data["v"] == value
+    # strings that merely contain an e stay strings
+    assert load_yaml_text("v: e5\nw: 1e\n", "s.yaml").data == {"v": "e5", "w": "1e"}
+
+
+def test_scientific_tokens_validate_as_int():
+    class Train(BaseModel):
+        tokens: int
+
+    assert validate(Train, load_yaml_text("tokens: 1e5\n", "s.yaml")).tokens == 100000
+
+
+def test_non_utf8_file_is_a_user_error(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: x\ndescription: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(UserError) as info:
+        load_yaml(path)
+    assert "not UTF-8" in str(info.value) and f"{path}:2:" in str(info.value)

@@ -74,6 +74,27 @@ def assert_no_duplicate_steps(tracking_uri: str, run_id: str) -> int:
     return max(m.step for m in client.get_metric_history(run_id, "train/loss"))
 
 
+def assert_run_has_every_metric(tracking_uri: str, run_id: str, job_dir: Path) -> None:
+    """Every (metric, step) of the job's metrics.jsonl is in its MLflow run, once."""
+    from mlflow.tracking import MlflowClient
+
+    from rla_ablate.train.loggers import read_jsonl
+
+    want = {(key, r["step"]) for r in read_jsonl(job_dir / "metrics.jsonl") if r.get("type") == "metrics"
+            for key in r["values"]}
+    client = MlflowClient(tracking_uri)
+    have = []
+    for key in {k for k, _ in want}:
+        have += [(key, m.step) for m in client.get_metric_history(run_id, key)]
+    assert len(have) == len(set(have)), f"run {run_id} holds some (metric, step) twice"
+    missing = want - set(have)
+    assert not missing, f"run {run_id} lacks {len(missing)} (metric, step) of metrics.jsonl, e.g. {sorted(missing)[:5]}"
+
+
+def runs_by_id(runs: list) -> dict:
+    return {r.info.run_id: r for r in runs}
+
+
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory):
     base = tmp_path_factory.mktemp("launch")
@@ -220,3 +241,5 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
     assert sorted(r.info.run_id for r in runs) == sorted(j["mlflow_run_id"] for j in doc["jobs"])
     for j in doc["jobs"]:
         assert assert_no_duplicate_steps(doc["tracking_uri"], j["mlflow_run_id"]) == 131072
+        assert_run_has_every_metric(doc["tracking_uri"], j["mlflow_run_id"], root / "e2e-kill" / "jobs" / j["job_id"])
+        assert runs_by_id(runs)[j["mlflow_run_id"]].info.status == "FINISHED"

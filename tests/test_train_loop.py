@@ -281,3 +281,17 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--regenerate"]:
         sys.exit("usage: python tests/test_train_loop.py --regenerate")
     regenerate()
+
+
+def test_a_skipped_step_on_a_log_boundary_logs_the_count_once(tmp_path, monkeypatch):
+    import rla_ablate.train.loop as loop
+
+    # Step 4 (a log boundary with log_every_tokens 1024) is skipped while step 3 is in the window.
+    injector = _NaNInjector(nan_loss_steps={4}, nan_grad_steps=set(), micro_batches=2)
+    monkeypatch.setattr(loop, "build_model", injector.build(loop.build_model))
+    result = run_job(tiny_job(tokens=4096, log_every_tokens=1024), tmp_path)
+    assert result.status == "finished", result.error
+    seen = [(key, r["step"]) for r in read_jsonl(tmp_path / "metrics.jsonl") if r.get("type") == "metrics"
+            for key in r["values"]]
+    assert len(seen) == len(set(seen)), sorted(k for k in seen if seen.count(k) > 1)
+    assert ("train/skipped_steps", 2048) in seen

@@ -9,7 +9,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "dashboard", help="render the figures and tables of dashboards/*.yaml from a sweep's tracked runs",
         description="Render every spec in dashboards/ (or --specs) from the sweep's MLflow runs to PNG and SVG, "
-                    "write one self-contained HTML page with the figures, tables (mean ± 95%% CI over seeds, "
+                    "write one self-contained HTML page with the figures, tables (mean ± 95% CI over seeds, "
                     "paired differences), the validity panel and the verdict on each claim, with run links, and log "
                     "them to the sweep's parent run. Only the runs of the sweep's current expansion are read "
                     "(see --include-stale). Unfinished or missing jobs are shown as such.")

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from rla_ablate.errors import UserError
@@ -36,14 +37,31 @@ def _source_config(src: str, args):
 
 
 def prepare(args) -> int:
+    if args.shard_tokens < 1:
+        raise UserError(f"must be >= 1 (got {args.shard_tokens})", key="--shard-tokens")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} is a file; OUT is a folder for index.json and the shards", key="OUT")
+    before = set(out.iterdir()) if out.is_dir() else None
+    try:
+        return _prepare(args)
+    except BaseException:
+        # A failed run leaves nothing half-made: the folder it created, or the files it added to an existing one.
+        if before is None:
+            shutil.rmtree(out, ignore_errors=True)
+        elif out.is_dir():
+            for path in set(out.iterdir()) - before:
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        raise
+
+
+def _prepare(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from rla_ablate.data.shards import ShardWriter, choose_dtype
     from rla_ablate.data.sources import count_documents, iter_documents, tokenize_documents
     from rla_ablate.data.tokenizer import load_tokenizer
 
-    if args.shard_tokens < 1:
-        raise UserError(f"must be >= 1 (got {args.shard_tokens})", key="--shard-tokens")
     cfg = _source_config(args.src, args)
     tok = load_tokenizer(cfg.tokenizer, cfg.eos_token)
     dtype = choose_dtype(tok.vocab_size, args.dtype)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -29,9 +30,29 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def check_root(root: Path, *, write: bool) -> None:
+    """--root must be a folder (or not exist yet); a launch must be able to write in it."""
+    from rla_ablate.errors import UserError
+
+    if root.exists() and not root.is_dir():
+        raise UserError(f"{root} is a file, not a folder; give --root a folder (it is created if missing)",
+                        key="--root")
+    if not write:
+        return
+    existing = next((p for p in [root.resolve(), *root.resolve().parents] if p.exists()), None)
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write under {existing} (read-only or not yours); a launch keeps its state, "
+                        "checkpoints and databases under --root", key="--root")
+
+
 def options(args: argparse.Namespace):
     from rla_ablate.sweep.launch import LaunchOptions
 
+    check_root(Path(args.root), write=True)
+    if args.tracking_uri is not None:
+        from rla_ablate.tracking.server import check_tracking_uri
+
+        check_tracking_uri(args.tracking_uri)
     return LaunchOptions(root=Path(args.root), address=args.address, tracking_uri=args.tracking_uri,
                          max_concurrent=args.max_concurrent)
 

@@ -48,7 +48,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seq_len < 1:
         raise UserError(f"--seq-len must be >= 1 (got {args.seq_len})")
-    table_rows = rows(args.presets or list_presets(), args.seq_len)
+    names = args.presets or list_presets()
+    if not names:
+        from rla_ablate.resources import bundled_dir
+
+        raise UserError(f"no model presets (*.yaml) in {bundled_dir('models')}; the installation is incomplete")
+    table_rows = rows(names, args.seq_len)
     if args.json:
         print(json.dumps(table_rows, indent=2))
         return 0

@@ -108,8 +108,12 @@ def run(args: argparse.Namespace) -> int:
     profile = args.profile
     if profile == "auto":
         profile = "paper" if torch.cuda.is_available() else "cpu"
-    job = build_job(args.model, args.sets, args.data, profile)
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        from rla_ablate.errors import UserError
+
+        raise UserError(f"{out} is a file; --out is the job's folder (checkpoints, metrics.jsonl)", key="--out")
+    job = build_job(args.model, args.sets, args.data, profile)
     console = Console(stderr=True)
     t = job.train
     console.print(f"[bold]{job.model.family}[/] {args.model}: {count_params(job.model):,} params; profile {profile}"

@@ -4,6 +4,8 @@
 `line(path)` lookup from a key path such as ("train", "lr") to its 1-based line.
 `validate(model, located)` turns pydantic errors into one `UserError` that names file, line, key,
 what was wrong and, for unknown keys, the allowed keys with a did-you-mean.
+Two departures from YAML 1.1 (PyYAML): a key repeated in one mapping is an error naming both lines (1.1 keeps
+the last silently), and `1e5` / `1.0e5` are numbers (1.1 wants a dot and a signed exponent, else a string).
 """
 
 from __future__ import annotations
@@ -19,6 +21,22 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rla_ablate.errors import UserError
+
+
+class Loader(yaml.SafeLoader):
+    """SafeLoader that also reads scientific notation without a dot or exponent sign as a float."""
+
+
+# YAML 1.2 reads these as floats; YAML 1.1 leaves `tokens: 1e5` a string that validation would then reject.
+Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def load_value(text: str) -> Any:
+    """One YAML value with the project's rules (command-line overrides such as `train.tokens=1e5`)."""
+    return yaml.load(text, Loader=Loader)
 
 
 @dataclass
@@ -37,22 +55,30 @@ class LocatedYAML:
         return self.lines.get((), None)
 
 
-def _index(node: yaml.Node, prefix: tuple, out: dict[tuple, int]) -> None:
+def _index(node: yaml.Node, prefix: tuple, out: dict[tuple, int], file: str) -> None:
     out.setdefault(prefix, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
             key = key_node.value
+            line = key_node.start_mark.line + 1
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                if key in seen:
+                    name = ".".join(str(p) for p in prefix + (key,))
+                    raise UserError(f"duplicate key '{key}' (first on line {seen[key]}, again on line {line})",
+                                    file=file, line=line, key=name)
+                seen[key] = line
             out[prefix + (key,)] = key_node.start_mark.line + 1
-            _index(value_node, prefix + (key,), out)
+            _index(value_node, prefix + (key,), out, file)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _index(item, prefix + (i,), out)
+            _index(item, prefix + (i,), out, file)
 
 
 def load_yaml_text(text: str, file: str) -> LocatedYAML:
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=Loader)
+        data = yaml.load(text, Loader=Loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark is not None else None
@@ -60,7 +86,7 @@ def load_yaml_text(text: str, file: str) -> LocatedYAML:
         raise UserError(f"malformed YAML: {problem}", file=file, line=line) from None
     lines: dict[tuple, int] = {}
     if node is not None:
-        _index(node, (), lines)
+        _index(node, (), lines, file)
     return LocatedYAML(data=data, file=file, lines=lines)
 
 
@@ -68,7 +94,15 @@ def load_yaml(path: str | Path) -> LocatedYAML:
     path = Path(path)
     if not path.is_file():
         raise UserError("no such file", file=str(path))
-    return load_yaml_text(path.read_text(encoding="utf-8"), str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise UserError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
+                        "save the file as UTF-8", file=str(path), line=line) from None
+    except OSError as exc:
+        raise UserError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    return load_yaml_text(text, str(path))
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:

@@ -332,8 +332,10 @@ def load_spec(path: str | Path) -> FigureSpec:
 
 
 def spec_dir() -> Path:
-    """The committed specs: `dashboards/` at the repository root."""
-    return Path(__file__).resolve().parents[2] / "dashboards"
+    """The committed specs: `dashboards/` at the repository root (bundled in the wheel)."""
+    from rla_ablate.resources import bundled_dir
+
+    return bundled_dir("dashboards")
 
 
 def load_specs(directory: str | Path | None = None) -> list[FigureSpec]:

@@ -1,4 +1,4 @@
-"""Model presets: `models/<scale>-<family>.yaml` at the repository root, one ModelConfig each.
+"""Model presets: `models/<scale>-<family>.yaml` at the repository root (bundled in the wheel), one ModelConfig each.
 
     load_preset("tiny-rla")            # by name
     load_preset("path/to/my.yaml")     # or by path
@@ -13,8 +13,9 @@ from pathlib import Path
 from rla_ablate.config import load_yaml, validate
 from rla_ablate.errors import UserError
 from rla_ablate.models.config import ModelConfig
+from rla_ablate.resources import bundled_dir
 
-PRESET_DIR = Path(__file__).resolve().parents[2] / "models"
+PRESET_DIR = bundled_dir("models")
 
 
 def list_presets() -> list[str]:

@@ -82,6 +82,38 @@ class Sweep:
         return self.config.name
 
 
+# More jobs than any sweep means to run: a typo in a grid (a list of 1000 values) would otherwise spend minutes
+# and gigabytes expanding before anything is said.
+MAX_JOBS = 100_000
+
+
+def count_jobs(cfg: SweepConfig) -> tuple[int, list[tuple[str, int]]]:
+    """An upper bound on the jobs `expand` makes (deduplication can only lower it), counted without expanding,
+    and the factors that multiply to it: (key, count)."""
+    factors = [("models", len(cfg.models))]
+    factors += [(f"grid.{k}", len(v)) for k, v in cfg.grid.items()]
+    if cfg.zip:
+        factors.append((f"zip ({', '.join(cfg.zip)})", min(len(v) for v in cfg.zip.values())))
+    variants = 1 + len(cfg.ablations) + len(cfg.controls)
+    factors += [("1 + ablations + controls", variants), ("seeds", len(cfg.seeds))]
+    total = 1
+    for _, n in factors:
+        total *= n
+    return total, factors
+
+
+def check_job_count(cfg: SweepConfig, located: LocatedYAML) -> None:
+    total, factors = count_jobs(cfg)
+    if total > MAX_JOBS:
+        big = max(factors, key=lambda f: f[1])[0]
+        path = (("grid", big[len("grid."):]) if big.startswith("grid.") else ("zip",) if big.startswith("zip")
+                else ("ablations",) if big.startswith("1 +") else (big,))
+        product = " x ".join(f"{n:,} {key}" for key, n in factors if n != 1)
+        raise _err(located, path,
+                   f"the sweep expands to up to {total:,} jobs ({product}), more than {MAX_JOBS:,}; shrink the "
+                   "largest of these")
+
+
 def load_sweep(path: str | Path) -> Sweep:
     """Load, validate and expand a sweep file; raises `UserError` on any problem, before anything runs."""
     located = load_yaml(path)
@@ -94,6 +126,7 @@ def load_sweep(path: str | Path) -> Sweep:
             if bad:
                 raise _err(located, (key,), "a search sweep tunes one model with one seed: give exactly one model "
                                             "and one seed, and no grid, zip, ablations or controls")
+    check_job_count(cfg, located)
     jobs = expand(cfg, located)
     check_vocab(jobs, located)
     return Sweep(config=cfg, source=located, jobs=jobs)

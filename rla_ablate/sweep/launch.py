@@ -82,7 +82,8 @@ class LaunchSummary:
 
     @property
     def ok(self) -> bool:
-        unfinished = sum(n for k, n in self.counts.items() if k != Status.FINISHED)
+        # A diverged job is a result (it never reruns), like a finished one.
+        unfinished = sum(n for k, n in self.counts.items() if k not in (Status.FINISHED, Status.DIVERGED))
         return unfinished == self.pruned
 
     @property
@@ -90,7 +91,7 @@ class LaunchSummary:
         """False when every unfinished job failed deterministically (config, compile): a resume fails them again."""
         if self.ok:
             return False
-        unfinished = sum(n for k, n in self.counts.items() if k != Status.FINISHED) - self.pruned
+        unfinished = sum(n for k, n in self.counts.items() if k not in (Status.FINISHED, Status.DIVERGED)) - self.pruned
         deterministic = [f for f in self.failed if f.cause is not None and f.cause.deterministic]
         return not (self.failed and len(deterministic) == len(self.failed) == unfinished)
 
@@ -241,6 +242,10 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         local = _local_resources()
         placements = place(sweep, gpu_memory_bytes() if local["GPU"] > 0 else None)
         _check_resources(sweep, local, placements)
+    # A sweep this launch creates is removed again if the launch fails before any job ran (a dead --address, a
+    # tracking server that does not start): no sweep.yaml, jobs.json or pending jobs of a sweep that never ran.
+    fresh = not sdir.path.exists()
+    runner = None
     sdir.acquire()
     previous_term = None
     services = _Services(sdir, opts)
@@ -305,11 +310,19 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
             run_search(runner)
         runner.summary.skipped = summary.skipped
         summary = runner.summary
-        summary.interrupted = runner.stop_reason == "interrupted"
+        # Ctrl-C, SIGTERM and `rla-sweep cancel` alike: the launch was stopped (exit 130).
+        summary.interrupted = bool(runner.stop_reason)
         summary.counts = _count(sdir, runner.all_jobs)
+        runner.end_runs()
         _close_parent(services.tracking_uri, parent, summary)
         progress.final(summary, sdir)
         return summary
+    except BaseException:
+        if fresh and (runner is None or not runner.tries):
+            services.stop()
+            sdir.release()
+            shutil.rmtree(sdir.path, ignore_errors=True)
+        raise
     finally:
         progress.stop()
         services.stop()
@@ -437,6 +450,32 @@ class _Runner:
         self.sdir.set_status(job.job_id, mlflow_run_id=run_id, tracking_uri=self.services.tracking_uri)
         return run_id
 
+    def end_run(self, job: ResolvedJob, status: Status, reason: str | None) -> None:
+        """Backfill the job's run from its metrics.jsonl and close it if still SCHEDULED/RUNNING (a job cancelled
+        before it started never opened it; a killed worker never closed it)."""
+        from rla_ablate.tracking.runs import end_open_run
+        from rla_ablate.tracking.sync import sync_from_jsonl
+
+        st = self.sdir.status(job.job_id)
+        if not st.mlflow_run_id or st.tracking_uri != self.services.tracking_uri:
+            return
+        try:
+            metrics = self.sdir.job_dir(job.job_id) / "metrics.jsonl"
+            if metrics.exists():
+                sync_from_jsonl(self.services.tracking_uri, st.mlflow_run_id, metrics)
+            if status in ENDED:
+                end_open_run(self.services.tracking_uri, st.mlflow_run_id, str(status), reason)
+        except Exception as exc:
+            # The sweep folder holds the truth; a tracking hiccup must not stop the launch.
+            self.progress.note(f"{job.name}: could not update MLflow run {st.mlflow_run_id}: {_first_line(str(exc))}")
+
+    def end_runs(self) -> None:
+        """At the end of a launch, every job's run holds every metric of its metrics.jsonl, and an ended job's run
+        has its final status, whatever died on the way (a worker, an earlier launch)."""
+        for job in self.all_jobs:
+            st = self.sdir.status(job.job_id)
+            self.end_run(job, st.status, st.error)
+
     def submit(self, job: ResolvedJob) -> None:
         from rla_ablate.sweep.worker import run_remote
 
@@ -553,6 +592,7 @@ class _Runner:
                 self.inflight.pop(ref)
                 self.sdir.set_status(job.job_id, status=Status.CANCELLED, error=f"{self.stop_reason}; did not stop "
                                      f"within {STOP_GRACE_S:.0f} s, killed (resumes from its last checkpoint)")
+                self.end_run(job, Status.CANCELLED, self.stop_reason)
                 self.progress.update(job, Status.CANCELLED)
 
     def _collect(self, job: ResolvedJob, ref: Any) -> tuple[JobOutcome, bool]:
@@ -597,6 +637,7 @@ class _Runner:
             outcome.error = getattr(self, "stop_reason", "stopped")
         self.sdir.set_status(job.job_id, status=outcome.status, tokens_done=tokens, error=outcome.error,
                              cause=outcome.cause, traceback=outcome.traceback)
+        self.end_run(job, outcome.status, outcome.error)
         self.progress.update(job, outcome.status, tokens)
         if outcome.status == Status.FAILED:
             self.summary.failed.append(FailedJob(job.name, job.job_id, _first_line(outcome.error), outcome.cause, log))

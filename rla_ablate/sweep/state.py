@@ -181,7 +181,11 @@ class SweepDir:
         path = self.path / "launch.lock"
         if not path.exists():
             return False
-        fd = os.open(path, os.O_RDWR)
+        # Read-only is enough for flock, so status and cancel work on a read-only root.
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -194,16 +198,20 @@ class SweepDir:
 
     def acquire(self) -> None:
         """Take the launch lock or raise a UserError naming the running launch."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / "launch.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / "launch.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UserError(f"cannot write the sweep folder ({exc.strerror or exc}); a launch needs a writable "
+                            "--root", file=str(self.path)) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             rec = read_json(self.path / "launch.json", {}) or {}
             raise UserError(f"sweep '{self.name}' is already being launched (pid {rec.get('pid', '?')} on "
-                            f"{rec.get('host', '?')}); watch it with `rla-sweep status {self.name}` or stop it "
-                            f"with `rla-sweep cancel {self.name}`", file=str(self.path / "launch.lock")) from None
+                            f"{rec.get('host', '?')}); watch it with `rla-sweep status {self.name} --root {self.root}` "
+                            f"or stop it with `rla-sweep cancel {self.name} --root {self.root}`", file=str(self.path / "launch.lock")) from None
         self._lock_fd = fd
         self.cleanup_stale()
         self.cancel_path.unlink(missing_ok=True)

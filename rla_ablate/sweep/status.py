@@ -10,7 +10,8 @@ from rla_ablate.errors import UserError
 from rla_ablate.outcome import ACTIVE, Status
 from rla_ablate.sweep.state import SweepDir
 
-INTERRUPTED = "the launch stopped before this job ended; `rla-sweep resume {name}` resumes it from its checkpoint"
+INTERRUPTED = ("the launch stopped before this job ended; `rla-sweep resume {name} --root {root}` resumes it from its "
+               "checkpoint")
 
 
 def resolve_name(name_or_file: str) -> str:
@@ -26,6 +27,8 @@ def resolve_name(name_or_file: str) -> str:
 
 
 def open_sweep(root: str | Path, name_or_file: str) -> SweepDir:
+    if Path(root).exists() and not Path(root).is_dir():
+        raise UserError(f"{root} is a file, not a folder; --root names the folder a launch wrote to", key="--root")
     sdir = SweepDir(root, resolve_name(name_or_file))
     if not sdir.path.is_dir() or not (sdir.path / "jobs.json").exists():
         known = sorted(p.name for p in sdir.root.glob("*/jobs.json") for p in [p.parent]) if sdir.root.is_dir() else []
@@ -45,7 +48,7 @@ def sweep_status(sdir: SweepDir) -> dict[str, Any]:
         st = sdir.status(rec["job_id"])
         status, error = st.status, st.error
         if status in ACTIVE and not live and st.attempts:
-            status, error = Status.PENDING, error or INTERRUPTED.format(name=sdir.name)
+            status, error = Status.PENDING, error or INTERRUPTED.format(name=sdir.name, root=sdir.root)
         log = sdir.error_log(rec["job_id"])
         jobs.append({"job_id": rec["job_id"], "name": rec["name"], "ablations": rec.get("ablations", []),
                      "status": status.value, "mlflow_run_id": st.mlflow_run_id, "tokens_done": int(st.tokens_done),
@@ -64,18 +67,28 @@ def cancel(sdir: SweepDir, wait_s: float, say=print) -> bool:
         for rec in sdir.job_list():
             st = sdir.status(rec["job_id"])
             if st.status in ACTIVE:
-                sdir.set_status(rec["job_id"], status=Status.CANCELLED, error="cancelled by `rla-sweep cancel`")
+                _writing(sdir, lambda: sdir.set_status(rec["job_id"], status=Status.CANCELLED,
+                                                       error="cancelled by `rla-sweep cancel`"))
                 changed += 1
         say(f"no launch of sweep '{sdir.name}' is running" + (f"; marked {changed} unfinished jobs cancelled"
                                                               if changed else ""))
         return True
-    sdir.request_cancel()
+    _writing(sdir, sdir.request_cancel)
     say(f"asked the launch of '{sdir.name}' to stop; its jobs save a checkpoint first")
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if not sdir.lock_held_by_other():
-            say("stopped; `rla-sweep resume " + sdir.name + "` continues from the checkpoints")
+            say(f"stopped; `rla-sweep resume {sdir.name} --root {sdir.root}` continues from the checkpoints")
             return True
         time.sleep(0.5)
-    say(f"still stopping after {wait_s:.0f} s; check `rla-sweep status {sdir.name}`")
+    say(f"still stopping after {wait_s:.0f} s; check `rla-sweep status {sdir.name} --root {sdir.root}`")
     return False
+
+
+def _writing(sdir: SweepDir, write) -> None:
+    """Run a write into the sweep folder; a read-only folder is a clear error, not a traceback."""
+    try:
+        write()
+    except OSError as exc:
+        raise UserError(f"cannot write to the sweep folder ({exc.strerror or exc}); `rla-sweep cancel` records "
+                        "the request there", file=str(sdir.path)) from None

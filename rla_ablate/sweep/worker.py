@@ -194,6 +194,9 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
         if tracking_uri and run_id:
             from rla_ablate.tracking import MLflowLogger
 
+            # A resumed job first hands the run what an earlier attempt wrote but never sent (it was killed with
+            # metrics buffered); the logger then skips the steps the run holds.
+            _sync(tracking_uri, run_id, out)
             inner = MLflowLogger(tracking_uri, run_id)
         logger = SweepLogger(inner, monitor, job_id, out, watch=watch)
         logger.announce()
@@ -203,6 +206,8 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
         outcome.metrics = {k: float(v) for k, v in (outcome.metrics or {}).items()}
         outcome.gpu_memory_gib = gpu_memory_gib(allocator_cap)
         logger.close(outcome.status, outcome.traceback or outcome.error)
+        if inner is not None:
+            _sync(tracking_uri, run_id, out)
         # Wall-clock marks (epoch seconds) for the scheduling-overhead benchmark.
         outcome.timing = {"entered": entered, "run_job_start": started, "run_job_end": ended,
                           "returned": time.time(), "triton_cache": os.environ.get("TRITON_CACHE_DIR")}
@@ -220,7 +225,23 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
                 logger.close(outcome.status, outcome.error)
             except Exception:
                 pass
+        if tracking_uri and run_id:
+            _sync(tracking_uri, run_id, out)
         return outcome
+
+
+def _sync(tracking_uri: str, run_id: str, out: Path) -> None:
+    """Upload what the run lacks of the job's metrics.jsonl (the ground truth); the driver syncs again at the end
+    of the launch, so a tracking server that does not answer here loses nothing."""
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return
+    try:
+        from rla_ablate.tracking.sync import sync_from_jsonl
+
+        sync_from_jsonl(tracking_uri, run_id, path, timeout=10.0)
+    except Exception:
+        pass
 
 
 run_remote = ray.remote(max_retries=0)(execute)

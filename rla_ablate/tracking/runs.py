@@ -172,3 +172,17 @@ def create_or_get_child_run(tracking_uri: str, sweep: str, job_id: str, tags: di
     if config is not None:
         client.log_text(run_id, json.dumps(config, indent=1, sort_keys=True, default=str), CONFIG_ARTIFACT)
     return run_id
+
+
+def end_open_run(tracking_uri: str, run_id: str, status: str, reason: str | None = None) -> bool:
+    """Give a run its final status (a rla_ablate.outcome.Status value) when it is still SCHEDULED or RUNNING: a job
+    cancelled before it started, or killed before its logger closed the run. Returns whether it changed."""
+    from rla_ablate.tracking.logger import RUN_STATUS
+
+    client = MlflowClient(tracking_uri)
+    if client.get_run(run_id).info.status not in ("SCHEDULED", "RUNNING"):
+        return False
+    client.set_tag(run_id, STATUS, str(status))
+    client.set_tag(run_id, STATUS_REASON, (reason or "")[:8000])
+    client.set_terminated(run_id, status=RUN_STATUS.get(status, "FAILED"))
+    return True

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -43,6 +44,38 @@ def is_healthy(uri: str, timeout: float = 2.0) -> bool:
             return resp.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
+
+
+# Schemes MLflow's client accepts as a tracking URI; http(s) ones are checked for an answer before a launch.
+TRACKING_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+
+
+def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
+    """Refuse, in seconds, a --tracking-uri that is not a URI MLflow reads or an HTTP server that does not answer."""
+    parsed = urllib.parse.urlparse(uri)
+    scheme = parsed.scheme.split("+", 1)[0].lower()
+    if scheme not in TRACKING_SCHEMES:
+        raise UserError(f"{uri!r} is not a tracking URI; use http://HOST:PORT of an MLflow server (or a "
+                        f"{', '.join(TRACKING_SCHEMES[2:])} store URI)", key="--tracking-uri")
+    if scheme not in ("http", "https"):
+        return
+    try:
+        port = parsed.port
+    except ValueError:
+        port = -1
+    if not parsed.hostname or port == -1:
+        raise UserError(f"{uri!r} is not a valid URL; expected http://HOST:PORT", key="--tracking-uri")
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):
+            pass
+    except urllib.error.HTTPError:
+        # Something answers HTTP (a proxy, an MLflow without /health): the jobs' client decides the rest.
+        return
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UserError(f"no MLflow server answers at {uri} ({getattr(reason, 'strerror', None) or reason}); start "
+                        "one (`mlflow server`) or leave out --tracking-uri to use the embedded one",
+                        key="--tracking-uri") from None
 
 
 def _alive(pid: int | None) -> bool:
@@ -161,6 +194,15 @@ class TrackingServer:
         return False
 
     def start(self) -> "TrackingServer":
+        try:
+            return self._start()
+        except OSError as exc:
+            # An unwritable folder, a missing interpreter: say what could not start, not a traceback.
+            self.stop()
+            raise UserError(f"cannot start the MLflow server: {exc.strerror or exc}"
+                            + (f" ({exc.filename})" if exc.filename else ""), file=str(self.root)) from None
+
+    def _start(self) -> "TrackingServer":
         self.root.mkdir(parents=True, exist_ok=True)
         self.artifacts_dir.mkdir(exist_ok=True)
         if self.proc is not None or self._adopt_or_clean():
@@ -187,10 +229,12 @@ class TrackingServer:
         self._install_handlers()
         deadline = time.monotonic() + self.startup_timeout
         while not is_healthy(self.uri, timeout=1.0):
-            if self.proc.poll() is not None:
+            code = self.proc.poll()
+            if code is not None:
                 tail = self.log_path.read_text(errors="replace")[-2000:]
+                # stop() forgets the process: keep its exit code for the message.
                 self.stop()
-                raise UserError(f"the MLflow server exited with code {self.proc.returncode}; "
+                raise UserError(f"the MLflow server exited with code {code} before answering; "
                                 f"log {self.log_path}:\n{tail}")
             if time.monotonic() > deadline:
                 self.stop()

@@ -454,7 +454,11 @@ class Trainer:
             if verdict.skip:
                 self.logger.event("skipped_step", self.tokens,
                                   {"loss": loss, "grad_norm": grad_norm, "skipped": self.guard.skipped})
-                self._log({"train/skipped_steps": float(self.guard.skipped)})
+                # A window flushed at this step logs the count itself: logging it here too would give the key two
+                # values at one step.
+                flushes = (next_step % cfg.log_every_steps == 0 or last or verdict.diverged) and self.window.steps > 0
+                if not flushes:
+                    self._log({"train/skipped_steps": float(self.guard.skipped)})
                 if verdict.diverged:
                     self._flush_window(lr)
                     return self.result(Status.DIVERGED, f"diverged at {self.tokens} tokens")

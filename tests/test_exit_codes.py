@@ -1,0 +1,102 @@
+"""What the commands say and return matches docs/SWEEPS.md: cancel and Ctrl-C exit 130, a relaunch of a sweep whose
+jobs all ended (finished or diverged) exits 0, hints name --root, and a cancelled job's MLflow run ends KILLED even
+when the job never started."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rla_ablate.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"vocab_size": 257, "num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+        "head_dim": 16}
+
+
+def sweep_file(path: Path, name: str, tokens: int, cpus: int = 1, seeds=(0,)) -> Path:
+    data = {"name": name, "models": [{"preset": "tiny-rla", "overrides": TINY}, {"preset": "tiny-gdn", "overrides": TINY}],
+            "base": {"train": {"tokens": tokens, "seq_len": 64, "micro_batch_size": 4, "batch_tokens": 256,
+                               "warmup_tokens": 256, "eval_every_tokens": tokens // 2,
+                               "checkpoint_every_tokens": tokens // 4, "cpu_threads": 1},
+                     "data": {"kind": "stdlib"},
+                     "eval": [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 256}]},
+            "seeds": list(seeds), "resources": {"cpus": cpus, "retries": 0}}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_relaunch_of_diverged_jobs_exits_0(tmp_path, capsys):
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.sweep.state import SweepDir
+
+    path = sweep_file(tmp_path / "s.yaml", "div", 512)
+    sweep = load_sweep(path)
+    sdir = SweepDir(tmp_path / "runs", "div")
+    sdir.set_status(sweep.jobs[0].job_id, status="diverged", error="diverged at 256 tokens")
+    sdir.set_status(sweep.jobs[1].job_id, status="finished")
+    assert main(["launch", str(path), "--root", str(tmp_path / "runs")]) == 0
+
+
+def test_lock_refusal_names_root(tmp_path, capsys):
+    from rla_ablate.errors import UserError
+    from rla_ablate.sweep.state import SweepDir
+
+    first = SweepDir(tmp_path / "r", "x")
+    first.acquire()
+    try:
+        with pytest.raises(UserError) as info:
+            SweepDir(tmp_path / "r", "x").acquire()
+    finally:
+        first.release()
+    assert f"rla-sweep cancel x --root {(tmp_path / 'r').resolve()}" in str(info.value)
+
+
+def test_dashboard_help_has_no_doubled_percent(capsys):
+    with pytest.raises(SystemExit):
+        main(["dashboard", "--help"])
+    out = capsys.readouterr().out
+    assert "95% CI" in " ".join(out.split()) and "%%" not in out
+
+
+@pytest.mark.slow
+def test_cancel_exits_130_and_ends_every_run_killed(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from rla_ablate.sweep.state import SweepDir
+    from rla_ablate.sweep.status import sweep_status
+
+    root = tmp_path / "runs"
+    # Each job takes every CPU, so one runs and the others wait in Ray's queue: those are cancelled before starting.
+    path = sweep_file(tmp_path / "s.yaml", "stop", 1 << 20, cpus=os.cpu_count() or 1, seeds=(0, 1))
+    cmd = [sys.executable, "-m", "rla_ablate.cli"]
+    proc = subprocess.Popen([*cmd, "launch", str(path), "--root", str(root), "--max-concurrent", "3"], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            states = [json.loads(p.read_text()) for p in (root / "stop" / "jobs").glob("*/status.json")]
+            if any(s["status"] == "running" and s["tokens_done"] > 0 for s in states):
+                break
+            time.sleep(0.3)
+        out = subprocess.run([*cmd, "cancel", "stop", "--root", str(root)], cwd=REPO, capture_output=True,
+                             text=True, timeout=200)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert proc.wait(timeout=120) == 130, proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    doc = sweep_status(SweepDir(root, "stop"))
+    assert {j["status"] for j in doc["jobs"]} == {"cancelled"}
+    client = MlflowClient(doc["tracking_uri"])
+    run_ids = [j["mlflow_run_id"] for j in doc["jobs"] if j["mlflow_run_id"]]
+    assert len(run_ids) >= 2
+    statuses = {rid: client.get_run(rid).info.status for rid in run_ids}
+    assert set(statuses.values()) == {"KILLED"}, statuses

@@ -1,0 +1,184 @@
+"""Bad input at the front door: every case is one clear message, exit 2, no traceback, nothing half-made."""
+
+from __future__ import annotations
+
+import errno
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rla_ablate.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"vocab_size": 257, "num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+        "head_dim": 16}
+
+
+def tiny_sweep(path: Path, name: str = "door", **extra) -> Path:
+    data = {"name": name, "models": [{"preset": "tiny-rla", "overrides": TINY}],
+            "base": {"train": {"tokens": 512, "seq_len": 64, "micro_batch_size": 4, "batch_tokens": 256,
+                               "warmup_tokens": 256, "cpu_threads": 1}, "data": {"kind": "stdlib"}},
+            "resources": {"cpus": 1}, **extra}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str]:
+    code = main(list(args))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def test_dead_tracking_uri_is_refused_in_seconds(tmp_path, capsys):
+    from rla_ablate.tracking.server import free_port
+
+    sweep = tiny_sweep(tmp_path / "s.yaml")
+    t0 = time.monotonic()
+    code, err = run_cli(capsys, "launch", str(sweep), "--root", str(tmp_path / "runs"), "--tracking-uri",
+                        f"http://127.0.0.1:{free_port()}")
+    assert code == 2 and "--tracking-uri: no MLflow server answers" in err
+    assert time.monotonic() - t0 < 30
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("uri", ["garbage", "http//x:5000", "http://:5000", "ftp://host/x"])
+def test_garbage_tracking_uri_is_refused(tmp_path, capsys, uri):
+    code, err = run_cli(capsys, "launch", str(tiny_sweep(tmp_path / "s.yaml")), "--root", str(tmp_path / "r"),
+                        "--tracking-uri", uri)
+    assert code == 2 and "--tracking-uri:" in err
+
+
+def test_mlflow_server_that_dies_at_start_up_says_so(tmp_path, monkeypatch):
+    from rla_ablate.errors import UserError
+    from rla_ablate.tracking import server
+
+    monkeypatch.setattr(server.sys, "executable", "/bin/false")
+    with pytest.raises(UserError) as info:
+        server.TrackingServer(tmp_path / "mlflow", startup_timeout=20).start()
+    assert "the MLflow server exited with code 1" in str(info.value)
+
+
+def test_mlflow_server_that_cannot_be_started_says_so(tmp_path, monkeypatch):
+    from rla_ablate.errors import UserError
+    from rla_ablate.tracking import server
+
+    monkeypatch.setattr(server.sys, "executable", str(tmp_path / "no-such-python"))
+    with pytest.raises(UserError) as info:
+        server.TrackingServer(tmp_path / "mlflow", startup_timeout=20).start()
+    assert "cannot start the MLflow server" in str(info.value)
+
+
+def test_non_utf8_sweep_file(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_bytes(b"name: caf\xe9\n")
+    code, err = run_cli(capsys, "plan", str(path))
+    assert code == 2 and "not UTF-8" in err
+
+
+def test_root_that_is_a_file(tmp_path, capsys):
+    root = tmp_path / "file"
+    root.write_text("x")
+    code, err = run_cli(capsys, "launch", str(tiny_sweep(tmp_path / "s.yaml")), "--root", str(root))
+    assert code == 2 and "is a file" in err
+    code, err = run_cli(capsys, "status", "door", "--root", str(root))
+    assert code == 2 and "is a file" in err
+    code, err = run_cli(capsys, "cancel", "door", "--root", str(root))
+    assert code == 2 and "is a file" in err
+
+
+def test_train_out_that_is_a_file(tmp_path, capsys):
+    out = tmp_path / "file"
+    out.write_text("x")
+    code, err = run_cli(capsys, "train", "tiny-rla", "--out", str(out))
+    assert code == 2 and "--out:" in err and "is a file" in err
+
+
+def _read_only(monkeypatch):
+    """The sweep folder as on a read-only filesystem (the tests run as root, so chmod would not stop a write)."""
+    import os
+
+    from rla_ablate.sweep import state
+
+    real_open = os.open
+
+    def ro_open(path, flags, *args):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, flags, *args)
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(state.os, "open", ro_open)
+    monkeypatch.setattr(state, "write_json", refuse)
+    monkeypatch.setattr(state.SweepDir, "request_cancel", refuse)
+
+
+def _finished_sweep(root: Path, active: bool) -> None:
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(root, "door")
+    sdir.path.mkdir(parents=True)
+    sdir.write_job_list([{"job_id": "j1", "name": "tiny-rla/seed0", "tokens_target": 512}])
+    sdir.set_status("j1", status="running" if active else "finished", attempts=1)
+    (sdir.path / "launch.lock").write_text("")
+
+
+def test_status_and_cancel_work_on_a_read_only_root(tmp_path, capsys, monkeypatch):
+    _finished_sweep(tmp_path / "done", active=False)
+    _finished_sweep(tmp_path / "active", active=True)
+    _read_only(monkeypatch)
+    code, err = run_cli(capsys, "status", "door", "--root", str(tmp_path / "done"), "--json")
+    assert code == 0
+    code, err = run_cli(capsys, "cancel", "door", "--root", str(tmp_path / "done"))
+    assert code == 0
+    # An unfinished job would have to be marked cancelled: that needs a write, and says so.
+    code, err = run_cli(capsys, "cancel", "door", "--root", str(tmp_path / "active"))
+    assert code == 2 and "cannot write to the sweep folder" in err
+
+
+def test_a_launch_on_a_read_only_root_is_refused(tmp_path, capsys, monkeypatch):
+    import os
+
+    from rla_ablate.commands import launch
+
+    monkeypatch.setattr(launch.os, "access", lambda path, mode: False)
+    code, err = run_cli(capsys, "launch", str(tiny_sweep(tmp_path / "s.yaml")), "--root", str(tmp_path / "r"))
+    assert code == 2 and "cannot write under" in err
+
+
+def test_job_cap_is_checked_before_expanding(tmp_path, capsys):
+    sweep = tiny_sweep(tmp_path / "s.yaml", grid={"train.lr": [1e-3 * (i + 1) for i in range(1000)],
+                                                  "train.min_lr": [1e-6 * (i + 1) for i in range(200)]})
+    t0 = time.monotonic()
+    code, err = run_cli(capsys, "plan", str(sweep))
+    assert code == 2 and "200,000 jobs" in err and "grid.train.lr" in err and "grid.train.min_lr" in err
+    assert time.monotonic() - t0 < 10
+
+
+def test_a_failed_launch_leaves_no_new_sweep_behind(tmp_path, capsys):
+    from rla_ablate.tracking.server import free_port
+
+    root = tmp_path / "runs"
+    code, err = run_cli(capsys, "launch", str(tiny_sweep(tmp_path / "s.yaml")), "--root", str(root),
+                        "--address", f"127.0.0.1:{free_port()}")
+    assert code == 2 and "--address" in err
+    assert not (root / "door").exists()
+
+
+def test_a_failed_data_prepare_leaves_no_folder(tmp_path, capsys, monkeypatch):
+    import rla_ablate.data.sources as sources
+
+    def boom(docs, tok):
+        yield from ()
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(sources, "tokenize_documents", boom)
+    out = tmp_path / "shards"
+    with pytest.raises(OSError):
+        main(["data", "prepare", "stdlib", str(out)])
+    assert not out.exists()
