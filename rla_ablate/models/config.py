@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 Family = Literal["transformer", "sgla", "gdn", "rla", "rdn"]
 FAMILIES: tuple[str, ...] = ("transformer", "sgla", "gdn", "rla", "rdn")
@@ -29,6 +29,11 @@ RESIDUAL_FAMILIES: tuple[str, ...] = ("rla", "rdn")
 # The baseline each residual family extends (BRIEF §1): same retention gate and update rule, no R.
 BASELINE_OF: dict[str, str] = {"rla": "sgla", "rdn": "gdn"}
 RULE_OF: dict[str, str] = {"sgla": "additive", "rla": "additive", "gdn": "delta", "rdn": "delta"}
+# Switches added for the small-scale proxies, with the value every earlier config had. The dump leaves them out at
+# that value, so earlier configs keep their JSON: their job ids, checkpoints and the golden run still match.
+_LATER_SWITCHES = {"clip_mode": "absolute", "conv_init": "normal"}
+_BETA_OF: dict[str, str | None] = {"transformer": None, "sgla": "fixed", "gdn": "learned", "rla": "learned",
+                                   "rdn": "learned"}
 
 
 class ModelConfig(BaseModel):
@@ -159,6 +164,17 @@ class ModelConfig(BaseModel):
                            ("num_kv_heads", num_kv_heads), ("beta", beta)):
             object.__setattr__(self, key, value)
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        data = handler(self)
+        for key, default in _LATER_SWITCHES.items():
+            if data.get(key) == default:
+                data.pop(key)
+        # beta as the family has it is what every earlier config meant.
+        if "beta" in data and data["beta"] == _BETA_OF[self.family]:
+            data.pop("beta")
+        return data
 
     @property
     def rule(self) -> str | None:
