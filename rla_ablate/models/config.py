@@ -10,8 +10,9 @@ The family fixes what the switches may be:
 | rla         | residual linear attention          | additive | residual (or none)       |
 | rdn         | residual delta net                 | delta    | residual (or none)       |
 
-Switches that only mean something for a residual model (target, clip, output_gates, tied_gamma) must keep their
-defaults on a baseline; switches left unset (`fit`, `qk_norm`, `use_short_conv`) resolve to the family's default,
+Switches that only mean something for a residual model (target, clip, clip_mode, output_gates, tied_gamma) must
+keep their defaults on a baseline; switches left unset (`fit`, `qk_norm`, `use_short_conv`, `beta`) resolve to the
+family's default,
 so the validated config (and its JSON, which job ids hash) always spells out what runs.
 """
 
