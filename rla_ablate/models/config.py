@@ -12,8 +12,9 @@ The family fixes what the switches may be:
 
 Switches that only mean something for a residual model (target, clip, clip_mode, output_gates, tied_gamma) must
 keep their defaults on a baseline; switches left unset (`fit`, `qk_norm`, `use_short_conv`, `beta`) resolve to the
-family's default,
-so the validated config (and its JSON, which job ids hash) always spells out what runs.
+family's default, so the validated config always spells out what runs; its JSON (which job ids hash) leaves out
+only the proxy switches at the values every earlier config had (clip_mode absolute, conv_init normal, the family's
+beta).
 """
 
 from __future__ import annotations
