@@ -35,6 +35,13 @@ def test_committed_specs_load():
     for spec in specs.values():
         for claim in spec.claims:
             assert claim.expect in ("higher", "lower") and claim.min_effect > 0 and claim.treatment, spec.name
+    study = {s.name: s for s in load_specs(spec_dir() / "study")}
+    assert set(study) == {"table4_no_fitting", "fig3a_tied_gamma", "table5_output_gates", "fig4_clip_norm",
+                          "table_matched_state", "validity"}
+    for spec in study.values():
+        # Every claim of the study is stated on both tasks: MQAR accuracy and code-LM loss.
+        kinds = [c.treatment.get("data.kind") for c in spec.claims]
+        assert kinds.count("mqar") == kinds.count("stdlib") == len(kinds) // 2, spec.name
     questions = {s.name: s for s in load_specs(spec_dir() / "questions")}
     assert questions["clip_radius"].series == ["model.clip"] and questions["clip_radius"].claims
 

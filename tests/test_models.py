@@ -27,6 +27,10 @@ VARIANTS = {
     "rdn-tanh-nogates-nonorm-ev": dict(family="rdn", target="tanh", output_gates=False, qk_norm="none",
                                        expand_v=1.5),
     "gdn-noconv": dict(family="gdn", use_short_conv=False),
+    # The proxies' switches (docs/MATH.md, "Small-scale proxies"): in eval the relative radius is a constant.
+    "rla-relative-identityconv": dict(family="rla", clip_mode="relative", clip=0.5, conv_init="identity"),
+    "rdn-relative": dict(family="rdn", clip_mode="relative", clip=0.3),
+    "sgla-learned-beta": dict(family="sgla", beta="learned"),
 }
 
 
@@ -146,6 +150,8 @@ def test_families_share_everything_but_their_gates():
 @pytest.mark.parametrize("name", [n for n in ABLATIONS if n != "matched_state"])
 @pytest.mark.parametrize("family", ["rla", "rdn"])
 def test_every_ablation_switch_reaches_the_output(name, family):
+    if family not in ABLATIONS[name].families:
+        pytest.skip(f"{name} applies to {', '.join(ABLATIONS[name].families)}")
     ref_cfg = make(family)
     abl_cfg = ABLATIONS[name].apply(ref_cfg)
     ref, abl = built(ref_cfg), built(abl_cfg)
@@ -165,6 +171,47 @@ def test_backward_reaches_every_parameter(variant):
     torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 50), ids[:, 1:].reshape(-1)).backward()
     no_grad = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
     assert not no_grad
+
+
+def test_relative_clip_scales_the_radius_by_the_residual_rms():
+    from rla_ablate.ops.chunk import chunk_base_reads
+
+    # One layer: the absolute twin below gives every layer the one radius measured here.
+    cfg = make("rla", clip_mode="relative", clip=0.5, num_layers=1)
+    model = built(cfg).train()
+    mixer = model.layers[0].attn
+    seen = {}
+    # The radius the op receives, and the k, v, g, beta it is measured from.
+    original = mixer._clip_radius
+
+    def spy(k, v, g, beta, S0):
+        seen["inputs"] = (k, v, g, beta)
+        seen["radius"] = original(k, v, g, beta, S0)
+        return seen["radius"]
+
+    mixer._clip_radius = spy
+    ids = torch.randint(0, 50, (2, 13), generator=torch.Generator().manual_seed(1))
+    logits = model(ids)
+    k, v, g, beta = seen["inputs"]
+    rms = (v - chunk_base_reads(k, v, g, beta, "additive")).square().mean().sqrt().item()
+    assert seen["radius"] == pytest.approx(0.5 * rms, rel=1e-12)
+    # The first training forward sets the running RMS; eval then uses it, without gradients through it.
+    assert mixer.residual_rms_ema.item() == pytest.approx(rms, rel=1e-12) and mixer.residual_rms_updates.item() == 1
+    logits.sum().backward()
+    assert all(p.grad is not None for p in mixer.parameters())
+    # The same radius as an absolute clip computes the same model.
+    absolute = built(make("rla", clip=seen["radius"], num_layers=1)).train()
+    absolute.load_state_dict({k: t for k, t in model.state_dict().items() if "residual_rms" not in k})
+    assert_close("relative == absolute at the same radius", absolute(ids), logits.detach(), ratio=1e-12)
+    model.eval()
+    model(ids)
+    assert mixer.residual_rms_updates.item() == 1
+
+
+def test_identity_conv_init_passes_the_current_token():
+    model = built(make("rla", conv_init="identity"))
+    w = model.layers[0].attn.q_conv1d.weight
+    assert torch.equal(w[:, 0, -1], torch.ones_like(w[:, 0, -1])) and not w[:, :, :-1].any()
 
 
 def test_init_std_from_config():
@@ -188,6 +235,10 @@ def test_init_std_from_config():
     (dict(family="rdn", fit="partial"), "fit"),
     (dict(family="rdn", colour="red"), "colour"),
     (dict(family="rdn", backend="cuda"), "not one of auto, naive, chunk, fla, triton"),
+    (dict(family="sgla", clip_mode="relative"), "only apply to residual families"),
+    (dict(family="rla", beta="fixed"), "only sgla may fix it"),
+    (dict(family="transformer", beta="learned"), "the transformer has no write gate"),
+    (dict(family="gdn", use_short_conv=False, conv_init="identity"), "needs the short convolution"),
 ])
 def test_invalid_configs_are_rejected(bad, message):
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -16,11 +16,12 @@ EXPECTED = {
     "no_norm": {"qk_norm": "none"},
     "no_clip_no_norm": {"target": "identity", "qk_norm": "none"},
     "logcosh": {"target": "tanh"},
+    "no_fitting_no_clip": {"fit": "none", "target": "identity"},
 }
 
 
 def test_registry_names_and_evidence():
-    assert set(ABLATIONS) == set(EXPECTED) | {"matched_state"}
+    assert set(ABLATIONS) == set(EXPECTED) | {"matched_state", "learned_beta_base"}
     for ablation in ABLATIONS.values():
         assert ablation.evidence and ablation.change and set(ablation.families) <= {"sgla", "gdn", "rla", "rdn"}
 
@@ -37,6 +38,19 @@ def test_each_ablation_changes_exactly_its_switches(name, family):
 def test_matched_state_control():
     out = apply_ablation("matched_state", load_preset("tiny-rdn"))
     assert out.family == "gdn" and out.expand_v == 2.0
+
+
+def test_learned_beta_base_is_rla_without_r_and_gamma():
+    ref = load_preset("proxy-mqar-rla")
+    out = apply_ablation("learned_beta_base", ref)
+    before, after = ref.model_dump(), out.model_dump()
+    # The shape and the proxy options (init, conv) stay; the residual path and its switches go (clip_mode back to
+    # absolute, which the dump leaves out); beta stays learned, which sGLA's dump spells out.
+    assert {k: after.get(k) for k in set(after) | set(before) if after.get(k) != before.get(k)} == {
+        "family": "sgla", "fit": "off", "clip": 1.0, "clip_mode": None, "beta": "learned"}
+    assert out.beta == "learned" and load_preset("proxy-mqar-sgla").beta == "fixed"
+    with pytest.raises(UserError, match="it applies to: rla"):
+        apply_ablation("learned_beta_base", load_preset("tiny-rdn"))
 
 
 def test_no_norm_fits_baselines_too():

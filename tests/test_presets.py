@@ -13,7 +13,7 @@ from rla_ablate.errors import UserError
 from rla_ablate.models import FAMILIES, build_model, count_params, list_presets, load_preset
 from rla_ablate.models.presets import PRESET_DIR
 
-SCALES = ("tiny", "100m", "1.5b")
+SCALES = ("tiny", "100m", "1.5b", "proxy-mqar", "proxy-lm")
 
 
 def test_the_preset_grid_is_complete():
@@ -24,7 +24,7 @@ def test_the_preset_grid_is_complete():
 @pytest.mark.parametrize("name", list_presets())
 def test_preset_loads_and_names_its_family(name):
     cfg = load_preset(name)
-    assert cfg.family == name.split("-", 1)[1]
+    assert cfg.family == name.rsplit("-", 1)[1]
     assert load_preset(PRESET_DIR / f"{name}.yaml") == cfg
 
 
@@ -51,6 +51,19 @@ def test_tiny_presets_train_a_step_on_cpu(family):
     loss = torch.nn.functional.cross_entropy(model(ids)[:, :-1].reshape(-1, cfg.vocab_size), ids[:, 1:].reshape(-1))
     loss.backward()
     assert torch.isfinite(loss) and abs(loss.item() - torch.log(torch.tensor(float(cfg.vocab_size))).item()) < 0.1
+
+
+@pytest.mark.parametrize("task, low, high", [("mqar", 1e6, 2e6), ("lm", 8e6, 30e6)])
+def test_proxy_presets_have_the_study_sizes_and_engaged_options(task, low, high):
+    for family in FAMILIES:
+        cfg = load_preset(f"proxy-{task}-{family}")
+        assert low <= count_params(cfg) <= high, (family, count_params(cfg))
+        # The 1.5B preset's per-unit init: init_std * sqrt(hidden) equal to 0.006 * sqrt(2048) within rounding.
+        assert cfg.init_std * cfg.hidden_size ** 0.5 == pytest.approx(0.006 * 2048 ** 0.5, rel=0.01)
+        if family != "transformer":
+            assert cfg.conv_init == "identity"
+        if family in ("rla", "rdn"):
+            assert cfg.clip_mode == "relative"
 
 
 def test_bad_preset_file_names_line_and_key(tmp_path: Path):

@@ -68,6 +68,39 @@ def test_ablation_suite_covers_the_paper():
             assert state_elements_per_layer(j.job.model) == state_elements_per_layer(target.job.model)
 
 
+def test_proxy_study_arms_tasks_and_controls():
+    import math
+
+    from rla_ablate.sweep.calibration import estimate_speed
+
+    sweep = load_sweep(REPO / "sweeps" / "proxy-study.yaml")
+    jobs = {j.name: j for j in sweep.jobs}
+    assert {j.seed for j in sweep.jobs} == {0, 1, 2} and sweep.config.resources.gpus == "auto"
+    # Each arm's own sections: MQAR arms train on MQAR (queries only) and score four difficulties; LM arms bytes.
+    mqar, lm = jobs["mqar-rla/seed0"].job, jobs["lm-rla/seed0"].job
+    assert mqar.data.kind == "mqar" and mqar.train.seq_len == 256 and mqar.train.lr == 1e-3
+    assert [e.name for e in mqar.eval] == ["mqar_kv16", "mqar_kv8", "mqar_kv32", "mqar_kv64_t512"]
+    assert mqar.train.precision == "bf16" and mqar.train.device == "cuda"   # shared keys the arm leaves alone
+    assert lm.data.kind == "stdlib" and [e.name for e in lm.eval] == ["val"]
+    # Ablations and controls inherit the arm's sections.
+    assert jobs["mqar-rla/no_fitting/seed0"].job.data.kind == "mqar"
+    assert jobs["mqar-rla/learned_beta_base/seed0"].job.model.beta == "learned"
+    for arm, base in (("mqar-rla", "sgla"), ("lm-rdn", "gdn")):
+        control = jobs[f"{base}~matched_wallclock({arm})/seed0"]
+        ref = jobs[f"{arm}/seed0"].job
+        assert control.job.data == ref.data and control.job.model.family == base
+        ratio = (estimate_speed(control.job, 400.0).tokens_per_s / estimate_speed(ref, 400.0).tokens_per_s)
+        assert control.job.train.tokens == math.ceil(ref.train.tokens * ratio) > ref.train.tokens
+        assert control.control_report["speed_ratio"] == pytest.approx(ratio)
+
+
+def test_arm_base_rejects_unknown_sections(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nmodels:\n  - {preset: tiny-rla, base: {model: {}}}\n")
+    with pytest.raises(Exception, match="allowed: train, data, eval"):
+        load_sweep(f)
+
+
 def test_expansion_is_deterministic_and_ids_ignore_key_order(tmp_path):
     src = REPO / "sweeps" / "smoke.yaml"
     a = load_sweep(src)

@@ -22,7 +22,9 @@ from rla_ablate.tracking.read import RunRecord, SweepRuns
 FAMILY_NAMES = {"rla": "RLA", "rdn": "RDN", "sgla": "sGLA", "gdn": "GDN", "transformer": "Transformer"}
 ABLATION_NAMES = {"none": "", "tied_gamma": "tied γ", "no_fitting": "no fitting", "no_output_gates": "no output gates",
                   "no_clip": "w/o clip", "no_norm": "w/o norm", "no_clip_no_norm": "w/o clip & norm",
-                  "logcosh": "log-cosh", "matched_state": "matched state"}
+                  "logcosh": "log-cosh", "matched_state": "matched state",
+                  "no_fitting_no_clip": "no fitting, w/o clip", "learned_beta_base": "learned β, no R",
+                  "matched_wallclock": "matched wall-clock"}
 # Keys that always describe a series (besides its grid/zip point keys).
 IDENTITY_KEYS = ("family", "ablations", CONTROL, ARM, PRESET, VERSION)
 OLDER_LABEL = "older sweep version"

@@ -9,7 +9,7 @@ the norm's epsilon swamps whatever the output gates do. The diagnostics logged a
 
 Checks (thresholds from the spec's `validity:`; defaults below), on the final value of each run:
 
-    target   clip-type ablations (no_clip, no_clip_no_norm, logcosh) change what the clip target does, so the
+    target   clip-type ablations (no_clip, no_clip_no_norm, logcosh, no_fitting_no_clip) change what the clip target does, so the
              reference (the unablated model, same seed) must have diag/target_engaged >= 0.001
     mixer    every comparison of linear-attention mixers (no_output_gates, and any other ablation or control)
              needs diag/mixer_rms_over_sqrt_eps >= 1.0 on the job and on its reference
@@ -31,7 +31,7 @@ from rla_ablate.tracking.read import RunRecord
 
 TARGET_METRIC = "diag/target_engaged"
 MIXER_METRIC = "diag/mixer_rms_over_sqrt_eps"
-CLIP_TYPE = ("no_clip", "no_clip_no_norm", "logcosh")
+CLIP_TYPE = ("no_clip", "no_clip_no_norm", "logcosh", "no_fitting_no_clip")
 LINEAR = ("sgla", "gdn", "rla", "rdn")
 # A few float32 ulps: runs that compute the same model agree to this, a real effect at any scale does not.
 IDENTICAL_RTOL = 4 * 2.0 ** -23

@@ -39,13 +39,24 @@ def _set(**changes) -> Callable[[ModelConfig], ModelConfig]:
 
 
 _RESIDUAL = ("rla", "rdn")
+# What a residual model sets that its baseline must leave at the defaults (ModelConfig's residual-only switches).
+_BASE_DEFAULTS = {"fit": None, "target": "clip", "clip": 1.0, "clip_mode": "absolute", "output_gates": True,
+                  "tied_gamma": False}
+
+
+def _learned_beta_base(cfg: ModelConfig) -> ModelConfig:
+    # Everything shared with RLA is kept (shape, init, conv, q/k norm); only R and gamma go.
+    return cfg.replace(family="sgla", beta="learned", **_BASE_DEFAULTS)
 ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
     Ablation("no_fitting", _RESIDUAL, "fit=none: R_t = r_t k_t^T, no memory in R",
              "Table 4 (50B tokens)", _set(fit="none")),
     Ablation("tied_gamma", _RESIDUAL, "gamma_t := beta_t", "Fig. 3a/3b", _set(tied_gamma=True)),
     Ablation("no_output_gates", _RESIDUAL, "output_gates=False: o_t = S_{t-1} q_t + R_t q_t",
              "Table 5", _set(output_gates=False)),
-    Ablation("no_clip", _RESIDUAL, "target=identity (plain L2 residual)", "Fig. 4b (RDN vs RDN w/o clip)",
+    Ablation("no_fitting_no_clip", _RESIDUAL, "fit=none and target=identity: R_t = (v_t - S_{t-1} k_t) k_t^T",
+             "Table 4 as the slide writes it (the no-fitting state has no clip)", _set(fit="none", target="identity")),
+    Ablation("no_clip", _RESIDUAL, "target=identity (plain L2 residual)",
+             "Fig. 4b (RDN vs RDN w/o clip); for RLA the separate half of Fig. 4's 'w/o clip and norm'",
              _set(target="identity")),
     Ablation("no_norm", ("sgla", "gdn", "rla", "rdn"), "qk_norm=none (no L2 norm of q and k)", "Fig. 4",
              _set(qk_norm="none")),
@@ -53,6 +64,10 @@ ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
              _set(target="identity", qk_norm="none")),
     Ablation("logcosh", _RESIDUAL, "target=tanh: c * tanh(x / c) (log-cosh loss)", "App. B proposal, never run",
              _set(target="tanh")),
+    Ablation("learned_beta_base", ("rla",),
+             "sGLA with RLA's learned beta = sigmoid(W_b x) and no R: the residual model minus R and gamma",
+             "none: sGLA writes with beta = 1 while RLA learns beta, so rla vs sgla also changes beta; this "
+             "control isolates R", _learned_beta_base),
     Ablation("matched_state", _RESIDUAL,
              "the baseline (rla -> sgla, rdn -> gdn) widened along expand_v to the residual model's state",
              "none: the paper's open question (no equal-state control was run)",

@@ -50,7 +50,7 @@ def _mixer_params(cfg: ModelConfig) -> tuple[int, int]:
     else:
         matmul += D * H
         other += 2 * H  # A_log, dt_bias
-    if cfg.family != "sgla":
+    if cfg.beta == "learned":
         matmul += D * H  # b_proj
     if cfg.is_residual and not cfg.tied_gamma:
         matmul += D * H  # c_proj

@@ -85,7 +85,8 @@ def plain_baseline(cfg: ModelConfig, baseline_family: str | None = None) -> Mode
     family = baseline_family or BASELINE_OF[cfg.family]
     if family not in LINEAR_FAMILIES or family in RESIDUAL_FAMILIES:
         raise MatchError(f"baseline_family must be one of sgla, gdn (got {family!r})")
-    return cfg.replace(family=family, fit=None, target="clip", clip=1.0, output_gates=True, tied_gamma=False)
+    return cfg.replace(family=family, fit=None, target="clip", clip=1.0, clip_mode="absolute", output_gates=True,
+                       tied_gamma=False)
 
 
 def _widen(base: ModelConfig, target_state: int, axis: str) -> ModelConfig:

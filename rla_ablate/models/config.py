@@ -10,9 +10,11 @@ The family fixes what the switches may be:
 | rla         | residual linear attention          | additive | residual (or none)       |
 | rdn         | residual delta net                 | delta    | residual (or none)       |
 
-Switches that only mean something for a residual model (target, clip, output_gates, tied_gamma) must keep their
-defaults on a baseline; switches left unset (`fit`, `qk_norm`, `use_short_conv`) resolve to the family's default,
-so the validated config (and its JSON, which job ids hash) always spells out what runs.
+Switches that only mean something for a residual model (target, clip, clip_mode, output_gates, tied_gamma) must
+keep their defaults on a baseline; switches left unset (`fit`, `qk_norm`, `use_short_conv`, `beta`) resolve to the
+family's default, so the validated config always spells out what runs; its JSON (which job ids hash) leaves out
+only the proxy switches at the values every earlier config had (clip_mode absolute, conv_init normal, the family's
+beta).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 Family = Literal["transformer", "sgla", "gdn", "rla", "rdn"]
 FAMILIES: tuple[str, ...] = ("transformer", "sgla", "gdn", "rla", "rdn")
@@ -29,6 +31,11 @@ RESIDUAL_FAMILIES: tuple[str, ...] = ("rla", "rdn")
 # The baseline each residual family extends (BRIEF §1): same retention gate and update rule, no R.
 BASELINE_OF: dict[str, str] = {"rla": "sgla", "rdn": "gdn"}
 RULE_OF: dict[str, str] = {"sgla": "additive", "rla": "additive", "gdn": "delta", "rdn": "delta"}
+# Switches added for the small-scale proxies, with the value every earlier config had. The dump leaves them out at
+# that value, so earlier configs keep their JSON: their job ids, checkpoints and the golden run still match.
+_LATER_SWITCHES = {"clip_mode": "absolute", "conv_init": "normal"}
+_BETA_OF: dict[str, str | None] = {"transformer": None, "sgla": "fixed", "gdn": "learned", "rla": "learned",
+                                   "rdn": "learned"}
 
 
 class ModelConfig(BaseModel):
@@ -61,7 +68,11 @@ class ModelConfig(BaseModel):
     target: Literal["clip", "tanh", "identity"] = "clip"
     """Residual target: clip (Huber, paper), tanh (log-cosh, App. B) or identity (plain L2, 'no clip')."""
     clip: float = Field(1.0, gt=0, allow_inf_nan=False)
-    """c in Clip[-c, c] and c * tanh(x / c)."""
+    """c in Clip[-c, c] and c * tanh(x / c) (clip_mode absolute), or its multiple of the residual RMS (relative)."""
+    clip_mode: Literal["absolute", "relative"] = "absolute"
+    """absolute: the radius is `clip` (paper). relative: the radius is `clip` times the RMS of the layer's residual
+    v_t - S_{t-1} k_t, measured without gradients (batch value in training, its running mean in eval and decoding),
+    so the target acts on a fixed share of the residuals at any scale (docs/MATH.md, "Small-scale proxies")."""
     output_gates: bool = True
     """o = alpha S_{t-1} q + gamma R_t q (True, paper) or S_{t-1} q + R_t q (Table 5)."""
     tied_gamma: bool = False
@@ -72,6 +83,12 @@ class ModelConfig(BaseModel):
     """Causal depthwise conv + SiLU on q, k, v (default for linear families; the transformer has none)."""
     conv_size: int = Field(4, ge=1)
     """Kernel size of the short convolution."""
+    conv_init: Literal["normal", "identity"] = "normal"
+    """Init of the short convolution: normal (N(0, init_std) as every weight, FLA) or identity (the current
+    token's tap 1, the others 0: the conv starts as a pass-through and does not shrink q, k, v)."""
+    beta: Literal["fixed", "learned"] | None = None
+    """Base write strength: learned (beta = sigmoid(W_b x); gdn, rla, rdn) or fixed (beta = 1; sgla's default).
+    sgla may set learned: the additive base with RLA's beta and no R, the clean control for RLA."""
     init_std: float = Field(0.006, gt=0)
     """Std of the normal init of every linear, conv and embedding weight (paper App. C: 0.006)."""
     norm_eps: float = Field(1e-6, gt=0)
@@ -84,7 +101,8 @@ class ModelConfig(BaseModel):
     @model_validator(mode="after")
     def _resolve_and_check(self) -> "ModelConfig":
         fam = self.family
-        residual_only = {"target": "clip", "clip": 1.0, "output_gates": True, "tied_gamma": False}
+        residual_only = {"target": "clip", "clip": 1.0, "clip_mode": "absolute", "output_gates": True,
+                         "tied_gamma": False}
         if fam in RESIDUAL_FAMILIES:
             if self.fit == "off":
                 raise ValueError(f"fit='off' removes the residual path: use family '{BASELINE_OF[fam]}' instead of "
@@ -124,6 +142,18 @@ class ModelConfig(BaseModel):
             qk_norm = self.qk_norm or "l2"
             use_short_conv = True if self.use_short_conv is None else self.use_short_conv
             num_kv_heads = None
+        if fam == "transformer":
+            if self.beta is not None:
+                raise ValueError("beta is a linear-attention switch; the transformer has no write gate")
+            beta = None
+        elif fam == "sgla":
+            beta = self.beta or "fixed"
+        else:
+            if self.beta == "fixed":
+                raise ValueError(f"family '{fam}' learns beta; only sgla may fix it (beta='fixed' is sgla's default)")
+            beta = "learned"
+        if self.conv_init != "normal" and not use_short_conv:
+            raise ValueError(f"conv_init={self.conv_init!r} needs the short convolution (use_short_conv=True)")
         # GPU backends register on import (rla_ablate.ops), so their names are listed here, not looked up.
         known = ("auto", "naive", "chunk", "fla", "triton")
         if self.backend not in known:
@@ -133,9 +163,20 @@ class ModelConfig(BaseModel):
                              "(leave backend='auto')")
         # The model is frozen; fill the resolved values in place once, at validation.
         for key, value in (("fit", fit), ("qk_norm", qk_norm), ("use_short_conv", use_short_conv),
-                           ("num_kv_heads", num_kv_heads)):
+                           ("num_kv_heads", num_kv_heads), ("beta", beta)):
             object.__setattr__(self, key, value)
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        data = handler(self)
+        for key, default in _LATER_SWITCHES.items():
+            if data.get(key) == default:
+                data.pop(key)
+        # beta as the family has it is what every earlier config meant.
+        if "beta" in data and data["beta"] == _BETA_OF[self.family]:
+            data.pop("beta")
+        return data
 
     @property
     def rule(self) -> str | None:
@@ -155,10 +196,12 @@ class ModelConfig(BaseModel):
         """A validated copy with `changes` applied (unset switches re-resolve for a new family)."""
         data = self.model_dump()
         if "family" in changes and changes["family"] != self.family:
-            for key in ("fit", "qk_norm", "use_short_conv", "num_kv_heads"):
+            for key in ("fit", "qk_norm", "use_short_conv", "num_kv_heads", "beta"):
                 if key not in changes and (self.family == "transformer") != (changes["family"] == "transformer"):
                     data[key] = None
             if "fit" not in changes:
                 data["fit"] = None
+            if "beta" not in changes:
+                data["beta"] = None
         data.update(changes)
         return ModelConfig.model_validate(data)

@@ -18,7 +18,7 @@ prefill and one-token steps; its outputs are those of the parallel forward (test
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -27,11 +27,17 @@ import torch.nn.functional as F
 from rla_ablate.models.config import ModelConfig
 from rla_ablate.models.diagnostics import mixer_diagnostics
 from rla_ablate.ops import ResidualSpec, residual_attention, select_backend
+from rla_ablate.ops.chunk import chunk_base_reads
 
 # FLA's SimpleGatedLinearAttention default: keeps alpha = sigmoid(x)^(1/16) close to 1 at init.
 GATE_LOGIT_NORMALIZER = 16
 # FLA's l2norm epsilon (fla.modules.l2norm).
 L2_EPS = 1e-6
+# clip_mode relative: weight of the old value in the running residual RMS (per training forward; a proxy run of a
+# few hundred steps forgets its first batches within ~50 forwards).
+RESIDUAL_RMS_MOMENTUM = 0.95
+# ... and the smallest RMS the radius is scaled by (a zero radius is not a clip).
+RELATIVE_CLIP_FLOOR = 1e-12
 
 
 @dataclass
@@ -113,16 +119,49 @@ class ResidualAttention(nn.Module):
             self.dt_bias = nn.Parameter(torch.zeros(H))
             self.A_log._no_weight_decay = True
             self.dt_bias._no_weight_decay = True
-        if cfg.family != "sgla":
+        if cfg.beta == "learned":
             self.b_proj = nn.Linear(D, H, bias=False)
         if cfg.is_residual and not cfg.tied_gamma:
             self.c_proj = nn.Linear(D, H, bias=False)
         self.g_proj = nn.Linear(D, H * V, bias=False)
         self.o_norm = nn.RMSNorm(V, eps=cfg.norm_eps)
         self.o_proj = nn.Linear(H * V, D, bias=False)
+        if cfg.clip_mode == "relative":
+            # The running residual RMS that scales the clip in eval and decoding; 1 until the first training
+            # forward measures it (so an untrained model clips at the absolute radius `clip`).
+            self.register_buffer("residual_rms_ema", torch.ones((), dtype=torch.float64))
+            self.register_buffer("residual_rms_updates", torch.zeros((), dtype=torch.int64))
         self.backend_used: str | None = None
         self.stats_enabled = False
         self.stats: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def _clip_radius(self, k_BTHK, v_BTHV, g_BTH, beta_BTH, S0) -> float:
+        """The radius the op receives: `clip`, or with clip_mode relative `clip` times the residual RMS.
+
+        The RMS is detached (a constant of the step, so the target's gradient is the plain clip's: 1 inside,
+        0 outside) and one float per layer call, as every backend takes a scalar radius. Training forwards use the
+        batch's RMS and update the running mean; eval forwards and decoding use the running mean, so a step-by-step
+        decode equals the parallel forward.
+        """
+        cfg = self.cfg
+        if cfg.clip_mode == "absolute":
+            return cfg.clip
+        if self.training:
+            acc = torch.promote_types(v_BTHV.dtype, torch.float32)
+            with torch.autocast(device_type=v_BTHV.device.type, enabled=False):
+                pred = chunk_base_reads(k_BTHK, v_BTHV, g_BTH, beta_BTH, self.rule, S0)
+                rms = (v_BTHV.to(acc) - pred.to(acc)).square().mean().sqrt().to(torch.float64)
+            first = self.residual_rms_updates == 0
+            new = torch.where(first, rms, RESIDUAL_RMS_MOMENTUM * self.residual_rms_ema
+                              + (1 - RESIDUAL_RMS_MOMENTUM) * rms)
+            self.residual_rms_ema.copy_(new)
+            self.residual_rms_updates.add_(1)
+            value = float(rms)
+        else:
+            value = float(self.residual_rms_ema)
+        # A zero residual (a constant input) would give a zero radius, which the ops refuse.
+        return cfg.clip * max(value, RELATIVE_CLIP_FLOOR)
 
     @torch.no_grad()
     def reset_gate_parameters(self) -> None:
@@ -159,7 +198,7 @@ class ResidualAttention(nn.Module):
             g_BTH = F.logsigmoid(self.gk_proj(x_BTD).to(acc)) / GATE_LOGIT_NORMALIZER
         else:
             g_BTH = -self.A_log.to(acc).exp() * F.softplus(self.a_proj(x_BTD).to(acc) + self.dt_bias.to(acc))
-        if cfg.family == "sgla":
+        if cfg.beta == "fixed":
             beta_BTH = torch.ones_like(g_BTH)
         else:
             beta_BTH = torch.sigmoid(self.b_proj(x_BTD).to(acc))
@@ -172,15 +211,19 @@ class ResidualAttention(nn.Module):
 
         initial = (state.S, state.R) if state is not None and state.S is not None else None
         self.backend_used = select_backend(q_BTHK, cfg.backend, self.rule)
+        clip = self._clip_radius(k_BTHK, v_BTHV, g_BTH, beta_BTH, initial[0] if initial is not None else None)
         o_BTHV, (S, R) = residual_attention(
             q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, gamma_BTH,
-            rule=self.rule, fit=cfg.fit, target=cfg.target, clip=cfg.clip, output_gates=cfg.output_gates,
+            rule=self.rule, fit=cfg.fit, target=cfg.target, clip=clip, output_gates=cfg.output_gates,
             initial_state=initial, backend=self.backend_used,
         )
         if self.stats_enabled:
             self._record_stats(o_BTHV, S, R)
+            spec = self.spec if clip == self.spec.clip else replace(self.spec, clip=clip)
+            if cfg.clip_mode == "relative":
+                self.stats["clip_radius"] = torch.tensor(clip)
             self.stats |= mixer_diagnostics(
-                o_BTHV, k_BTHK, v_BTHV, g_BTH, beta_BTH, gamma_BTH, spec=self.spec, norm_eps=self.o_norm.eps,
+                o_BTHV, k_BTHK, v_BTHV, g_BTH, beta_BTH, gamma_BTH, spec=spec, norm_eps=self.o_norm.eps,
                 S0=initial[0] if initial is not None else None,
             )
 

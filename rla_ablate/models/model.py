@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from rla_ablate.models.config import ModelConfig
-from rla_ablate.models.layers import KVState, LinearState, ResidualAttention, build_mixer
+from rla_ablate.models.layers import KVState, LinearState, ResidualAttention, ShortConvolution, build_mixer
 
 
 class SwiGLU(nn.Module):
@@ -70,6 +70,12 @@ class CausalLM(nn.Module):
                 nn.init.ones_(module.weight)
             elif isinstance(module, ResidualAttention):
                 module.reset_gate_parameters()
+        if self.cfg.conv_init == "identity":
+            # After the loop above (which also drew the conv weights): the last tap reads the current token.
+            for module in self.modules():
+                if isinstance(module, ShortConvolution):
+                    module.weight.zero_()
+                    module.weight[:, :, -1] = 1.0
 
     def new_cache(self) -> list:
         """Empty per-layer decoding states; pass the list to `forward(..., cache=)` / `step`, which update it."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import difflib
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,15 +274,17 @@ class _Resolver:
         self._model_cache[cache_key] = cfg
         return cfg
 
-    def job(self, model_cfg: BaseModel, point: dict[str, Any], seed: int) -> tuple[BaseModel, str, str]:
+    def job(self, model_cfg: BaseModel, point: dict[str, Any], seed: int,
+            arm: int | None = None) -> tuple[BaseModel, str, str]:
         """The resolved JobConfig, its id and its series id. Validated in full once per model and point; seeds
         vary `train.seed` on a copy (no validator reads it), and the id re-encodes only the train section. The
         series id does not depend on the seed, so it is hashed once per model and point."""
         rest = tuple((k, repr(v)) for k, v in point.items() if not k.startswith("model."))
-        key = (id(model_cfg), rest)
+        own = arm is not None and bool(self.cfg.models[arm].base)
+        key = (id(model_cfg), rest, arm if own else None)
         hit = self._job_cache.get(key)
         if hit is None:
-            job = self._validate_job(model_cfg, point, seed)
+            job = self._validate_job(model_cfg, point, seed, arm if own else None)
             dump = job.model_dump(mode="json")
             sections = {k: section_json(v) for k, v in dump.items()}
             hit = self._job_cache[key] = (job, sections, series_id_from_sections(sections, dump["train"]))
@@ -291,9 +294,14 @@ class _Resolver:
             sections = dict(sections, train=section_json(job.train.model_dump(mode="json")))
         return job, hash_text(join_sections(sections)), series
 
-    def _validate_job(self, model_cfg: BaseModel, point: dict[str, Any], seed: int) -> BaseModel:
+    def _validate_job(self, model_cfg: BaseModel, point: dict[str, Any], seed: int,
+                      arm: int | None = None) -> BaseModel:
         data = copy.deepcopy(self.cfg.base)
         data.setdefault("train", {})
+        if arm is not None:
+            own = copy.deepcopy(self.cfg.models[arm].base)
+            data["train"].update(own.pop("train", {}))
+            data.update(own)
         for k, v in point.items():
             if not k.startswith("model."):
                 try:
@@ -414,13 +422,17 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
             for ablation in variants:
                 model_cfg = r.model(i, arm_cfg, point, ablation)
                 for seed in cfg.seeds:
-                    job, jid, series = r.job(model_cfg, point, seed)
+                    job, jid, series = r.job(model_cfg, point, seed, i)
                     name = "/".join(p for p in (labels[i], ablation, _point_label(point), f"seed{seed}") if p)
                     add(ResolvedJob(job_id=jid, name=name, family=str(model_cfg.family),
                                     ablations=[ablation] if ablation else [], seed=seed, job=job, point=dict(point),
                                     arm=i, arm_label=labels[i], preset=cfg.models[i].preset, series=series))
 
     for j, ref in enumerate(controls):
+        if ref.name == "matched_wallclock":
+            for job in _wallclock_controls(r, cfg, ref, arms, families, labels, points):
+                add(job)
+            continue
         derive = r.M.matched_state if ref.name == "matched_state" else r.M.matched_params
         wanted = ref.families if ref.families is not None else list(RESIDUAL_BASELINE)
         for i, arm_cfg in enumerate(arms):
@@ -435,7 +447,7 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
                     raise _err(located, ("controls", j), f"cannot derive {ref.name} for '{labels[i]}': {exc}") from None
                 model_cfg, report = _split_control(derived)
                 for seed in cfg.seeds:
-                    job, jid, series = r.job(model_cfg, point, seed)
+                    job, jid, series = r.job(model_cfg, point, seed, i)
                     target_name = "/".join(p for p in (labels[i], _point_label(point)) if p)
                     tag = ref.name if ref.axis == "expand_v" else f"{ref.name}[{ref.axis}]"
                     name = "/".join(p for p in (f"{baseline}~{tag}({labels[i]})", _point_label(point),
@@ -447,6 +459,46 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
                                     arm=i, arm_label=labels[i], preset=cfg.models[i].preset, control=tag,
                                     series=series))
     return jobs
+
+
+def _wallclock_controls(r: _Resolver, cfg: SweepConfig, ref: ControlRef, arms: list, families: list[str],
+                        labels: list[str], points: list[dict[str, Any]]) -> list[ResolvedJob]:
+    """matched_wallclock: each residual arm's plain baseline (same shape, no R) trained for the residual job's time.
+
+    The rule: tokens(control) = ceil(tokens(residual) * v_base / v_res), with v the tokens/s that
+    `calibration.estimate_speed` gives each job alone on one GPU (measured rows of the calibration table, or
+    `resources.assumed_tflops` for a family without one). A control only differs from its reference in R (and gamma)
+    and in the budget, so it answers whether the residual path beats spending its cost on more tokens."""
+    from rla_ablate.models.budget import plain_baseline
+    from rla_ablate.sweep.calibration import estimate_speed
+
+    out: list[ResolvedJob] = []
+    wanted = ref.families if ref.families is not None else list(RESIDUAL_BASELINE)
+    for i, arm_cfg in enumerate(arms):
+        if families[i] not in wanted:
+            continue
+        baseline = RESIDUAL_BASELINE[families[i]]
+        for point in points:
+            target_cfg = r.model(i, arm_cfg, point, None)
+            base_cfg = plain_baseline(target_cfg, baseline)
+            target_job = r.job(target_cfg, point, cfg.seeds[0], i)[0]
+            v_res = estimate_speed(target_job, cfg.resources.assumed_tflops)
+            v_base = estimate_speed(r.job(base_cfg, point, cfg.seeds[0], i)[0], cfg.resources.assumed_tflops)
+            ratio = v_base.tokens_per_s / v_res.tokens_per_s
+            tokens = math.ceil(target_job.train.tokens * ratio)
+            report = {"tokens": tokens, "reference_tokens": target_job.train.tokens, "speed_ratio": ratio,
+                      "tokens_per_s": v_base.tokens_per_s, "reference_tokens_per_s": v_res.tokens_per_s,
+                      "speed_source": v_base.source, "reference_speed_source": v_res.source}
+            for seed in cfg.seeds:
+                job, jid, series = r.job(base_cfg, {**point, "train.tokens": tokens}, seed, i)
+                target_name = "/".join(p for p in (labels[i], _point_label(point)) if p)
+                name = "/".join(p for p in (f"{baseline}~matched_wallclock({labels[i]})", _point_label(point),
+                                            f"seed{seed}") if p)
+                out.append(ResolvedJob(job_id=jid, name=name, family=baseline, ablations=[ref.name], seed=seed,
+                                       job=job, point=dict(point), control_of=target_name, control_report=report,
+                                       arm=i, arm_label=labels[i], preset=cfg.models[i].preset,
+                                       control=ref.name, series=series))
+    return out
 
 
 def _split_control(derived: Any) -> tuple[BaseModel, dict[str, Any] | None]:

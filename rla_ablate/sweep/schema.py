@@ -41,6 +41,19 @@ class ModelArm(_Strict):
     """ModelConfig fields that replace the preset's, e.g. `{num_layers: 2}`."""
     name: str | None = None
     """Short label used in job names; default: the preset name."""
+    base: dict[str, Any] = Field(default_factory=dict)
+    """This arm's own job sections over the sweep's `base`: `train` keys replace the shared ones key by key,
+    `data` and `eval` replace the shared sections whole (a study with an MQAR arm and a text arm)."""
+
+    @field_validator("base")
+    @classmethod
+    def _arm_sections(cls, v: dict) -> dict:
+        extra = sorted(set(v) - {"train", "data", "eval"})
+        if extra:
+            raise ValueError(f"unknown section(s) {', '.join(extra)} in an arm's base; allowed: train, data, eval")
+        if not isinstance(v.get("train", {}), dict):
+            raise ValueError("an arm's base.train must be a mapping of train keys")
+        return v
 
 
 class AblationRef(_Strict):
@@ -55,8 +68,10 @@ class AblationRef(_Strict):
 class ControlRef(_Strict):
     """A derived baseline for each residual model: the baseline family widened to a matched budget."""
 
-    name: Literal["matched_state", "matched_params"]
-    """matched_state: baseline widened to the residual model's recurrent state; matched_params: to its params."""
+    name: Literal["matched_state", "matched_params", "matched_wallclock"]
+    """matched_state: baseline widened to the residual model's recurrent state; matched_params: to its params;
+    matched_wallclock: the baseline of the same shape trained for the residual model's time (its token budget
+    times the estimated tokens/s ratio, baseline over residual, from the calibration table; docs/SWEEPS.md)."""
     families: list[str] | None = None
     """Residual families to derive controls for (rla -> sgla, rdn -> gdn); default: every residual model."""
     axis: Literal["expand_v", "heads", "head_dim"] = "expand_v"
@@ -174,7 +189,8 @@ class SweepConfig(_Strict):
     """The JobConfig sections shared by every job: train, data, eval."""
     ablations: list[str | AblationRef] = Field(default_factory=list)
     """Ablation variants added next to each model's unablated job, for the families they fit."""
-    controls: list[ControlRef | Literal["matched_state", "matched_params"]] = Field(default_factory=list)
+    controls: list[ControlRef | Literal["matched_state", "matched_params", "matched_wallclock"]] = Field(
+        default_factory=list)
     """Derived equal-budget baselines for the residual models (BRIEF §3, the paper's open question)."""
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     """Dotted key -> values; every combination runs."""
