@@ -1,4 +1,4 @@
-"""The ablation registry of BRIEF §3: names, families, what each changes, and the errors a sweep sees."""
+"""The ablation registry of docs/MATH.md: names, families, what each changes, and the errors a sweep sees."""
 
 from __future__ import annotations
 

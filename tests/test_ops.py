@@ -1,4 +1,4 @@
-"""The residual attention contract (BRIEF §2): naive vs independent loops, chunk vs naive, FLA baselines."""
+"""The residual attention contract (docs/MATH.md): naive vs independent loops, chunk vs naive, FLA baselines."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The named ablations and controls of BRIEF §3: what each changes, where the paper shows it, which families it fits.
+"""The named ablations and controls of docs/MATH.md: what each changes, where the paper shows it, which families it fits.
 
     from rla_ablate.models.ablations import ABLATIONS, apply_ablation
     cfg_no_fit = apply_ablation("no_fitting", cfg)          # = ABLATIONS["no_fitting"].apply(cfg)
@@ -23,7 +23,7 @@ class Ablation:
     families: tuple[str, ...]
     """The families it applies to."""
     change: str
-    """What it changes, in the words of BRIEF §2."""
+    """What it changes, in the words of docs/MATH.md."""
     evidence: str
     """Where the paper shows it (or that it never ran)."""
     _apply: Callable[[ModelConfig], ModelConfig]

@@ -4,7 +4,7 @@
 
 `state_elements_per_layer(cfg)`: what one layer carries from token to token, per sequence.
     linear baselines (sgla, gdn): H * dk * dv                 (S)
-    residual (rla, rdn):          2 * H * dk * dv             (S and R; BRIEF §3)
+    residual (rla, rdn):          2 * H * dk * dv             (S and R; docs/MATH.md)
     transformer:                  2 * H_kv * head_dim         (K and V cache added per token of context)
 The short conv's W - 1 cached inputs are not counted: they are the same for a model and its controls.
 

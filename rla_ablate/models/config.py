@@ -1,4 +1,4 @@
-"""`ModelConfig`: the shape of a model and every ablation switch of BRIEF §2-3, validated at construction.
+"""`ModelConfig`: the shape of a model and every ablation switch of docs/MATH.md, validated at construction.
 
 The family fixes what the switches may be:
 
@@ -28,7 +28,7 @@ Family = Literal["transformer", "sgla", "gdn", "rla", "rdn"]
 FAMILIES: tuple[str, ...] = ("transformer", "sgla", "gdn", "rla", "rdn")
 LINEAR_FAMILIES: tuple[str, ...] = ("sgla", "gdn", "rla", "rdn")
 RESIDUAL_FAMILIES: tuple[str, ...] = ("rla", "rdn")
-# The baseline each residual family extends (BRIEF §1): same retention gate and update rule, no R.
+# The baseline each residual family extends (docs/MATH.md): same retention gate and update rule, no R.
 BASELINE_OF: dict[str, str] = {"rla": "sgla", "rdn": "gdn"}
 RULE_OF: dict[str, str] = {"sgla": "additive", "rla": "additive", "gdn": "delta", "rdn": "delta"}
 # Switches added for the small-scale proxies, with the value every earlier config had. The dump leaves them out at

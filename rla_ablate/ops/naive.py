@@ -1,4 +1,4 @@
-"""The contract: the per-timestep recurrence, written straight from the equations of BRIEF §2.
+"""The contract: the per-timestep recurrence, written straight from the equations of docs/MATH.md.
 
 Column vectors; S, R are [V, K] per head. Per token t (alpha_t = exp(g_t)):
     r_t = T(v_t - S_{t-1} k_t)                         (reads the old, undecayed S_{t-1})

@@ -1,4 +1,4 @@
-"""The switches of the residual attention op (BRIEF §2), validated once."""
+"""The switches of the residual attention op (docs/MATH.md), validated once."""
 
 from __future__ import annotations
 

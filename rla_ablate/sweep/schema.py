@@ -57,7 +57,7 @@ class ModelArm(_Strict):
 
 
 class AblationRef(_Strict):
-    """An ablation from the registry (BRIEF §3), optionally limited to some families."""
+    """An ablation from the registry (docs/MATH.md), optionally limited to some families."""
 
     name: str
     """Registry name: no_fitting, tied_gamma, no_output_gates, no_clip, no_norm, no_clip_no_norm, logcosh."""
@@ -191,7 +191,7 @@ class SweepConfig(_Strict):
     """Ablation variants added next to each model's unablated job, for the families they fit."""
     controls: list[ControlRef | Literal["matched_state", "matched_params", "matched_wallclock"]] = Field(
         default_factory=list)
-    """Derived equal-budget baselines for the residual models (BRIEF §3, the paper's open question)."""
+    """Derived equal-budget baselines for the residual models (docs/MATH.md; the paper's open question)."""
     grid: dict[str, list[Any]] = Field(default_factory=dict)
     """Dotted key -> values; every combination runs."""
     zip: dict[str, list[Any]] = Field(default_factory=dict)
