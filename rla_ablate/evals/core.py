@@ -342,3 +342,27 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, result.model_dump_json(indent=1, exclude={"skipped"}))
     return result
+
+
+def score_sweep(root: str | Path, sweep: str, req: EvalRequest, *, tracking_uri: str | None = None,
+                force: bool = False, device: str | None = None, echo=lambda line: None) -> dict[str, EvalResult]:
+    """Score every finished job of the sweep's current expansion, one after another in this process (on this
+    machine's GPU when it has one); jobs already scored on `req` are read back, not rescored."""
+    from rla_ablate.outcome import Status
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(root, sweep)
+    if not sdir.has_job_list():
+        raise UserError(f"no sweep {sweep!r} under {sdir.root} (no jobs.json) and no job folder of that name; give "
+                        "a job folder, or a sweep name with --root", key="JOB_DIR|SWEEP")
+    results: dict[str, EvalResult] = {}
+    for rec in sdir.job_list():
+        job_id = rec["job_id"]
+        st = sdir.status(job_id)
+        if st.status != Status.FINISHED:
+            echo(f"{rec.get('name', job_id)}: {st.status.value}, not scored")
+            continue
+        uri = tracking_uri if tracking_uri and st.mlflow_run_id else None
+        results[job_id] = score_job(sdir.job_dir(job_id), req, tracking_uri=uri, run_id=st.mlflow_run_id if uri else None,
+                                    force=force, device=device)
+    return results
