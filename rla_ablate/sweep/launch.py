@@ -325,7 +325,7 @@ def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress
     """The `evals:` stage after training: score every finished job not yet scored on the sweep's tasks, one after
     another in this process (rla_ablate.evals); None as tracking URI logs to the sweep's own store."""
     cfg = sweep.config.evals
-    if cfg is None:
+    if cfg is None or not sdir.has_job_list():
         return
     from rla_ablate.evals.core import EvalRequest, score_sweep
 
