@@ -202,6 +202,29 @@ def offline(enabled: bool = True):
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def quiet(enabled: bool = True):
+    """No progress bars and no lm-eval warnings (a launch's own progress lines stay readable)."""
+    if not enabled:
+        yield
+        return
+    import logging
+
+    import io
+
+    loggers = [logging.getLogger(name) for name in ("lm_eval", "lm-eval")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        # lm-eval's progress bars (tqdm) write to sys.stderr; exceptions still propagate.
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def _local_config(entry: Any) -> dict | None:
     """A task's config with its local `data_files` resolved next to its YAML file; None if it reads the hub."""
     import yaml
@@ -308,7 +331,8 @@ def log_to_mlflow(uri: str, run_id: str, metrics: dict[str, float], step: int) -
 
 
 def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = None, tracking_uri: str | None = None,
-              run_id: str | None = None, force: bool = False, device: str | None = None) -> EvalResult:
+              run_id: str | None = None, force: bool = False, device: str | None = None,
+              silent: bool = False) -> EvalResult:
     """Score the job's final (or `tokens`) checkpoint on `req`, unless its result file exists (then it is read).
 
     Results go to the job's `evals/` folder and, when the job has a run (`tracking_uri` and `run_id`, else
@@ -324,7 +348,7 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
 
     t0 = time.monotonic()
     tm, tasks, local = resolve_tasks(req)
-    with offline(local):
+    with offline(local), quiet(silent):
         lm = build_lm(job, ckpt, req.batch_size, device)
         results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=req.limit,
                                           batch_size=req.batch_size, bootstrap_iters=0, log_samples=False,
@@ -345,7 +369,8 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
 
 
 def score_sweep(root: str | Path, sweep: str, req: EvalRequest, *, tracking_uri: str | None = None,
-                force: bool = False, device: str | None = None, echo=lambda line: None) -> dict[str, EvalResult]:
+                force: bool = False, device: str | None = None, echo=lambda line: None,
+                silent: bool = False) -> dict[str, EvalResult]:
     """Score every finished job of the sweep's current expansion, one after another in this process (on this
     machine's GPU when it has one); jobs already scored on `req` are read back, not rescored."""
     from rla_ablate.outcome import Status
@@ -364,5 +389,5 @@ def score_sweep(root: str | Path, sweep: str, req: EvalRequest, *, tracking_uri:
             continue
         uri = tracking_uri if tracking_uri and st.mlflow_run_id else None
         results[job_id] = score_job(sdir.job_dir(job_id), req, tracking_uri=uri, run_id=st.mlflow_run_id if uri else None,
-                                    force=force, device=device)
+                                    force=force, device=device, silent=silent)
     return results

@@ -333,7 +333,7 @@ def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress
     req = EvalRequest(tasks=cfg.tasks, include_path=[base / p for p in cfg.include_path], limit=cfg.limit,
                       batch_size=cfg.batch_size)
     t0 = time.monotonic()
-    results = score_sweep(sdir.root, sweep.name, req, tracking_uri=tracking_uri)
+    results = score_sweep(sdir.root, sweep.name, req, tracking_uri=tracking_uri, silent=True)
     scored = sum(not r.skipped for r in results.values())
     progress.note(f"evals: {scored} job(s) scored on {', '.join(cfg.tasks)}, {len(results) - scored} already scored "
                   f"({time.monotonic() - t0:.1f} s)")
