@@ -159,3 +159,20 @@ def test_sweep_evals_stage_reaches_mlflow_and_table5_and_is_not_rescored(tmp_pat
     assert again.returncode == 0, again.stdout + again.stderr
     assert "evals: 0 job(s) scored" in again.stdout and "1 already scored" in again.stdout
     assert scored.stat().st_mtime_ns == mtime
+
+
+def test_sweep_evals_section_is_checked_at_its_line(tmp_path):
+    from rla_ablate.errors import UserError
+    from rla_ablate.evals import EvalRequest
+    from rla_ablate.sweep.expand import load_sweep
+
+    base = {"name": "s", "models": [{"preset": "tiny-rla"}]}
+    for evals, says in (({"tasks": ["a", "a"]}, "distinct"), ({"taks": ["a"]}, "taks"), ({"tasks": []}, "tasks")):
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump({**base, "evals": evals}, sort_keys=False))
+        with pytest.raises(UserError, match=says) as err:
+            load_sweep(path)
+        assert "s.yaml:" in str(err.value) and "evals" in str(err.value)
+    # The result file's key: task order does not matter, the limit does.
+    assert EvalRequest(tasks=["a", "b"]).key() == EvalRequest(tasks=["b", "a"], batch_size=2).key()
+    assert EvalRequest(tasks=["a", "b"]).key() != EvalRequest(tasks=["a", "b"], limit=4).key()

@@ -177,6 +177,14 @@ class EvalsConfig(_Strict):
     batch_size: int = Field(8, gt=0)
     """Requests per forward."""
 
+    @field_validator("tasks")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        # The same rules as `rla-sweep eval --tasks`, reported at the file's line before anything trains.
+        if any(not t.strip() for t in v) or len(set(v)) != len(v):
+            raise ValueError("give distinct, non-empty task names")
+        return v
+
 
 class SweepConfig(_Strict):
     """A whole sweep file."""
