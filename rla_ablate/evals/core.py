@@ -167,8 +167,11 @@ def build_lm(job: Any, checkpoint: Path, batch_size: int, device: str | None = N
     hf = RLASweepForCausalLM.from_model_config(job.model)
     hf.model.load_state_dict(load_checkpoint(checkpoint)["model"])
     hf.to(device).eval()
+    # As in training: bf16 autocast on CUDA (fp32 weights), fp32 on the CPU.
+    autocast = torch.bfloat16 if str(device).startswith("cuda") else None
     return HFLM(pretrained=hf, tokenizer=hf_tokenizer(job.data), batch_size=batch_size,
-                max_length=int(job.train.seq_len), backend="causal", add_bos_token=False)
+                max_length=int(job.train.seq_len), backend="causal", add_bos_token=False,
+                mixed_precision_dtype=autocast)
 
 
 @contextlib.contextmanager
