@@ -176,3 +176,30 @@ def test_sweep_evals_section_is_checked_at_its_line(tmp_path):
     # The result file's key: task order does not matter, the limit does.
     assert EvalRequest(tasks=["a", "b"]).key() == EvalRequest(tasks=["b", "a"], batch_size=2).key()
     assert EvalRequest(tasks=["a", "b"]).key() != EvalRequest(tasks=["a", "b"], limit=4).key()
+
+
+def test_fig3b_reads_task_accuracy_by_category_when_present(tmp_path):
+    from rla_ablate.dashboard.render import render
+    from rla_ablate.dashboard.spec import load_spec
+    from rla_ablate.tracking.read import RunRecord, SweepRuns
+
+    # RLA with independent γ scores 0.05 higher on piqa and 0.02 higher on lambada than tied γ, on both seeds.
+    acc = {("none", "piqa"): 0.60, ("tied_gamma", "piqa"): 0.55, ("none", "lambada_openai"): 0.42,
+           ("tied_gamma", "lambada_openai"): 0.40}
+    runs = SweepRuns.__new__(SweepRuns)
+    runs.tracking_uri, runs.sweep, runs.client, runs.parent, runs._history = "", "s", None, None, {}
+    runs.jobs = []
+    for ablation in ("none", "tied_gamma"):
+        for seed in (0, 1):
+            metrics = {f"eval/{task}/acc": v + 0.001 * seed for (a, task), v in acc.items() if a == ablation}
+            # The training eval set's argmax accuracy is no task: it belongs to no category and is left out.
+            metrics.update({"eval/val/acc": 0.3, "eval/val/loss": 2.0})
+            tags = {"family": "rla", "ablations": ablation, "seed": str(seed), "series": f"rla-{ablation}",
+                    "job_id": f"{ablation}{seed}", "mlflow.runName": f"{ablation}-{seed}"}
+            runs.jobs.append(RunRecord(f"{ablation}{seed}", "0", "finished", tags, {}, metrics))
+    spec = load_spec(REPO / "dashboards" / "fig3b_gains_by_category.yaml")
+    out = render(spec, runs, tmp_path)
+    assert not out.fallbacks and not any("could not render" in n for n in out.notes), out.notes
+    svg = (tmp_path / "fig3b_gains_by_category.svg").read_text()
+    assert "+0.050" in svg and "+0.020" in svg and "Reasoning" in svg and "Understanding" in svg
+    assert "FALLBACK" not in svg and "(val)" not in svg
