@@ -203,3 +203,27 @@ def test_fig3b_reads_task_accuracy_by_category_when_present(tmp_path):
     svg = (tmp_path / "fig3b_gains_by_category.svg").read_text()
     assert "+0.050" in svg and "+0.020" in svg and "Reasoning" in svg and "Understanding" in svg
     assert "FALLBACK" not in svg and "(val)" not in svg
+
+
+def test_hf_tokenizer_matches_the_jobs_data_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from rla_ablate.data.config import MQARData, NIAHData, TextData
+    from rla_ablate.data.tokenizer import ByteTokenizer, JsonTokenizer
+    from rla_ablate.errors import UserError
+    from rla_ablate.evals.core import hf_tokenizer
+
+    text = "def f(x):\n    return x + 1  # é\n"
+    (tmp_path / "a.txt").write_text(text * 3)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([text * 3], trainers.BpeTrainer(vocab_size=60, special_tokens=["<unk>", "</s>"]))
+    tok.save(str(tmp_path / "tok.json"))
+    json_cfg = TextData(path=tmp_path, tokenizer=tmp_path / "tok.json")
+    ours = JsonTokenizer(tmp_path / "tok.json")
+    for cfg, reference in ((json_cfg, ours), (NIAHData(haystack=json_cfg), ours), (TextData(path=tmp_path), ByteTokenizer())):
+        fast = hf_tokenizer(cfg)
+        assert fast(text, add_special_tokens=False).input_ids == reference.encode(text).tolist()
+        assert fast.eos_token_id == reference.eos_id == fast.pad_token_id
+    with pytest.raises(UserError, match="MQAR"):
+        hf_tokenizer(MQARData())

@@ -109,12 +109,21 @@ def hf_tokenizer(data_cfg: Any):
 
     from rla_ablate.data.tokenizer import JsonTokenizer, load_tokenizer
 
-    source = getattr(data_cfg, "tokenizer", None)
-    if source is None:
-        # Filler-text configs (NIAH) carry their tokenizer in a nested data config.
-        inner = getattr(data_cfg, "filler", None)
-        source = getattr(inner, "tokenizer", None) if inner is not None else None
-    tok = load_tokenizer(source, getattr(data_cfg, "eos_token", None))
+    kind = getattr(data_cfg, "kind", None)
+    if kind == "mqar":
+        raise UserError("the job trained on MQAR (synthetic token ids, no text): there is no tokenizer to score text "
+                        "tasks with", key="JOB_DIR")
+    if kind == "niah":
+        # Needle-in-a-haystack text comes from its haystack config, with the haystack's tokenizer.
+        data_cfg = data_cfg.haystack
+        kind = getattr(data_cfg, "kind", None)
+    source, eos = getattr(data_cfg, "tokenizer", None), getattr(data_cfg, "eos_token", None)
+    if kind == "shards":
+        # A shards folder records its tokenizer in index.json and keeps a copy (absent for bytes).
+        meta = json.loads((Path(data_cfg.path) / "index.json").read_text(encoding="utf-8"))
+        if meta.get("tokenizer", "bytes") != "bytes":
+            source, eos = Path(data_cfg.path) / meta["tokenizer"], meta.get("eos_token")
+    tok = load_tokenizer(source, eos)
     if isinstance(tok, JsonTokenizer):
         fast = PreTrainedTokenizerFast(tokenizer_file=str(tok.path), eos_token=tok.eos_token)
     else:
