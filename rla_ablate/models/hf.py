@@ -5,7 +5,8 @@
     hf.save_pretrained(path); AutoModelForCausalLM.from_pretrained(path)
 
 The HF config carries the ModelConfig fields verbatim; the module tree is `model.<CausalLM>`, so a state dict of
-`CausalLM` loads with a `model.` prefix.
+`CausalLM` loads with a `model.` prefix. `generate` works (greedy or sampled) without an HF cache: each step reads
+the whole sequence, which lm-eval's generation tasks need and short answers afford.
 """
 
 from __future__ import annotations
