@@ -84,6 +84,24 @@ def test_every_spec_rendered_with_missing_data_shown(sweep, capsys):
     assert f'href="http://127.0.0.1:5050/#/experiments/{exp}/runs/{rla_seed0}"' in page
 
 
+def test_accuracy_specs_fall_back_to_eval_loss_and_say_so_on_the_figure(sweep):
+    root, _, _ = sweep
+    out = root / SWEEP / "dashboard"
+    page = (out / "index.html").read_text()
+    # No run of the synthetic sweep has task accuracies: Table 5 and Fig. 3b show eval loss and say so, in the
+    # page's notes and in the drawn figure itself (the SVG keeps its text as text).
+    for name, says in (("table5_output_gates", "FALLBACK: no run has eval/*/acc"),
+                       ("fig3b_gains_by_category", "FALLBACK: no run has eval/&lt;task&gt;/acc")):
+        section = page[page.index(f'id="{name}"'):]
+        assert says in section[:section.index("</section>")], name
+        assert "FALLBACK" in (out / f"{name}.svg").read_text(), name
+    section = page[page.index('id="table5_output_gates"'):]
+    assert "eval loss (no task accuracy yet)" in section[:section.index("</section>")]
+    # Specs without a fallback say nothing of the kind.
+    section = page[page.index('id="table4_no_fitting"'):]
+    assert "FALLBACK" not in section[:section.index("</section>")]
+
+
 def test_table_numbers_are_the_seed_statistics(sweep):
     root, _, _ = sweep
     page = (root / SWEEP / "dashboard" / "index.html").read_text()

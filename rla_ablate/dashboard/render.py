@@ -9,6 +9,7 @@ verdicts printed under the figure or table.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,8 @@ class Rendered:
     """The verdict on each of the spec's claims."""
     flagged: list[tuple[str, str, str]] = field(default_factory=list)
     """(state, label, detail) of each variant whose mechanism was off, identical or not measured."""
+    fallbacks: list[str] = field(default_factory=list)
+    """What was drawn instead of a metric no run has (a spec's `fallback`), printed on the figure."""
 
     @property
     def flagged_lines(self) -> list[str]:
@@ -260,9 +263,27 @@ def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered, index: V.Val
     return fig
 
 
+def _gains_source(spec: GainsSpec, runs: SweepRuns, out: Rendered) -> tuple[GainsSpec, list[tuple[str, str]]]:
+    """The spec to draw and its (set, key) pairs: the primary metric's sets of named categories, or the fallback."""
+    sets = D.eval_sets(spec.metric, runs.jobs)
+    if spec.fallback is None:
+        return spec, sets
+    named = [(n, k) for n, k in sets if spec.category(n) != "other"]
+    if named:
+        return spec, named
+    fb = spec.fallback
+    note = (f"FALLBACK: no run has {spec.metric.format(set='<task>')} for the categories "
+            f"({', '.join(spec.categories)}); showing {fb.metric.format(set='*')} instead")
+    out.fallbacks.append(note)
+    out.notes.append(note)
+    drawn = spec.model_copy(update={"metric": fb.metric, "categories": fb.categories,
+                                    "higher_is_better": fb.higher_is_better, "ylabel": fb.ylabel, "fallback": None})
+    return drawn, D.eval_sets(fb.metric, runs.jobs)
+
+
 def render_gains(spec: GainsSpec, runs: SweepRuns, out: Rendered, index: V.ValidityIndex):
     panels, fig, axes = _grouped_figure(spec, runs)
-    sets = D.eval_sets(spec.metric, runs.jobs)
+    spec, sets = _gains_source(spec, runs, out)
     categories = sorted({spec.category(name) for name, _ in sets}, key=lambda c: (c == "other", c))
     sign = 1.0 if spec.higher_is_better else -1.0
     for ax, (panel, series) in zip(axes, panels.items()):
@@ -390,12 +411,27 @@ def _is_number(v: str) -> bool:
         return False
 
 
+def _column_keys(c, runs: SweepRuns) -> list[str]:
+    """The metrics a column reads: its glob's matches, limited to `sets` when the column names them."""
+    keys = D.matching_metrics(c.metric, runs.jobs)
+    if c.sets is not None:
+        keys = [k for k in keys if any(fnmatch.fnmatchcase(D.glob_part(c.metric, k), g) for g in c.sets)]
+    return keys
+
+
 def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: V.ValidityIndex) -> None:
     panels = D.group(spec, runs)
     # A glob column becomes one column per matching metric (eval/*/loss -> eval loss (val), eval loss (mqar)).
     columns = []
     for c in spec.columns:
-        keys = D.matching_metrics(c.metric, runs.jobs) or [None]
+        keys = _column_keys(c, runs)
+        if not keys and c.fallback is not None:
+            note = f"FALLBACK: no run has {c.metric}; column {c.fallback.label or c.fallback.metric} shown instead"
+            out.fallbacks.append(note)
+            out.notes.append(note)
+            c = c.fallback
+            keys = _column_keys(c, runs)
+        keys = keys or [None]
         for key in keys:
             label = c.label or c.metric
             if len(keys) > 1:
@@ -524,7 +560,7 @@ def render_rows_png(out: Rendered, widths: tuple[float, ...] = ()):
 
 def _footer(fig, out: Rendered) -> None:
     """Print the flagged variants and the verdicts on the figure itself, under its axes."""
-    lines = []
+    lines = [f"⚠ {note}" for note in out.fallbacks]
     for state, what in ((V.OFF, "MECHANISM OFF (the comparison cannot test the ablation)"),
                         (V.IDENTICAL, "IDENTICAL to the reference (same final results on every seed)"),
                         (V.NOT_MEASURED, "mechanism not measured (no diag/* metrics)")):

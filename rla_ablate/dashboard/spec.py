@@ -243,6 +243,9 @@ class GainsSpec(_Spec):
     """Gain = treatment - reference if true, reference - treatment if false (losses)."""
     ylabel: str | None = None
     """Axis label."""
+    fallback: "GainsFallback | None" = None
+    """What to draw when no run has `metric` for a set of a named category (e.g. task accuracies not scored yet:
+    eval loss instead); the figure then says so. With a fallback, sets in no category are left out of `metric`."""
 
     @field_validator("metric")
     @classmethod
@@ -258,6 +261,26 @@ class GainsSpec(_Spec):
         return "other"
 
 
+class GainsFallback(_Strict):
+    """The metric and categories a gains figure falls back to (written on the figure)."""
+
+    metric: str
+    """Per-eval-set metric with {set}, e.g. eval/{set}/loss."""
+    categories: dict[str, list[str]]
+    """Category -> eval-set name globs."""
+    higher_is_better: bool = False
+    """Orientation of the gain, as in the figure's own."""
+    ylabel: str | None = None
+    """Axis label."""
+
+    @field_validator("metric")
+    @classmethod
+    def _has_set(cls, v):
+        if "{set}" not in v:
+            raise ValueError("must contain {set}, e.g. eval/{set}/loss")
+        return v
+
+
 class Column(_Strict):
 
     metric: str
@@ -268,6 +291,12 @@ class Column(_Strict):
     """Decimals shown."""
     higher_is_better: bool = False
     """Marks the best mean in bold and orients the difference."""
+    sets: list[str] | None = None
+    """Globs the '*' of a glob metric must match (e.g. [piqa, arc_*] for eval/*/acc: task accuracies, not the
+    training eval sets' argmax accuracy); default: any."""
+    fallback: "Column | None" = None
+    """The column shown when no run has `metric` (e.g. eval loss while task accuracies are not scored); the
+    table then says so."""
 
 
 class TableSpec(_Spec):
@@ -307,6 +336,9 @@ class ValiditySpec(_Spec):
 
     kind: Literal["validity"]
 
+
+GainsSpec.model_rebuild()
+Column.model_rebuild()
 
 SPEC_TYPES: dict[str, type[_Spec]] = {"curve": CurveSpec, "layers": LayersSpec, "gains": GainsSpec,
                                       "table": TableSpec, "scatter": ScatterSpec, "validity": ValiditySpec}

@@ -5,13 +5,14 @@
     hf.save_pretrained(path); AutoModelForCausalLM.from_pretrained(path)
 
 The HF config carries the ModelConfig fields verbatim; the module tree is `model.<CausalLM>`, so a state dict of
-`CausalLM` loads with a `model.` prefix.
+`CausalLM` loads with a `model.` prefix. `generate` works (greedy or sampled) without an HF cache: each step reads
+the whole sequence, which lm-eval's generation tasks need and short answers afford.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutput
 
 from rla_ablate.models.config import ModelConfig
@@ -38,7 +39,7 @@ class RLASweepConfig(PretrainedConfig):
         return ModelConfig.model_validate(self.rla_sweep)
 
 
-class RLASweepForCausalLM(PreTrainedModel):
+class RLASweepForCausalLM(PreTrainedModel, GenerationMixin):
     config_class = RLASweepConfig
     base_model_prefix = "model"
     _no_split_modules = ["Block"]
@@ -70,7 +71,10 @@ class RLASweepForCausalLM(PreTrainedModel):
     def get_output_embeddings(self):
         return self.model.lm_head
 
-    def forward(self, input_ids: torch.LongTensor, labels: torch.LongTensor | None = None, **kwargs) -> CausalLMOutput:
+    def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
+                labels: torch.LongTensor | None = None, **kwargs) -> CausalLMOutput:
+        # attention_mask, past_key_values, use_cache (passed by `generate` and lm-eval) are ignored: every call
+        # reads the whole sequence, which is what a causal model with right padding or no padding needs.
         logits = self.model(input_ids)
         loss = None
         if labels is not None:
@@ -78,6 +82,13 @@ class RLASweepForCausalLM(PreTrainedModel):
             loss = torch.nn.functional.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
         return CausalLMOutput(loss=loss, logits=logits)
+
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, **kwargs) -> dict:
+        # No HF cache: `generate` feeds the whole sequence at every step (the recurrent cache is CausalLM.step's).
+        return {"input_ids": input_ids}
+
+    def _supports_default_dynamic_cache(self) -> bool:
+        return False
 
 
 AutoConfig.register(MODEL_TYPE, RLASweepConfig, exist_ok=True)

@@ -273,6 +273,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
             summary.skipped = len(sweep.jobs) - len(todo)
             if not todo:
                 summary.counts = _count(sdir, sweep.jobs)
+                score_evals(sweep, sdir, None, progress)
                 progress.nothing_to_do(summary)
                 return summary
         t0 = time.monotonic()
@@ -310,6 +311,8 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
             run_search(runner)
         runner.summary.skipped = summary.skipped
         summary = runner.summary
+        if not runner.stopping:
+            score_evals(sweep, sdir, services.tracking_uri, progress)
         # Ctrl-C, SIGTERM and `rla-sweep cancel` alike: the launch was stopped (exit 130).
         summary.interrupted = bool(runner.stop_reason)
         summary.counts = _count(sdir, runner.all_jobs)
@@ -329,6 +332,24 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         sdir.release()
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
+
+
+def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress: Any) -> None:
+    """The `evals:` stage after training: score every finished job not yet scored on the sweep's tasks, one after
+    another in this process (rla_ablate.evals); None as tracking URI logs to the sweep's own store."""
+    cfg = sweep.config.evals
+    if cfg is None or not sdir.has_job_list():
+        return
+    from rla_ablate.evals.core import EvalRequest, score_sweep
+
+    base = Path(sweep.source.file).resolve().parent
+    req = EvalRequest(tasks=cfg.tasks, include_path=[base / p for p in cfg.include_path], limit=cfg.limit,
+                      batch_size=cfg.batch_size)
+    t0 = time.monotonic()
+    results = score_sweep(sdir.root, sweep.name, req, tracking_uri=tracking_uri, silent=True)
+    scored = sum(not r.skipped for r in results.values())
+    progress.note(f"evals: {scored} job(s) scored on {', '.join(cfg.tasks)}, {len(results) - scored} already scored "
+                  f"({time.monotonic() - t0:.1f} s)")
 
 
 @dataclass

@@ -5,7 +5,8 @@
         sweep.json            {name, tracking_uri, backend_uri, parent_run_id}
         jobs.json             the current expansion: [{job_id, name, family, ablations, seed, tokens_target, ...}]
         jobs/<job_id>/        run_job's out_dir (checkpoints/, metrics.jsonl) plus job.json and status.json, and
-                              error.log: the traceback of every failed attempt, appended
+                              error.log: the traceback of every failed attempt, appended, and evals/: task
+                              scores (rla_ablate.evals)
         launch.lock           flock held by the running launch (the kernel drops it when the process dies)
         launch.json           {pid, pgid, host, started, children: [[pid, create_time], ...]}
         cancel.request        written by `rla-sweep cancel`; the launch stops its jobs at their next step

@@ -1,0 +1,65 @@
+"""`rla-sweep eval JOB_DIR|SWEEP --tasks T1,T2`: downstream accuracy of a job (or every finished job of a sweep)
+on lm-evaluation-harness tasks; results in JOB_DIR/evals/ and the job's MLflow run (`eval/<task>/<metric>`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "eval", help="score a job's checkpoint (or a sweep's finished jobs) on lm-eval tasks",
+        description="Score the final (or --checkpoint) checkpoint of a job folder, or of every finished job of a "
+                    "sweep, on lm-evaluation-harness tasks. Scores go to JOB_DIR/evals/<tokens>-<key>.json and "
+                    "to the job's MLflow run as eval/<task>/<metric> at step = tokens; a request already scored "
+                    "is not scored again (--force does). Sweep jobs run one after another on this machine's GPU "
+                    "(or CPU).")
+    parser.add_argument("target", metavar="JOB_DIR|SWEEP", help="a job folder (job.json, checkpoints/) or a sweep name")
+    parser.add_argument("--tasks", required=True, help="comma-separated lm-eval task names, e.g. piqa,arc_easy or the "
+                                                       "shipped offline rla_choice,rla_complete")
+    parser.add_argument("--include-path", action="append", default=[], metavar="DIR",
+                        help="a folder of extra task YAML files (lm-eval's include_path; repeatable)")
+    parser.add_argument("--limit", type=int, default=None, help="examples per task (default: all)")
+    parser.add_argument("--batch-size", type=int, default=8, help="requests per forward (default 8)")
+    parser.add_argument("--root", default="rla-runs", help="folder of the sweeps (for a sweep name)")
+    parser.add_argument("--checkpoint", type=int, default=None, metavar="TOKENS",
+                        help="score the checkpoint at this many tokens instead of the final one (job folders only)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")
+    parser.add_argument("--force", action="store_true", help="score again even when the result file exists")
+    parser.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from pydantic import ValidationError
+
+    from rla_ablate.errors import UserError
+    from rla_ablate.evals.core import EvalRequest, score_job, score_sweep
+
+    try:
+        req = EvalRequest(tasks=args.tasks.split(","), include_path=args.include_path, limit=args.limit,
+                          batch_size=args.batch_size)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise UserError(err["msg"], key="--" + str(err["loc"][0]).replace("_", "-")) from None
+    from rla_ablate.sweep.state import SweepDir
+
+    target = Path(args.target)
+    is_sweep = "/" not in args.target and SweepDir(args.root, args.target).has_job_list()
+    if (target / "job.json").is_file() or (target.is_dir() and not is_sweep):
+        result = score_job(target, req, tokens=args.checkpoint, force=args.force, device=args.device)
+        _print(str(target), result)
+        return 0
+    if args.checkpoint is not None:
+        raise UserError("--checkpoint applies to a job folder; a sweep scores each job's final checkpoint",
+                        key="--checkpoint")
+    results = score_sweep(args.root, args.target, req, force=args.force, device=args.device, echo=print)
+    for job_id, result in results.items():
+        _print(job_id, result)
+    return 0
+
+
+def _print(where: str, result) -> None:
+    state = "already scored" if result.skipped else f"scored in {result.seconds:.1f} s"
+    print(f"{where}: {result.checkpoint} ({result.tokens} tokens), {state}")
+    for key, value in sorted(result.metrics.items()):
+        print(f"  {key} = {value:.4f}")

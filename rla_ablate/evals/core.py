@@ -1,0 +1,405 @@
+"""Score a job's checkpoint on lm-evaluation-harness tasks and record the accuracies with the job.
+
+The checkpoint (`torch.load(weights_only=True)` through `rla_ablate.train.checkpoint`) is loaded into the HF
+classes of `rla_ablate.models.hf` and wrapped in lm-eval's `HFLM`, with a Hugging Face tokenizer equal to the
+job's data tokenizer (raw bytes: vocabulary 257, or the job's `tokenizers` JSON). Tasks are lm-eval's own names
+and task YAML files found through a `TaskManager` with `include_path` (the shipped `tasks/` folder is always on
+it). Results go to `JOB_DIR/evals/<tokens>-<key>.json` (key: tasks and limit) and to the job's MLflow run as
+`eval/<task>/<metric>` at step = the checkpoint's tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import difflib
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rla_ablate.errors import UserError
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+# lm-eval metric keys are "<metric>,<filter>"; MLflow names allow no comma, so "acc,none" -> "acc" and
+# "exact_match,strict-match" -> "exact_match.strict-match".
+_NO_FILTER = "none"
+
+
+class EvalRequest(BaseModel):
+    """What to score: lm-eval task names, where extra task YAML files live, and how many examples."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: list[str] = Field(min_length=1)
+    """lm-eval task or group names (`piqa`, `arc_easy`) or names defined by YAML files on `include_path`."""
+    include_path: list[Path] = Field(default_factory=list)
+    """Folders of extra task YAML files (lm-eval's `--include_path`); the shipped offline tasks are always added."""
+    limit: int | None = Field(None, gt=0)
+    """Examples per task (lm-eval's `--limit`); none = every example."""
+    batch_size: int = Field(8, gt=0)
+    """Requests per forward."""
+
+    @field_validator("tasks")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        names = [t.strip() for t in v if t.strip()]
+        if not names:
+            raise ValueError("give at least one task name")
+        if len(set(names)) != len(names):
+            raise ValueError("task names repeat")
+        return names
+
+    def key(self) -> str:
+        """Hash of what decides the scores besides the checkpoint: the sorted tasks and the limit."""
+        text = json.dumps({"tasks": sorted(self.tasks), "limit": self.limit}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+class EvalResult(BaseModel):
+    """The scores of one checkpoint on one request, as written to `evals/<tokens>-<key>.json`."""
+
+    tasks: list[str]
+    limit: int | None
+    tokens: int
+    """Tokens seen by the scored checkpoint: the MLflow step."""
+    checkpoint: str
+    metrics: dict[str, float]
+    """`eval/<task>/<metric>` -> value (stderr left out)."""
+    lm_eval_version: str = ""
+    seconds: float = 0.0
+    skipped: bool = False
+    """True when the file already held these scores and nothing ran."""
+
+
+def result_path(job_dir: Path, tokens: int, req: EvalRequest) -> Path:
+    return Path(job_dir) / "evals" / f"{int(tokens):015d}-{req.key()}.json"
+
+
+def load_job(job_dir: str | Path, tokens: int | None = None) -> tuple[Any, int, Path]:
+    """(JobConfig, tokens, checkpoint path) of the job's final checkpoint, or of the one at `tokens`."""
+    from rla_ablate.train.checkpoint import list_checkpoints
+    from rla_ablate.train import JobConfig
+
+    job_dir = Path(job_dir)
+    spec = job_dir / "job.json"
+    if not spec.is_file():
+        raise UserError(f"{job_dir} is not a job folder (no job.json); give a folder written by `rla-sweep train "
+                        "--out` or a sweep's jobs/<id>, or a sweep name", key="JOB_DIR")
+    job = JobConfig.model_validate_json(spec.read_text(encoding="utf-8"))
+    found = list_checkpoints(job_dir)
+    if not found:
+        raise UserError(f"no checkpoint in {job_dir / 'checkpoints'}: train the job first", key="JOB_DIR")
+    if tokens is None:
+        return job, *found[-1]
+    for t, path in found:
+        if t == tokens:
+            return job, t, path
+    raise UserError(f"no checkpoint at {tokens} tokens in {job_dir / 'checkpoints'}; allowed: "
+                    + ", ".join(str(t) for t, _ in found), key="--checkpoint")
+
+
+def hf_tokenizer(data_cfg: Any):
+    """A `PreTrainedTokenizerFast` that encodes text exactly as the job's data did (ids, end-of-document id)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from rla_ablate.data.tokenizer import JsonTokenizer, load_tokenizer
+
+    kind = getattr(data_cfg, "kind", None)
+    if kind == "mqar":
+        raise UserError("the job trained on MQAR (synthetic token ids, no text): there is no tokenizer to score text "
+                        "tasks with", key="JOB_DIR")
+    if kind == "niah":
+        # Needle-in-a-haystack text comes from its haystack config, with the haystack's tokenizer.
+        data_cfg = data_cfg.haystack
+        kind = getattr(data_cfg, "kind", None)
+    source, eos = getattr(data_cfg, "tokenizer", None), getattr(data_cfg, "eos_token", None)
+    if kind == "shards":
+        # A shards folder records its tokenizer in index.json and keeps a copy (absent for bytes).
+        meta = json.loads((Path(data_cfg.path) / "index.json").read_text(encoding="utf-8"))
+        if meta.get("tokenizer", "bytes") != "bytes":
+            source, eos = Path(data_cfg.path) / meta["tokenizer"], meta.get("eos_token")
+    tok = load_tokenizer(source, eos)
+    if isinstance(tok, JsonTokenizer):
+        fast = PreTrainedTokenizerFast(tokenizer_file=str(tok.path), eos_token=tok.eos_token)
+    else:
+        fast = PreTrainedTokenizerFast(tokenizer_object=byte_tokenizer(), eos_token="<|eos|>")
+    # lm-eval pads batches; the end-of-document token is the only id the model knows beyond the text.
+    fast.pad_token = fast.eos_token
+    return fast
+
+
+def byte_tokenizer():
+    """A `tokenizers` Tokenizer with the ids of `ByteTokenizer`: byte b -> id b, `<|eos|>` -> 256."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    # ByteLevel spells every byte as one printable character; the vocabulary maps that character to the byte.
+    alphabet = ByteLevel.alphabet()
+    chars = _bytes_to_unicode()
+    assert set(chars.values()) == set(alphabet)
+    vocab = {chars[b]: b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|eos|>"])
+    assert tok.token_to_id("<|eos|>") == 256
+    return tok
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (what the ByteLevel pre-tokenizer produces)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, [chr(c) for c in cs]))
+
+
+def build_lm(job: Any, checkpoint: Path, batch_size: int, device: str | None = None):
+    """lm-eval's HFLM around the job's model at `checkpoint`, with the job's tokenizer and context length."""
+    import torch
+    from lm_eval.models.huggingface import HFLM
+
+    from rla_ablate.models.hf import RLASweepForCausalLM
+    from rla_ablate.train.checkpoint import load_checkpoint
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    hf = RLASweepForCausalLM.from_model_config(job.model)
+    hf.model.load_state_dict(load_checkpoint(checkpoint)["model"])
+    hf.to(device).eval()
+    # As in training: bf16 autocast on CUDA (fp32 weights), fp32 on the CPU.
+    autocast = torch.bfloat16 if str(device).startswith("cuda") else None
+    return HFLM(pretrained=hf, tokenizer=hf_tokenizer(job.data), batch_size=batch_size,
+                max_length=int(job.train.seq_len), backend="causal", add_bos_token=False,
+                mixed_precision_dtype=autocast)
+
+
+@contextlib.contextmanager
+def offline(enabled: bool = True):
+    """No network for datasets and the hub while loading local task files (env and the already-read configs)."""
+    if not enabled:
+        yield
+        return
+    names = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+    saved_env = {k: os.environ.get(k) for k in names}
+    os.environ.update({k: "1" for k in names})
+    patched = []
+    for module, attr in (("datasets.config", "HF_DATASETS_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE"),
+                         ("huggingface_hub.constants", "HF_HUB_OFFLINE")):
+        try:
+            mod = __import__(module, fromlist=["_"])
+        except ImportError:
+            continue
+        if hasattr(mod, attr):
+            patched.append((mod, attr, getattr(mod, attr)))
+            setattr(mod, attr, True)
+    try:
+        yield
+    finally:
+        for mod, attr, value in patched:
+            setattr(mod, attr, value)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def quiet(enabled: bool = True):
+    """No progress bars and no lm-eval warnings (a launch's own progress lines stay readable)."""
+    if not enabled:
+        yield
+        return
+    import logging
+
+    import io
+
+    loggers = [logging.getLogger(name) for name in ("lm_eval", "lm-eval")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        # lm-eval's progress bars (tqdm) write to sys.stderr; exceptions still propagate.
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _local_config(entry: Any) -> dict | None:
+    """A task's config with its local `data_files` resolved next to its YAML file; None if it reads the hub."""
+    import yaml
+
+    path = getattr(entry, "yaml_path", None)
+    cfg = getattr(entry, "cfg", None)
+    if path is None or not isinstance(cfg, dict):
+        return None
+    path = Path(path)
+    cfg = copy.deepcopy(cfg)
+    if "include" in cfg:
+        base = yaml.safe_load((path.parent / cfg.pop("include")).read_text(encoding="utf-8")) or {}
+        cfg = {**base, **cfg}
+    files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+    if cfg.get("dataset_path") not in ("json", "csv", "text", "parquet", "arrow") or not files:
+        return None
+
+    def fix(p: str) -> str:
+        q = Path(p)
+        return str(q if q.is_absolute() else (path.parent / q).resolve())
+
+    if isinstance(files, str):
+        files = fix(files)
+    elif isinstance(files, list):
+        files = [fix(f) for f in files]
+    else:
+        files = {split: (fix(f) if isinstance(f, str) else [fix(x) for x in f]) for split, f in files.items()}
+    cfg["dataset_kwargs"] = {**cfg["dataset_kwargs"], "data_files": files}
+    return cfg
+
+
+def resolve_tasks(req: EvalRequest) -> tuple[Any, list[Any], bool]:
+    """(TaskManager, tasks for simple_evaluate, all local): local-file tasks as configs with absolute paths."""
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(TASKS_DIR)]
+    for p in req.include_path:
+        if not Path(p).is_dir():
+            raise UserError(f"no such folder: {p}", key="--include-path")
+        paths.append(str(Path(p).resolve()))
+    # Indexing lm-eval's own tasks takes half a minute: only when a name is not in the include path.
+    tm = TaskManager(include_path=paths, include_defaults=False)
+    if any(t not in tm.all_tasks for t in req.tasks):
+        tm = TaskManager(include_path=paths, include_defaults=True)
+    unknown = [t for t in req.tasks if t not in tm.all_tasks]
+    if unknown:
+        hints = []
+        for t in unknown:
+            close = difflib.get_close_matches(t, tm.all_tasks, n=3)
+            hints.append(f"{t!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        shipped = sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
+        raise UserError(f"unknown task(s) {', '.join(hints)}; allowed: lm-eval's task names (`lm-eval ls tasks` lists "
+                        f"them), tasks defined in --include-path folders, and the shipped {', '.join(shipped)}",
+                        key="--tasks")
+    index = getattr(tm, "task_index", {})
+    tasks: list[Any] = []
+    local = True
+    for name in req.tasks:
+        cfg = _local_config(index.get(name))
+        local = local and cfg is not None
+        tasks.append(cfg if cfg is not None else name)
+    return tm, tasks, local
+
+
+def flatten_results(results: dict) -> dict[str, float]:
+    """lm-eval's results -> {eval/<task>/<metric>: value}; stderr entries and non-numbers left out."""
+    out: dict[str, float] = {}
+    for task, metrics in (results.get("results") or {}).items():
+        for key, value in metrics.items():
+            if key in ("alias", "sample_len") or "_stderr" in key or not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            metric, _, filt = key.partition(",")
+            name = metric if filt in ("", _NO_FILTER) else f"{metric}.{filt}"
+            out[f"eval/{task}/{name}"] = float(value)
+    return out
+
+
+def tracking_target(job_dir: Path) -> tuple[str | None, str | None]:
+    """(tracking URI, run id) of the job: its status.json's run in its sweep's store (the SQLite file when the
+    embedded server is gone), or (None, None) for a job trained outside a sweep."""
+    from rla_ablate.sweep.state import read_json
+    from rla_ablate.tracking import is_healthy
+
+    status = read_json(job_dir / "status.json", {}) or {}
+    run_id = status.get("mlflow_run_id")
+    if not run_id:
+        return None, None
+    meta = read_json(job_dir.parent.parent / "sweep.json", {}) or {}
+    uri = status.get("tracking_uri") or meta.get("tracking_uri")
+    if uri and uri.startswith("http") and not is_healthy(uri):
+        uri = meta.get("backend_uri") or None
+    return uri, run_id
+
+
+def log_to_mlflow(uri: str, run_id: str, metrics: dict[str, float], step: int) -> None:
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    now = int(time.time() * 1000)
+    batch = [Metric(k, v, now, int(step)) for k, v in sorted(metrics.items())]
+    client = MlflowClient(uri)
+    for i in range(0, len(batch), 100):
+        client.log_batch(run_id, metrics=batch[i:i + 100])
+
+
+def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = None, tracking_uri: str | None = None,
+              run_id: str | None = None, force: bool = False, device: str | None = None,
+              silent: bool = False) -> EvalResult:
+    """Score the job's final (or `tokens`) checkpoint on `req`, unless its result file exists (then it is read).
+
+    Results go to the job's `evals/` folder and, when the job has a run (`tracking_uri` and `run_id`, else
+    the ones in its status.json / sweep.json), to MLflow as `eval/<task>/<metric>` at step = tokens.
+    """
+    job_dir = Path(job_dir)
+    job, tokens, ckpt = load_job(job_dir, tokens)
+    path = result_path(job_dir, tokens, req)
+    if path.is_file() and not force:
+        done = EvalResult.model_validate_json(path.read_text(encoding="utf-8"))
+        return done.model_copy(update={"skipped": True})
+    import lm_eval
+
+    t0 = time.monotonic()
+    tm, tasks, local = resolve_tasks(req)
+    with offline(local), quiet(silent):
+        lm = build_lm(job, ckpt, req.batch_size, device)
+        results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=req.limit,
+                                          batch_size=req.batch_size, bootstrap_iters=0, log_samples=False,
+                                          random_seed=0, numpy_random_seed=0, torch_random_seed=0,
+                                          fewshot_random_seed=0)
+    result = EvalResult(tasks=req.tasks, limit=req.limit, tokens=tokens, checkpoint=ckpt.name,
+                        metrics=flatten_results(results), lm_eval_version=getattr(lm_eval, "__version__", ""),
+                        seconds=round(time.monotonic() - t0, 2))
+    if tracking_uri is None or run_id is None:
+        tracking_uri, run_id = tracking_target(job_dir)
+    if tracking_uri and run_id:
+        log_to_mlflow(tracking_uri, run_id, result.metrics, tokens)
+    from rla_ablate.fileio import atomic_write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, result.model_dump_json(indent=1, exclude={"skipped"}))
+    return result
+
+
+def score_sweep(root: str | Path, sweep: str, req: EvalRequest, *, tracking_uri: str | None = None,
+                force: bool = False, device: str | None = None, echo=lambda line: None,
+                silent: bool = False) -> dict[str, EvalResult]:
+    """Score every finished job of the sweep's current expansion, one after another in this process (on this
+    machine's GPU when it has one); jobs already scored on `req` are read back, not rescored."""
+    from rla_ablate.outcome import Status
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(root, sweep)
+    if not sdir.has_job_list():
+        raise UserError(f"no sweep {sweep!r} under {sdir.root} (no jobs.json) and no job folder of that name; give "
+                        "a job folder, or a sweep name with --root", key="JOB_DIR|SWEEP")
+    results: dict[str, EvalResult] = {}
+    for rec in sdir.job_list():
+        job_id = rec["job_id"]
+        st = sdir.status(job_id)
+        if st.status != Status.FINISHED:
+            echo(f"{rec.get('name', job_id)}: {st.status.value}, not scored")
+            continue
+        uri = tracking_uri if tracking_uri and st.mlflow_run_id else None
+        results[job_id] = score_job(sdir.job_dir(job_id), req, tracking_uri=uri, run_id=st.mlflow_run_id if uri else None,
+                                    force=force, device=device, silent=silent)
+    return results

@@ -1,0 +1,229 @@
+"""Downstream accuracy end to end on the CPU, offline: a tiny trained job scored by `rla-sweep eval` on the shipped
+multiple-choice and generation tasks, the scores in the job folder, in MLflow (a launched sweep's `evals:` stage)
+and in the dashboard's Table 5; the HF export scored the same through lm-eval's own `hf` model; clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rla_ablate.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+TINY = {"num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "head_dim": 16}
+TRAIN = {"tokens": 512, "seq_len": 64, "micro_batch_size": 4, "batch_tokens": 256, "warmup_tokens": 0,
+         "eval_every_tokens": 512, "checkpoint_every_tokens": 256, "cpu_threads": 1}
+EVAL = [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 256}]
+TASKS = ["rla_choice", "rla_complete"]
+# Any attempt to reach the network fails at once: the shipped tasks must load from their local files.
+NO_NETWORK = {"HTTP_PROXY": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "NO_PROXY": "127.0.0.1"}
+
+
+@pytest.fixture(scope="module")
+def job_dir(tmp_path_factory) -> Path:
+    from rla_ablate.models import load_preset
+    from rla_ablate.train import JobConfig, run_job
+
+    out = tmp_path_factory.mktemp("job")
+    job = JobConfig.model_validate({"model": load_preset("tiny-rla").replace(vocab_size=257, **TINY).model_dump(),
+                                    "train": TRAIN, "data": {"kind": "stdlib"}, "eval": EVAL})
+    (out / "job.json").write_text(job.model_dump_json(indent=1))
+    assert run_job(job, out).status == "finished"
+    return out
+
+
+def test_eval_scores_a_job_offline_and_does_not_rescore(job_dir, monkeypatch, capsys):
+    for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in NO_NETWORK.items():
+        monkeypatch.setenv(name, value)
+    assert main(["eval", str(job_dir), "--tasks", ",".join(TASKS), "--limit", "4", "--batch-size", "1"]) == 0
+    out = capsys.readouterr()
+    # The command went offline for the local task files and left the environment as it found it.
+    assert "HF_DATASETS_OFFLINE" not in os.environ
+    import datasets.config
+
+    from rla_ablate.evals.core import offline
+
+    with offline():
+        assert datasets.config.HF_HUB_OFFLINE is True and os.environ["HF_DATASETS_OFFLINE"] == "1"
+    assert "HF_DATASETS_OFFLINE" not in os.environ
+    files = list((job_dir / "evals").glob("*.json"))
+    assert len(files) == 1 and files[0].name.startswith("000000000000512-")
+    result = json.loads(files[0].read_text())
+    assert result["tokens"] == 512 and result["tasks"] == TASKS and result["limit"] == 4
+    assert 0.0 <= result["metrics"]["eval/rla_choice/acc"] <= 1.0
+    assert 0.0 <= result["metrics"]["eval/rla_complete/exact_match"] <= 1.0
+    assert "eval/rla_choice/acc" in out.out
+    # The same request again reads the file (task order does not matter).
+    assert main(["eval", str(job_dir), "--tasks", ",".join(reversed(TASKS)), "--limit", "4"]) == 0
+    assert "already scored" in capsys.readouterr().out
+    assert list((job_dir / "evals").glob("*.json")) == files
+
+
+def test_export_loads_in_transformers_and_scores_the_same_through_lm_eval(job_dir, tmp_path):
+    import lm_eval
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rla_ablate.evals.core import EvalRequest, flatten_results, offline, resolve_tasks
+    from rla_ablate.train.checkpoint import load_latest
+
+    out = tmp_path / "hf"
+    assert main(["export", str(job_dir), str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "rla_sweep" and config["auto_map"]["AutoModelForCausalLM"].startswith("modeling_")
+    assert (out / "modeling_rla_sweep.py").is_file() and (out / "tokenizer.json").is_file()
+    model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    tok = AutoTokenizer.from_pretrained(out)
+    # Byte ids, as in training; and the weights are the checkpoint's.
+    assert tok("é\n").input_ids == [0xC3, 0xA9, 10] and tok.eos_token_id == 256
+    _, state = load_latest(job_dir)
+    assert torch.equal(model.model.embed.weight, state["model"]["embed.weight"])
+
+    ours = json.loads(next((job_dir / "evals").glob("*.json")).read_text())["metrics"]
+    tm, tasks, local = resolve_tasks(EvalRequest(tasks=TASKS))
+    assert local
+    with offline(local):
+        results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={out},trust_remote_code=True",
+                                          tasks=tasks, task_manager=tm, limit=4, batch_size=1, device="cpu",
+                                          bootstrap_iters=0)
+    assert flatten_results(results) == pytest.approx(ours)
+
+
+def test_bad_task_missing_checkpoint_and_bad_checkpoint_are_user_errors(job_dir, tmp_path, capsys):
+    assert main(["eval", str(job_dir), "--tasks", "rla_chioce", "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown task(s) 'rla_chioce' (did you mean rla_choice" in err and "allowed:" in err
+    assert "Traceback" not in err
+    empty = tmp_path / "untrained"
+    empty.mkdir()
+    (empty / "job.json").write_text((job_dir / "job.json").read_text())
+    assert main(["eval", str(empty), "--tasks", "rla_choice"]) == 2
+    assert "no checkpoint in" in capsys.readouterr().err
+    assert main(["eval", str(job_dir), "--tasks", "rla_choice", "--checkpoint", "100"]) == 2
+    assert "allowed: 256, 512" in capsys.readouterr().err
+    assert main(["export", str(tmp_path), str(tmp_path / "x")]) == 2
+    assert "not a job folder" in capsys.readouterr().err
+    assert main(["eval", "no-such-sweep", "--tasks", "rla_choice", "--root", str(tmp_path)]) == 2
+    assert "no sweep 'no-such-sweep'" in capsys.readouterr().err
+
+
+def test_sweep_evals_stage_reaches_mlflow_and_table5_and_is_not_rescored(tmp_path):
+    sweep = {"name": "evals-e2e", "models": [{"preset": "tiny-rla", "overrides": TINY}],
+             "base": {"train": TRAIN, "data": {"kind": "stdlib"}, "eval": EVAL},
+             "resources": {"cpus": 1, "retries": 0},
+             "evals": {"tasks": TASKS, "limit": 4, "batch_size": 2}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    root = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "rla_ablate.cli", "launch", str(path), "--root", str(root)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "evals: 1 job(s) scored" in out.stdout
+    (job,) = json.loads((root / "evals-e2e" / "jobs.json").read_text())
+    (scored,) = (root / "evals-e2e" / "jobs" / job["job_id"] / "evals").glob("*.json")
+    acc = json.loads(scored.read_text())["metrics"]["eval/rla_choice/acc"]
+
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{root / 'evals-e2e' / 'mlflow' / 'mlflow.db'}"
+    run_id = json.loads((scored.parent.parent / "status.json").read_text())["mlflow_run_id"]
+    (metric,) = MlflowClient(store).get_metric_history(run_id, "eval/rla_choice/acc")
+    assert metric.value == acc and metric.step == 512
+    assert MlflowClient(store).get_metric_history(run_id, "eval/rla_complete/exact_match")
+
+    from rla_ablate.dashboard.build import build_dashboard
+
+    # Only the committed Table 5 spec (rendering all of them takes longer than the rest of the test).
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "table5_output_gates.yaml").write_text((REPO / "dashboards" / "table5_output_gates.yaml").read_text())
+    dash = build_dashboard("evals-e2e", root, specs_dir=specs, tracking_uri=store, log_artifacts=False)
+    (table,) = dash.rendered
+    assert table.header[1] == "acc" and not table.fallbacks
+    assert table.rows[0][1].text.startswith(f"{acc:.3f}")
+
+    # A relaunch trains nothing and scores nothing: the file is keyed by tasks, limit and checkpoint.
+    mtime = scored.stat().st_mtime_ns
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "evals: 0 job(s) scored" in again.stdout and "1 already scored" in again.stdout
+    assert scored.stat().st_mtime_ns == mtime
+
+
+def test_sweep_evals_section_is_checked_at_its_line(tmp_path):
+    from rla_ablate.errors import UserError
+    from rla_ablate.evals import EvalRequest
+    from rla_ablate.sweep.expand import load_sweep
+
+    base = {"name": "s", "models": [{"preset": "tiny-rla"}]}
+    for evals, says in (({"tasks": ["a", "a"]}, "distinct"), ({"taks": ["a"]}, "taks"), ({"tasks": []}, "tasks")):
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump({**base, "evals": evals}, sort_keys=False))
+        with pytest.raises(UserError, match=says) as err:
+            load_sweep(path)
+        assert "s.yaml:" in str(err.value) and "evals" in str(err.value)
+    # The result file's key: task order does not matter, the limit does.
+    assert EvalRequest(tasks=["a", "b"]).key() == EvalRequest(tasks=["b", "a"], batch_size=2).key()
+    assert EvalRequest(tasks=["a", "b"]).key() != EvalRequest(tasks=["a", "b"], limit=4).key()
+
+
+def test_fig3b_reads_task_accuracy_by_category_when_present(tmp_path):
+    from rla_ablate.dashboard.render import render
+    from rla_ablate.dashboard.spec import load_spec
+    from rla_ablate.tracking.read import RunRecord, SweepRuns
+
+    # RLA with independent γ scores 0.05 higher on piqa and 0.02 higher on lambada than tied γ, on both seeds.
+    acc = {("none", "piqa"): 0.60, ("tied_gamma", "piqa"): 0.55, ("none", "lambada_openai"): 0.42,
+           ("tied_gamma", "lambada_openai"): 0.40}
+    runs = SweepRuns.__new__(SweepRuns)
+    runs.tracking_uri, runs.sweep, runs.client, runs.parent, runs._history = "", "s", None, None, {}
+    runs.jobs = []
+    for ablation in ("none", "tied_gamma"):
+        for seed in (0, 1):
+            metrics = {f"eval/{task}/acc": v + 0.001 * seed for (a, task), v in acc.items() if a == ablation}
+            # The training eval set's argmax accuracy is no task: it belongs to no category and is left out.
+            metrics.update({"eval/val/acc": 0.3, "eval/val/loss": 2.0})
+            tags = {"family": "rla", "ablations": ablation, "seed": str(seed), "series": f"rla-{ablation}",
+                    "job_id": f"{ablation}{seed}", "mlflow.runName": f"{ablation}-{seed}"}
+            runs.jobs.append(RunRecord(f"{ablation}{seed}", "0", "finished", tags, {}, metrics))
+    spec = load_spec(REPO / "dashboards" / "fig3b_gains_by_category.yaml")
+    out = render(spec, runs, tmp_path)
+    assert not out.fallbacks and not any("could not render" in n for n in out.notes), out.notes
+    svg = (tmp_path / "fig3b_gains_by_category.svg").read_text()
+    assert "+0.050" in svg and "+0.020" in svg and "Reasoning" in svg and "Understanding" in svg
+    assert "FALLBACK" not in svg and "(val)" not in svg
+
+
+def test_hf_tokenizer_matches_the_jobs_data_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from rla_ablate.data.config import MQARData, NIAHData, TextData
+    from rla_ablate.data.tokenizer import ByteTokenizer, JsonTokenizer
+    from rla_ablate.errors import UserError
+    from rla_ablate.evals.core import hf_tokenizer
+
+    text = "def f(x):\n    return x + 1  # é\n"
+    (tmp_path / "a.txt").write_text(text * 3)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([text * 3], trainers.BpeTrainer(vocab_size=60, special_tokens=["<unk>", "</s>"]))
+    tok.save(str(tmp_path / "tok.json"))
+    json_cfg = TextData(path=tmp_path, tokenizer=tmp_path / "tok.json")
+    ours = JsonTokenizer(tmp_path / "tok.json")
+    for cfg, reference in ((json_cfg, ours), (NIAHData(haystack=json_cfg), ours), (TextData(path=tmp_path), ByteTokenizer())):
+        fast = hf_tokenizer(cfg)
+        assert fast(text, add_special_tokens=False).input_ids == reference.encode(text).tolist()
+        assert fast.eos_token_id == reference.eos_id == fast.pad_token_id
+    with pytest.raises(UserError, match="MQAR"):
+        hf_tokenizer(MQARData())
