@@ -231,6 +231,13 @@ class LayersSpec(_Spec):
         return v
 
 
+def _with_set(metric: str) -> str:
+    """A per-eval-set metric names where the set goes."""
+    if "{set}" not in metric:
+        raise ValueError("must contain {set}, e.g. eval/{set}/loss")
+    return metric
+
+
 class GainsSpec(_Spec):
     """Paired gain of each series over its reference, averaged within task categories (Fig. 3b)."""
 
@@ -250,9 +257,7 @@ class GainsSpec(_Spec):
     @field_validator("metric")
     @classmethod
     def _has_set(cls, v):
-        if "{set}" not in v:
-            raise ValueError("must contain {set}, e.g. eval/{set}/loss")
-        return v
+        return _with_set(v)
 
     def category(self, eval_set: str) -> str:
         for name, globs in self.categories.items():
@@ -276,9 +281,7 @@ class GainsFallback(_Strict):
     @field_validator("metric")
     @classmethod
     def _has_set(cls, v):
-        if "{set}" not in v:
-            raise ValueError("must contain {set}, e.g. eval/{set}/loss")
-        return v
+        return _with_set(v)
 
 
 class Column(_Strict):
