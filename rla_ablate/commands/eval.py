@@ -36,7 +36,9 @@ def run(args) -> int:
     from rla_ablate.evals.core import EvalRequest, score_job, score_sweep
 
     try:
-        req = EvalRequest(tasks=args.tasks.split(","), include_path=args.include_path, limit=args.limit,
+        # "a,b," on a command line means a and b
+        tasks = [t for t in args.tasks.split(",") if t.strip()]
+        req = EvalRequest(tasks=tasks, include_path=args.include_path, limit=args.limit,
                           batch_size=args.batch_size)
     except ValidationError as exc:
         err = exc.errors()[0]

@@ -31,14 +31,15 @@ _NO_FILTER = "none"
 
 
 class EvalRequest(BaseModel):
-    """What to score: lm-eval task names, where extra task YAML files live, and how many examples."""
+    """What to score (`rla-sweep eval` and a sweep file's `evals:` section): lm-eval task names, where extra task YAML files live, and how many examples."""
 
     model_config = ConfigDict(extra="forbid")
 
     tasks: list[str] = Field(min_length=1)
     """lm-eval task or group names (`piqa`, `arc_easy`) or names defined by YAML files on `include_path`."""
     include_path: list[Path] = Field(default_factory=list)
-    """Folders of extra task YAML files (lm-eval's `--include_path`); the shipped offline tasks are always added."""
+    """Folders of extra task YAML files (lm-eval's `--include_path`; in a sweep file relative to it); the shipped
+    offline tasks are always added."""
     limit: int | None = Field(None, gt=0)
     """Examples per task (lm-eval's `--limit`); none = every example."""
     batch_size: int = Field(8, gt=0)
@@ -47,11 +48,9 @@ class EvalRequest(BaseModel):
     @field_validator("tasks")
     @classmethod
     def _names(cls, v: list[str]) -> list[str]:
-        names = [t.strip() for t in v if t.strip()]
-        if not names:
-            raise ValueError("give at least one task name")
-        if len(set(names)) != len(names):
-            raise ValueError("task names repeat")
+        names = [t.strip() for t in v]
+        if not names or not all(names) or len(set(names)) != len(names):
+            raise ValueError("give distinct, non-empty task names")
         return names
 
     def key(self) -> str:

@@ -340,11 +340,11 @@ def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress
     cfg = sweep.config.evals
     if cfg is None or not sdir.has_job_list():
         return
-    from rla_ablate.evals.core import EvalRequest, score_sweep
+    from rla_ablate.evals.core import score_sweep
 
+    # task folders in a sweep file are relative to it
     base = Path(sweep.source.file).resolve().parent
-    req = EvalRequest(tasks=cfg.tasks, include_path=[base / p for p in cfg.include_path], limit=cfg.limit,
-                      batch_size=cfg.batch_size)
+    req = cfg.model_copy(update={"include_path": [base / p for p in cfg.include_path]})
     t0 = time.monotonic()
     results = score_sweep(sdir.root, sweep.name, req, tracking_uri=tracking_uri, silent=True)
     scored = sum(not r.skipped for r in results.values())

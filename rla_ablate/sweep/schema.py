@@ -12,7 +12,7 @@
     seeds: [0, 1]
     resources: {gpus: 0.25, cpus: 1}
     search: {...}                # an Optuna study instead of the grid (see SearchConfig)
-    evals: {tasks: [piqa, arc_easy], limit: 500}   # downstream accuracy after training (see EvalsConfig)
+    evals: {tasks: [piqa, arc_easy], limit: 500}   # downstream accuracy after training (see EvalRequest)
 
 Only the shape of the file is checked here; `rla_ablate.sweep.expand` resolves presets, ablations and
 dotted keys against the model and training configs and reports problems at the line they come from.
@@ -25,6 +25,8 @@ import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from rla_ablate.evals.core import EvalRequest
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -177,30 +179,6 @@ class SearchConfig(_Strict):
         return v
 
 
-class EvalsConfig(_Strict):
-    """Downstream accuracy, a stage after training: every finished job's final checkpoint is scored on these
-    lm-evaluation-harness tasks (`rla-sweep eval`); a relaunch does not rescore what is scored (the result file
-    is keyed by tasks, limit and checkpoint)."""
-
-    tasks: list[str] = Field(min_length=1)
-    """lm-eval task names (piqa, hellaswag, ...) or names defined on `include_path`; the offline rla_choice and
-    rla_complete are shipped."""
-    include_path: list[str] = Field(default_factory=list)
-    """Folders of extra task YAML files, relative to the sweep file or absolute."""
-    limit: int | None = Field(None, gt=0)
-    """Examples per task; none = all."""
-    batch_size: int = Field(8, gt=0)
-    """Requests per forward."""
-
-    @field_validator("tasks")
-    @classmethod
-    def _names(cls, v: list[str]) -> list[str]:
-        # The same rules as `rla-sweep eval --tasks`, reported at the file's line before anything trains.
-        if any(not t.strip() for t in v) or len(set(v)) != len(v):
-            raise ValueError("give distinct, non-empty task names")
-        return v
-
-
 class SweepConfig(_Strict):
     """A whole sweep file."""
 
@@ -227,7 +205,7 @@ class SweepConfig(_Strict):
     """What each job asks Ray for."""
     search: SearchConfig | None = None
     """An Optuna study over the base job instead of a fixed grid."""
-    evals: EvalsConfig | None = None
+    evals: EvalRequest | None = None
     """Downstream accuracy of every finished job after training (lm-evaluation-harness tasks)."""
 
     @field_validator("name")
