@@ -434,11 +434,7 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
                 add(job)
             continue
         derive = r.M.matched_state if ref.name == "matched_state" else r.M.matched_params
-        wanted = ref.families if ref.families is not None else list(RESIDUAL_BASELINE)
-        for i, arm_cfg in enumerate(arms):
-            if families[i] not in wanted:
-                continue
-            baseline = RESIDUAL_BASELINE[families[i]]
+        for i, arm_cfg, baseline in _control_targets(ref, arms, families):
             for point in points:
                 target_cfg = r.model(i, arm_cfg, point, None)
                 try:
@@ -461,6 +457,14 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
     return jobs
 
 
+def _control_targets(ref: ControlRef, arms: list, families: list[str]):
+    """(arm index, arm config, baseline family) of each residual arm a control is derived for."""
+    wanted = ref.families if ref.families is not None else list(RESIDUAL_BASELINE)
+    for i, arm_cfg in enumerate(arms):
+        if families[i] in wanted:
+            yield i, arm_cfg, RESIDUAL_BASELINE[families[i]]
+
+
 def _wallclock_controls(r: _Resolver, cfg: SweepConfig, ref: ControlRef, arms: list, families: list[str],
                         labels: list[str], points: list[dict[str, Any]]) -> list[ResolvedJob]:
     """matched_wallclock: each residual arm's plain baseline (same shape, no R) trained for the residual job's time.
@@ -473,11 +477,7 @@ def _wallclock_controls(r: _Resolver, cfg: SweepConfig, ref: ControlRef, arms: l
     from rla_ablate.sweep.calibration import estimate_speed
 
     out: list[ResolvedJob] = []
-    wanted = ref.families if ref.families is not None else list(RESIDUAL_BASELINE)
-    for i, arm_cfg in enumerate(arms):
-        if families[i] not in wanted:
-            continue
-        baseline = RESIDUAL_BASELINE[families[i]]
+    for i, arm_cfg, baseline in _control_targets(ref, arms, families):
         for point in points:
             target_cfg = r.model(i, arm_cfg, point, None)
             base_cfg = plain_baseline(target_cfg, baseline)
