@@ -16,7 +16,7 @@ import fnmatch
 from pathlib import Path
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
 from rla_ablate.config import load_yaml, validate
 from rla_ablate.errors import UserError
@@ -168,18 +168,11 @@ class _Spec(_Strict):
             check_key(key, where="runs")
         return v
 
-    @field_validator("reference")
+    @field_validator("reference", "series")
     @classmethod
-    def _known_reference_keys(cls, v):
+    def _known_keys_but_seed(cls, v, info: ValidationInfo):
         for key in v:
-            check_key(key, where="reference", seed=False)
-        return v
-
-    @field_validator("series")
-    @classmethod
-    def _known_series_keys(cls, v):
-        for key in v:
-            check_key(key, where="series", seed=False)
+            check_key(key, where=info.field_name, seed=False)
         return v
 
     @field_validator("panels", "color")
