@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-gpu bench clean
+.PHONY: install demo lint test test-gpu bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,7 +20,11 @@ demo: $(STAMP)
 	$(VENV)/bin/rla-sweep launch sweeps/smoke.yaml
 	$(VENV)/bin/rla-sweep dashboard smoke
 
-test: $(STAMP)
+# The linter runs first: it takes seconds, the tests minutes.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) lint
 	$(PY) -m pytest -q -x tests
 
 test-gpu: $(STAMP)
