@@ -15,7 +15,7 @@ import random
 import socket
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from rla_ablate.train.job import JobConfig, JobResult
 from rla_ablate.train.loggers import CompositeLogger, JSONLLogger, MetricLogger, NullLogger, truncate_jsonl
 from rla_ablate.train.parallel import WorkerContext, make_parallel
 from rla_ablate.train.schedule import lr_at
+
+if TYPE_CHECKING:
+    from rla_ablate.data.stream import Batch
 
 IGNORE_INDEX = -100
 
@@ -82,7 +85,8 @@ def _peak_flops(job: JobConfig, device: torch.device) -> float | None:
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.dim() >= 2 else no_decay).append(param)
@@ -134,7 +138,7 @@ class Trainer:
         self.window = _LogWindow()
         self.pending_state: dict | None = None
         # The last training micro batch: the stats forward's input when the job has no eval batches.
-        self.last_batch = None
+        self.last_batch: Batch | None = None
 
     def setup(self) -> dict | None:
         """Build everything; returns the checkpoint state a resume starts from, if any."""
@@ -162,9 +166,11 @@ class Trainer:
         self.peak_flops = _peak_flops(job, self.device)
 
         found = load_latest(self.out_dir)
-        state = found[1] if found else None
-        if state is not None and state["job"] != job.identity_json():
-            raise UserError(f"{found[0]} was written by a different job configuration; use a new --out folder "
+        if found is None:
+            return None
+        path, state = found
+        if state["job"] != job.identity_json():
+            raise UserError(f"{path} was written by a different job configuration; use a new --out folder "
                             "or the original configuration", key="out")
         return state
 
