@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-gpu bench clean
+.PHONY: install demo lint test test-gpu bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,11 +20,17 @@ demo: $(STAMP)
 	$(VENV)/bin/rla-sweep launch sweeps/smoke.yaml
 	$(VENV)/bin/rla-sweep dashboard smoke
 
-test: $(STAMP)
+# The linter and the type check run first: they take a minute, the tests many.
+# mypy's files and per-module settings are in pyproject.toml ([tool.mypy]).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m mypy
+
+test: $(STAMP) lint
 	$(PY) -m pytest -q -x tests
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu tests
 
 clean:
-	rm -rf $(VENV) rla-runs .pytest_cache
+	rm -rf $(VENV) rla-runs .pytest_cache .mypy_cache .ruff_cache

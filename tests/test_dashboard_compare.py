@@ -76,10 +76,10 @@ def clip_loss(job) -> float:
 
 
 def test_clip_grid_one_series_per_clip_value_n_counts_seeds(server, tmp_path):
-    root, sweep, _ = logged(server, tmp_path, f"""\
+    root, sweep, _ = logged(server, tmp_path, """\
         name: clipgrid
-        models: [{{preset: tiny-rla}}]
-        grid: {{model.clip: [0.05, 0.2, 1.0]}}
+        models: [{preset: tiny-rla}]
+        grid: {model.clip: [0.05, 0.2, 1.0]}
         ablations: [no_fitting]
         seeds: [0, 1]
         """, clip_loss)
@@ -127,11 +127,11 @@ def test_arms_with_overrides_stay_apart_and_pair_with_their_own_arm(server, tmp_
     def loss(job):
         return 3.0 + (0.02 if job.arm_label == "rdn-c05" else 0.0) + (0.03 * bool(job.ablations)) + 0.001 * job.seed
 
-    root, sweep, _ = logged(server, tmp_path, f"""\
+    root, sweep, _ = logged(server, tmp_path, """\
         name: arms
         models:
-          - {{preset: tiny-rdn}}
-          - {{preset: tiny-rdn, overrides: {{clip: 0.5}}, name: rdn-c05}}
+          - {preset: tiny-rdn}
+          - {preset: tiny-rdn, overrides: {clip: 0.5}, name: rdn-c05}
         ablations: [no_fitting]
         seeds: [0, 1]
         """, loss)
@@ -177,9 +177,9 @@ def test_two_runs_with_one_seed_are_an_error_not_an_average(server, tmp_path):
 
 
 def test_edited_and_relaunched_sweep_shows_only_its_current_jobs(server, tmp_path, capsys):
-    text = f"""\
+    text = """\
         name: edited
-        models: [{{preset: tiny-rla}}, {{preset: tiny-sgla}}]
+        models: [{preset: tiny-rla}, {preset: tiny-sgla}]
         seeds: [0, 1, 2]
         """
     failed = lambda job: "FAILED" if job.family == "sgla" and job.seed == 2 else "FINISHED"  # noqa: E731
@@ -221,15 +221,15 @@ def diag_values(target: float | None, mixer: float | None) -> dict:
     return out
 
 
-VALIDITY = f"""\
+VALIDITY = """\
     name: valid
-    models: [{{preset: tiny-rla}}, {{preset: tiny-rdn}}]
+    models: [{preset: tiny-rla}, {preset: tiny-rdn}]
     ablations:
-      - {{name: no_clip, families: [rdn]}}
-      - {{name: no_clip_no_norm, families: [rla]}}
+      - {name: no_clip, families: [rdn]}
+      - {name: no_clip_no_norm, families: [rla]}
       - no_output_gates
       - tied_gamma
-      - {{name: logcosh, families: [rla]}}
+      - {name: logcosh, families: [rla]}
     seeds: [0, 1]
     """
 

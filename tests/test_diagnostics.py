@@ -192,7 +192,7 @@ def test_layer_stats_are_the_diagnostics_of_the_ops_inputs(variant, monkeypatch)
         assert "layer_00/R_norm" in stats
     assert sorted(stats) == sorted(f"layer_{i:02d}/{n}" for i in range(2) for n in names)
     assert all(math.isfinite(v) for v in stats.values()), stats
-    for i, ((args, kwargs), o) in enumerate(zip(seen["op"], seen["o"])):
+    for i, ((args, _kwargs), o) in enumerate(zip(seen["op"], seen["o"])):
         q, k, v, g, beta, gamma = args
         x = v.double() - old_reads_loop(k, v, g, beta, cfg.rule)
         layer = {n: stats[f"layer_{i:02d}/{n}"] for n in names}

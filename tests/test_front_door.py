@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import time
 from pathlib import Path
 
@@ -142,8 +141,6 @@ def test_status_and_cancel_work_on_a_read_only_root(tmp_path, capsys, monkeypatc
 
 
 def test_a_launch_on_a_read_only_root_is_refused(tmp_path, capsys, monkeypatch):
-    import os
-
     from rla_ablate.commands import launch
 
     monkeypatch.setattr(launch.os, "access", lambda path, mode: False)

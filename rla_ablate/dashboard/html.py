@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 
@@ -128,7 +129,7 @@ def _section(r: Rendered, run_url) -> str:
 
 
 def write_page(path: Path, sweep: str, rendered: list[Rendered], *, tracking: str, ui_hint: str, run_url,
-               n_runs: dict[str, int], notes: list[str] = ()) -> Path:
+               n_runs: dict[str, int], notes: Sequence[str] = ()) -> Path:
     counts = ", ".join(f"{n} {s}" for s, n in sorted(n_runs.items())) or "no job runs"
     nav = '<a href="#verdicts">Verdicts</a>' + "".join(f'<a href="#{escape(r.name)}">{escape(r.title)}</a>'
                                                        for r in rendered)

@@ -547,7 +547,7 @@ def render_rows_png(out: Rendered, widths: tuple[float, ...] = ()):
     table.set_fontsize(7)
     table.auto_set_column_width(list(range(len(out.header))))
     state_col = out.header.index("state") if "state" in out.header else None
-    for (r, c), cell in table.get_celld().items():
+    for (r, _c), cell in table.get_celld().items():
         cell.set_edgecolor("0.85")
         if r == 0:
             cell.set_text_props(weight="bold")

@@ -6,11 +6,14 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rich.markup import escape
 
 from rla_ablate.outcome import ACTIVE, Status
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 STYLE = {Status.PENDING: "dim", Status.RUNNING: "cyan", Status.FINISHED: "green", Status.FAILED: "red",
          Status.DIVERGED: "magenta", Status.CANCELLED: "yellow"}
@@ -103,7 +106,7 @@ class Progress:
         self.clock = clock
         self.rows: dict[str, dict[str, Any]] = {}
         self.started = clock()
-        self._live = None
+        self._live: Live | None = None
         self._last_draw = 0.0
         self._last_line = self.started
 

@@ -17,7 +17,7 @@ from rla_ablate.train.loggers import (
     metric_series,
     read_jsonl,
 )
-from rla_ablate.train.loop import run_job
+from rla_ablate.train.run import run_job
 
 __all__ = [
     "CompositeLogger",

@@ -25,7 +25,10 @@ _NAME = re.compile(r"^ckpt-(\d{15})\.pt$")
 def capture_rng() -> dict:
     """The state of every random number generator of this process, as tensors and plain types."""
     version, mt, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    np_state = np.random.get_state()
+    # numpy's global generator is MT19937, whose legacy state is a tuple (a dict only for other bit generators)
+    assert isinstance(np_state, tuple)
+    kind, keys, pos, has_gauss, cached = np_state
     state = {
         "python": {"version": int(version), "mt": torch.tensor(mt, dtype=torch.int64), "gauss": gauss},
         "numpy": {

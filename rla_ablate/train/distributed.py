@@ -1,5 +1,8 @@
 """Data-parallel training through Ray Train's TorchTrainer: DDP by default, FSDP2 for the large shapes.
 
+This module starts the workers and talks to them; how a worker spreads its model over the others (DDP or FSDP2)
+is rla_ablate.train.parallel.
+
 Every worker runs the same loop as a single process (`train_worker`) on disjoint data; rank 0 writes
 metrics.jsonl and the checkpoints, which must therefore live on storage the driver can read. The driver
 does no training: it forwards the records rank 0 appends to metrics.jsonl to the caller's logger, and turns
@@ -21,6 +24,8 @@ from rla_ablate.train.checkpoint import list_checkpoints
 from rla_ablate.outcome import Cause, Status
 from rla_ablate.train.job import JobConfig, JobResult
 from rla_ablate.train.loggers import CompositeLogger, MetricLogger
+from rla_ablate.train.loop import check_job, train_worker
+from rla_ablate.train.parallel import WorkerContext
 
 STOP_FILE = "STOP"
 RESULT_FILE = "result.json"
@@ -30,8 +35,6 @@ POLL_S = 0.5
 def _worker_loop(config: dict) -> None:
     import ray.train
     import ray.train.torch
-
-    from rla_ablate.train.loop import WorkerContext, train_worker
 
     job = config["job"]
     out_dir = Path(config["out_dir"])
@@ -111,8 +114,6 @@ def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger 
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from rla_ablate.train.loop import check_job
-
     check_job(job)
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -172,35 +173,3 @@ def run_data_parallel(job: JobConfig, out_dir: str | Path, logger: MetricLogger 
         logger.close(result.status, result.traceback or result.error)
     return result
 
-
-def shard_model(model: torch.nn.Module, job: JobConfig) -> torch.nn.Module:
-    """FSDP2: one unit per block plus the root (embeddings, final norm, head); bf16 compute, fp32 reductions."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from rla_ablate.train.loop import _uses_bf16
-
-    device = next(model.parameters()).device
-    mp = MixedPrecisionPolicy()
-    if _uses_bf16(device, job.train.precision):
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.layers:
-        fully_shard(block, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
-    return model
-
-
-def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Unsharded model and optimizer state on CPU (collective: every worker calls it)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return {"model": get_model_state_dict(model, options=options),
-            "optimizer": get_optimizer_state_dict(model, optimizer, options=options)}
-
-
-def load_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, state["model"], options=options)
-    set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)

@@ -10,8 +10,11 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
 from rla_ablate.fileio import atomic_write_text
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 @runtime_checkable
@@ -65,7 +68,7 @@ class JSONLLogger:
 
 def read_jsonl(path: str | Path) -> list[dict]:
     """All records of a metrics.jsonl file; a torn last line (a crash mid-write) is ignored."""
-    records = []
+    records: list[dict] = []
     path = Path(path)
     if not path.exists():
         return records
@@ -113,7 +116,7 @@ def truncate_jsonl(path: str | Path, after_step: int) -> int:
 class CompositeLogger:
     """Sends everything to several loggers; one that raises does not stop the others or the job."""
 
-    def __init__(self, *loggers: MetricLogger):
+    def __init__(self, *loggers: MetricLogger | None):
         self.loggers = [lg for lg in loggers if lg is not None]
         self.errors: list[str] = []
 
@@ -168,9 +171,10 @@ class ProgressLogger:
         self.console = console or Console(stderr=True)
         self.interactive = self.console.is_terminal if interactive is None else interactive
         self.description = description
-        self._progress = None
-        self._task = None
-        self._fields = {"loss": "", "eval": "", "speed": ""}
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        # the bar's own text fields, passed to rich as extra keyword arguments
+        self._fields: dict[str, Any] = {"loss": "", "eval": "", "speed": ""}
         self._total = 0
 
     def _start(self, total: int, done: int) -> None:
@@ -205,7 +209,7 @@ class ProgressLogger:
             self._fields["eval"] = " ".join(f"{k[5:-5]} {v:.4f}" for k, v in sorted(evals.items()))
             if not self.interactive:
                 self.console.print(f"{self.description} {step:,} tokens: {self._fields['loss']} eval {self._fields['eval']}")
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=step, tokens=self._tokens(step), **self._fields)
 
     def event(self, name: str, step: int, detail: dict) -> None:

@@ -1,4 +1,5 @@
-"""`run_job`: train one model on a token budget, evaluate, log, checkpoint, resume, guard against divergence.
+"""`train_worker`: one worker's training run on a token budget: evaluate, log, checkpoint, resume, guard against
+divergence (the whole job when it runs alone; `run_job` in rla_ablate.train.run picks one process or Ray Train).
 
 One optimizer step consumes `batch_tokens` tokens: `micro_batches_per_step` forward/backward passes of
 `micro_batch_size` sequences on each of `num_workers` workers. The loss of a step is the mean over every
@@ -13,9 +14,8 @@ import math
 import random
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -30,43 +30,17 @@ from rla_ablate.train.checkpoint import capture_rng, load_latest, restore_rng, s
 from rla_ablate.train.guard import DivergenceGuard
 from rla_ablate.train.job import JobConfig, JobResult
 from rla_ablate.train.loggers import CompositeLogger, JSONLLogger, MetricLogger, NullLogger, truncate_jsonl
+from rla_ablate.train.parallel import WorkerContext, make_parallel
 from rla_ablate.train.schedule import lr_at
+
+if TYPE_CHECKING:
+    from rla_ablate.data.stream import Batch
 
 IGNORE_INDEX = -100
 
 # Dense bf16 peak FLOP/s per device, for MFU when `peak_flops` is not set (vendor datasheets). The first
 # name contained in torch's device name wins, so the PCIe part comes before the SXM one.
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12}
-
-
-@dataclass
-class WorkerContext:
-    """Who this process is in a data-parallel job (rank 0 of 1 when it runs alone)."""
-
-    rank: int = 0
-    world_size: int = 1
-    device: torch.device | None = None
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-
-def run_job(job: JobConfig, out_dir: str | Path, logger: MetricLogger | None = None,
-            should_stop: Callable[[], bool] | None = None) -> JobResult:
-    """Train `job` in `out_dir`, resuming from its newest checkpoint when there is one.
-
-    `out_dir/metrics.jsonl` is always written; `logger` (MLflow, a progress bar, ...) receives the same
-    metrics and events. `should_stop()` is polled before every step: when it returns True the job saves a
-    checkpoint and returns with status "cancelled". Errors become a JobResult with status "failed" (error line,
-    traceback and cause: rla_ablate.outcome); a configuration that cannot run at all raises UserError before
-    training starts.
-    """
-    if job.train.num_workers > 1:
-        from rla_ablate.train.distributed import run_data_parallel
-
-        return run_data_parallel(job, out_dir, logger, should_stop)
-    return train_worker(job, out_dir, logger, should_stop, WorkerContext())
 
 
 def check_job(job: JobConfig) -> None:
@@ -111,7 +85,8 @@ def _peak_flops(job: JobConfig, device: torch.device) -> float | None:
 
 
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.dim() >= 2 else no_decay).append(param)
@@ -163,7 +138,7 @@ class Trainer:
         self.window = _LogWindow()
         self.pending_state: dict | None = None
         # The last training micro batch: the stats forward's input when the job has no eval batches.
-        self.last_batch = None
+        self.last_batch: Batch | None = None
 
     def setup(self) -> dict | None:
         """Build everything; returns the checkpoint state a resume starts from, if any."""
@@ -176,7 +151,9 @@ class Trainer:
         _seed_everything(cfg.seed)
         model = build_model(job.model).to(self.device)
         self.raw_model = model
-        self.model = self._wrap(model)
+        self.parallel = make_parallel(self.ctx, self.device, fsdp=cfg.fsdp,
+                                      bf16=_uses_bf16(self.device, cfg.precision))
+        self.model = self.parallel.wrap(model)
         self.optimizer = torch.optim.AdamW(
             _param_groups(self.raw_model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=cfg.adam_eps, **({"fused": True} if self.device.type == "cuda" else {}),
@@ -189,23 +166,13 @@ class Trainer:
         self.peak_flops = _peak_flops(job, self.device)
 
         found = load_latest(self.out_dir)
-        state = found[1] if found else None
-        if state is not None and state["job"] != job.identity_json():
-            raise UserError(f"{found[0]} was written by a different job configuration; use a new --out folder "
+        if found is None:
+            return None
+        path, state = found
+        if state["job"] != job.identity_json():
+            raise UserError(f"{path} was written by a different job configuration; use a new --out folder "
                             "or the original configuration", key="out")
         return state
-
-    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        if not self.ctx.distributed:
-            return model
-        if self.cfg.fsdp:
-            from rla_ablate.train.distributed import shard_model
-
-            return shard_model(model, self.job)
-        from torch.nn.parallel import DistributedDataParallel
-
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
 
     def open_logs(self, resume_tokens: int | None) -> None:
         metrics_path = self.out_dir / "metrics.jsonl"
@@ -216,32 +183,9 @@ class Trainer:
         self.jsonl = JSONLLogger(metrics_path)
         self.logger = CompositeLogger(self.jsonl, self.user_logger) if self.user_logger else self.jsonl
 
-    def _model_state(self) -> dict:
-        if self.cfg.fsdp and self.ctx.distributed:
-            from rla_ablate.train.distributed import full_state
-
-            return full_state(self.model, self.optimizer)
-        return {"model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict()}
-
-    def _load_model_state(self, state: dict) -> None:
-        if self.cfg.fsdp and self.ctx.distributed:
-            from rla_ablate.train.distributed import load_full_state
-
-            load_full_state(self.model, self.optimizer, state)
-            return
-        self.raw_model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-
-    def _gather(self, obj):
-        if not self.ctx.distributed:
-            return [obj]
-        out = [None] * self.ctx.world_size
-        torch.distributed.all_gather_object(out, obj)
-        return out
-
     def save(self, finished: bool = False) -> None:
-        model_state = self._model_state()
-        rngs = self._gather(capture_rng())
+        model_state = self.parallel.state_dict(self.raw_model, self.optimizer)
+        rngs = self.parallel.gather(capture_rng())
         if self.ctx.rank == 0:
             state = {
                 "job": self.job.identity_json(),
@@ -257,14 +201,13 @@ class Trainer:
             }
             path = save_checkpoint(self.out_dir, self.tokens, state, self.cfg.keep_checkpoints)
             self.logger.event("checkpoint", self.tokens, {"path": path.name, "finished": finished})
-        if self.ctx.distributed:
-            torch.distributed.barrier()
+        self.parallel.barrier()
 
     def restore(self, state: dict) -> None:
         if int(state["world_size"]) != self.ctx.world_size:
             raise UserError(f"the checkpoint was written by {state['world_size']} workers, this job has "
                             f"{self.ctx.world_size}; resume with the same train.num_workers", key="train.num_workers")
-        self._load_model_state(state)
+        self.parallel.load_state_dict(self.raw_model, self.optimizer, state)
         self.stream.load_state_dict(state["data"])
         self.guard.load_state_dict(state["guard"])
         self.window.load_state_dict(state["log_window"])
@@ -276,13 +219,6 @@ class Trainer:
         cfg = self.cfg
         return lr_at(tokens, lr=cfg.lr, min_lr=cfg.min_lr, warmup_tokens=cfg.resolved_warmup_tokens,
                      total_tokens=cfg.total_tokens)
-
-    def _all_reduce(self, values: list[float]) -> list[float]:
-        if not self.ctx.distributed:
-            return values
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(t)
-        return t.tolist()
 
     def _forward_loss(self, batch) -> torch.Tensor:
         with _autocast(self.device, self.cfg.precision):
@@ -296,7 +232,7 @@ class Trainer:
         host_batches = [next(self.stream) for _ in range(n_micro)]
         local_scored = float(sum(int((b.labels != IGNORE_INDEX).sum()) for b in host_batches))
         batches = [b.to(self.device, non_blocking=True) for b in host_batches]
-        (scored,) = self._all_reduce([local_scored])
+        (scored,) = self.parallel.all_reduce([local_scored])
         # DDP averages gradients over workers; scaling by world / scored makes the result the mean over all
         # scored tokens of the global batch, exactly as one process computes it.
         scale = self.ctx.world_size / max(scored, 1.0)
@@ -304,15 +240,12 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for i, batch in enumerate(batches):
             last = i == n_micro - 1
-            sync = contextlib.nullcontext()
-            if self.ctx.distributed and not last and hasattr(self.model, "no_sync"):
-                sync = self.model.no_sync()
-            with sync:
+            with contextlib.nullcontext() if last else self.parallel.no_sync(self.model):
                 nll = self._forward_loss(batch)
                 (nll * scale).backward()
             loss_sum += nll.detach().double()
         self.last_batch = batches[-1]
-        (total,) = self._all_reduce([float(loss_sum)])
+        (total,) = self.parallel.all_reduce([float(loss_sum)])
         loss = total / max(scored, 1.0)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
@@ -389,7 +322,7 @@ class Trainer:
 
     def _stop_requested(self) -> bool:
         flag = 1.0 if (self.should_stop is not None and self.should_stop()) else 0.0
-        (flag,) = self._all_reduce([flag])
+        (flag,) = self.parallel.all_reduce([flag])
         return flag > 0
 
     def _flush_window(self, lr: float) -> None:
