@@ -104,7 +104,11 @@ def _cause_of_one(exc: BaseException) -> Cause | None:
         return Cause.COMPILE
     if any(m.startswith("ray") and n in RAY_WORKER_DEATHS for m, n in names):
         return Cause.WORKER_DIED
-    if any(n == "OutOfMemoryError" and m.startswith("torch") for m, n in names) or "CUDA out of memory" in str(exc):
+    # torch.OutOfMemoryError from the caching allocator; a kernel launch or cuBLAS that finds no memory raises
+    # torch.AcceleratorError "CUDA error: out of memory" (cudaErrorMemoryAllocation) instead.
+    text = str(exc)
+    if (any(n == "OutOfMemoryError" and m.startswith("torch") for m, n in names)
+            or any(s in text for s in ("CUDA out of memory", "CUDA error: out of memory", "cudaErrorMemoryAllocation"))):
         return Cause.OOM
     return None
 

@@ -318,7 +318,12 @@ def test_verdict_rules_on_known_effects(server, tmp_path):
         "  - {claim: the clip matters, treatment: {ablations: no_clip}, reference: {ablations: none},"
         " expect: higher, min_effect: 0.01}\n"
         "  - {claim: nothing to compare, treatment: {ablations: no_norm}, reference: {ablations: none},"
-        " expect: higher, min_effect: 0.01}\n")
+        " expect: higher, min_effect: 0.01}\n"
+        # Both series at the metric's chance value (a task nobody learned): no verdict, whatever the interval says.
+        "  - {claim: clip at chance, treatment: {ablations: no_clip}, reference: {ablations: none},"
+        " expect: higher, min_effect: 0.05, chance: 3.0}\n"
+        "  - {claim: fitting clears chance, treatment: {ablations: no_fitting}, reference: {ablations: none},"
+        " expect: higher, min_effect: 0.01, chance: 3.0}\n")
     root, sweep, _ = logged(server, tmp_path, text, loss,
                             lambda job: diag_values(0.05, 3.0))
     dash, page = dashboard(root, "verdicts", server, specs=spec_dir)
@@ -328,6 +333,8 @@ def test_verdict_rules_on_known_effects(server, tmp_path):
     assert got["tying γ hurts"].verdict == "unresolved"
     assert got["the clip matters"].verdict == "contradicted" and got["the clip matters"].reason.startswith("negligible")
     assert got["nothing to compare"].verdict == "unresolved" and got["nothing to compare"].treatment == ""
+    assert got["clip at chance"].verdict == "unresolved" and got["clip at chance"].reason.startswith("not learned")
+    assert got["fitting clears chance"].verdict == "confirmed"
     # The numbers are the paired statistics, and the seed count is the power analysis of the observed spread.
     by = {(j.ablations[0] if j.ablations else "none", j.seed): loss(j) for j in sweep.jobs}
     for claim, abl in (("fitting helps", "no_fitting"), ("tying γ hurts", "tied_gamma")):

@@ -208,6 +208,22 @@ def test_relative_clip_scales_the_radius_by_the_residual_rms():
     assert mixer.residual_rms_updates.item() == 1
 
 
+def test_relative_clip_of_a_blown_up_state_leaves_the_verdict_to_the_guard():
+    # The delta rule without the q/k norm can blow its state up: the batch's residual RMS is not finite. The layer
+    # still runs (the loss is not finite and the divergence guard skips the step), the running RMS stays finite.
+    cfg = make("rdn", clip_mode="relative", clip=0.5, num_layers=1, qk_norm="none")
+    model = built(cfg).train()
+    mixer = model.layers[0].attn
+    ids = torch.randint(0, 50, (2, 13), generator=torch.Generator().manual_seed(1))
+    model(ids)
+    before = mixer.residual_rms_ema.item()
+    with torch.no_grad():
+        mixer.v_proj.weight.fill_(float("inf"))
+    logits = model(ids)
+    assert not torch.isfinite(logits).all()
+    assert mixer.residual_rms_ema.item() == before and mixer.residual_rms_updates.item() == 1
+
+
 def test_identity_conv_init_passes_the_current_token():
     model = built(make("rla", conv_init="identity"))
     w = model.layers[0].attn.q_conv1d.weight

@@ -79,6 +79,10 @@ def test_out_of_memory():
     assert classify(raised(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))) == Cause.OOM
     assert classify(raised(torch.cuda.OutOfMemoryError("x"))) == Cause.OOM
     assert classify(raised(RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"))) == Cause.OOM
+    # A kernel launch that finds no memory: torch.AcceleratorError (a packed neighbour grew past its estimate).
+    launch = _fake("torch", "AcceleratorError")("CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation'")
+    assert classify(raised(launch)) == Cause.OOM
+    assert classify(raised(_fake("torch", "AcceleratorError")("CUDA error: an illegal memory access"))) == Cause.OTHER
     # The host's memory monitor killing a Ray worker is the worker dying, not a GPU allocation.
     assert classify(raised(_fake("ray.exceptions", "OutOfMemoryError")("task killed"))) == Cause.WORKER_DIED
 
@@ -207,3 +211,13 @@ def test_resume_hint_only_when_a_resume_can_help():
     # A job stopped by Ctrl-C resumes; so does one left pending.
     assert LaunchSummary("s", counts={"failed": 1, "cancelled": 1}, failed=[compile_]).resume_helps
     assert not LaunchSummary("s", counts={"finished": 3}).resume_helps
+
+
+def test_gpu_jobs_run_in_a_fresh_process_each():
+    from rla_ablate.sweep.worker import remote_for
+
+    # Ray reuses a CPU task's worker process; a GPU job's process exits with it (its CUDA memory goes with it).
+    assert remote_for(0.25) is remote_for(1.0) and remote_for(0.25) is not remote_for(0.0)
+    assert remote_for(0.25)._default_options.get("max_calls") == 1
+    assert remote_for(0.0)._default_options.get("max_calls") in (None, 0)
+

@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 from pathlib import Path
-from typing import Literal, Union
+from typing import Optional, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
@@ -112,6 +112,9 @@ class Claim(_Strict):
     """What the claim predicts for treatment - reference, paired by seed: higher (> 0) or lower (< 0)."""
     min_effect: float = Field(ge=0)
     """The smallest |difference| worth reporting, in the metric's units; also the effect the seed count is for."""
+    chance: Optional[float] = None
+    """The metric's value when the task is not learned (MQAR accuracy: about 0; a loss: ln of the vocabulary). When
+    both series end within min_effect of it, the comparison cannot test the claim: unresolved, "not learned"."""
 
     @field_validator("treatment", "reference")
     @classmethod

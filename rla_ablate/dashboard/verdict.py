@@ -4,9 +4,10 @@ For each treatment series a claim selects, its reference series is found by appl
 overrides (same grid point, nearest config), the final values of the claim's metric are paired by seed, and
 d = treatment - reference gets its mean and 95% t-interval (`stats.paired_diff`). The verdict follows
 `stats.classify`: confirmed, contradicted or unresolved; with one seed there is no interval and the verdict is
-unresolved. A comparison whose mechanism was off, or whose results are identical, is unresolved whatever the
-numbers say (the experiment could not test the claim); one whose diagnostics are missing is decided on the
-numbers and says "mechanism not measured".
+unresolved. A comparison whose mechanism was off, whose results are identical, or where neither model learned the
+task (both within min_effect of the claim's `chance`), is unresolved whatever the numbers say (the experiment
+could not test the claim); one whose diagnostics are missing is decided on the numbers and says "mechanism not
+measured".
 
 Seeds needed: the fewest seeds n for which a two-sided paired t-test at level 0.05 has 80% power to detect a
 difference of min_effect when the paired differences vary as observed (`stats.seeds_for_power`; noncentral t,
@@ -89,6 +90,17 @@ def _labelled(spec, series: list[D.Series]) -> dict[tuple, str]:
     return {c.key: c.label for c in copies}
 
 
+def _not_learned(claim: Claim, treated: dict, reference: dict) -> str:
+    """Why the comparison cannot test the claim because neither model learned the task ('' when it can)."""
+    if claim.chance is None or not treated or not reference:
+        return ""
+    means = [sum(v.values()) / len(v) for v in (treated, reference)]
+    if all(abs(m - claim.chance) < claim.min_effect for m in means):
+        return (f"not learned: both series end within {claim.min_effect:g} of chance ({claim.chance:g}; means "
+                f"{means[0]:.4g}, {means[1]:.4g}): the comparison cannot test the claim")
+    return ""
+
+
 def evaluate(spec, runs, index: V.ValidityIndex) -> list[Verdict]:
     """One verdict per claim of `spec` and treatment series it selects (one 'unresolved' when none matches)."""
     everything = index.everything
@@ -112,7 +124,10 @@ def evaluate(spec, runs, index: V.ValidityIndex) -> list[Verdict]:
             sign = 1 if claim.expect == "higher" else -1
             verdict, reason = classify(d.diff, sign, claim.min_effect)
             state, detail = V.comparison(index, t, ref)
-            if state in (V.OFF, V.IDENTICAL):
+            floor = _not_learned(claim, D.final_by_seed(t, key), D.final_by_seed(ref, key))
+            if floor:
+                verdict, reason = UNRESOLVED, floor
+            elif state in (V.OFF, V.IDENTICAL):
                 verdict = UNRESOLVED
                 reason = ("mechanism off: the comparison cannot test the claim" if state == V.OFF
                           else "identical results: the ablation changed nothing at this scale")

@@ -152,12 +152,16 @@ class ResidualAttention(nn.Module):
             with torch.autocast(device_type=v_BTHV.device.type, enabled=False):
                 pred = chunk_base_reads(k_BTHK, v_BTHV, g_BTH, beta_BTH, self.rule, S0)
                 rms = (v_BTHV.to(acc) - pred.to(acc)).square().mean().sqrt().to(torch.float64)
+            value = float(rms)
+            if not math.isfinite(value):
+                # The base state has blown up (e.g. the delta rule without the q/k norm): the step's loss is not
+                # finite either and the divergence guard judges it; the running RMS keeps its last finite value.
+                return cfg.clip * max(float(self.residual_rms_ema), RELATIVE_CLIP_FLOOR)
             first = self.residual_rms_updates == 0
             new = torch.where(first, rms, RESIDUAL_RMS_MOMENTUM * self.residual_rms_ema
                               + (1 - RESIDUAL_RMS_MOMENTUM) * rms)
             self.residual_rms_ema.copy_(new)
             self.residual_rms_updates.add_(1)
-            value = float(rms)
         else:
             value = float(self.residual_rms_ema)
         # A zero residual (a constant input) would give a zero radius, which the ops refuse.

@@ -498,7 +498,7 @@ class _Runner:
             self.end_run(job, st.status, st.error)
 
     def submit(self, job: ResolvedJob) -> None:
-        from rla_ablate.sweep.worker import run_remote
+        from rla_ablate.sweep.worker import remote_for
 
         res = self.sweep.config.resources
         self.on_event("queued", {"job_id": job.job_id})
@@ -515,7 +515,7 @@ class _Runner:
         self.task_options[job.job_id] = options
         # a job rerun alone on a GPU after running out of memory has the whole device: no cap
         cap = placement.cap if placement is not None and not multi and options["num_gpus"] < 1 else None
-        ref = run_remote.options(**options).remote(job.job, str(self.sdir.job_dir(job.job_id)),
+        ref = remote_for(options["num_gpus"]).options(**options).remote(job.job, str(self.sdir.job_dir(job.job_id)),
                                                    job.job_id, self.services.tracking_uri, run_id, self.monitor,
                                                    res.cpus, self.watch, cap)
         self.inflight[ref] = job

@@ -245,3 +245,12 @@ def _sync(tracking_uri: str, run_id: str, out: Path) -> None:
 
 
 run_remote = ray.remote(max_retries=0)(execute)
+# A GPU job runs in a fresh worker process that exits with it (Ray's own default for GPU tasks; `max_calls` cannot be
+# set per call): a reused process keeps the previous job's CUDA context, loaded kernels and cached allocator blocks,
+# so packed jobs grow past their estimates and their neighbours run out of memory.
+run_remote_gpu = ray.remote(max_retries=0, max_calls=1)(execute)
+
+
+def remote_for(num_gpus: float) -> Any:
+    """The remote function a job's task runs: one fresh process per job where it holds a GPU."""
+    return run_remote_gpu if num_gpus > 0 else run_remote
