@@ -24,6 +24,8 @@ FAIL_ONCE_ENV = "RLA_SWEEP_FAIL_ONCE"
 # What the injected failure is (a drill of each failure cause): other (default), config, compile, oom.
 FAIL_KIND_ENV = "RLA_SWEEP_FAIL_KIND"
 REPORT_EVERY_S = 1.0
+# Seconds a job's end waits for the tracking server to take its last metrics and its status.
+CLOSE_TIMEOUT_S = 30.0
 
 
 class CompilationError(RuntimeError):
@@ -197,7 +199,9 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
             # A resumed job first hands the run what an earlier attempt wrote but never sent (it was killed with
             # metrics buffered); the logger then skips the steps the run holds.
             _sync(tracking_uri, run_id, out)
-            inner = MLflowLogger(tracking_uri, run_id)
+            # A job waits at most CLOSE_TIMEOUT_S for an unreachable server at its end: the launch backfills the
+            # run from metrics.jsonl once the server answers again.
+            inner = MLflowLogger(tracking_uri, run_id, close_timeout_s=CLOSE_TIMEOUT_S)
         logger = SweepLogger(inner, monitor, job_id, out, watch=watch)
         logger.announce()
         started = time.time()
