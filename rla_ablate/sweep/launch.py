@@ -545,7 +545,7 @@ class _Runner:
         run_id = self.ensure_run(job)
         st = self.sdir.status(job.job_id)
         self.sdir.set_status(job.job_id, status=Status.PENDING, tokens_target=int(job.job.train.tokens),
-                             attempts=st.attempts + 1, error=None, cause=None, traceback=None)
+                             attempts=st.attempts + 1, error=None, cause=None, traceback=None, notice=None)
         # Multi-worker jobs start their own Ray Train workers (one GPU each); the task itself only coordinates.
         multi = job.job.train.num_workers > 1
         placement = (self.placements or {}).get(job.job_id)
@@ -633,7 +633,11 @@ class _Runner:
 
     def _poll(self) -> None:
         self._tracking_notes()
-        tokens, started, values = self.ray.get(self.monitor.snapshot.remote())
+        tokens, started, values, notes = self.ray.get(self.monitor.snapshot.remote())
+        names = {j.job_id: j.name for j in self.all_jobs}
+        for job_id, text in notes:
+            self.progress.note(f"{names.get(job_id, job_id[:8])}: {text}")
+            self.sdir.set_status(job_id, notice=text)
         for job in self.inflight.values():
             if job.job_id in started:
                 n = tokens.get(job.job_id, 0) or 0

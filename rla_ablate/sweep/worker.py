@@ -57,6 +57,7 @@ class Monitor:
         self.values: dict[str, list[tuple[int, float]]] = {}
         self.stop_all = False
         self.stop: set[str] = set()
+        self.notes: list[tuple[str, str]] = []
 
     def report(self, job_id: str, tokens: int | None, values: list[tuple[int, float]]) -> bool:
         self.started.add(job_id)
@@ -66,9 +67,14 @@ class Monitor:
             self.values.setdefault(job_id, []).extend(values)
         return self.stop_all or job_id in self.stop
 
-    def snapshot(self) -> tuple[dict[str, int], set[str], dict[str, list[tuple[int, float]]]]:
+    def note(self, job_id: str, text: str) -> None:
+        """A line for the launch's output and the job's status (a resume that skipped an unreadable checkpoint)."""
+        self.notes.append((job_id, text))
+
+    def snapshot(self) -> tuple[dict[str, int], set[str], dict[str, list[tuple[int, float]]], list[tuple[str, str]]]:
         values, self.values = self.values, {}
-        return dict(self.tokens), set(self.started), values
+        notes, self.notes = self.notes, []
+        return dict(self.tokens), set(self.started), values, notes
 
     def started_jobs(self) -> set[str]:
         return set(self.started)
@@ -118,6 +124,10 @@ class SweepLogger:
             self._report(force=True)
 
     def event(self, name: str, step: int, detail: dict) -> None:
+        skipped = (detail or {}).get("skipped_checkpoints") if name == "resumed" else None
+        if skipped and self.monitor is not None:
+            self.monitor.note.remote(self.job_id, f"unreadable checkpoint skipped ({'; '.join(skipped)}); resumed "
+                                                  f"from the older one at {int(step)} tokens")
         if name == "start":
             self.tokens = int(step)
             self._report(force=True)

@@ -188,7 +188,9 @@ class Trainer:
         self.flops_per_token = flops_per_token(job.model, cfg.seq_len)
         self.peak_flops = _peak_flops(job, self.device)
 
-        found = load_latest(self.out_dir)
+        # Unreadable newer checkpoints (a torn disk, a bad copy) are skipped; the resumed event names them.
+        self.skipped_checkpoints: list[str] = []
+        found = load_latest(self.out_dir, skipped=self.skipped_checkpoints)
         state = found[1] if found else None
         if state is not None and state["job"] != job.identity_json():
             raise UserError(f"{found[0]} was written by a different job configuration; use a new --out folder "
@@ -415,7 +417,10 @@ class Trainer:
         if state is not None:
             self.restore(state)
             del state
-            self.logger.event("resumed", self.tokens, {"step": self.step})
+            detail = {"step": self.step}
+            if getattr(self, "skipped_checkpoints", None):
+                detail["skipped_checkpoints"] = list(self.skipped_checkpoints)
+            self.logger.event("resumed", self.tokens, detail)
         self.logger.event("start", self.tokens, {
             "tokens_total": cfg.total_tokens, "steps_total": cfg.total_steps, "batch_tokens": cfg.batch_tokens,
             "micro_batches_per_step": cfg.micro_batches_per_step, "world_size": self.ctx.world_size,
