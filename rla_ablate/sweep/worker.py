@@ -206,12 +206,11 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
         if tracking_uri and run_id:
             from rla_ablate.tracking import MLflowLogger
 
-            # A resumed job first hands the run what an earlier attempt wrote but never sent (it was killed with
-            # metrics buffered); the logger then skips the steps the run holds.
-            _sync(tracking_uri, run_id, out)
+            # A resumed job's logger first hands the run what an earlier attempt wrote but never sent (it was killed
+            # with metrics buffered), retrying until the server answers; it then skips the steps the run holds.
             # A job waits at most CLOSE_TIMEOUT_S for an unreachable server at its end: the launch backfills the
             # run from metrics.jsonl once the server answers again.
-            inner = MLflowLogger(tracking_uri, run_id, close_timeout_s=CLOSE_TIMEOUT_S)
+            inner = MLflowLogger(tracking_uri, run_id, close_timeout_s=CLOSE_TIMEOUT_S, backfill=out / "metrics.jsonl")
         logger = SweepLogger(inner, monitor, job_id, out, watch=watch)
         logger.announce()
         started = time.time()

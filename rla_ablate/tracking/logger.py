@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -57,8 +58,10 @@ class MLflowLogger:
 
     def __init__(self, tracking_uri: str, run_id: str, *, flush_interval_s: float = 2.0,
                  system_metrics_interval_s: float | None = 30.0, request_timeout_s: float = 10.0,
-                 close_timeout_s: float = 120.0):
+                 close_timeout_s: float = 120.0, backfill: str | Path | None = None):
         self.uri = tracking_uri.rstrip("/")
+        # A resumed job's metrics.jsonl: what earlier attempts wrote is uploaded before anything this logger sends.
+        self.backfill = Path(backfill) if backfill is not None else None
         self.run_id = run_id
         self.flush_interval_s = flush_interval_s
         self.system_metrics_interval_s = system_metrics_interval_s
@@ -192,7 +195,10 @@ class MLflowLogger:
                 return steps
 
     def _open(self) -> None:
-        """First contact: mark the run running and learn what a resumed run already holds."""
+        """First contact: backfill from metrics.jsonl, mark the run running and learn what it already holds.
+
+        Retried until it succeeds, so the run always holds the file's history before the first metric this logger
+        sends: the backfill's rule (a key is complete up to the last step the run holds) stays true."""
         try:
             run = self._get("runs/get", {"run_id": self.run_id})["run"]
         except requests.HTTPError as exc:
@@ -200,6 +206,11 @@ class MLflowLogger:
             if exc.response is not None and 400 <= exc.response.status_code < 500:
                 raise _UnknownRun(exc.response.text[:300]) from None
             raise
+        if self.backfill is not None and self.backfill.exists():
+            from rla_ablate.tracking.sync import sync_from_jsonl
+
+            if sync_from_jsonl(self.uri, self.run_id, self.backfill, timeout=self.request_timeout_s):
+                run = self._get("runs/get", {"run_id": self.run_id})["run"]
         self._artifact_uri = run.get("info", {}).get("artifact_uri")
         for m in run.get("data", {}).get("metrics", []):
             self._server_steps[m["key"]] = self._history_steps(m["key"])
