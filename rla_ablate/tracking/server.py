@@ -154,6 +154,7 @@ class TrackingServer:
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
+        self._restarting = False
 
     @property
     def backend_uri(self) -> str:
@@ -280,10 +281,12 @@ class TrackingServer:
         return out
 
     def wait_healthy(self, timeout: float) -> bool:
-        """Whether the server answers /health within `timeout` seconds (a restart under way included)."""
+        """Whether the server answers /health within `timeout` seconds (a restart under way included: its notice
+        is in `notices()` once this returns True)."""
         deadline = time.monotonic() + timeout
         while True:
-            if self.port is not None and is_healthy(self.uri, timeout=min(2.0, max(0.1, timeout))):
+            if (not self._restarting and self.port is not None
+                    and is_healthy(self.uri, timeout=min(2.0, max(0.1, timeout)))):
                 return True
             if time.monotonic() >= deadline or self._stopping.is_set():
                 return False
@@ -292,6 +295,7 @@ class TrackingServer:
     def _watch(self, interval_s: float, hang_timeout_s: float) -> None:
         # This thread also starts the replacement servers: it lives as long as they do, so it may arm PDEATHSIG.
         silent_since: float | None = None
+        failed = 0
         while not self._stopping.wait(interval_s):
             try:
                 proc = self.proc
@@ -299,7 +303,11 @@ class TrackingServer:
                     return
                 code = proc.poll()
                 if code is not None:
-                    self._restart(f"tracking server died (exit {code})")
+                    if failed:
+                        # A server that keeps failing to start: try again less and less often (at most every 30 s).
+                        if self._stopping.wait(min(30.0, 2.0 ** failed)):
+                            return
+                    failed = 0 if self._restart(f"tracking server died (exit {code})") else failed + 1
                     silent_since = None
                     continue
                 if is_healthy(self.uri, timeout=min(2.0, hang_timeout_s)):
@@ -314,28 +322,41 @@ class TrackingServer:
                 with self._lock:
                     self._notices.append(f"tracking server supervision: {type(exc).__name__}: {exc}")
 
-    def _restart(self, why: str) -> None:
+    def _restart(self, why: str) -> bool:
+        """Start the server again; True once it answers."""
+        self._restarting = True
+        try:
+            return self._restart_once(why)
+        finally:
+            self._restarting = False
+
+    def _restart_once(self, why: str) -> bool:
         with self._lock:
             if self._stopping.is_set() or self.proc is None:
-                return
+                return False
             # Whatever is left of the old one (a wedged process, an orphaned uvicorn worker) frees the port first.
             _kill_group(self.proc.pid, timeout=5.0, proc=self.proc)
-            self._spawn(self.port or free_port(), deathsig=True)
+            try:
+                self._spawn(self.port or free_port(), deathsig=True)
+            except OSError as exc:
+                self._notices.append(f"{why}; cannot start it again ({exc.strerror or exc}), trying again")
+                return False
             self.restarts += 1
         deadline = time.monotonic() + self.startup_timeout
         while not self._stopping.is_set():
             if is_healthy(self.uri, timeout=1.0):
                 with self._lock:
                     self._notices.append(f"{why}; restarted on {self.uri}")
-                return
+                return True
             code = self.proc.poll() if self.proc is not None else None
             if code is not None or time.monotonic() > deadline:
                 with self._lock:
                     self._notices.append(f"{why}; restart on {self.uri} failed "
                                          f"({'exit ' + str(code) if code is not None else 'no answer'}), "
                                          f"trying again; log {self.log_path}")
-                return
+                return False
             time.sleep(0.25)
+        return False
 
     def stop(self) -> None:
         self._stopping.set()
