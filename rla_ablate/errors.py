@@ -18,6 +18,10 @@ class UserError(Exception):
         super().__init__(where + message)
 
 
+class CheckpointError(Exception):
+    """A job has checkpoints but none of them loads: resuming cannot work until they are moved away."""
+
+
 class JobFailed(Exception):
     """A job could not finish; the message says why and how to resume."""
 

@@ -55,6 +55,8 @@ class Cause(_Plain):
     """Out of GPU memory (torch.OutOfMemoryError, "CUDA out of memory")."""
     WORKER_DIED = "worker_died"
     """The Ray worker process died (segfault, the OOM killer, a lost node); nothing came back from it."""
+    CHECKPOINT = "checkpoint"
+    """Every checkpoint of the job is unreadable (rla_ablate.errors.CheckpointError): a resume cannot load one."""
     OTHER = "other"
     """Any other exception."""
     PRUNED = "pruned"
@@ -63,7 +65,7 @@ class Cause(_Plain):
     @property
     def deterministic(self) -> bool:
         """The same failure on every attempt: retrying (or resuming) without a change cannot help."""
-        return self in (Cause.CONFIG, Cause.COMPILE)
+        return self in (Cause.CONFIG, Cause.COMPILE, Cause.CHECKPOINT)
 
 
 # Class names of compile failures, matched by name so that classification works without triton installed
@@ -95,9 +97,11 @@ def _names(exc: BaseException) -> list[tuple[str, str]]:
 
 
 def _cause_of_one(exc: BaseException) -> Cause | None:
-    from rla_ablate.errors import UserError
+    from rla_ablate.errors import CheckpointError, UserError
 
     names = _names(exc)
+    if isinstance(exc, CheckpointError):
+        return Cause.CHECKPOINT
     if isinstance(exc, UserError) or any(n == "ValidationError" and m.startswith("pydantic") for m, n in names):
         return Cause.CONFIG
     if any(n in COMPILE_ERRORS or (n in TRITON_ONLY_COMPILE_ERRORS and m.startswith("triton")) for m, n in names):

@@ -188,6 +188,42 @@ def test_outage_loses_and_duplicates_no_metric(tmp_path):
         srv.stop()
 
 
+def test_a_hung_server_bounds_close_and_is_restarted_on_its_port(tmp_path):
+    """A stopped (SIGSTOP) server: a logger's close() returns within its timeouts, and the supervising watchdog kills
+    the server after `hang_timeout_s` and starts it again on the same store and port."""
+    from rla_ablate.train.loggers import JSONLLogger
+
+    srv = TrackingServer(tmp_path / "mlflow").start().supervise(interval_s=0.2, hang_timeout_s=3.0)
+    try:
+        uri, pgid = srv.uri, srv.proc.pid
+        run_id = srv.create_or_get_child_run("hang", "job", tags={"family": "rla", "seed": 0})
+        logger = MLflowLogger(uri, run_id, flush_interval_s=0.05, request_timeout_s=1.0, close_timeout_s=2.0,
+                              system_metrics_interval_s=None)
+        jsonl = JSONLLogger(tmp_path / "metrics.jsonl")
+        for step in range(100):
+            logger.log({"train/loss": step * 0.5}, step=step)
+            jsonl.log({"train/loss": step * 0.5}, step=step)
+        assert logger.flush(timeout=30)
+        os.killpg(pgid, signal.SIGSTOP)
+        for step in range(100, 200):
+            logger.log({"train/loss": step * 0.5}, step=step)
+            jsonl.log({"train/loss": step * 0.5}, step=step)
+        jsonl.close("finished")
+        t0 = time.monotonic()
+        logger.close("finished")
+        assert time.monotonic() - t0 < 12, "close() waited past its timeouts"
+        assert srv.wait_healthy(timeout=90) and srv.restarts == 1 and srv.uri == uri
+        assert srv.notices() == [f"tracking server did not answer for 3 s; restarted on {uri}"]
+        assert not os.path.exists(f"/proc/{pgid}")
+        # The run was left open with its tail missing; its metrics.jsonl completes and closes it, once.
+        sync_from_jsonl(uri, run_id, tmp_path / "metrics.jsonl")
+        client = MlflowClient(uri)
+        assert history(client, run_id, "train/loss") == [(s, s * 0.5) for s in range(200)]
+        assert client.get_run(run_id).info.status == "FINISHED"
+    finally:
+        srv.stop()
+
+
 def test_server_reuse_and_stale_cleanup(tmp_path):
     """A live server is reused by another process; after its owner is SIGKILLed no server outlives it: one started
     from the main thread dies with its owner (PDEATHSIG), one started from a worker thread (where PDEATHSIG cannot

@@ -16,7 +16,7 @@ def register(subparsers) -> None:
     parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
     parser.add_argument("--json", action="store_true",
                         help='print {"sweep", "root", "tracking_uri", "jobs": [{job_id, name, ablations, status, '
-                             'mlflow_run_id, tokens_done, tokens_target, error, cause, traceback, error_log}]}')
+                             'mlflow_run_id, tokens_done, tokens_target, error, cause, traceback, error_log, notice}]}')
     parser.set_defaults(func=run)
 
 
@@ -55,4 +55,6 @@ def run(args: argparse.Namespace) -> int:
         if j["status"] == "failed" and j["error_log"]:
             console.print(f"{escape(j['name'])} ({j['job_id'][:8]}) tracebacks: {escape(j['error_log'])}",
                           soft_wrap=True)
+        if j.get("notice"):
+            console.print(f"{escape(j['name'])} ({j['job_id'][:8]}): {escape(j['notice'])}", soft_wrap=True)
     return 0

@@ -37,6 +37,8 @@ from rla_ablate.sweep.state import SweepDir
 DEFAULT_ROOT = "rla-runs"
 # Seconds jobs get to write a checkpoint and return after Ctrl-C or `rla-sweep cancel`.
 STOP_GRACE_S = 60.0
+# Seconds the launch waits for its restarted tracking server before a run update is given up (and noted).
+TRACKING_WAIT_S = 120.0
 
 
 @dataclass
@@ -134,9 +136,18 @@ class _Services:
         if self.tracking_uri is None:
             from rla_ablate.tracking import TrackingServer
 
-            self.server = TrackingServer(self.sdir.mlflow_dir).start()
+            # Supervised: a server that dies or hangs mid-sweep is started again on the same store and port.
+            self.server = TrackingServer(self.sdir.mlflow_dir).start().supervise()
             self.tracking_uri, self.backend_uri = self.server.uri, self.server.backend_uri
         self.sdir.record_children()
+
+    def tracking_notices(self) -> list[str]:
+        """Lines about the embedded server since the last call (a restart after it died)."""
+        return self.server.notices() if self.server is not None else []
+
+    def wait_tracking(self, timeout: float = TRACKING_WAIT_S) -> bool:
+        """Whether the embedded server answers within `timeout` (True at once for a --tracking-uri server)."""
+        return self.server.wait_healthy(timeout) if self.server is not None else True
 
     def start_ray(self) -> dict[str, float]:
         import ray
@@ -316,7 +327,11 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         # Ctrl-C, SIGTERM and `rla-sweep cancel` alike: the launch was stopped (exit 130).
         summary.interrupted = bool(runner.stop_reason)
         summary.counts = _count(sdir, runner.all_jobs)
+        # Every run is completed from its job's metrics.jsonl: wait for a server that is being restarted.
+        runner._tracking_notes()
+        services.wait_tracking()
         runner.end_runs()
+        runner._tracking_notes()
         _close_parent(services.tracking_uri, parent, summary)
         progress.final(summary, sdir)
         return summary
@@ -466,8 +481,22 @@ class _Runner:
                 **job.identity_tags()}
         if job.control_of:
             tags["control_of"] = job.control_of
-        run_id = create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id, tags=tags,
-                                         config=job.job.model_dump(mode="json"))
+        config = job.job.model_dump(mode="json")
+        try:
+            run_id = create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id, tags=tags,
+                                             config=config)
+        except Exception as first:
+            # The embedded server may be restarting: once it answers, the lookup by job_id finds or makes the run.
+            self._tracking_notes()
+            if not self.services.wait_tracking():
+                raise UserError(f"the MLflow server at {self.services.tracking_uri} does not answer; cannot create "
+                                f"the run of {job.name}: {_first_line(str(first))}") from None
+            try:
+                run_id = create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id, tags=tags,
+                                                 config=config)
+            except Exception as exc:
+                raise UserError(f"cannot create the MLflow run of {job.name} at {self.services.tracking_uri}: "
+                                f"{_first_line(str(exc))}") from None
         self.sdir.set_status(job.job_id, mlflow_run_id=run_id, tracking_uri=self.services.tracking_uri)
         return run_id
 
@@ -480,15 +509,26 @@ class _Runner:
         st = self.sdir.status(job.job_id)
         if not st.mlflow_run_id or st.tracking_uri != self.services.tracking_uri:
             return
-        try:
-            metrics = self.sdir.job_dir(job.job_id) / "metrics.jsonl"
-            if metrics.exists():
-                sync_from_jsonl(self.services.tracking_uri, st.mlflow_run_id, metrics)
-            if status in ENDED:
-                end_open_run(self.services.tracking_uri, st.mlflow_run_id, str(status), reason)
-        except Exception as exc:
-            # The sweep folder holds the truth; a tracking hiccup must not stop the launch.
-            self.progress.note(f"{job.name}: could not update MLflow run {st.mlflow_run_id}: {_first_line(str(exc))}")
+        metrics = self.sdir.job_dir(job.job_id) / "metrics.jsonl"
+        for last in (False, True):
+            try:
+                if metrics.exists():
+                    sync_from_jsonl(self.services.tracking_uri, st.mlflow_run_id, metrics)
+                if status in ENDED:
+                    end_open_run(self.services.tracking_uri, st.mlflow_run_id, str(status), reason)
+                return
+            except Exception as exc:
+                # The sweep folder holds the truth; a tracking hiccup must not stop the launch. The embedded server
+                # may be restarting: wait for it once, then try again.
+                self._tracking_notes()
+                if last or not self.services.wait_tracking():
+                    self.progress.note(f"{job.name}: could not update MLflow run {st.mlflow_run_id}: "
+                                       f"{_first_line(str(exc))}")
+                    return
+
+    def _tracking_notes(self) -> None:
+        for line in self.services.tracking_notices():
+            self.progress.note(line)
 
     def end_runs(self) -> None:
         """At the end of a launch, every job's run holds every metric of its metrics.jsonl, and an ended job's run
@@ -505,7 +545,7 @@ class _Runner:
         run_id = self.ensure_run(job)
         st = self.sdir.status(job.job_id)
         self.sdir.set_status(job.job_id, status=Status.PENDING, tokens_target=int(job.job.train.tokens),
-                             attempts=st.attempts + 1, error=None, cause=None, traceback=None)
+                             attempts=st.attempts + 1, error=None, cause=None, traceback=None, notice=None)
         # Multi-worker jobs start their own Ray Train workers (one GPU each); the task itself only coordinates.
         multi = job.job.train.num_workers > 1
         placement = (self.placements or {}).get(job.job_id)
@@ -592,7 +632,12 @@ class _Runner:
                 self.ray.cancel(ref)
 
     def _poll(self) -> None:
-        tokens, started, values = self.ray.get(self.monitor.snapshot.remote())
+        self._tracking_notes()
+        tokens, started, values, notes = self.ray.get(self.monitor.snapshot.remote())
+        names = {j.job_id: j.name for j in self.all_jobs}
+        for job_id, text in notes:
+            self.progress.note(f"{names.get(job_id, job_id[:8])}: {text}")
+            self.sdir.set_status(job_id, notice=text)
         for job in self.inflight.values():
             if job.job_id in started:
                 n = tokens.get(job.job_id, 0) or 0

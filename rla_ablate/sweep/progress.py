@@ -266,5 +266,5 @@ class Progress:
             print(f"rerun `rla-sweep resume {self.sweep} --root {sdir.root}` to resume unfinished jobs from their "
                   "checkpoints", file=sys.stderr)
         elif not summary.ok:
-            print("every failure above repeats on each attempt (cause config or compile): fix the sweep file or the "
-                  "code, then launch again", file=sys.stderr)
+            print("every failure above repeats on each attempt (cause config, compile or checkpoint): fix the sweep "
+                  "file, the code or the checkpoints, then launch again", file=sys.stderr)

@@ -66,6 +66,9 @@ class JobStatus:
     """Why the job did not finish (rla_ablate.outcome.Cause); None while it runs, once finished, or unknown."""
     traceback: str | None = None
     """The last failed attempt's traceback (every attempt's is in error.log)."""
+    notice: str | None = None
+    """Something the latest attempt did that the user should know, on one line (it skipped an unreadable
+    checkpoint and resumed from an older one)."""
 
     def __post_init__(self) -> None:
         self.status = Status(self.status) if self.status in Status._value2member_map_ else Status.PENDING

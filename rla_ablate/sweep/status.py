@@ -54,7 +54,7 @@ def sweep_status(sdir: SweepDir) -> dict[str, Any]:
                      "status": status.value, "mlflow_run_id": st.mlflow_run_id, "tokens_done": int(st.tokens_done),
                      "tokens_target": int(rec.get("tokens_target") or st.tokens_target), "error": error,
                      "cause": st.cause.value if st.cause is not None else None, "traceback": st.traceback,
-                     "error_log": str(log) if log.exists() else None})
+                     "error_log": str(log) if log.exists() else None, "notice": st.notice})
     # Embedded server: its SQLite store opens the runs after the launch (and its server) are gone.
     uri = meta.get("backend_uri") if meta.get("embedded_tracking", True) else meta.get("tracking_uri")
     return {"sweep": sdir.name, "root": str(sdir.root), "tracking_uri": uri, "jobs": jobs}

@@ -24,6 +24,8 @@ FAIL_ONCE_ENV = "RLA_SWEEP_FAIL_ONCE"
 # What the injected failure is (a drill of each failure cause): other (default), config, compile, oom.
 FAIL_KIND_ENV = "RLA_SWEEP_FAIL_KIND"
 REPORT_EVERY_S = 1.0
+# Seconds a job's end waits for the tracking server to take its last metrics and its status.
+CLOSE_TIMEOUT_S = 30.0
 
 
 class CompilationError(RuntimeError):
@@ -55,6 +57,7 @@ class Monitor:
         self.values: dict[str, list[tuple[int, float]]] = {}
         self.stop_all = False
         self.stop: set[str] = set()
+        self.notes: list[tuple[str, str]] = []
 
     def report(self, job_id: str, tokens: int | None, values: list[tuple[int, float]]) -> bool:
         self.started.add(job_id)
@@ -64,9 +67,14 @@ class Monitor:
             self.values.setdefault(job_id, []).extend(values)
         return self.stop_all or job_id in self.stop
 
-    def snapshot(self) -> tuple[dict[str, int], set[str], dict[str, list[tuple[int, float]]]]:
+    def note(self, job_id: str, text: str) -> None:
+        """A line for the launch's output and the job's status (a resume that skipped an unreadable checkpoint)."""
+        self.notes.append((job_id, text))
+
+    def snapshot(self) -> tuple[dict[str, int], set[str], dict[str, list[tuple[int, float]]], list[tuple[str, str]]]:
         values, self.values = self.values, {}
-        return dict(self.tokens), set(self.started), values
+        notes, self.notes = self.notes, []
+        return dict(self.tokens), set(self.started), values, notes
 
     def started_jobs(self) -> set[str]:
         return set(self.started)
@@ -116,6 +124,10 @@ class SweepLogger:
             self._report(force=True)
 
     def event(self, name: str, step: int, detail: dict) -> None:
+        skipped = (detail or {}).get("skipped_checkpoints") if name == "resumed" else None
+        if skipped and self.monitor is not None:
+            self.monitor.note.remote(self.job_id, f"unreadable checkpoint skipped ({'; '.join(skipped)}); resumed "
+                                                  f"from the older one at {int(step)} tokens")
         if name == "start":
             self.tokens = int(step)
             self._report(force=True)
@@ -194,10 +206,11 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
         if tracking_uri and run_id:
             from rla_ablate.tracking import MLflowLogger
 
-            # A resumed job first hands the run what an earlier attempt wrote but never sent (it was killed with
-            # metrics buffered); the logger then skips the steps the run holds.
-            _sync(tracking_uri, run_id, out)
-            inner = MLflowLogger(tracking_uri, run_id)
+            # A resumed job's logger first hands the run what an earlier attempt wrote but never sent (it was killed
+            # with metrics buffered), retrying until the server answers; it then skips the steps the run holds.
+            # A job waits at most CLOSE_TIMEOUT_S for an unreachable server at its end: the launch backfills the
+            # run from metrics.jsonl once the server answers again.
+            inner = MLflowLogger(tracking_uri, run_id, close_timeout_s=CLOSE_TIMEOUT_S, backfill=out / "metrics.jsonl")
         logger = SweepLogger(inner, monitor, job_id, out, watch=watch)
         logger.announce()
         started = time.time()

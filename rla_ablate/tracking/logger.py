@@ -6,6 +6,10 @@ and retried with backoff, so nothing is lost. Nothing is duplicated either: a me
 timestamp from `log()` time, and after any failed request (which may have been committed before the
 connection broke) or when the run already has metrics (a resumed job re-logs the steps after its
 checkpoint), pending metrics whose (key, step) the server already holds are dropped.
+
+Every request has a timeout (`request_timeout_s`) and `close()` waits at most `close_timeout_s`, so a server that
+is down or stopped (SIGSTOP) never holds a job up for longer than that: what is not delivered by then stays in the
+job's metrics.jsonl, from which the launch backfills the run (`rla_ablate.tracking.sync`) once the server answers.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import math
 import socket
 import threading
 import time
+import urllib.parse
 import uuid
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -52,8 +58,10 @@ class MLflowLogger:
 
     def __init__(self, tracking_uri: str, run_id: str, *, flush_interval_s: float = 2.0,
                  system_metrics_interval_s: float | None = 30.0, request_timeout_s: float = 10.0,
-                 close_timeout_s: float = 120.0):
+                 close_timeout_s: float = 120.0, backfill: str | Path | None = None):
         self.uri = tracking_uri.rstrip("/")
+        # A resumed job's metrics.jsonl: what earlier attempts wrote is uploaded before anything this logger sends.
+        self.backfill = Path(backfill) if backfill is not None else None
         self.run_id = run_id
         self.flush_interval_s = flush_interval_s
         self.system_metrics_interval_s = system_metrics_interval_s
@@ -74,6 +82,7 @@ class MLflowLogger:
         self._server_steps: dict[str, set[int]] = {}
         self._verify = True
         self._opened = False
+        self._artifact_uri: str | None = None
         self._last_step = 0
         self._last_system_step: int | None = None
         self._last_system_time = 0.0
@@ -159,7 +168,7 @@ class MLflowLogger:
             self._upload_events()
             self._post("runs/update", {"run_id": self.run_id, "status": RUN_STATUS.get(status, "FAILED"),
                                        "end_time": int(time.time() * 1000)})
-        except requests.RequestException as exc:
+        except Exception as exc:  # noqa: BLE001 - the launch closes the run from metrics.jsonl instead
             log.error("could not mark MLflow run %s as %s: %s", self.run_id, status, exc)
 
     def _post(self, endpoint: str, body: dict) -> dict:
@@ -186,7 +195,10 @@ class MLflowLogger:
                 return steps
 
     def _open(self) -> None:
-        """First contact: mark the run running and learn what a resumed run already holds."""
+        """First contact: backfill from metrics.jsonl, mark the run running and learn what it already holds.
+
+        Retried until it succeeds, so the run always holds the file's history before the first metric this logger
+        sends: the backfill's rule (a key is complete up to the last step the run holds) stays true."""
         try:
             run = self._get("runs/get", {"run_id": self.run_id})["run"]
         except requests.HTTPError as exc:
@@ -194,6 +206,12 @@ class MLflowLogger:
             if exc.response is not None and 400 <= exc.response.status_code < 500:
                 raise _UnknownRun(exc.response.text[:300]) from None
             raise
+        if self.backfill is not None and self.backfill.exists():
+            from rla_ablate.tracking.sync import sync_from_jsonl
+
+            if sync_from_jsonl(self.uri, self.run_id, self.backfill, timeout=self.request_timeout_s):
+                run = self._get("runs/get", {"run_id": self.run_id})["run"]
+        self._artifact_uri = run.get("info", {}).get("artifact_uri")
         for m in run.get("data", {}).get("metrics", []):
             self._server_steps[m["key"]] = self._history_steps(m["key"])
         self._post("runs/update", {"run_id": self.run_id, "status": "RUNNING"})
@@ -257,9 +275,19 @@ class MLflowLogger:
             events = list(self._events)
         if len(events) == self._events_sent:
             return
-        from mlflow.tracking import MlflowClient
         text = "".join(json.dumps(e, default=str) + "\n" for e in events)
-        MlflowClient(self.uri).log_text(self.run_id, text, self._events_artifact)
+        parsed = urllib.parse.urlparse(self._artifact_uri or "")
+        if parsed.scheme == "mlflow-artifacts":
+            # Served by the tracking server itself: one PUT, under this logger's request timeout.
+            path = f"{parsed.path.strip('/')}/{self._events_artifact}"
+            base = f"http://{parsed.netloc}" if parsed.netloc else self.uri
+            resp = self._http.put(f"{base}/api/2.0/mlflow-artifacts/artifacts/{path}", data=text.encode(),
+                                  headers={"Content-Type": "text/plain"}, timeout=self.request_timeout_s)
+            resp.raise_for_status()
+        else:
+            # Another artifact store (S3, a shared folder): MLflow's client knows how to write to it.
+            from mlflow.tracking import MlflowClient
+            MlflowClient(self.uri).log_text(self.run_id, text, self._events_artifact)
         self._events_sent = len(events)
 
     def _sample_system(self) -> None:

@@ -6,6 +6,11 @@ Layout of `root_dir`:
     server.json        {pid, pgid, owner_pid, port, uri, backend_uri, started}: lets a later process
                        reuse a live server or clean up one whose owner died
     server.log         the server's stdout and stderr
+
+Supervision (`supervise()`): a watchdog thread polls the process and its /health. A server that died (a crash,
+the OOM killer, `kill -9`) is started again on the same backend store and port, so clients that hold the URI
+(the jobs' loggers) reconnect by themselves; one that stays alive but does not answer for `hang_timeout_s`
+(a stopped or wedged process) is killed and started again. Each restart leaves one line in `notices()`.
 """
 
 from __future__ import annotations
@@ -144,6 +149,12 @@ class TrackingServer:
         self.proc: subprocess.Popen | None = None
         self.owned = False
         self._prev_handlers: dict[int, object] = {}
+        self.restarts = 0
+        self._notices: list[str] = []
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self._restarting = False
 
     @property
     def backend_uri(self) -> str:
@@ -207,7 +218,14 @@ class TrackingServer:
         self.artifacts_dir.mkdir(exist_ok=True)
         if self.proc is not None or self._adopt_or_clean():
             return self
-        port = self.port or free_port()
+        self._stopping.clear()
+        # PDEATHSIG fires when the creating *thread* exits, so only the main thread may arm it.
+        self._spawn(self.port or free_port(), deathsig=threading.current_thread() is threading.main_thread())
+        self._install_handlers()
+        self._wait_until_up()
+        return self
+
+    def _spawn(self, port: int, *, deathsig: bool) -> None:
         cmd = [sys.executable, "-m", "mlflow", "server",
                "--backend-store-uri", self.backend_uri,
                "--artifacts-destination", str(self.artifacts_dir),
@@ -216,19 +234,22 @@ class TrackingServer:
         # The job-execution runner (GenAI jobs) is an extra process we never use.
         env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", PYTHONUNBUFFERED="1")
         log = open(self.log_path, "ab")
-        # PDEATHSIG fires when the creating *thread* exits, so only the main thread may arm it.
-        in_main = threading.current_thread() is threading.main_thread()
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, cwd=self.root, start_new_session=True,
-                                     preexec_fn=_die_with_parent if in_main else None)
-        log.close()
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env, cwd=self.root, start_new_session=True,
+                                         preexec_fn=_die_with_parent if deathsig else None)
+        finally:
+            log.close()
         self.port, self.owned = port, True
         atomic_write_text(self.record_path, json.dumps({
             "pid": self.proc.pid, "pgid": self.proc.pid, "owner_pid": os.getpid(), "port": port,
             "uri": self.uri, "backend_uri": self.backend_uri, "started": time.time()}, indent=1))
-        self._install_handlers()
+
+    def _wait_until_up(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
         while not is_healthy(self.uri, timeout=1.0):
+            if self._stopping.is_set():
+                return
             code = self.proc.poll()
             if code is not None:
                 tail = self.log_path.read_text(errors="replace")[-2000:]
@@ -241,9 +262,107 @@ class TrackingServer:
                 raise UserError(f"the MLflow server did not answer within {self.startup_timeout:.0f} s; "
                                 f"see {self.log_path}")
             time.sleep(0.25)
+
+    # -- supervision ---------------------------------------------------------------------------------------------
+
+    def supervise(self, *, interval_s: float = 1.0, hang_timeout_s: float = 60.0) -> "TrackingServer":
+        """Watch the server this object started and start it again, same store and port, when it dies or hangs."""
+        if not self.owned or self._watchdog is not None:
+            return self
+        self._watchdog = threading.Thread(target=self._watch, args=(interval_s, hang_timeout_s),
+                                          name="mlflow-watchdog", daemon=True)
+        self._watchdog.start()
         return self
 
+    def notices(self) -> list[str]:
+        """The restart lines since the last call (one per restart, for the launch's output)."""
+        with self._lock:
+            out, self._notices = self._notices, []
+        return out
+
+    def wait_healthy(self, timeout: float) -> bool:
+        """Whether the server answers /health within `timeout` seconds (a restart under way included: its notice
+        is in `notices()` once this returns True)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if (not self._restarting and self.port is not None
+                    and is_healthy(self.uri, timeout=min(2.0, max(0.1, timeout)))):
+                return True
+            if time.monotonic() >= deadline or self._stopping.is_set():
+                return False
+            time.sleep(0.2)
+
+    def _watch(self, interval_s: float, hang_timeout_s: float) -> None:
+        # This thread also starts the replacement servers: it lives as long as they do, so it may arm PDEATHSIG.
+        silent_since: float | None = None
+        failed = 0
+        while not self._stopping.wait(interval_s):
+            try:
+                proc = self.proc
+                if proc is None:
+                    return
+                code = proc.poll()
+                if code is not None:
+                    if failed:
+                        # A server that keeps failing to start: try again less and less often (at most every 30 s).
+                        if self._stopping.wait(min(30.0, 2.0 ** failed)):
+                            return
+                    failed = 0 if self._restart(f"tracking server died (exit {code})") else failed + 1
+                    silent_since = None
+                    continue
+                if is_healthy(self.uri, timeout=min(2.0, hang_timeout_s)):
+                    silent_since = None
+                    continue
+                now = time.monotonic()
+                silent_since = silent_since or now
+                if now - silent_since >= hang_timeout_s:
+                    self._restart(f"tracking server did not answer for {hang_timeout_s:.0f} s")
+                    silent_since = None
+            except Exception as exc:  # noqa: BLE001 - the watchdog must outlive any one failed check
+                with self._lock:
+                    self._notices.append(f"tracking server supervision: {type(exc).__name__}: {exc}")
+
+    def _restart(self, why: str) -> bool:
+        """Start the server again; True once it answers."""
+        self._restarting = True
+        try:
+            return self._restart_once(why)
+        finally:
+            self._restarting = False
+
+    def _restart_once(self, why: str) -> bool:
+        with self._lock:
+            if self._stopping.is_set() or self.proc is None:
+                return False
+            # Whatever is left of the old one (a wedged process, an orphaned uvicorn worker) frees the port first.
+            _kill_group(self.proc.pid, timeout=5.0, proc=self.proc)
+            try:
+                self._spawn(self.port or free_port(), deathsig=True)
+            except OSError as exc:
+                self._notices.append(f"{why}; cannot start it again ({exc.strerror or exc}), trying again")
+                return False
+            self.restarts += 1
+        deadline = time.monotonic() + self.startup_timeout
+        while not self._stopping.is_set():
+            if is_healthy(self.uri, timeout=1.0):
+                with self._lock:
+                    self._notices.append(f"{why}; restarted on {self.uri}")
+                return True
+            code = self.proc.poll() if self.proc is not None else None
+            if code is not None or time.monotonic() > deadline:
+                with self._lock:
+                    self._notices.append(f"{why}; restart on {self.uri} failed "
+                                         f"({'exit ' + str(code) if code is not None else 'no answer'}), "
+                                         f"trying again; log {self.log_path}")
+                return False
+            time.sleep(0.25)
+        return False
+
     def stop(self) -> None:
+        self._stopping.set()
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None and watchdog is not threading.current_thread():
+            watchdog.join(timeout=self.startup_timeout + 15)
         if self.proc is None:
             return
         _kill_group(self.proc.pid, proc=self.proc)

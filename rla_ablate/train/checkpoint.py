@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rla_ablate.errors import CheckpointError
+
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^ckpt-(\d{15})\.pt$")
 
@@ -115,18 +117,29 @@ def load_checkpoint(path: str | Path) -> dict:
     return state
 
 
-def load_latest(out_dir: str | Path) -> tuple[Path, dict] | None:
-    """The newest checkpoint that loads, or None. An unreadable newest file falls back to the one before."""
+def _why(exc: Exception) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
+
+
+def load_latest(out_dir: str | Path, skipped: list[str] | None = None) -> tuple[Path, dict] | None:
+    """The newest checkpoint that loads, or None when there is none. An unreadable newest file falls back to the
+    one before (with a warning; "NAME: why" per skipped file is appended to `skipped` when given); when none loads,
+    CheckpointError says so: retrying cannot help until the files are moved away."""
     errors = []
     for _, path in reversed(list_checkpoints(out_dir)):
         try:
             state = load_checkpoint(path)
         except Exception as exc:
-            errors.append(f"{path.name}: {exc}")
+            errors.append(f"{path.name}: {_why(exc)}")
             continue
         if errors:
             warnings.warn(f"skipped unreadable checkpoints: {'; '.join(errors)}", stacklevel=2)
+            if skipped is not None:
+                skipped.extend(errors)
         return path, state
     if errors:
-        raise ValueError("no readable checkpoint: " + "; ".join(errors))
+        directory = checkpoint_dir(out_dir)
+        raise CheckpointError(f"none of the {len(errors)} checkpoints in {directory} loads ({'; '.join(errors)}); "
+                              f"move {directory} away to train the job again from the start")
     return None

@@ -165,7 +165,9 @@ class Trainer:
         self.flops_per_token = flops_per_token(job.model, cfg.seq_len)
         self.peak_flops = _peak_flops(job, self.device)
 
-        found = load_latest(self.out_dir)
+        # Unreadable newer checkpoints (a torn disk, a bad copy) are skipped; the resumed event names them.
+        self.skipped_checkpoints: list[str] = []
+        found = load_latest(self.out_dir, skipped=self.skipped_checkpoints)
         if found is None:
             return None
         path, state = found
@@ -348,7 +350,10 @@ class Trainer:
         if state is not None:
             self.restore(state)
             del state
-            self.logger.event("resumed", self.tokens, {"step": self.step})
+            detail = {"step": self.step}
+            if getattr(self, "skipped_checkpoints", None):
+                detail["skipped_checkpoints"] = list(self.skipped_checkpoints)
+            self.logger.event("resumed", self.tokens, detail)
         self.logger.event("start", self.tokens, {
             "tokens_total": cfg.total_tokens, "steps_total": cfg.total_steps, "batch_tokens": cfg.batch_tokens,
             "micro_batches_per_step": cfg.micro_batches_per_step, "world_size": self.ctx.world_size,
