@@ -15,7 +15,7 @@ import random
 import socket
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -350,9 +350,10 @@ class Trainer:
         if state is not None:
             self.restore(state)
             del state
-            detail = {"step": self.step}
-            if getattr(self, "skipped_checkpoints", None):
-                detail["skipped_checkpoints"] = list(self.skipped_checkpoints)
+            detail: dict[str, Any] = {"step": self.step}
+            skipped: list[str] = getattr(self, "skipped_checkpoints", [])
+            if skipped:
+                detail["skipped_checkpoints"] = list(skipped)
             self.logger.event("resumed", self.tokens, detail)
         self.logger.event("start", self.tokens, {
             "tokens_total": cfg.total_tokens, "steps_total": cfg.total_steps, "batch_tokens": cfg.batch_tokens,
