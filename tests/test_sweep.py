@@ -78,8 +78,11 @@ def test_proxy_study_arms_tasks_and_controls():
     assert {j.seed for j in sweep.jobs} == {0, 1, 2} and sweep.config.resources.gpus == "auto"
     # Each arm's own sections: MQAR arms train on MQAR (queries only) and score four difficulties; LM arms bytes.
     mqar, lm = jobs["mqar-rla/seed0"].job, jobs["lm-rla/seed0"].job
-    assert mqar.data.kind == "mqar" and mqar.train.seq_len == 256 and mqar.train.lr == 1e-3
-    assert [e.name for e in mqar.eval] == ["mqar_kv16", "mqar_kv8", "mqar_kv32", "mqar_kv64_t512"]
+    assert mqar.data.kind == "mqar" and mqar.train.seq_len == 64 and mqar.train.lr == 1e-2
+    # The Transformer arm has its own peak lr and shares the rest of the MQAR protocol.
+    tf = jobs["mqar-transformer/seed0"].job
+    assert tf.train.lr == 1e-3 and tf.train.tokens == mqar.train.tokens and tf.data == mqar.data
+    assert [e.name for e in mqar.eval] == ["mqar_kv16", "mqar_kv8", "mqar_kv32", "mqar_kv48_t256"]
     assert mqar.train.precision == "bf16" and mqar.train.device == "cuda"   # shared keys the arm leaves alone
     assert lm.data.kind == "stdlib" and [e.name for e in lm.eval] == ["val"]
     # Ablations and controls inherit the arm's sections.
