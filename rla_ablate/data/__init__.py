@@ -8,6 +8,7 @@ The training job needs four names:
     ckpt["data"] = stream.state_dict(); stream.load_state_dict(ckpt["data"])
     evals = {e.name: make_eval_batches(e, seq_len, batch_size) for e in job.eval}
     vocab_size(job.data)                      # the smallest model vocabulary that fits
+    make_train_stream(..., documents=True)    # batches also carry doc_starts [B, T]; batch.cu_seqlens() for FLA
 
 Labels are already shifted: loss = cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100);
 recall accuracy = (logits.argmax(-1) == labels)[labels != -100].float().mean().
@@ -24,7 +25,14 @@ from rla_ablate.data.config import (
     StdlibData,
     TextData,
 )
-from rla_ablate.data.stream import Batch, TrainStream, make_eval_batches, make_train_stream, vocab_size
+from rla_ablate.data.stream import (
+    Batch,
+    TrainStream,
+    cu_seqlens_from_starts,
+    make_eval_batches,
+    make_train_stream,
+    vocab_size,
+)
 
 __all__ = [
     "Batch",
@@ -38,6 +46,7 @@ __all__ = [
     "StdlibData",
     "TextData",
     "TrainStream",
+    "cu_seqlens_from_starts",
     "make_eval_batches",
     "make_train_stream",
     "vocab_size",

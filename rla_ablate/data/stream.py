@@ -4,6 +4,10 @@ A stream is an endless, resumable iterator of `Batch`es. Sample g of the global 
 pure function of (data, seq_len, seed, g): text-like data cuts its token stream into windows of seq_len + 1 tokens
 and visits them in a fresh pseudo-random permutation every epoch; recall tasks generate example g. Batch s of
 rank r holds samples (s·W + r)·B ... (s·W + r)·B + B - 1, so ranks never overlap and the state is one number.
+
+With `documents=True` every batch also says where documents start (`Batch.doc_starts`): text-like data joins its
+documents with EOS, so a document starts at position 0 of each row and right after every EOS in the row; a recall
+example is one document. `Batch.cu_seqlens()` turns that into FLA's packed-sequence offsets.
 """
 
 from __future__ import annotations
@@ -37,18 +41,49 @@ class Batch:
     """[B, T] int64."""
     labels: torch.Tensor
     """[B, T] int64."""
+    doc_starts: torch.Tensor | None = None
+    """[B, T] bool, True where a document starts (always at t = 0); None unless the stream was asked for it."""
 
     def to(self, device, non_blocking: bool = False) -> Batch:
         return Batch(self.input_ids.to(device, non_blocking=non_blocking),
-                     self.labels.to(device, non_blocking=non_blocking))
+                     self.labels.to(device, non_blocking=non_blocking),
+                     None if self.doc_starts is None else self.doc_starts.to(device, non_blocking=non_blocking))
+
+    def cu_seqlens(self) -> torch.Tensor:
+        """The documents as FLA's packed sequences: int32 offsets [N + 1] into the batch flattened to one row of
+        B·T tokens, from 0 to B·T, including every row's start (a document never runs over two rows)."""
+        if self.doc_starts is None:
+            raise ValueError("this batch has no document boundaries; make its stream with documents=True")
+        return cu_seqlens_from_starts(self.doc_starts)
 
 
-def _batch(inputs: np.ndarray, labels: np.ndarray) -> Batch:
+def cu_seqlens_from_starts(doc_starts_BT: torch.Tensor) -> torch.Tensor:
+    """int32 offsets [N + 1] of the documents of a [B, T] start mask, over the batch flattened to B·T tokens."""
+    import torch
+
+    starts = doc_starts_BT.clone()
+    starts[:, 0] = True
+    flat = starts.flatten().nonzero().flatten()
+    end = torch.tensor([starts.numel()], dtype=flat.dtype, device=flat.device)
+    return torch.cat([flat, end]).to(torch.int32)
+
+
+def document_starts(inputs: np.ndarray, eos_id: int | None) -> np.ndarray:
+    """[B, T] bool: position 0 of every row, and every position right after an EOS (eos_id None: rows only)."""
+    starts = np.zeros(inputs.shape, dtype=bool)
+    starts[:, 0] = True
+    if eos_id is not None:
+        starts[:, 1:] = inputs[:, :-1] == eos_id
+    return starts
+
+
+def _batch(inputs: np.ndarray, labels: np.ndarray, starts: np.ndarray | None = None) -> Batch:
     # Imported here so that configs and `vocab_size` (used by `plan`) stay instant to import.
     import torch
 
     return Batch(torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.int64)),
-                 torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)))
+                 torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64)),
+                 None if starts is None else torch.from_numpy(np.ascontiguousarray(starts)))
 
 
 def vocab_size(cfg) -> int:
@@ -88,18 +123,21 @@ class TrainStream(Iterator[Batch]):
     """Endless batches for one rank; `state_dict()` after k batches resumes at batch k + 1 exactly."""
 
     def __init__(self, rows: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], fingerprint: str,
-                 batch_size: int, rank: int, world_size: int):
+                 batch_size: int, rank: int, world_size: int, eos_id: int | None = None, documents: bool = False):
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need batch_size >= 1 and 0 <= rank < world_size (got {batch_size}, {rank}, "
                              f"{world_size})")
         self._rows, self.fingerprint = rows, fingerprint
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
+        self.eos_id, self.documents = eos_id, documents
+        """The token that ends a document (None: every row is one document); whether batches carry doc_starts."""
         self.samples_seen = 0
         """Samples consumed by all ranks together (global)."""
 
     def __next__(self) -> Batch:
         first = self.samples_seen + self.rank * self.batch_size
-        batch = _batch(*self._rows(np.arange(first, first + self.batch_size, dtype=np.int64)))
+        inputs, labels = self._rows(np.arange(first, first + self.batch_size, dtype=np.int64))
+        batch = _batch(inputs, labels, document_starts(inputs, self.eos_id) if self.documents else None)
         self.samples_seen += self.batch_size * self.world_size
         return batch
 
@@ -121,22 +159,23 @@ def _fingerprint(*parts: object) -> str:
 
 
 def make_train_stream(cfg, seq_len: int, batch_size: int, seed: int, rank: int = 0,
-                      world_size: int = 1) -> TrainStream:
+                      world_size: int = 1, documents: bool = False) -> TrainStream:
     """An endless, resumable stream of `Batch`es [batch_size, T] for `rank` of `world_size`.
 
-    T is `seq_len`, except for mqar/niah configs that set their own length. Ranks read disjoint samples."""
+    T is `seq_len`, except for mqar/niah configs that set their own length. Ranks read disjoint samples.
+    `documents`: the batches also carry `doc_starts` (the tokens and the order are the same either way)."""
     if cfg.kind == "mqar":
         T = _recall_len(cfg, seq_len)
         key = derive_key("mqar", "train", seed, cfg.seed)
         return TrainStream(lambda g: mqar_examples(cfg, T, key, g), _fingerprint(cfg.model_dump_json(), T, key),
-                           batch_size, rank, world_size)
+                           batch_size, rank, world_size, documents=documents)
     if cfg.kind == "niah":
         T = _recall_len(cfg, seq_len)
         task = NeedleTask(cfg, open_source(cfg.haystack), T)
         key = derive_key("niah", "train", seed, cfg.seed)
         return TrainStream(lambda g: task.examples(key, g),
                            _fingerprint(cfg.model_dump_json(), task.source.fingerprint, T, key),
-                           batch_size, rank, world_size)
+                           batch_size, rank, world_size, documents=documents)
     windows = _Windows(cfg, seq_len)
     perms: dict[int, Permutation] = {}
 
@@ -150,15 +189,17 @@ def make_train_stream(cfg, seq_len: int, batch_size: int, seed: int, rank: int =
             chunks[epoch == e] = perms[int(e)][pos[epoch == e]]
         return windows.rows(chunks)
 
-    return TrainStream(rows, _fingerprint(windows.source.fingerprint, seq_len, seed), batch_size, rank, world_size)
+    return TrainStream(rows, _fingerprint(windows.source.fingerprint, seq_len, seed), batch_size, rank, world_size,
+                       eos_id=windows.source.eos_id, documents=documents)
 
 
-def make_eval_batches(eval_cfg: EvalConfig, seq_len: int, batch_size: int) -> list[Batch]:
+def make_eval_batches(eval_cfg: EvalConfig, seq_len: int, batch_size: int, documents: bool = False) -> list[Batch]:
     """The fixed batches of an eval set (the last one may be smaller); the same for every job and machine.
 
     Text-like data: ceil(tokens / seq_len) windows spread evenly over the whole set. mqar / niah: `examples`
-    examples from the data config's own seed."""
+    examples from the data config's own seed. `documents`: the batches also carry `doc_starts`."""
     cfg = eval_cfg.data
+    eos_id = None
     if cfg.kind in RECALL_KINDS:
         T = _recall_len(cfg, seq_len)
         idx = np.arange(eval_cfg.examples, dtype=np.int64)
@@ -170,6 +211,10 @@ def make_eval_batches(eval_cfg: EvalConfig, seq_len: int, batch_size: int) -> li
             inputs, labels = NeedleTask(cfg, open_source(cfg.haystack), T).examples(key, idx)
     else:
         windows = _Windows(cfg, seq_len)
+        eos_id = windows.source.eos_id
         count = min(windows.count, -(-eval_cfg.tokens // seq_len))
         inputs, labels = windows.rows((np.arange(count, dtype=np.int64) * windows.count) // count)
-    return [_batch(inputs[i:i + batch_size], labels[i:i + batch_size]) for i in range(0, len(inputs), batch_size)]
+    starts = document_starts(inputs, eos_id) if documents else None
+    return [_batch(inputs[i:i + batch_size], labels[i:i + batch_size],
+                   None if starts is None else starts[i:i + batch_size])
+            for i in range(0, len(inputs), batch_size)]

@@ -36,17 +36,19 @@ def _rms(x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def mixer_diagnostics(o_BTHV, k_BTHK, v_BTHV, g_BTH, beta_BTH, gamma_BTH, *, spec: ResidualSpec, norm_eps: float,
-                      S0=None, chunk_size: int = DEFAULT_CHUNK) -> dict[str, torch.Tensor]:
+                      S0=None, chunk_size: int = DEFAULT_CHUNK,
+                      cu_seqlens: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The diagnostics of one linear layer's forward, as 0-dim tensors (no host sync here).
 
     o: the op output the output norm receives; k, v, g, beta, gamma: the op's inputs (k, v after conv and
-    norm); S0: the initial base state or None. `target_engaged` only with a residual path (spec.fit != "off"),
+    norm); S0: the initial base state or None; cu_seqlens: packed sequences, as the op saw them. `target_engaged` only with a residual path (spec.fit != "off"),
     `gamma_mean` only when gamma is given.
     """
     acc = torch.promote_types(v_BTHV.dtype, torch.float32)
     # Under autocast the chunked matmuls would run in bf16: the diagnostics are float32 whatever the model runs in.
     with torch.autocast(device_type=v_BTHV.device.type, enabled=False):
-        pred_BTHV = chunk_base_reads(k_BTHK, v_BTHV, g_BTH, beta_BTH, spec.rule, S0, chunk_size=chunk_size)
+        pred_BTHV = chunk_base_reads(k_BTHK, v_BTHV, g_BTH, beta_BTH, spec.rule, S0, chunk_size=chunk_size,
+                                     cu_seqlens=cu_seqlens)
         x_BTHV = v_BTHV.to(acc) - pred_BTHV.to(acc)
         mixer_rms = _rms(o_BTHV.to(acc))
         out = {"residual_rms": _rms(x_BTHV)}

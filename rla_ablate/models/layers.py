@@ -13,6 +13,11 @@ so an ablation differs from its reference only where the paper says it does.
 
 Both mixers take and return a per-layer decoding state, so the same forward serves training (state None),
 prefill and one-token steps; its outputs are those of the parallel forward (tests/test_models.py).
+
+Both also take FLA's packed sequences: x [1, T] and `cu_seqlens` [N + 1] (int offsets from 0 to T). Each
+sequence then runs as if alone: the short conv reads no input of an earlier sequence, the linear op starts each
+from a zero state, softmax attention attends within it, with positions counted from its start
+(tests/test_doc_reset.py).
 """
 
 from __future__ import annotations
@@ -66,14 +71,20 @@ class ShortConvolution(nn.Conv1d):
     """Causal depthwise conv over time followed by SiLU, as `fla.modules.ShortConvolution`, in plain torch.
 
     y_t = SiLU(sum_{i<W} w_i x_{t-W+1+i}); inputs before the sequence are zeros, or the cached last W - 1 inputs.
+    With `cu_seqlens` (B = 1, packed sequences) the inputs before each sequence's start are zeros too.
     """
 
     def __init__(self, channels: int, kernel_size: int):
         super().__init__(channels, channels, kernel_size, groups=channels, bias=False)
 
-    def forward(self, x_BTD: torch.Tensor, cache_BWD: torch.Tensor | None = None):
+    def forward(self, x_BTD: torch.Tensor, cache_BWD: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None):
         B, T, D = x_BTD.shape
         W = self.kernel_size[0]
+        if cu_seqlens is not None:
+            if cache_BWD is not None:
+                raise ValueError("packed sequences (cu_seqlens) take no conv cache")
+            return self._packed(x_BTD, cu_seqlens)
         if cache_BWD is None:
             cache_BWD = x_BTD.new_zeros(B, W - 1, D)
         x_full = torch.cat([cache_BWD.to(x_BTD.dtype), x_BTD], dim=1)  # [B, W - 1 + T, D]
@@ -81,6 +92,28 @@ class ShortConvolution(nn.Conv1d):
         new_cache = x_full[:, x_full.shape[1] - (W - 1):]
         # [B, T, D] in memory too: a transposed view would reach the heads' kernels with a strided last dimension
         return F.silu(y_BDT.transpose(1, 2).contiguous()), new_cache
+
+    def _packed(self, x_BTD: torch.Tensor, cu_seqlens: torch.Tensor):
+        """Tap by tap: the tap reading x_{t-s} counts only when t - s lies in t's own sequence (s <= t - start)."""
+        B, T, D = x_BTD.shape
+        W = self.kernel_size[0]
+        offset_T = _offsets_in_sequence(cu_seqlens, T, x_BTD.device)
+        x_full = F.pad(x_BTD, (0, 0, W - 1, 0))  # [B, W - 1 + T, D]
+        w_DW = self.weight[:, 0].to(x_BTD.dtype)
+        y_BTD = x_BTD * w_DW[:, W - 1]
+        for s in range(1, W):
+            keep_T1 = (offset_T >= s).to(x_BTD.dtype)[:, None]
+            y_BTD = y_BTD + x_full[:, W - 1 - s:W - 1 - s + T] * keep_T1 * w_DW[:, W - 1 - s]
+        # Final states per sequence are not kept: packed forwards are for training and evaluation.
+        return F.silu(y_BTD), None
+
+
+def _offsets_in_sequence(cu_seqlens: torch.Tensor, T: int, device) -> torch.Tensor:
+    """[T] int64: each token's position within its packed sequence (t - start of its sequence)."""
+    t = torch.arange(T, device=device)
+    bounds = cu_seqlens.to(device=device, dtype=torch.int64)
+    seq = torch.searchsorted(bounds, t, right=True) - 1
+    return t - bounds[seq]
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -136,7 +169,7 @@ class ResidualAttention(nn.Module):
         self.stats: dict[str, torch.Tensor] = {}
 
     @torch.no_grad()
-    def _clip_radius(self, k_BTHK, v_BTHV, g_BTH, beta_BTH, S0) -> float:
+    def _clip_radius(self, k_BTHK, v_BTHV, g_BTH, beta_BTH, S0, cu_seqlens=None) -> float:
         """The radius the op receives: `clip`, or with clip_mode relative `clip` times the residual RMS.
 
         The RMS is detached (a constant of the step, so the target's gradient is the plain clip's: 1 inside,
@@ -150,7 +183,7 @@ class ResidualAttention(nn.Module):
         if self.training:
             acc = torch.promote_types(v_BTHV.dtype, torch.float32)
             with torch.autocast(device_type=v_BTHV.device.type, enabled=False):
-                pred = chunk_base_reads(k_BTHK, v_BTHV, g_BTH, beta_BTH, self.rule, S0)
+                pred = chunk_base_reads(k_BTHK, v_BTHV, g_BTH, beta_BTH, self.rule, S0, cu_seqlens=cu_seqlens)
                 rms = (v_BTHV.to(acc) - pred.to(acc)).square().mean().sqrt().to(torch.float64)
             value = float(rms)
             if not math.isfinite(value):
@@ -177,17 +210,19 @@ class ResidualAttention(nn.Module):
         dt = torch.exp(torch.rand(H) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
-    def forward(self, x_BTD: torch.Tensor, state: LinearState | None = None):
+    def forward(self, x_BTD: torch.Tensor, state: LinearState | None = None, cu_seqlens: torch.Tensor | None = None):
         cfg = self.cfg
         B, T, _ = x_BTD.shape
         H, K, V = self.num_heads, self.head_k_dim, self.head_v_dim
+        if cu_seqlens is not None and state is not None:
+            raise ValueError("packed sequences (cu_seqlens) run without a decoding state")
         q, k, v = self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD)
         conv_state = None
         if cfg.use_short_conv:
             cq, ck, cv = state.conv if state is not None and state.conv is not None else (None, None, None)
-            q, cq = self.q_conv1d(q, cq)
-            k, ck = self.k_conv1d(k, ck)
-            v, cv = self.v_conv1d(v, cv)
+            q, cq = self.q_conv1d(q, cq, cu_seqlens)
+            k, ck = self.k_conv1d(k, ck, cu_seqlens)
+            v, cv = self.v_conv1d(v, cv, cu_seqlens)
             conv_state = (cq, ck, cv)
         else:
             # GDN applies SiLU to q, k, v also without the conv; doing the same keeps conv on/off a pure ablation.
@@ -215,11 +250,12 @@ class ResidualAttention(nn.Module):
 
         initial = (state.S, state.R) if state is not None and state.S is not None else None
         self.backend_used = select_backend(q_BTHK, cfg.backend, self.rule)
-        clip = self._clip_radius(k_BTHK, v_BTHV, g_BTH, beta_BTH, initial[0] if initial is not None else None)
+        clip = self._clip_radius(k_BTHK, v_BTHV, g_BTH, beta_BTH, initial[0] if initial is not None else None,
+                                 cu_seqlens)
         o_BTHV, (S, R) = residual_attention(
             q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, gamma_BTH,
             rule=self.rule, fit=cfg.fit, target=cfg.target, clip=clip, output_gates=cfg.output_gates,
-            initial_state=initial, backend=self.backend_used,
+            initial_state=initial, backend=self.backend_used, cu_seqlens=cu_seqlens,
         )
         if self.stats_enabled:
             self._record_stats(o_BTHV, S, R)
@@ -228,7 +264,7 @@ class ResidualAttention(nn.Module):
                 self.stats["clip_radius"] = torch.tensor(clip)
             self.stats |= mixer_diagnostics(
                 o_BTHV, k_BTHK, v_BTHV, g_BTH, beta_BTH, gamma_BTH, spec=spec, norm_eps=self.o_norm.eps,
-                S0=initial[0] if initial is not None else None,
+                S0=initial[0] if initial is not None else None, cu_seqlens=cu_seqlens,
             )
 
         gate_BTHV = self.g_proj(x_BTD).view(B, T, H, V)
@@ -276,7 +312,29 @@ class Attention(nn.Module):
         self.stats_enabled = False
         self.stats: dict[str, torch.Tensor] = {}
 
-    def forward(self, x_BTD: torch.Tensor, state: KVState | None = None):
+    def forward(self, x_BTD: torch.Tensor, state: KVState | None = None, cu_seqlens: torch.Tensor | None = None):
+        B, T, _ = x_BTD.shape
+        H, Dh = self.num_heads, self.head_dim
+        if cu_seqlens is not None:
+            if state is not None:
+                raise ValueError("packed sequences (cu_seqlens) run without a decoding state")
+            if B != 1:
+                raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={B}")
+            # Each sequence alone, positions from its start: exact per-document attention without a T x T mask.
+            bounds = cu_seqlens.tolist()
+            parts = [self._attend(x_BTD[:, a:b], None)[0] for a, b in zip(bounds, bounds[1:]) if b > a]
+            o_BTHD, new_state = torch.cat(parts, dim=1), None
+        else:
+            o_BTHD, new_state = self._attend(x_BTD, state)
+        self.backend_used = "sdpa"
+        if self.stats_enabled:
+            with torch.no_grad():
+                self.stats = {"attn_out_norm": o_BTHD.float().flatten(2).norm(dim=-1).mean()}
+        y_BTD = self.o_proj(o_BTHD.reshape(B, T, H * Dh))
+        return y_BTD, new_state
+
+    def _attend(self, x_BTD: torch.Tensor, state: KVState | None):
+        """Causal attention of one batch of sequences: (o [B, T, H, Dh], the new state or None)."""
         B, T, _ = x_BTD.shape
         H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
         past = state.seen if state is not None else 0
@@ -295,14 +353,8 @@ class Attention(nn.Module):
             q_BTHD.transpose(1, 2), k_BTHD.transpose(1, 2), v_BTHD.transpose(1, 2),
             attn_mask=mask, is_causal=(past == 0 and T > 1), enable_gqa=(H != Hkv),
         )
-        self.backend_used = "sdpa"
-        o_BTHD = o_BHTD.transpose(1, 2)
-        if self.stats_enabled:
-            with torch.no_grad():
-                self.stats = {"attn_out_norm": o_BTHD.float().flatten(2).norm(dim=-1).mean()}
-        y_BTD = self.o_proj(o_BTHD.reshape(B, T, H * Dh))
         new_state = KVState(k=k_BTHD, v=v_BTHD) if state is not None else None
-        return y_BTD, new_state
+        return o_BHTD.transpose(1, 2), new_state
 
 
 def build_mixer(cfg: ModelConfig, layer_idx: int) -> nn.Module:

@@ -5,6 +5,12 @@
     cache = model.new_cache()                        # decoding: per-layer (S, R, conv) or KV state
     logits_BTV = model(prompt_BT, cache=cache)       # prefill; cache now holds the states after the prompt
     logits_BV = model.step(next_token_B, cache)      # one token; equals the parallel forward's last position
+    logits_BTV = model(input_ids_BT, cu_seqlens=cu)  # packed documents (below)
+
+With `cu_seqlens` (int offsets [N + 1] into the batch flattened to one row of B·T tokens, from 0 to B·T and
+including every row's start, FLA's convention) the batch runs as one row of N documents, each as if alone: every
+layer gets the offsets, so no state, conv input or attention crosses a document boundary. The logits come back
+[B, T, V]. Offsets that are exactly the row starts are the plain batch and run as one.
 
 `model.backend_used` names the op backend that ran last; with `model.track_stats(True)`, `model.layer_stats()`
 returns `{"layer_00/attn_out_norm": ..., "layer_00/S_norm": ..., "layer_00/residual_rms": ..., ...}` from the last
@@ -40,8 +46,8 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x_BTD: torch.Tensor, state=None):
-        h, state = self.attn(self.attn_norm(x_BTD), state)
+    def forward(self, x_BTD: torch.Tensor, state=None, cu_seqlens: torch.Tensor | None = None):
+        h, state = self.attn(self.attn_norm(x_BTD), state, cu_seqlens=cu_seqlens)
         x_BTD = x_BTD + h
         return x_BTD + self.mlp(self.mlp_norm(x_BTD)), state
 
@@ -81,13 +87,22 @@ class CausalLM(nn.Module):
         """Empty per-layer decoding states; pass the list to `forward(..., cache=)` / `step`, which update it."""
         return [KVState() if self.cfg.family == "transformer" else LinearState() for _ in self.layers]
 
-    def forward(self, input_ids: torch.Tensor, cache: list | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: list | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        B, T = input_ids.shape
+        if cu_seqlens is not None:
+            if cache is not None:
+                raise ValueError("packed documents (cu_seqlens) run without a decoding cache")
+            cu_seqlens = _packed_offsets(cu_seqlens, B, T)
+            if cu_seqlens is None:
+                return self.forward(input_ids)
+            input_ids = input_ids.reshape(1, B * T)
         x_BTD = self.embed(input_ids)
         for i, layer in enumerate(self.layers):
-            x_BTD, new_state = layer(x_BTD, None if cache is None else cache[i])
+            x_BTD, new_state = layer(x_BTD, None if cache is None else cache[i], cu_seqlens=cu_seqlens)
             if cache is not None:
                 cache[i] = new_state
-        return self.lm_head(self.norm(x_BTD))
+        return self.lm_head(self.norm(x_BTD)).view(B, T, -1)
 
     def step(self, token_ids: torch.Tensor, cache: list) -> torch.Tensor:
         """One decoding step: token_ids [B] -> logits [B, vocab]; `cache` is updated in place."""
@@ -120,6 +135,21 @@ class CausalLM(nn.Module):
             for name, value in layer.attn.stats.items():
                 out[f"layer_{i:02d}/{name}"] = float(value)
         return out
+
+
+def _packed_offsets(cu_seqlens: torch.Tensor, B: int, T: int) -> torch.Tensor | None:
+    """Checked offsets of a packed [B, T] batch; None when they are exactly the row starts (the plain batch)."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
+        raise ValueError("cu_seqlens must be a 1-D integer tensor [N + 1] of document boundaries")
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0 or bounds[-1] != B * T or any(a > b for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens must rise from 0 to B·T = {B * T}; got {bounds}")
+    if not set(range(0, B * T, T)) <= set(bounds):
+        raise ValueError(f"cu_seqlens must include every row start (multiples of T = {T}): a document cannot run "
+                         "from one row into the next")
+    if len(bounds) == B + 1:
+        return None
+    return cu_seqlens
 
 
 def build_model(cfg: ModelConfig) -> CausalLM:

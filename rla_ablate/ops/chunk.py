@@ -120,12 +120,20 @@ def chunk_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale:
     return o_BHTV.transpose(1, 2).to(q.dtype), (S, None if spec.fit == "off" else R)
 
 
-def chunk_base_reads(k, v, g, beta, rule: str, S0=None, chunk_size: int = DEFAULT_CHUNK):
+def chunk_base_reads(k, v, g, beta, rule: str, S0=None, chunk_size: int = DEFAULT_CHUNK,
+                     cu_seqlens: torch.Tensor | None = None):
     """The old reads S_{t-1} k_t of the base state for every token, [B, T, H, V], in float32 (float64 inputs: 64).
 
     The base stage of `chunk_residual_attention` alone (S does not depend on R or q), for the diagnostics:
-    the fast backends keep S_{t-1} k_t inside their kernels. S0 [B, H, V, K] or None (zeros).
+    the fast backends keep S_{t-1} k_t inside their kernels. S0 [B, H, V, K] or None (zeros). With `cu_seqlens`
+    (B = 1, packed sequences as in the op) each sequence starts from its own S0 row, or zeros.
     """
+    if cu_seqlens is not None:
+        bounds = cu_seqlens.tolist()
+        parts = [chunk_base_reads(k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], rule,
+                                  None if S0 is None else S0[n:n + 1], chunk_size)
+                 for n, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        return torch.cat(parts, dim=1)
     acc = torch.float64 if k.dtype == torch.float64 else torch.float32
     k_BHTK = k.to(acc).transpose(1, 2)
     v_BHTV = v.to(acc).transpose(1, 2)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 PAPER_BATCH_TOKENS = 2**22
+# Fields added after job ids were first recorded, with the value every earlier job meant: the dump leaves them out
+# at that value, so configs that do not use them keep their job ids (and the golden job its own).
+_LATER_FIELDS = {"reset_state_at_documents": False}
 
 
 class TrainConfig(BaseModel):
@@ -70,6 +73,12 @@ class TrainConfig(BaseModel):
     seed: int = 0
     """Seed for initialization, data order and every random number generator."""
 
+    reset_state_at_documents: bool = False
+    """Start every document from a zero state: the batch runs as packed sequences (FLA's cu_seqlens, from where
+    the data's EOS falls), so no recurrent state, short-conv input or attention crosses a document boundary, in
+    training and evaluation forwards alike. false: windows are cut from the joined token stream and the state runs
+    on across documents (the paper's runs and every earlier job)."""
+
     max_skipped_steps: int = Field(10, ge=0)
     """Steps with a NaN/Inf loss or gradient are skipped; one more than this fails the job as diverged."""
     spike_zscore: float | None = Field(6.0, gt=0)
@@ -105,6 +114,14 @@ class TrainConfig(BaseModel):
         if self.fsdp and self.num_workers < 2:
             raise ValueError("fsdp needs num_workers >= 2")
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        data = handler(self)
+        for key, default in _LATER_FIELDS.items():
+            if data.get(key) == default:
+                data.pop(key)
+        return data
 
     @property
     def micro_batches_per_step(self) -> int:

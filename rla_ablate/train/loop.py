@@ -158,9 +158,11 @@ class Trainer:
             _param_groups(self.raw_model, cfg.weight_decay), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=cfg.adam_eps, **({"fused": True} if self.device.type == "cuda" else {}),
         )
+        docs = cfg.reset_state_at_documents
         self.stream = make_train_stream(job.data, cfg.seq_len, cfg.micro_batch_size, cfg.seed,
-                                        self.ctx.rank, self.ctx.world_size)
-        self.evals = {e.name: make_eval_batches(e, cfg.seq_len, cfg.micro_batch_size) for e in job.eval}
+                                        self.ctx.rank, self.ctx.world_size, documents=docs)
+        self.evals = {e.name: make_eval_batches(e, cfg.seq_len, cfg.micro_batch_size, documents=docs)
+                      for e in job.eval}
         self.guard = DivergenceGuard(cfg.max_skipped_steps, cfg.spike_zscore)
         self.flops_per_token = flops_per_token(job.model, cfg.seq_len)
         self.peak_flops = _peak_flops(job, self.device)
@@ -222,9 +224,15 @@ class Trainer:
         return lr_at(tokens, lr=cfg.lr, min_lr=cfg.min_lr, warmup_tokens=cfg.resolved_warmup_tokens,
                      total_tokens=cfg.total_tokens)
 
+    def _logits(self, batch) -> torch.Tensor:
+        """The model's logits for a batch; with reset_state_at_documents, its documents as packed sequences."""
+        if self.cfg.reset_state_at_documents:
+            return self.model(batch.input_ids, cu_seqlens=batch.cu_seqlens())
+        return self.model(batch.input_ids)
+
     def _forward_loss(self, batch) -> torch.Tensor:
         with _autocast(self.device, self.cfg.precision):
-            logits_BTV = self.model(batch.input_ids)
+            logits_BTV = self._logits(batch)
         return F.cross_entropy(logits_BTV.float().flatten(0, 1), batch.labels.flatten(),
                                ignore_index=IGNORE_INDEX, reduction="sum")
 
@@ -261,7 +269,7 @@ class Trainer:
         self.raw_model.track_stats(True)
         try:
             with _autocast(self.device, self.cfg.precision):
-                logits_BTV = self.model(batch.input_ids)
+                logits_BTV = self._logits(batch)
             stats = self.raw_model.layer_stats()
         finally:
             self.raw_model.track_stats(False)
@@ -300,7 +308,7 @@ class Trainer:
                     stats_pending = False
                 else:
                     with _autocast(self.device, self.cfg.precision):
-                        logits_BTV = self.model(batch.input_ids)
+                        logits_BTV = self._logits(batch)
                 logits_BTV = logits_BTV.float()
                 mask = batch.labels != IGNORE_INDEX
                 nll += float(F.cross_entropy(logits_BTV.flatten(0, 1), batch.labels.flatten(),
