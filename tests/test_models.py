@@ -184,9 +184,9 @@ def test_relative_clip_scales_the_radius_by_the_residual_rms():
     # The radius the op receives, and the k, v, g, beta it is measured from.
     original = mixer._clip_radius
 
-    def spy(k, v, g, beta, S0):
+    def spy(k, v, g, beta, S0, cu_seqlens=None):
         seen["inputs"] = (k, v, g, beta)
-        seen["radius"] = original(k, v, g, beta, S0)
+        seen["radius"] = original(k, v, g, beta, S0, cu_seqlens)
         return seen["radius"]
 
     mixer._clip_radius = spy
