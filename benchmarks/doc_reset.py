@@ -1,7 +1,7 @@
 """The loss effect of `train.reset_state_at_documents` on the CPU: tiny presets trained with it off and on.
 
     python benchmarks/doc_reset.py [--presets tiny-rla tiny-gdn tiny-transformer] [--seeds 0 1 2]
-                                   [--root /tmp/doc-reset] [--threads 1] [--json]
+                                   [--arms off on rounding] [--root /tmp/doc-reset] [--threads 1] [--json]
 
 Each job is `rla-sweep train PRESET --profile cpu --set train.cpu_threads=1 --set train.seed=S`, and the same
 with `--set train.reset_state_at_documents=true` (262,144 tokens of the embedded corpus, seq_len 128, 4096-token
@@ -10,11 +10,17 @@ read, not trained again. Per job: the last eval loss as the job logged it (its o
 on), the final model on the same validation windows evaluated both without and with resets, and the mean training
 loss of the last 8 steps. The caption counts the document boundaries the training rows hold and the share of
 training tokens that come after one in their row (the only tokens a reset changes).
+
+The arm `rounding` is a control: the job of `on`, run through the packed path with offsets at the row starts
+only (no EOS boundaries), which computes the `off` model up to floating-point rounding (rows run one at a time
+instead of as a batch). Its difference from `off` is what rounding alone does to a run: the noise floor of the
+paired on - off difference.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -26,6 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import rla_ablate.data.stream as stream_module
+import rla_ablate.models.model as model_module
 from rla_ablate.commands.train import build_job
 from rla_ablate.data import make_eval_batches, make_train_stream
 from rla_ablate.models import build_model
@@ -52,11 +60,30 @@ def eval_loss(model, batches, resets: bool) -> float:
     return nll / count
 
 
-def measure(preset: str, seed: int, threads: int, on: bool, root: Path) -> dict:
+@contextlib.contextmanager
+def rows_only_packed():
+    """The `rounding` arm: documents are whole rows, and row-start offsets still take the packed path."""
+    starts, offsets = stream_module.document_starts, model_module._packed_offsets
+    stream_module.document_starts = lambda inputs, eos_id: starts(inputs, None)
+
+    def always_packed(cu, B, T):
+        offsets(cu, B, T)  # the same checks
+        return cu
+
+    model_module._packed_offsets = always_packed
+    try:
+        yield
+    finally:
+        stream_module.document_starts, model_module._packed_offsets = starts, offsets
+
+
+def measure(preset: str, seed: int, threads: int, arm: str, root: Path) -> dict:
+    on = arm != "off"
     job = job_for(preset, seed, threads, on)
-    out = root / f"{preset}-{'on' if on else 'off'}-s{seed}"
+    out = root / f"{preset}-{arm}-s{seed}"
     start = time.perf_counter()
-    result = run_job(job, out)
+    with rows_only_packed() if arm == "rounding" else contextlib.nullcontext():
+        result = run_job(job, out)
     if result.status != "finished":
         raise RuntimeError(f"{out.name}: {result.status}: {result.error}")
     records = read_jsonl(out / "metrics.jsonl")
@@ -68,7 +95,7 @@ def measure(preset: str, seed: int, threads: int, on: bool, root: Path) -> dict:
     model.load_state_dict(found[1]["model"])
     model.eval()
     batches = make_eval_batches(job.eval[0], job.train.seq_len, job.train.micro_batch_size, documents=True)
-    return {"preset": preset, "seed": seed, "reset": on, "eval_loss_logged": metric_series(records, "eval/val/loss")[-1][1],
+    return {"preset": preset, "seed": seed, "arm": arm, "eval_loss_logged": metric_series(records, "eval/val/loss")[-1][1],
             "eval_loss_plain": eval_loss(model, batches, False), "eval_loss_reset": eval_loss(model, batches, True),
             "train_loss_last8": statistics.fmean(train[-8:]), "tokens_per_s": statistics.median(speeds[1:] or speeds),
             "seconds": time.perf_counter() - start}
@@ -93,13 +120,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=list(PRESETS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--arms", nargs="+", choices=["off", "on", "rounding"], default=["off", "on", "rounding"])
     parser.add_argument("--root", type=Path, default=Path("/tmp/doc-reset"))
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: bit-reproducible)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON lines")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     load = os.getloadavg()
-    rows = [measure(p, s, args.threads, on, args.root) for p in args.presets for s in args.seeds for on in (False, True)]
+    rows = [measure(p, s, args.threads, arm, args.root) for p in args.presets for s in args.seeds for arm in args.arms]
     data = [boundaries(args.threads, s) for s in args.seeds]
     if args.json:
         for row in rows + data:
@@ -110,25 +138,28 @@ def main() -> None:
         print(f"seed {d['seed']}: {d['boundaries']} document boundaries inside training rows; "
               f"{d['tokens_after_a_boundary']:,} of {d['tokens']:,} tokens "
               f"({100 * d['tokens_after_a_boundary'] / d['tokens']:.2f}%) follow one in their row")
-    print("| preset | seeds | eval loss, off | eval loss, on | on - off | final model on val: off / on run, "
-          "without resets | with resets | train loss (last 8 steps), off / on |")
-    print("|---|---|---|---|---|---|---|---|")
-    for p in args.presets:
-        def mean(key: str, on: bool) -> float:
-            return statistics.fmean(r[key] for r in rows if r["preset"] == p and r["reset"] == on)
 
-        diffs = [r1["eval_loss_logged"] - r0["eval_loss_logged"]
-                 for r0 in rows for r1 in rows if r0["preset"] == r1["preset"] == p and r0["seed"] == r1["seed"]
-                 and not r0["reset"] and r1["reset"]]
-        print(f"| {p} | {len(args.seeds)} | {mean('eval_loss_logged', False):.4f} | {mean('eval_loss_logged', True):.4f} "
-              f"| {statistics.fmean(diffs):+.4f} (per seed {', '.join(f'{d:+.4f}' for d in diffs)}) "
-              f"| {mean('eval_loss_plain', False):.4f} / {mean('eval_loss_plain', True):.4f} "
-              f"| {mean('eval_loss_reset', False):.4f} / {mean('eval_loss_reset', True):.4f} "
-              f"| {mean('train_loss_last8', False):.4f} / {mean('train_loss_last8', True):.4f} |")
+    def pick(p: str, arm: str) -> list[dict]:
+        return sorted((r for r in rows if r["preset"] == p and r["arm"] == arm), key=lambda r: r["seed"])
+
+    def fmt(values: list[float]) -> str:
+        spread = f" +- {statistics.stdev(values) / len(values) ** 0.5:.4f}" if len(values) > 1 else ""
+        return f"{statistics.fmean(values):+.4f}{spread} ({', '.join(f'{v:+.4f}' for v in values)})"
+
+    print("| preset | arm | eval loss (own protocol), mean over seeds | minus off: mean +- s.e. (per seed) "
+          "| final model on val without / with resets | train loss, last 8 steps | tokens/s |")
+    print("|---|---|---|---|---|---|---|")
     for p in args.presets:
-        speed = {on: statistics.fmean(r["tokens_per_s"] for r in rows if r["preset"] == p and r["reset"] == on)
-                 for on in (False, True)}
-        print(f"{p}: training tokens/s off {speed[False]:,.0f}, on {speed[True]:,.0f}")
+        base = pick(p, "off")
+        for arm in args.arms:
+            got = pick(p, arm)
+            diff = fmt([g["eval_loss_logged"] - b["eval_loss_logged"] for g, b in zip(got, base)]) \
+                if arm != "off" and len(got) == len(base) else ""
+            print(f"| {p} | {arm} | {statistics.fmean(r['eval_loss_logged'] for r in got):.4f} | {diff} "
+                  f"| {statistics.fmean(r['eval_loss_plain'] for r in got):.4f} / "
+                  f"{statistics.fmean(r['eval_loss_reset'] for r in got):.4f} "
+                  f"| {statistics.fmean(r['train_loss_last8'] for r in got):.4f} "
+                  f"| {statistics.fmean(r['tokens_per_s'] for r in got):,.0f} |")
 
 
 if __name__ == "__main__":
