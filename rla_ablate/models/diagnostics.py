@@ -41,8 +41,8 @@ def mixer_diagnostics(o_BTHV, k_BTHK, v_BTHV, g_BTH, beta_BTH, gamma_BTH, *, spe
     """The diagnostics of one linear layer's forward, as 0-dim tensors (no host sync here).
 
     o: the op output the output norm receives; k, v, g, beta, gamma: the op's inputs (k, v after conv and
-    norm); S0: the initial base state or None; cu_seqlens: packed sequences, as the op saw them. `target_engaged` only with a residual path (spec.fit != "off"),
-    `gamma_mean` only when gamma is given.
+    norm); S0: the initial base state or None; cu_seqlens: packed sequences, as the op saw them.
+    `target_engaged` only with a residual path (spec.fit != "off"), `gamma_mean` only when gamma is given.
     """
     acc = torch.promote_types(v_BTHV.dtype, torch.float32)
     # Under autocast the chunked matmuls would run in bf16: the diagnostics are float32 whatever the model runs in.

@@ -98,14 +98,16 @@ class ShortConvolution(nn.Conv1d):
         B, T, D = x_BTD.shape
         W = self.kernel_size[0]
         offset_T = _offsets_in_sequence(cu_seqlens, T, x_BTD.device)
-        x_full = F.pad(x_BTD, (0, 0, W - 1, 0))  # [B, W - 1 + T, D]
-        w_DW = self.weight[:, 0].to(x_BTD.dtype)
-        y_BTD = x_BTD * w_DW[:, W - 1]
+        # Summed in at least float32 (as conv1d accumulates under autocast), returned in x's dtype.
+        acc = torch.promote_types(x_BTD.dtype, torch.float32)
+        x_full = F.pad(x_BTD.to(acc), (0, 0, W - 1, 0))  # [B, W - 1 + T, D]
+        w_DW = self.weight[:, 0].to(acc)
+        y_BTD = x_full[:, W - 1:] * w_DW[:, W - 1]
         for s in range(1, W):
-            keep_T1 = (offset_T >= s).to(x_BTD.dtype)[:, None]
+            keep_T1 = (offset_T >= s).to(acc)[:, None]
             y_BTD = y_BTD + x_full[:, W - 1 - s:W - 1 - s + T] * keep_T1 * w_DW[:, W - 1 - s]
         # Final states per sequence are not kept: packed forwards are for training and evaluation.
-        return F.silu(y_BTD), None
+        return F.silu(y_BTD.to(x_BTD.dtype)), None
 
 
 def _offsets_in_sequence(cu_seqlens: torch.Tensor, T: int, device) -> torch.Tensor:
