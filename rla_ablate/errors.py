@@ -10,6 +10,8 @@ class UserError(Exception):
 
     def __init__(self, message: str, *, file: str | None = None, line: int | None = None, key: str | None = None):
         self.file, self.line, self.key = file, line, key
+        self.message = message
+        """The message without its file:line: key prefix."""
         where = ""
         if file:
             where = f"{file}:{line}: " if line else f"{file}: "

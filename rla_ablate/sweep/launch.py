@@ -246,6 +246,12 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     sdir = SweepDir(opts.root, sweep.name)
     if opts.max_concurrent is not None and opts.max_concurrent < 1:
         raise UserError("--max-concurrent must be at least 1", key="--max-concurrent")
+    # The data dry run: every data config and eval set a job will read opens and yields a batch, before anything
+    # is created (the jobs a relaunch skips are not read again).
+    from rla_ablate.sweep.datacheck import check_data
+
+    check_data(sweep, [j for j in sweep.jobs if sweep.config.search is not None
+                       or sdir.status(j.job_id).status not in TERMINAL])
     from rla_ablate.sweep.packing import gpu_memory_bytes, place
 
     placements = None
