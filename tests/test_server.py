@@ -1,6 +1,7 @@
 """`rla-sweep server` on a real PostgreSQL: a throwaway cluster (initdb, in a temporary folder, on a free port), the
 server on it, and two launches at once logging to it; every run and metric of both sweeps is then in that server
-and in PostgreSQL's tables. Ctrl-C stops the server with exit 130.
+and in PostgreSQL's tables. Ctrl-C stops the server with exit 130. Bad store URIs and a port another server holds are
+refused in seconds (exit 2), before any server starts.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import pwd
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,10 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rla_ablate.cli import main
 from rla_ablate.tracking.server import free_port, is_healthy
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
 
 TINY = {"vocab_size": 257, "num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
         "head_dim": 16}
@@ -92,6 +94,7 @@ def cli(*args: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_two_launches_share_one_server_on_postgresql(postgres, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -148,3 +151,40 @@ def test_two_launches_share_one_server_on_postgresql(postgres, tmp_path):
     assert server.returncode == 130, out
     assert f"--tracking-uri {uri}" in out and "postgresql://postgres@127.0.0.1" in out
     assert not is_healthy(uri), "the MLflow server outlived `rla-sweep server`"
+
+
+@pytest.mark.parametrize("uri, says", [
+    ("http://127.0.0.1:5000", "allowed schemes: postgresql, mysql, mssql, sqlite"),
+    ("sqlite:////no/such/folder/mlflow.db", "the folder of /no/such/folder/mlflow.db does not exist"),
+    ("postgresql://me:secret@127.0.0.1:{port}/mlflow", "cannot connect to postgresql://me:***@127.0.0.1:{port}/mlflow"),
+])
+def test_a_store_that_cannot_work_is_refused_before_the_server_starts(tmp_path, capsys, uri, says):
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'rla-sweep[postgres]')")
+    port = free_port()  # nothing listens there
+    t0 = time.monotonic()
+    code = main(["server", "--root", str(tmp_path / "runs"), "--backend-store-uri", uri.format(port=port)])
+    err = capsys.readouterr().err
+    assert code == 2 and "error: --backend-store-uri: " in err and says.format(port=port) in err, err
+    assert "secret" not in err and "Traceback" not in err
+    assert time.monotonic() - t0 < 15
+    assert not (tmp_path / "runs" / "_server").exists()
+
+
+def test_ui_never_serves_another_servers_runs(tmp_path, capsys):
+    """A port held by another process (another sweep's `ui`, say) is refused: its /health would answer and the UI
+    would show the wrong sweep's runs."""
+    from rla_ablate.sweep.state import SweepDir
+
+    root = tmp_path / "runs"
+    sdir = SweepDir(root, "mine")
+    sdir.path.mkdir(parents=True)
+    sdir.write_meta(embedded_tracking=True, tracking_uri=None, backend_uri=None)
+    (sdir.mlflow_dir).mkdir()
+    (sdir.mlflow_dir / "mlflow.db").touch()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        assert main(["ui", "mine", "--root", str(root), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"--port: port {port} on 127.0.0.1 is in use by another process" in err, err

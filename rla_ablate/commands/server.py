@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import signal
 import socket
 import sys
@@ -43,9 +44,10 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def check_store_uri(uri: str) -> None:
+def check_store_uri(uri: str) -> str:
     """Refuse in seconds a store URI MLflow cannot use: a scheme it has no store for, a missing database driver, a
-    database that does not answer or refuses the login, a SQLite file in a missing folder."""
+    database that does not answer or refuses the login, a SQLite file in a missing folder. Returns the URI to use
+    (postgresql:// names the psycopg driver when it is the one installed)."""
     import urllib.parse
 
     from rla_ablate.errors import UserError
@@ -69,6 +71,9 @@ def check_store_uri(uri: str) -> None:
     try:
         dialect_cls.import_dbapi()
     except ImportError as exc:
+        if scheme == "postgresql" and importlib.util.find_spec("psycopg") is not None:
+            # An SQLAlchemy older than 2.1 maps postgresql:// to psycopg2; the postgres extra installs psycopg 3.
+            return check_store_uri(uri.replace("postgresql://", "postgresql+psycopg://", 1))
         hint = "pip install 'rla-sweep[postgres]'" if dialect == "postgresql" else f"pip install {exc.name}"
         raise UserError(f"the {dialect} store needs its database driver ({exc.name}), which is not installed: "
                         f"{hint}", key=key) from None
@@ -76,7 +81,7 @@ def check_store_uri(uri: str) -> None:
         path = url.database
         if path and path != ":memory:" and not Path(path).expanduser().resolve().parent.is_dir():
             raise UserError(f"the folder of {path} does not exist; create it or give another path", key=key)
-        return
+        return uri
     connect_args = {"connect_timeout": 5} if dialect in ("postgresql", "mysql") else {}
     try:
         engine = sqlalchemy.create_engine(url, connect_args=connect_args, poolclass=sqlalchemy.pool.NullPool)
@@ -86,6 +91,7 @@ def check_store_uri(uri: str) -> None:
         detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
         raise UserError(f"cannot connect to {redact(uri)}: {detail[0] if detail else type(exc).__name__}",
                         key=key) from None
+    return uri
 
 
 def _default_allowed_hosts(host: str) -> str | None:
@@ -112,8 +118,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--workers must be at least 1", key="--workers")
     root = Path(args.root)
     check_root(root, write=True)
-    if args.backend_store_uri is not None:
-        check_store_uri(args.backend_store_uri)
+    store = None if args.backend_store_uri is None else check_store_uri(args.backend_store_uri)
     try:
         socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -122,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     if allowed is None and args.host not in LOOPBACK:
         allowed = _default_allowed_hosts(args.host)
     server = TrackingServer(root / SERVER_DIR, port=args.port, workers=args.workers, host=args.host,
-                            backend_store_uri=args.backend_store_uri, artifacts_destination=args.artifacts,
+                            backend_store_uri=store, artifacts_destination=args.artifacts,
                             allowed_hosts=allowed)
     # SIGTERM stops the server like Ctrl-C (TrackingServer's own handler stops the process first).
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)

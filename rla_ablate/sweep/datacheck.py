@@ -83,15 +83,15 @@ def check_data(sweep: Sweep, jobs: Iterable[ResolvedJob] | None = None) -> DataC
         return json_of[id(obj)]
 
     for job in jobs:
-        train = job.job.train
-        data = job.job.data
+        cfg: Any = job.job  # a rla_ablate.train.JobConfig
+        train, data = cfg.train, cfg.data
         key = ("data", cjson(data), train.seq_len)
         if key not in checks:
             def open_train(data=data, train=train) -> None:
                 next(make_train_stream(data, train.seq_len, max(1, min(train.micro_batch_size, 4)), train.seed))
             checks[key] = [f"the training data (kind {data.kind})", _section_path(sweep, job, "data"), [], open_train]
         checks[key][2].append(job.name)
-        for i, ev in enumerate(job.job.eval):
+        for i, ev in enumerate(cfg.eval):
             key = ("eval", cjson(ev), train.seq_len)
             if key not in checks:
                 def open_eval(ev=ev, train=train) -> None:
