@@ -95,7 +95,7 @@ def cli(*args: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-def test_two_launches_share_one_server_on_postgresql(postgres, tmp_path):
+def test_two_launches_share_one_server_on_postgresql(postgres, tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     from rla_ablate.train.loggers import read_jsonl
@@ -134,6 +134,9 @@ def test_two_launches_share_one_server_on_postgresql(postgres, tmp_path):
             have = {(k, m.step) for k in {k for k, _ in want} for m in client.get_metric_history(runs[0].info.run_id, k)}
             assert want and want == have, f"{name}: the run lacks {sorted(want - have)[:5]}"
             assert max(s for k, s in have if k == "train/loss") == 2048
+        # `ui` of either sweep names the one server that holds them all.
+        assert main(["ui", "srv-a", "--root", str(root)]) == 0
+        assert f"sweep srv-a logs to {uri}" in capsys.readouterr().out
         # Both sweeps are in PostgreSQL itself: parent and job runs, and their metrics.
         with postgres["psycopg"].connect(host="127.0.0.1", port=postgres["port"], user="postgres",
                                          dbname="mlflow") as conn:
