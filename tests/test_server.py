@@ -58,7 +58,9 @@ def postgres():
         pytest.skip("PostgreSQL is not installed (no initdb / pg_ctl on PATH or under /usr/lib/postgresql)")
     psycopg = pytest.importorskip("psycopg", reason="the PostgreSQL driver (pip install 'rla-sweep[postgres]')")
     user = None
-    folder = Path(tempfile.mkdtemp(prefix="rla-pg-"))
+    # Under /tmp: short enough for PostgreSQL's socket path, and reachable by the unprivileged user below (a
+    # TMPDIR of root's may not be).
+    folder = Path(tempfile.mkdtemp(prefix="rla-pg-", dir="/tmp" if os.path.isdir("/tmp") else None))
     if os.geteuid() == 0:
         if shutil.which("runuser") is None:
             pytest.skip("running as root without runuser: initdb cannot run as root")
@@ -73,11 +75,14 @@ def postgres():
         else:
             pytest.skip("running as root and no unprivileged user (postgres, nobody) to run PostgreSQL as")
     data, log, port = folder / "data", folder / "postgres.log", free_port()
-    subprocess.run(_as_pg_user([initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                                "--no-sync"], user), check=True, capture_output=True, timeout=120)
     opts = (f"-p {port} -k {folder} -h 127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off")
-    subprocess.run(_as_pg_user([pg_ctl, "-D", str(data), "-o", opts, "-l", str(log), "-w", "-t", "60", "start"],
-                               user), check=True, capture_output=True, timeout=90)
+    for cmd in ([initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"],
+                [pg_ctl, "-D", str(data), "-o", opts, "-l", str(log), "-w", "-t", "60", "start"]):
+        done = subprocess.run(_as_pg_user(cmd, user), capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            server_log = log.read_text(errors="replace") if log.exists() else ""
+            shutil.rmtree(folder, ignore_errors=True)
+            pytest.fail(f"{cmd[0]} failed ({done.returncode}):\n{done.stdout}{done.stderr}{server_log}")
     try:
         with psycopg.connect(host="127.0.0.1", port=port, user="postgres", dbname="postgres",
                              autocommit=True) as conn:
