@@ -79,9 +79,13 @@ def check_store_uri(uri: str) -> str:
                         f"{hint}", key=key) from None
     if dialect == "sqlite":
         path = url.database
-        if path and path != ":memory:" and not Path(path).expanduser().resolve().parent.is_dir():
+        if not path or path == ":memory:":
+            raise UserError("a SQLite store needs a file: sqlite:///PATH", key=key)
+        full = Path(path).expanduser().resolve()
+        if not full.parent.is_dir():
             raise UserError(f"the folder of {path} does not exist; create it or give another path", key=key)
-        return uri
+        # Absolute: the server runs in ROOT/_server, where a relative path would name another file.
+        return f"{scheme}:///{full}"
     connect_args = {"connect_timeout": 5} if dialect in ("postgresql", "mysql") else {}
     try:
         engine = sqlalchemy.create_engine(url, connect_args=connect_args, poolclass=sqlalchemy.pool.NullPool)
@@ -123,11 +127,15 @@ def run(args: argparse.Namespace) -> int:
         socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
         raise UserError(f"cannot listen on {args.host!r}: {exc.strerror}", key="--host") from None
+    artifacts = args.artifacts
+    if artifacts is not None and "://" not in artifacts:
+        # A folder: absolute, since the server runs in ROOT/_server.
+        artifacts = str(Path(artifacts).expanduser().resolve())
     allowed = args.allowed_hosts
     if allowed is None and args.host not in LOOPBACK:
         allowed = _default_allowed_hosts(args.host)
     server = TrackingServer(root / SERVER_DIR, port=args.port, workers=args.workers, host=args.host,
-                            backend_store_uri=store, artifacts_destination=args.artifacts,
+                            backend_store_uri=store, artifacts_destination=artifacts,
                             allowed_hosts=allowed)
     # SIGTERM stops the server like Ctrl-C (TrackingServer's own handler stops the process first).
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
