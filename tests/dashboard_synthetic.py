@@ -124,7 +124,8 @@ def launch_tags(job) -> dict:
 def log_jobs(tracking_uri: str, sweep_name: str, jobs, final, diag=None, status=None) -> dict[str, str]:
     """Log each job's run: eval/val/loss and train/loss descending to `final(job)` at LAST tokens, and the
     diagnostics `diag(job)` (a dict of diag/* values, or None for none) at every eval point.
-    `status(job)` gives the MLflow end status (default FINISHED). Returns job id -> run id."""
+    `status(job)` gives the MLflow end status (default FINISHED), or DIVERGED: a FAILED run tagged as the divergence
+    guard's end tags it. Returns job id -> run id."""
     import contextlib
     import io
     import time
@@ -147,6 +148,9 @@ def log_jobs(tracking_uri: str, sweep_name: str, jobs, final, diag=None, status=
             values.update((diag(job) or {}) if diag is not None else {})
             metrics += [Metric(k, float(v), now, step) for k, v in values.items()]
         client.log_batch(run_id, metrics=metrics)
+        if end == "DIVERGED":
+            client.set_tag(run_id, "rla.status", "diverged")
+            end = "FAILED"
         with contextlib.redirect_stdout(io.StringIO()):     # set_terminated prints a "View run" link
             client.set_terminated(run_id, status=end)
         out[job.job_id] = run_id
