@@ -26,7 +26,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from rla_ablate.errors import UserError
 from rla_ablate.outcome import ENDED, TERMINAL, Cause, JobOutcome, Status
@@ -328,10 +328,10 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         summary.interrupted = bool(runner.stop_reason)
         summary.counts = _count(sdir, runner.all_jobs)
         # Every run is completed from its job's metrics.jsonl: wait for a server that is being restarted.
-        runner._tracking_notes()
+        runner.tracking_notes()
         services.wait_tracking()
         runner.end_runs()
-        runner._tracking_notes()
+        runner.tracking_notes()
         _close_parent(services.tracking_uri, parent, summary)
         progress.final(summary, sdir)
         return summary
@@ -433,6 +433,13 @@ def _close_parent(tracking_uri: str, parent: str, summary: LaunchSummary) -> Non
         pass
 
 
+_T = TypeVar("_T")
+
+
+class _TrackingDown(Exception):
+    """The tracking server failed a request and did not answer again within TRACKING_WAIT_S."""
+
+
 class _Runner:
     """Submits job attempts to Ray, collects outcomes, retries failures, relays stop requests."""
 
@@ -482,21 +489,20 @@ class _Runner:
         if job.control_of:
             tags["control_of"] = job.control_of
         config = job.job.model_dump(mode="json")
+
+        def create() -> str:
+            return create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id, tags=tags,
+                                           config=config)
+
         try:
-            run_id = create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id, tags=tags,
-                                             config=config)
-        except Exception as first:
-            # The embedded server may be restarting: once it answers, the lookup by job_id finds or makes the run.
-            self._tracking_notes()
-            if not self.services.wait_tracking():
-                raise UserError(f"the MLflow server at {self.services.tracking_uri} does not answer; cannot create "
-                                f"the run of {job.name}: {_first_line(str(first))}") from None
-            try:
-                run_id = create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id, tags=tags,
-                                                 config=config)
-            except Exception as exc:
-                raise UserError(f"cannot create the MLflow run of {job.name} at {self.services.tracking_uri}: "
-                                f"{_first_line(str(exc))}") from None
+            # The lookup by job_id finds the run again when the first try made it before the server went away.
+            run_id = self.call_tracking(create)
+        except _TrackingDown as exc:
+            raise UserError(f"the MLflow server at {self.services.tracking_uri} does not answer; cannot create "
+                            f"the run of {job.name}: {_first_line(str(exc))}") from None
+        except Exception as exc:
+            raise UserError(f"cannot create the MLflow run of {job.name} at {self.services.tracking_uri}: "
+                            f"{_first_line(str(exc))}") from None
         self.sdir.set_status(job.job_id, mlflow_run_id=run_id, tracking_uri=self.services.tracking_uri)
         return run_id
 
@@ -510,23 +516,33 @@ class _Runner:
         if not st.mlflow_run_id or st.tracking_uri != self.services.tracking_uri:
             return
         metrics = self.sdir.job_dir(job.job_id) / "metrics.jsonl"
-        for last in (False, True):
-            try:
-                if metrics.exists():
-                    sync_from_jsonl(self.services.tracking_uri, st.mlflow_run_id, metrics)
-                if status in ENDED:
-                    end_open_run(self.services.tracking_uri, st.mlflow_run_id, str(status), reason)
-                return
-            except Exception as exc:
-                # The sweep folder holds the truth; a tracking hiccup must not stop the launch. The embedded server
-                # may be restarting: wait for it once, then try again.
-                self._tracking_notes()
-                if last or not self.services.wait_tracking():
-                    self.progress.note(f"{job.name}: could not update MLflow run {st.mlflow_run_id}: "
-                                       f"{_first_line(str(exc))}")
-                    return
 
-    def _tracking_notes(self) -> None:
+        def update() -> None:
+            if metrics.exists():
+                sync_from_jsonl(self.services.tracking_uri, st.mlflow_run_id, metrics)
+            if status in ENDED:
+                end_open_run(self.services.tracking_uri, st.mlflow_run_id, str(status), reason)
+
+        try:
+            self.call_tracking(update)
+        except Exception as exc:
+            # The sweep folder holds the truth; a tracking hiccup must not stop the launch.
+            self.progress.note(f"{job.name}: could not update MLflow run {st.mlflow_run_id}: "
+                               f"{_first_line(str(exc))}")
+
+    def call_tracking(self, call: Callable[[], _T]) -> _T:
+        """`call()` (MLflow requests); when it fails, wait for the embedded server that may be restarting and call
+        once more. Raises the second failure, or `_TrackingDown` (from the first) when no server comes back."""
+        try:
+            return call()
+        except Exception as first:
+            self.tracking_notes()
+            if not self.services.wait_tracking():
+                raise _TrackingDown(str(first)) from first
+            return call()
+
+    def tracking_notes(self) -> None:
+        """Show the lines about the embedded tracking server since the last call (a restart)."""
         for line in self.services.tracking_notices():
             self.progress.note(line)
 
@@ -632,7 +648,7 @@ class _Runner:
                 self.ray.cancel(ref)
 
     def _poll(self) -> None:
-        self._tracking_notes()
+        self.tracking_notes()
         tokens, started, values, notes = self.ray.get(self.monitor.snapshot.remote())
         names = {j.job_id: j.name for j in self.all_jobs}
         for job_id, text in notes:
