@@ -56,6 +56,11 @@ class ResolvedJob:
     series: str = ""
     """The series id: the hash of the resolved config without the seed (`rla_ablate.sweep.identity`)."""
 
+    @property
+    def tokens_target(self) -> int:
+        """The job's training budget in tokens (`train.tokens`)."""
+        return int(self.job.train.tokens)
+
     def identity_tags(self) -> dict[str, str]:
         """The tags that name this job's series in MLflow: arm, preset, control, point.<key>, series."""
         from rla_ablate.sweep.identity import identity_tags
