@@ -209,7 +209,11 @@ class _Resolver:
         if not arm.overrides:
             return base
         data = base.model_dump()
-        data.update(arm.overrides)
+        for key, value in arm.overrides.items():
+            try:
+                set_dotted(data, key, value)
+            except KeyPathError as exc:
+                raise _err(self.located, ("models", i, "overrides", key), str(exc)) from None
         try:
             return type(base).model_validate(data)
         except ValidationError as exc:

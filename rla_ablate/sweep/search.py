@@ -36,9 +36,13 @@ def make_study(cfg: SearchConfig, name: str, storage: Any):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = (optuna.samplers.TPESampler(seed=cfg.seed) if cfg.sampler == "tpe"
                else optuna.samplers.RandomSampler(seed=cfg.seed))
-    pruner = {"median": lambda: optuna.pruners.MedianPruner(n_startup_trials=2),
-              "hyperband": optuna.pruners.HyperbandPruner,
-              "none": optuna.pruners.NopPruner}[cfg.pruner]()
+    pruner: optuna.pruners.BasePruner
+    if cfg.pruner == "median":
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=2)
+    elif cfg.pruner == "hyperband":
+        pruner = optuna.pruners.HyperbandPruner()
+    else:
+        pruner = optuna.pruners.NopPruner()
     if isinstance(storage, str):
         storage = _storage(storage)
     return optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner,
@@ -48,12 +52,14 @@ def make_study(cfg: SearchConfig, name: str, storage: Any):
 def suggest(trial: Any, params: dict[str, SearchParam]) -> dict[str, Any]:
     out = {}
     for key, p in params.items():
+        if p.type == "categorical":
+            out[key] = trial.suggest_categorical(key, p.choices)
+            continue
+        assert p.low is not None and p.high is not None  # SearchParam requires both for float and int
         if p.type == "float":
             out[key] = trial.suggest_float(key, p.low, p.high, log=p.log)
-        elif p.type == "int":
-            out[key] = trial.suggest_int(key, int(p.low), int(p.high), log=p.log)
         else:
-            out[key] = trial.suggest_categorical(key, p.choices)
+            out[key] = trial.suggest_int(key, int(p.low), int(p.high), log=p.log)
     return out
 
 
@@ -146,7 +152,7 @@ class OptunaSource:
             trial.set_user_attr("job_id", job.job_id)
             if job.job_id not in self.known:
                 rec = job.describe()
-                rec["tokens_target"] = int(job.job.train.tokens)
+                rec["tokens_target"] = job.tokens_target
                 rec["trial"] = trial.number
                 self.known[job.job_id] = rec
                 sdir.write_job_list(list(self.known.values()))
