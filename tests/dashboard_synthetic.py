@@ -97,13 +97,13 @@ REPO_SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
 def write_sweep_folder(root, sweep, tracking_uri: str):
     """ROOT/NAME as a launch of `sweep` leaves it: sweep.json, jobs.json (the current expansion), job.json."""
-    from rla_ablate.sweep.launch import _job_record
+    from rla_ablate.sweep.sources import job_record
     from rla_ablate.sweep.state import SweepDir
 
     sdir = SweepDir(root, sweep.name)
     sdir.path.mkdir(parents=True, exist_ok=True)
     sdir.write_meta(tracking_uri=tracking_uri, backend_uri=tracking_uri, embedded_tracking=False)
-    sdir.write_job_list([_job_record(j) for j in sweep.jobs])
+    sdir.write_job_list([job_record(j) for j in sweep.jobs])
     for job in sweep.jobs:
         sdir.job_dir(job.job_id).mkdir(parents=True, exist_ok=True)
         path = sdir.job_dir(job.job_id) / "job.json"
