@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from rla_ablate.errors import UserError
-from rla_ablate.outcome import ENDED, Cause, JobOutcome, Status
+from rla_ablate.outcome import ENDED, TERMINAL, Cause, JobOutcome, Status
 from rla_ablate.ray_local import init_local_ray
 from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep
 from rla_ablate.sweep.sources import JobSource, count_statuses, source_for
