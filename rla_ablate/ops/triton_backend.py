@@ -17,7 +17,8 @@ Both read the base reads where they lie (strided [B, T, H, V] views, no copies),
 result once, in its input's dtype.
 
 "auto" picks it first for both rules: on the H200 every fit x target x gates case of each rule has passed, bf16 on
-our kernels and fp32 on the composition, and the models' GPU tests with it (docs/RESULTS.md, rounds 4 and 5).
+our kernels and fp32 on the composition, and the models' GPU tests with it (docs/RESULTS.md, "Correctness on the
+H200").
 """
 
 from __future__ import annotations
