@@ -5,6 +5,9 @@
 #   bash benchmarks/gpu_sweep.sh resume gpu-100m                # resume unfinished jobs in the background
 #   bash benchmarks/gpu_sweep.sh wait   gpu-100m 540            # follow the launch's progress for up to 540 s
 #   bash benchmarks/gpu_sweep.sh report gpu-100m [DASHBOARD ARGS] # status, per-job report, dashboard -> $OUT
+#   bash benchmarks/gpu_sweep.sh follow gpu-100m 540 [DASHBOARD ARGS] # wait, then report if the launch has ended
+# A node is given back after ~30 s without a command, and its /tmp with it: `follow` brings the results back in
+# the same command that sees the launch end, so no call is needed after the last one.
 # Before the launch, the autotune results already on this node ($TRITON_CACHE_DIR, e.g. from gpu_check.sh) join
 # the shipped seeds (benchmarks/gpu-tuning), which the launch copies into the sweep's Triton cache.
 set -uo pipefail
@@ -28,21 +31,28 @@ start|resume)
     setsid nohup python3 -m rla_ablate.cli "$verb" "$arg" --root "$ROOT" >"$ROOT/$verb.log" 2>&1 </dev/null &
     echo "$verb started (pid $!): $ROOT/$verb.log"
     ;;
-wait)
+wait|follow)
     # Print the launch's progress line and the GPU's load every 30 s until the background launch/resume exits or
     # the time runs out (a node's command has a time limit; the sweep goes on after it).
     limit=${3:-540}
     start=$SECONDS
+    ended=0
     while (( SECONDS - start < limit )); do
         if ! pgrep -f "rla_ablate.cli (launch|resume) .*$arg" >/dev/null; then
-            echo "[$(date +%T)] launch not running"; tail -n 25 "$ROOT"/launch.log "$ROOT"/resume.log 2>/dev/null; exit 0
+            echo "[$(date +%T)] launch not running"; tail -n 25 "$ROOT"/launch.log "$ROOT"/resume.log 2>/dev/null
+            ended=1
+            break
         fi
         line=$(grep -a -E 'tok/s|finished|failed' "$ROOT"/launch.log "$ROOT"/resume.log 2>/dev/null | tail -n 1)
         gpu=$(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader 2>/dev/null | head -n 1)
         echo "[$(date +%T)] gpu ${gpu:-?} | ${line##*:}"
         sleep 30
     done
-    echo "[$(date +%T)] still running after ${limit}s"
+    (( ended )) || echo "[$(date +%T)] still running after ${limit}s"
+    if [[ $what == follow && $ended == 1 ]]; then
+        shift $(( $# < 3 ? $# : 3 ))
+        exec bash "$0" report "$arg" "$@"
+    fi
     ;;
 report)
     shift 2
@@ -60,7 +70,7 @@ report)
     ls -la "$OUT"
     ;;
 *)
-    echo "usage: bash benchmarks/gpu_sweep.sh start SWEEP_FILE | resume SWEEP | wait SWEEP [SECONDS] | report SWEEP [DASHBOARD ARGS]" >&2
+    echo "usage: bash benchmarks/gpu_sweep.sh start SWEEP_FILE | resume SWEEP | wait SWEEP [SECONDS] | follow SWEEP SECONDS [DASHBOARD ARGS] | report SWEEP [DASHBOARD ARGS]" >&2
     exit 2
     ;;
 esac

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class UserError(Exception):
     """Bad input from the user (a file, a flag, a key). Printed as is; exit code 2."""
@@ -10,6 +12,8 @@ class UserError(Exception):
 
     def __init__(self, message: str, *, file: str | None = None, line: int | None = None, key: str | None = None):
         self.file, self.line, self.key = file, line, key
+        self.message = message
+        """The message without its file:line: key prefix."""
         where = ""
         if file:
             where = f"{file}:{line}: " if line else f"{file}: "
@@ -26,3 +30,16 @@ class JobFailed(Exception):
     """A job could not finish; the message says why and how to resume."""
 
     exit_code = 1
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, n: int = 1, prefix: str = "") -> str:
+    """" (did you mean 'x'?)" naming the choice closest to `word`, or "" when none is close; with n > 1 up to n
+    choices, unquoted: " (did you mean a, b?)". `prefix` goes before each choice shown (e.g. a section name)."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), list(choices), n=n)
+    if not close:
+        return ""
+    if n == 1:
+        return f" (did you mean '{prefix}{close[0]}'?)"
+    return f" (did you mean {', '.join(prefix + c for c in close)}?)"

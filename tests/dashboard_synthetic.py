@@ -97,13 +97,13 @@ REPO_SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
 def write_sweep_folder(root, sweep, tracking_uri: str):
     """ROOT/NAME as a launch of `sweep` leaves it: sweep.json, jobs.json (the current expansion), job.json."""
-    from rla_ablate.sweep.launch import _job_record
+    from rla_ablate.sweep.sources import job_record
     from rla_ablate.sweep.state import SweepDir
 
     sdir = SweepDir(root, sweep.name)
     sdir.path.mkdir(parents=True, exist_ok=True)
     sdir.write_meta(tracking_uri=tracking_uri, backend_uri=tracking_uri, embedded_tracking=False)
-    sdir.write_job_list([_job_record(j) for j in sweep.jobs])
+    sdir.write_job_list([job_record(j) for j in sweep.jobs])
     for job in sweep.jobs:
         sdir.job_dir(job.job_id).mkdir(parents=True, exist_ok=True)
         path = sdir.job_dir(job.job_id) / "job.json"
@@ -124,7 +124,8 @@ def launch_tags(job) -> dict:
 def log_jobs(tracking_uri: str, sweep_name: str, jobs, final, diag=None, status=None) -> dict[str, str]:
     """Log each job's run: eval/val/loss and train/loss descending to `final(job)` at LAST tokens, and the
     diagnostics `diag(job)` (a dict of diag/* values, or None for none) at every eval point.
-    `status(job)` gives the MLflow end status (default FINISHED). Returns job id -> run id."""
+    `status(job)` gives the MLflow end status (default FINISHED), or DIVERGED: a FAILED run tagged as the divergence
+    guard's end tags it. Returns job id -> run id."""
     import contextlib
     import io
     import time
@@ -147,6 +148,9 @@ def log_jobs(tracking_uri: str, sweep_name: str, jobs, final, diag=None, status=
             values.update((diag(job) or {}) if diag is not None else {})
             metrics += [Metric(k, float(v), now, step) for k, v in values.items()]
         client.log_batch(run_id, metrics=metrics)
+        if end == "DIVERGED":
+            client.set_tag(run_id, "rla.status", "diverged")
+            end = "FAILED"
         with contextlib.redirect_stdout(io.StringIO()):     # set_terminated prints a "View run" link
             client.set_terminated(run_id, status=end)
         out[job.job_id] = run_id

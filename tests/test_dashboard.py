@@ -78,10 +78,11 @@ def test_every_spec_rendered_with_missing_data_shown(sweep, capsys):
     assert "RDN: tied γ (γ = β): 2 of 3 seeds finished; 1 running" in page
     assert "RLA, no fitting: 2 of 3 seeds finished; 1 failed" in page
     assert "RDN, no fitting: 3 of 4 seeds finished; 1 not started" in page
-    # Run links point at the MLflow UI of `rla-sweep ui`.
+    # The sweep folder records the tracking server it was logged to (as a `--tracking-uri` launch does): run links
+    # open that server's UI, not whatever answers on the embedded stores' UI port.
     exp = MlflowClient(server.uri).get_experiment_by_name(f"rla-sweep/{SWEEP}").experiment_id
     rla_seed0 = runs[("rla", "none", 0)]
-    assert f'href="http://127.0.0.1:5050/#/experiments/{exp}/runs/{rla_seed0}"' in page
+    assert f'href="{server.uri.rstrip("/")}/#/experiments/{exp}/runs/{rla_seed0}"' in page
 
 
 def test_accuracy_specs_fall_back_to_eval_loss_and_say_so_on_the_figure(sweep):

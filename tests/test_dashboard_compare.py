@@ -350,6 +350,54 @@ def test_verdict_rules_on_known_effects(server, tmp_path):
     assert 'class="v-confirmed"' in page and 'class="v-contradicted"' in page
 
 
+def test_divergence_decides_a_claim_when_one_side_diverged_on_every_seed(server, tmp_path):
+    """no_norm diverges on all 3 seeds, the full model on none: a claim that it is worse is confirmed, one that it
+    is better contradicted. no_clip diverges on one seed: that seed is left out of the pairing and named."""
+    seeds = [0, 1, 2]
+
+    def status(job):
+        a = job.ablations[0] if job.ablations else None
+        return "DIVERGED" if a == "no_norm" or (a == "no_clip" and job.seed == 1) else "FINISHED"
+
+    def loss(job):
+        return 3.0 + 0.001 * job.seed + (0.05 if job.ablations else 0.0)
+
+    text = f"""\
+        name: diverging
+        models: [{{preset: tiny-rla}}]
+        ablations: [no_norm, no_clip]
+        seeds: {seeds}
+        """
+    spec_dir = tmp_path / "specs"
+    spec_dir.mkdir()
+    (spec_dir / "claims.yaml").write_text(
+        "kind: table\ntitle: claims\nruns: {family: rla}\ncolumns: [{metric: eval/*/loss}]\nclaims:\n"
+        "  - {claim: the norm matters, treatment: {ablations: no_norm}, reference: {ablations: none},"
+        " expect: higher, min_effect: 0.01}\n"
+        "  - {claim: the norm hurts, treatment: {ablations: no_norm}, reference: {ablations: none},"
+        " expect: lower, min_effect: 0.01}\n"
+        "  - {claim: the clip matters, treatment: {ablations: no_clip}, reference: {ablations: none},"
+        " expect: higher, min_effect: 0.01}\n")
+    root, _, _ = logged(server, tmp_path, text, loss, status=status)
+    dash, _ = dashboard(root, "diverging", server, specs=spec_dir)
+    got = {v.claim.claim: v for v in dash.verdicts}
+    assert got["the norm matters"].verdict == "confirmed"
+    assert "treatment diverged on every seed (0, 1, 2)" in got["the norm matters"].reason
+    assert got["the norm matters"].seeds_needed is None
+    assert got["the norm hurts"].verdict == "contradicted"
+    clip = got["the clip matters"]
+    assert clip.diff.diff.n == 2 and "treatment diverged on seed 1 (left out)" in clip.reason
+
+
+def test_claim_direction_of_a_metric():
+    from rla_ablate.dashboard.spec import Claim
+    base = {"claim": "c", "treatment": {"ablations": "x"}, "reference": {"ablations": "none"}, "expect": "lower",
+            "min_effect": 0.01}
+    assert Claim(**base, metric="eval/mqar_kv32/acc").better_is_higher
+    assert not Claim(**base, metric="eval/val/loss").better_is_higher
+    assert not Claim(**base, metric="eval/x/acc", higher_is_better=False).better_is_higher
+
+
 def test_smoke_sweep_dashboard_has_the_validity_panel_and_a_verdict_per_claim(server, tmp_path):
     sweep = load_sweep(syn.REPO_SWEEPS / "smoke.yaml")
     root = tmp_path / "runs"

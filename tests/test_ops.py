@@ -356,3 +356,23 @@ def test_auto_takes_the_fused_backend_only_for_the_rule_whose_gpu_tests_passed()
     assert auto_order("additive")[:2] == ["triton", "fla"]
     assert auto_order("delta")[:2] == ["triton", "fla"]
     assert auto_order("additive")[-1] == auto_order("delta")[-1] == "chunk"
+
+
+def test_kernel_tag_names_the_implementation_that_runs():
+    """One backend name, several implementations: the tag runs log names the one the inputs take."""
+    from rla_ablate.ops import BACKENDS, _load_gpu_backends, kernel_tag
+
+    assert kernel_tag("chunk", torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 1, 8), ResidualSpec()) == "chunk"
+    _load_gpu_backends()
+    if "triton" not in BACKENDS:
+        pytest.skip("FLA / triton not importable here")
+    bf, q = torch.bfloat16, torch.zeros(2, 64, 4, 32)
+    cases = {("additive", "residual", bf): "triton/rla-fused", ("additive", "none", bf): "triton/rla-fused",
+             ("delta", "residual", bf): "triton/rdn-reads+fla", ("delta", "off", bf): "triton/fla+glue",
+             ("additive", "off", bf): "triton/fla+glue", ("additive", "residual", torch.float32): "triton/fla+glue"}
+    for (rule, fit, dtype), tag in cases.items():
+        x = q.to(dtype)
+        assert kernel_tag("triton", x, x, ResidualSpec(rule=rule, fit=fit)) == tag, (rule, fit, dtype)
+    wide = torch.zeros(2, 64, 4, 256, dtype=bf)                 # heads over 128: the composition
+    assert kernel_tag("triton", wide, wide, ResidualSpec()) == "triton/fla+glue"
+    assert kernel_tag("triton", q[:, :0].to(bf), q[:, :0].to(bf), ResidualSpec()) == "triton/chunk"

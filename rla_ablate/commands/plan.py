@@ -10,7 +10,9 @@ import sys
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "plan", help="list a sweep's jobs with params, state size, FLOPs/token, tokens and GPU-hours",
-        description="Expand and validate a sweep file without running anything. Peak GPU memory and GPU-hours "
+        description="Expand and validate a sweep file without running anything; open each distinct data config "
+                    "and eval set of its jobs once and take a batch (a config that cannot be read is reported "
+                    "at its line, exit 2). Peak GPU memory and GPU-hours "
                     "come from the calibration table of measured H200 runs (rla_ablate/sweep/calibration/); GPU "
                     "shares are for this machine's GPU, or the calibration device without one.")
     parser.add_argument("file", help="the sweep file (YAML)")
@@ -29,10 +31,13 @@ def _h(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rla_ablate.sweep.datacheck import check_data
     from rla_ablate.sweep.expand import load_sweep
     from rla_ablate.sweep.plan import plan
 
-    doc = plan(load_sweep(args.file))
+    sweep = load_sweep(args.file)
+    checked = check_data(sweep)
+    doc = plan(sweep)
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
@@ -55,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(r["name"], r["job_id"][:8], r["family"], "+".join(r["ablations"]) or "-", _h(r["params"]),
                       _h(r["state_elements"]), _h(r["flops_per_token"]), _h(r["tokens"]), f"{r['mem_gib']:.1f}",
                       share, _h(r["tokens_per_s"]), f"{r['gpu_hours']:,.2f}")
-    table.caption = "tok/s alone on one GPU from: " + "; ".join(sources)
+    table.caption = "tok/s alone on one GPU from: " + "; ".join(sources) + "\n" + checked.line()
     if "search_trials" in t:
         table.caption += f"\nOptuna search: the base job above runs as {t['search_trials']} trials (totals include them)"
     # A pipe or a file gets full rows rather than rich's default 80 columns.

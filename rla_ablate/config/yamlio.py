@@ -10,7 +10,6 @@ the last silently), and `1e5` / `1.0e5` are numbers (1.1 wants a dot and a signe
 
 from __future__ import annotations
 
-import difflib
 import re
 import typing
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from rla_ablate.errors import UserError
+from rla_ablate.errors import UserError, did_you_mean
 
 
 class Loader(yaml.SafeLoader):
@@ -142,32 +141,53 @@ def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     return _walk(model, loc)[0]
 
 
-def _describe(err: dict, model: type[BaseModel], loc: tuple) -> str:
+def _describe(err: dict, model: type[BaseModel], loc: tuple, name: str | None = None, list_allowed: bool = True) -> str:
+    """What is wrong, in words: an unknown key (called `name`, default its last part) with a did-you-mean and the
+    allowed keys (unless `list_allowed` is False), a value outside its choices with them, else pydantic's message."""
     got = err.get("input")
     if err["type"] == "extra_forbidden":
         owner = _model_at(model, loc)
         allowed = sorted(owner.model_fields) if owner else []
-        msg = f"unknown key '{loc[-1]}'"
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        if close:
-            msg += f" (did you mean '{close[0]}'?)"
-        return msg + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        msg = f"unknown key '{loc[-1] if name is None else name}'{did_you_mean(str(loc[-1]), allowed)}"
+        return msg + (f"; allowed: {', '.join(allowed)}" if allowed and list_allowed else "")
     if err["type"] in ("literal_error", "enum"):
         expected = str((err.get("ctx") or {}).get("expected", ""))
         choices = [c.strip(" '") for c in re.split(r",| or ", expected) if c.strip(" '")]
-        msg = f"{got!r} is not allowed; allowed: {', '.join(choices)}"
-        close = difflib.get_close_matches(str(got), choices, n=1)
-        return msg + (f" (did you mean '{close[0]}'?)" if close else "")
+        return f"{got!r} is not allowed; allowed: {', '.join(choices)}{did_you_mean(str(got), choices)}"
     msg = err["msg"]
     if err["type"] != "missing" and not isinstance(got, (dict, list)):
         msg += f" (got {got!r})"
     return msg
 
 
+def _loc(err: Any) -> tuple:
+    """An error's location without pydantic's validator entries."""
+    return tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+
+
+def validation_message(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> str:
+    """Every problem of `exc` (raised validating `model`) in one line for a message that points elsewhere (a sweep
+    file's grid key): `key: what` joined by "; ", an unknown key as `unknown key 'key'` with a did-you-mean and,
+    once per section, the allowed keys. Keys are written as the user wrote them, after `prefix` (e.g. "model.")."""
+    parts, listed = [], []
+    for err in exc.errors():
+        loc = _loc(err)
+        dotted = ".".join(str(p) for p in _walk(model, loc)[1])
+        key = prefix + dotted if dotted else prefix.rstrip(".")
+        if err["type"] == "extra_forbidden" and loc:
+            owner = _model_at(model, loc)
+            parts.append(_describe(err, model, loc, name=key, list_allowed=owner not in listed))
+            listed.append(owner)
+        else:
+            msg = _describe(err, model, loc)
+            parts.append(f"{key}: {msg}" if key else msg)
+    return "; ".join(parts)
+
+
 def format_validation_error(exc: ValidationError, model: type[BaseModel], located: LocatedYAML) -> UserError:
     problems = []
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        loc = _loc(err)
         shown = _walk(model, loc)[1]
         problems.append((located.line(shown), ".".join(str(p) for p in shown) or "(top level)",
                          _describe(err, model, loc)))

@@ -131,6 +131,13 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
     sdir = SweepDir(root, sweep)
     out = Path(out_dir) if out_dir else sdir.path / "dashboard"
     ctx = contextlib.nullcontext(tracking_uri) if tracking_uri else open_tracking(root, sweep)
+    hint = f"start it with `rla-sweep ui {sweep}`"
+    if not tracking_uri and ui_url == UI_URL:
+        # A sweep logged to a shared server (`rla-sweep server`): its links open that server's UI, never whatever
+        # answers on the embedded stores' UI port.
+        shared, _ = tracking_of(root, sweep)
+        if shared is not None and shared.startswith(("http://", "https://")):
+            ui_url, hint = shared.rstrip("/"), "the shared tracking server"
     with ctx as uri:
         synced = 0 if tracking_uri else sync_jobs(sdir, uri)
         runs, selection = read_runs(sweep, root, uri, include_stale=include_stale)
@@ -150,7 +157,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
             counts[r.status] = counts.get(r.status, 0) + 1
         notes = selection.notes()
         page = write_page(out / "index.html", sweep, rendered, tracking=uri, run_url=run_url, n_runs=counts,
-                          ui_hint=f"{ui_url} (start it with `rla-sweep ui {sweep}`)", notes=notes)
+                          ui_hint=f"{ui_url} ({hint})", notes=notes)
         (out / "verdicts.json").write_text(json.dumps([v.as_dict() for r in rendered for v in r.verdicts], indent=1))
         logged = None
         if log_artifacts and runs.parent is not None:

@@ -11,7 +11,6 @@ paper's claims it tests (`claims`, each with a verdict rule) and the thresholds 
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 from pathlib import Path
 from typing import Optional, Literal, Union
@@ -19,7 +18,7 @@ from typing import Optional, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
 from rla_ablate.config import load_yaml, validate
-from rla_ablate.errors import UserError
+from rla_ablate.errors import UserError, did_you_mean
 
 KINDS = ("curve", "layers", "gains", "table", "scatter", "validity")
 # Tags a spec may filter or group by (set by rla_ablate.tracking for every job run, the identity tags by the
@@ -59,13 +58,10 @@ def check_key(key: str, *, where: str = "", seed: bool = True) -> str:
         fields = _config_fields(section)
         name = rest.split(".")[0]
         if fields is not None and name not in fields:
-            close = difflib.get_close_matches(name, fields, n=1)
-            hint = f" (did you mean '{section}.{close[0]}'?)" if close else ""
+            hint = did_you_mean(name, fields, prefix=f"{section}.")
             raise ValueError(f"unknown config key '{dotted}'{place}{hint}; {section}.* keys: {', '.join(fields)}")
         return key
-    close = difflib.get_close_matches(key, list(TAGS), n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    raise ValueError(f"unknown tag '{key}'{place}; {KEY_HELP}{hint}")
+    raise ValueError(f"unknown tag '{key}'{place}; {KEY_HELP}{did_you_mean(key, TAGS)}")
 
 
 def _as_list(v) -> list:
@@ -115,6 +111,15 @@ class Claim(_Strict):
     chance: Optional[float] = None
     """The metric's value when the task is not learned (MQAR accuracy: about 0; a loss: ln of the vocabulary). When
     both series end within min_effect of it, the comparison cannot test the claim: unresolved, "not learned"."""
+    higher_is_better: Optional[bool] = None
+    """Whether a larger value of the metric is the better model; by default true for accuracies (a metric whose
+    last part is `acc` or `accuracy`) and false otherwise (losses). A run that diverged counts as the worse side."""
+
+    @property
+    def better_is_higher(self) -> bool:
+        if self.higher_is_better is not None:
+            return self.higher_is_better
+        return self.metric.rsplit("/", 1)[-1] in ("acc", "accuracy", "acc_norm")
 
     @field_validator("treatment", "reference")
     @classmethod

@@ -32,7 +32,6 @@ from rla_ablate.tracking.read import RunRecord
 TARGET_METRIC = "diag/target_engaged"
 MIXER_METRIC = "diag/mixer_rms_over_sqrt_eps"
 CLIP_TYPE = ("no_clip", "no_clip_no_norm", "logcosh", "no_fitting_no_clip")
-LINEAR = ("sgla", "gdn", "rla", "rdn")
 # A few float32 ulps: runs that compute the same model agree to this, a real effect at any scale does not.
 IDENTICAL_RTOL = 4 * 2.0 ** -23
 RESULT_METRICS = ("eval/*/loss", "eval/*/ppl", "eval/*/acc", "train/loss")
@@ -60,7 +59,9 @@ class Check:
 
 def checks_for(ablations: str, family: str, thresholds) -> list[Check]:
     """The checks a job of this family with these ablations (its `ablations` tag) needs."""
-    if family not in LINEAR:
+    from rla_ablate.models.config import LINEAR_FAMILIES
+
+    if family not in LINEAR_FAMILIES:
         return []
     names = [a for a in (ablations or "none").split("+") if a and a != "none"]
     out = []

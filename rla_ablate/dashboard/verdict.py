@@ -9,6 +9,12 @@ task (both within min_effect of the claim's `chance`), is unresolved whatever th
 could not test the claim); one whose diagnostics are missing is decided on the numbers and says "mechanism not
 measured".
 
+Divergence is an outcome, not missing data: a run that diverged (the divergence guard stopped it, status
+`diverged`) has no final value, yet losing training is the worst result a model can have. When one side diverged
+on every seed where the other finished (two seeds or more) and the other side never diverged, the claim is decided
+by it: confirmed if the claim predicts that side to be the worse one (the metric's direction: `higher_is_better`),
+contradicted otherwise. In any other case the diverged seeds are left out of the pairing and the reason names them.
+
 Seeds needed: the fewest seeds n for which a two-sided paired t-test at level 0.05 has 80% power to detect a
 difference of min_effect when the paired differences vary as observed (`stats.seeds_for_power`; noncentral t,
 needs two or more seeds to estimate that spread).
@@ -23,8 +29,10 @@ from types import SimpleNamespace
 from rla_ablate.dashboard import data as D
 from rla_ablate.dashboard import validity as V
 from rla_ablate.dashboard.spec import Claim
-from rla_ablate.dashboard.stats import (ALPHA, MAX_SEEDS, POWER, UNRESOLVED, PairedDiff, classify, paired_diff,
-                                        seeds_for_power)
+from rla_ablate.dashboard.stats import (ALPHA, CONFIRMED, CONTRADICTED, MAX_SEEDS, POWER, UNRESOLVED, PairedDiff,
+                                        classify, paired_diff, seeds_for_power)
+from rla_ablate.outcome import Status
+from rla_ablate.tracking.runs import STATUS
 
 
 @dataclass
@@ -101,6 +109,35 @@ def _not_learned(claim: Claim, treated: dict, reference: dict) -> str:
     return ""
 
 
+def _diverged(series: D.Series) -> set[str]:
+    """Seeds whose run in `series` diverged."""
+    return {series.seed(r) for r in series.unique if r.tags.get(STATUS) == Status.DIVERGED}
+
+
+def _by_divergence(claim: Claim, key: str | None, t: D.Series, ref: D.Series) -> tuple[str, str] | None:
+    """(verdict, reason) when divergence decides the comparison, else None with the diverged seeds named by
+    `_divergence_note`."""
+    div_t, div_r = _diverged(t), _diverged(ref)
+    lost_t = div_t & set(D.final_by_seed(ref, key))          # the treatment diverged where the reference finished
+    lost_r = div_r & set(D.final_by_seed(t, key))
+    both_finished = set(D.final_by_seed(t, key)) & set(D.final_by_seed(ref, key))
+    worse_sign = -1 if claim.better_is_higher else 1         # the sign of treatment - reference when it is worse
+    sign = 1 if claim.expect == "higher" else -1
+    for lost, other_div, side, worse in ((lost_t, div_r, "treatment", sign == worse_sign),
+                                         (lost_r, div_t, "reference", sign != worse_sign)):
+        if len(lost) >= 2 and not other_div and not both_finished:
+            seeds = ", ".join(sorted(lost, key=lambda s: (len(s), s)))
+            what = f"the {side} diverged on every seed ({seeds}) where the other finished"
+            return (CONFIRMED, what) if worse else (CONTRADICTED, f"{what}: the claim predicts the opposite")
+    return None
+
+
+def _divergence_note(t: D.Series, ref: D.Series) -> str:
+    notes = [f"{side} diverged on seed{'s' if len(div) > 1 else ''} {', '.join(sorted(div, key=lambda s: (len(s), s)))} (left out)"
+             for side, div in (("treatment", _diverged(t)), ("reference", _diverged(ref))) if div]
+    return "; ".join(notes)
+
+
 def evaluate(spec, runs, index: V.ValidityIndex) -> list[Verdict]:
     """One verdict per claim of `spec` and treatment series it selects (one 'unresolved' when none matches)."""
     everything = index.everything
@@ -134,6 +171,11 @@ def evaluate(spec, runs, index: V.ValidityIndex) -> list[Verdict]:
             elif state == V.NOT_MEASURED:
                 reason += " (mechanism not measured)"
             needed = seeds_for_power(d.diff.std, claim.min_effect) if d.diff.n >= 2 else None
+            decided = _by_divergence(claim, key, t, ref)
+            if decided is not None:
+                (verdict, reason), needed = decided, None
+            elif note := _divergence_note(t, ref):
+                reason += f"; {note}"
             out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], key, d, verdict, reason, needed,
                                state, detail))
     return out

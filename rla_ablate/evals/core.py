@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import difflib
 import hashlib
 import json
 import os
@@ -22,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rla_ablate.errors import UserError
+from rla_ablate.errors import UserError, did_you_mean
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 # lm-eval metric keys are "<metric>,<filter>"; MLflow names allow no comma, so "acc,none" -> "acc" and
@@ -284,8 +283,7 @@ def resolve_tasks(req: EvalRequest) -> tuple[Any, list[Any], bool]:
     if unknown:
         hints = []
         for t in unknown:
-            close = difflib.get_close_matches(t, tm.all_tasks, n=3)
-            hints.append(f"{t!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+            hints.append(f"{t!r}{did_you_mean(t, tm.all_tasks, n=3)}")
         shipped = sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
         raise UserError(f"unknown task(s) {', '.join(hints)}; allowed: lm-eval's task names (`lm-eval ls tasks` lists "
                         f"them), tasks defined in --include-path folders, and the shipped {', '.join(shipped)}",

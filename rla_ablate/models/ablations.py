@@ -8,11 +8,10 @@ Sweeps check names and families when they are expanded (`check(name, family)`), 
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Callable
 
-from rla_ablate.errors import UserError
+from rla_ablate.errors import UserError, did_you_mean
 from rla_ablate.models.budget import matched_state
 from rla_ablate.models.config import ModelConfig
 
@@ -77,9 +76,7 @@ ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
 
 def get_ablation(name: str) -> Ablation:
     if name not in ABLATIONS:
-        close = difflib.get_close_matches(name, list(ABLATIONS), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise UserError(f"unknown ablation '{name}'{hint}; allowed: {', '.join(ABLATIONS)}")
+        raise UserError(f"unknown ablation '{name}'{did_you_mean(name, ABLATIONS)}; allowed: {', '.join(ABLATIONS)}")
     return ABLATIONS[name]
 
 

@@ -7,11 +7,10 @@
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 from rla_ablate.config import load_yaml, validate
-from rla_ablate.errors import UserError
+from rla_ablate.errors import UserError, did_you_mean
 from rla_ablate.models.config import ModelConfig
 from rla_ablate.resources import bundled_dir
 
@@ -30,9 +29,7 @@ def preset_path(name_or_path: str | Path) -> Path:
     path = PRESET_DIR / f"{text}.yaml"
     if not path.is_file():
         names = list_presets()
-        close = difflib.get_close_matches(text, names, n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise UserError(f"unknown model preset '{text}'{hint}; available: {', '.join(names)} "
+        raise UserError(f"unknown model preset '{text}'{did_you_mean(text, names)}; available: {', '.join(names)} "
                         "or a path to a .yaml file")
     return path
 

@@ -30,11 +30,16 @@ CUDA_PREFERENCE: list[str] = ["chunk"]
 VARLEN_NATIVE: set[str] = set()
 # Backends that "auto" picks only for some rules (those whose GPU test set has passed), by name.
 AUTO_RULES: dict[str, frozenset[str]] = {}
+# Backends with several implementations behind one name: name -> fn(q, v, spec, cu_seqlens) -> the one that runs.
+IMPLEMENTATIONS: dict[str, Callable[..., str]] = {}
 
 
 def register_backend(name: str, fn: BackendFn, available: Callable[[torch.Tensor], bool], *, cuda_rank: int | None = None,
-                     varlen: bool = False, auto_rules: tuple[str, ...] | None = None):
+                     varlen: bool = False, auto_rules: tuple[str, ...] | None = None,
+                     implementation: Callable[..., str] | None = None):
     BACKENDS[name] = (fn, available)
+    if implementation is not None:
+        IMPLEMENTATIONS[name] = implementation
     if varlen:
         VARLEN_NATIVE.add(name)
     if auto_rules is not None:
@@ -73,6 +78,15 @@ def select_backend(x: torch.Tensor, requested: str = "auto", rule: str | None = 
             if BACKENDS[name][1](x):
                 return name
     return "chunk"
+
+
+def kernel_tag(backend: str, q: torch.Tensor, v: torch.Tensor, spec: ResidualSpec,
+               cu_seqlens: torch.Tensor | None = None) -> str:
+    """What `residual_attention(..., backend=backend)` runs on inputs like q, v: the backend's name, or
+    'name/implementation' for a backend with several (e.g. 'triton/rla-fused', 'triton/rdn-reads+fla',
+    'triton/fla+glue'). Runs log this tag, so two runs of one backend name that took different kernels differ."""
+    pick = IMPLEMENTATIONS.get(backend)
+    return f"{backend}/{pick(q, v, spec, cu_seqlens)}" if pick is not None else backend
 
 
 def _check_cu_seqlens(cu_seqlens, q) -> int:
@@ -154,4 +168,5 @@ def residual_attention(q, k, v, g, beta, gamma=None, *, rule: str = "additive", 
     return _per_sequence(fn, q, k, v, g, beta, gamma, spec, float(scale), initial_state, cu_seqlens)
 
 
-__all__ = ["residual_attention", "select_backend", "register_backend", "ResidualSpec", "RULES", "FITS", "TARGETS"]
+__all__ = ["residual_attention", "select_backend", "register_backend", "kernel_tag", "ResidualSpec", "RULES", "FITS",
+           "TARGETS"]

@@ -91,7 +91,7 @@ def _place(x: torch.Tensor, slots: torch.Tensor, length: int) -> torch.Tensor:
 class _StackShifted(torch.autograd.Function):
     """a, b [B, T, ...] -> [2B, T + 1, ...]: a over b along the batch, each with one zero slot along time, in front
     (writes: token t at slot t + 1) or behind (reads: token t at slot t). One allocation and two copies forward, two
-    views backward; stacking padded copies (pad, pad, cat) cost four copies and, backward, two zero-filled
+    views backward; stacking padded copies (pad, pad, cat) would take four copies and, backward, two zero-filled
     full-size gradients and their sum."""
 
     @staticmethod

@@ -17,7 +17,8 @@ Both read the base reads where they lie (strided [B, T, H, V] views, no copies),
 result once, in its input's dtype.
 
 "auto" picks it first for both rules: on the H200 every fit x target x gates case of each rule has passed, bf16 on
-our kernels and fp32 on the composition, and the models' GPU tests with it (docs/RESULTS.md, rounds 4 and 5).
+our kernels and fp32 on the composition, and the models' GPU tests with it (docs/RESULTS.md, "Correctness on the
+H200").
 """
 
 from __future__ import annotations
@@ -212,21 +213,38 @@ def _fused_output(base_read, corr, g32, gamma, output_gates: bool, dtype):
 TRITON_GLUE = Glue(residual=_fused_residual, output=_fused_output)
 
 
-def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
-                              cu_seqlens: torch.Tensor | None = None):
-    """The `triton` backend (signature of `naive_residual_attention`, plus FLA-style `cu_seqlens`)."""
-    if q.shape[0] * q.shape[1] == 0:  # no tokens: no chunk for a kernel to read (their chunk lists are empty)
-        if cu_seqlens is None:
-            return chunk_residual_attention(q, k, v, g, beta, gamma, spec, scale, initial_state)
-        return _per_sequence(chunk_residual_attention, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
+# The implementations behind the `triton` backend, each for the inputs it covers.
+NO_TOKENS = "chunk"              # no tokens: no chunk for a kernel to read (their chunk lists are empty)
+RLA_FUSED = "rla-fused"          # RLA: every pass on the fused kernels of triton_rla
+RDN_READS = "rdn-reads+fla"      # RDN: the base pass's two reads on triton_rdn, the auxiliary pass on FLA's kernels
+FLA_GLUE = "fla+glue"            # everything else: FLA's kernels composed with the fused Triton glue
+
+
+def implementation(q: torch.Tensor, v: torch.Tensor, spec: ResidualSpec, cu_seqlens: torch.Tensor | None = None) -> str:
+    """Which implementation the `triton` backend runs for these inputs (one of the constants above)."""
+    if q.shape[0] * q.shape[1] == 0:
+        return NO_TOKENS
     B, T, H = q.shape[:3]
     fits = chunks_fit_grid(B * T, B if cu_seqlens is None else cu_seqlens.numel() - 1, H)
     if fits and covers(q, v, spec):
+        return RLA_FUSED
+    return RDN_READS if fits and triton_rdn.covers(q, v, spec) else FLA_GLUE
+
+
+def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
+                              cu_seqlens: torch.Tensor | None = None):
+    """The `triton` backend (signature of `naive_residual_attention`, plus FLA-style `cu_seqlens`)."""
+    impl = implementation(q, v, spec, cu_seqlens)
+    if impl == NO_TOKENS:
+        if cu_seqlens is None:
+            return chunk_residual_attention(q, k, v, g, beta, gamma, spec, scale, initial_state)
+        return _per_sequence(chunk_residual_attention, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
+    if impl == RLA_FUSED:
         return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
-    reads = triton_rdn.delta_two_reads if fits and triton_rdn.covers(q, v, spec) else None
+    reads = triton_rdn.delta_two_reads if impl == RDN_READS else None
     return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
                                       glue=TRITON_GLUE, base_reads=reads)
 
 
 register_backend("triton", triton_residual_attention, fla_available, cuda_rank=0, varlen=True,
-                 auto_rules=("additive", "delta"))
+                 auto_rules=("additive", "delta"), implementation=implementation)

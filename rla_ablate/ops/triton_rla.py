@@ -24,8 +24,8 @@ b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "
                 d/db (reads minus writes); dg is their reverse cumulative sum per sequence.
 The residual couples the recurrences only through x (forward) and dx (backward), both per token: splitting each
 direction into two plain state passes and a parallel kernel keeps every sequential kernel to one fp32 state tile
-(an earlier version carried S and R, or dS and dR, together at full K: register spills, and a B = 1 sequence ran
-on 32 programs).
+(carrying S and R, or dS and dR, together at full K spills registers, and gives a B = 1 sequence only 32
+programs).
 
 Every input is flattened to packed sequences (B sequences of T tokens are cu_seqlens = 0, T, 2T, ...), so varlen
 and batched inputs share one code path. Chunk states are kept in the input dtype (as FLA does), the running states
@@ -46,7 +46,7 @@ TARGET_CODES = {"clip": 0, "tanh": 1, "identity": 2}
 CHUNK = 64
 # Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives). Every tile
 # of a dot is at least 64 wide, padded by masks: on Hopper, Triton 3.6/3.7 miscompiles kernels holding several dots
-# with 16- or 32-wide operands (illegal shared-memory reads, triton-lang/triton#11366); BV=32 crashed here.
+# with 16- or 32-wide operands (illegal shared-memory reads, triton-lang/triton#11366); BV=32 faults on the H200.
 # Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat 8 (the dq/dk kernel by
 # 13% of the whole fwd+bwd, though ptxas reports it spilling more): at ~250 registers a thread, 8 warps leave one
 # block per SM and nothing to overlap one program's loads with another's dots; two blocks of 4 warps can.
@@ -495,9 +495,9 @@ def chunk_gate_gradient(layout: Layout, terms: torch.Tensor, E: torch.Tensor, Z_
 
         dg_t = sum_{j >= t, same chunk} terms_j - E_t + Z_{chunk of t}
 
-    (docs/MATH.md "dg without the states"). Summed over the whole sequence instead, the terms' bf16 rounding
-    accumulated: dg's error grew with the length (fp16, measured in the interpreter: 7e-4 at T=128, 6.5e-3 at 16K);
-    the chunk's end term holds what the later chunks add, from the states, exactly."""
+    (docs/MATH.md "dg without the states"). Summed over the whole sequence instead, the terms' bf16
+    rounding accumulates and dg's error grows with the length (fp16 in the interpreter: 7e-4 at T=128, 6.5e-3 at
+    16K); the chunk's end term holds what the later chunks add, from the states, exactly."""
     Z = Z_P.sum(0).view(-1, H) if layout.chunks else Z_P.new_zeros(0, H)
     return layout.chunk_reverse_cumsum(terms) - E + Z[layout.chunk_of_token]
 
@@ -661,7 +661,7 @@ def covers(q: torch.Tensor, v: torch.Tensor, spec: ResidualSpec) -> bool:
     """Whether the fused kernels take these inputs on a GPU: RLA (fit residual or none) in bf16/fp16 with K, V <= 128.
 
     fp32 tiles do not fit a block's shared memory; heads over 128 would loop the dq/dk kernel over V tiles, the
-    pattern that Triton 3.7 miscompiled on the H200 (docs/RESULTS.md). Those inputs take the FLA composition.
+    pattern that Triton 3.7 miscompiles on the H200 (docs/RESULTS.md). Those inputs take the FLA composition.
     """
     return (spec.rule == "additive" and spec.fit != "off" and q.dtype in (torch.bfloat16, torch.float16)
             and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM)

@@ -9,7 +9,6 @@ family, values a config rejects.
 from __future__ import annotations
 
 import copy
-import difflib
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -19,13 +18,12 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from rla_ablate.config import LocatedYAML, load_yaml, validate
-from rla_ablate.errors import UserError
+from rla_ablate.config.dotted import KeyPathError, set_dotted
+from rla_ablate.config.yamlio import validation_message
+from rla_ablate.errors import UserError, did_you_mean
 from rla_ablate.sweep.identity import series_id_from_sections
 from rla_ablate.sweep.ids import hash_text, join_sections, section_json
 from rla_ablate.sweep.schema import AblationRef, ControlRef, SweepConfig
-
-RESIDUAL_BASELINE = {"rla": "sgla", "rdn": "gdn"}
-FAMILIES = ("transformer", "sgla", "gdn", "rla", "rdn")
 
 
 @dataclass
@@ -55,6 +53,11 @@ class ResolvedJob:
     """For a derived control: its name as in the job name (matched_state, matched_state[heads], ...)."""
     series: str = ""
     """The series id: the hash of the resolved config without the seed (`rla_ablate.sweep.identity`)."""
+
+    @property
+    def tokens_target(self) -> int:
+        """The job's training budget in tokens (`train.tokens`)."""
+        return int(self.job.train.tokens)
 
     def identity_tags(self) -> dict[str, str]:
         """The tags that name this job's series in MLflow: arm, preset, control, point.<key>, series."""
@@ -162,44 +165,6 @@ def _err(located: LocatedYAML, path: tuple, message: str) -> UserError:
     return UserError(message, file=located.file, line=located.line(path), key=".".join(str(p) for p in path))
 
 
-def _pydantic_message(exc: ValidationError, prefix: str = "") -> str:
-    parts = []
-    for e in exc.errors():
-        loc = ".".join(str(p) for p in e["loc"])
-        where = f"{prefix}{loc}" if loc else prefix.rstrip(".")
-        if e["type"] == "extra_forbidden":
-            parts.append(f"unknown key '{where}'")
-        else:
-            got = e.get("input")
-            shown = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
-            parts.append(f"{where}: {e['msg']}{shown}" if where else f"{e['msg']}{shown}")
-    return "; ".join(parts)
-
-
-def _with_allowed(message: str, exc: ValidationError, owner: type[BaseModel] | None) -> str:
-    unknown = [str(e["loc"][-1]) for e in exc.errors() if e["type"] == "extra_forbidden" and e["loc"]]
-    if owner is None or not unknown:
-        return message
-    allowed = sorted(owner.model_fields)
-    close = difflib.get_close_matches(unknown[0], allowed, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"{message}{hint}; allowed: {', '.join(allowed)}"
-
-
-def set_dotted(tree: dict, key: str, value: Any) -> None:
-    """Set `model.num_heads` style keys inside nested dicts (creating missing levels)."""
-    parts = key.split(".")
-    node = tree
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise KeyError(f"'{part}' is a value, not a section")
-        node = child
-    node[parts[-1]] = value
-
-
 def grid_points(cfg: SweepConfig) -> list[dict[str, Any]]:
     """Every combination of `grid` crossed with the rows of `zip` (one empty point when both are empty)."""
     grid_keys = list(cfg.grid)
@@ -238,19 +203,21 @@ class _Resolver:
             raise _err(self.located, ("models", i, "preset"), str(exc)) from None
         except (FileNotFoundError, KeyError, ValueError):
             names = list(self.M.list_presets())
-            close = difflib.get_close_matches(arm.preset, names, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise _err(self.located, ("models", i, "preset"),
-                       f"unknown preset '{arm.preset}'{hint}; available: {', '.join(names)} or a path to a .yaml file") from None
+                       f"unknown preset '{arm.preset}'{did_you_mean(arm.preset, names)}; available: "
+                       f"{', '.join(names)} or a path to a .yaml file") from None
         if not arm.overrides:
             return base
         data = base.model_dump()
-        data.update(arm.overrides)
+        for key, value in arm.overrides.items():
+            try:
+                set_dotted(data, key, value)
+            except KeyPathError as exc:
+                raise _err(self.located, ("models", i, "overrides", key), str(exc)) from None
         try:
             return type(base).model_validate(data)
         except ValidationError as exc:
-            msg = _with_allowed(_pydantic_message(exc), exc, type(base))
-            raise _err(self.located, ("models", i, "overrides"), msg) from None
+            raise _err(self.located, ("models", i, "overrides"), validation_message(exc, type(base))) from None
 
     def model(self, i: int, arm_cfg: BaseModel, point: dict[str, Any], ablation: str | None) -> BaseModel:
         model_keys = tuple((k, repr(v)) for k, v in point.items() if k.startswith("model."))
@@ -262,13 +229,15 @@ class _Resolver:
             data = cfg.model_dump()
             for k, v in point.items():
                 if k.startswith("model."):
-                    set_dotted(data, k.split(".", 1)[1], v)
+                    try:
+                        set_dotted(data, k.split(".", 1)[1], v)
+                    except KeyPathError as exc:
+                        raise _err(self.located, self._key_path(k), str(exc)) from None
             try:
                 cfg = type(cfg).model_validate(data)
             except ValidationError as exc:
                 key = next(k for k in point if k.startswith("model."))
-                msg = _with_allowed(_pydantic_message(exc, "model."), exc, type(cfg))
-                raise _err(self.located, self._key_path(key), msg) from None
+                raise _err(self.located, self._key_path(key), validation_message(exc, type(cfg), "model.")) from None
         if ablation is not None:
             cfg = self.M.ABLATIONS[ablation].apply(cfg)
         self._model_cache[cache_key] = cfg
@@ -306,7 +275,7 @@ class _Resolver:
             if not k.startswith("model."):
                 try:
                     set_dotted(data, k, v)
-                except KeyError as exc:
+                except KeyPathError as exc:
                     raise _err(self.located, self._key_path(k), str(exc)) from None
         data["train"]["seed"] = seed
         data["model"] = model_cfg
@@ -328,21 +297,11 @@ class _Resolver:
         first = exc.errors()[0]
         loc = tuple(first["loc"])
         dotted = ".".join(str(p) for p in loc)
-        owner = self._owner(loc)
-        msg = _with_allowed(_pydantic_message(exc), exc, owner)
+        msg = validation_message(exc, self.JobConfig)
         for key in itertools.chain(self.cfg.grid, self.cfg.zip, (self.cfg.search.params if self.cfg.search else {})):
             if dotted.startswith(key):
                 return _err(self.located, self._key_path(key), msg)
         return _err(self.located, ("base",) + loc, msg)
-
-    def _owner(self, loc: tuple) -> type[BaseModel] | None:
-        """The config class holding the last key of `loc` (to list allowed keys), when it is a plain model."""
-        current: Any = self.JobConfig
-        for part in loc[:-1]:
-            if not (isinstance(current, type) and issubclass(current, BaseModel)) or part not in current.model_fields:
-                return None
-            current = current.model_fields[part].annotation
-        return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
 def _ablation_refs(cfg: SweepConfig) -> list[AblationRef]:
@@ -361,9 +320,8 @@ def check_ablations(cfg: SweepConfig, located: LocatedYAML, arm_families: list[s
         path = ("ablations", j)
         if ref.name not in registry:
             names = sorted(registry)
-            close = difflib.get_close_matches(ref.name, names, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise _err(located, path, f"unknown ablation '{ref.name}'{hint}; allowed: {', '.join(names)}")
+            raise _err(located, path, f"unknown ablation '{ref.name}'{did_you_mean(ref.name, names)}; "
+                                      f"allowed: {', '.join(names)}")
         fits = list(registry[ref.name].families)
         if ref.families is not None:
             for fam in ref.families:
@@ -396,8 +354,8 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
     targets = check_ablations(cfg, located, families, r.M.ABLATIONS)
     controls = _control_refs(cfg)
     for j, ref in enumerate(controls):
-        wanted = ref.families if ref.families is not None else [f for f in families if f in RESIDUAL_BASELINE]
-        bad = [f for f in wanted if f not in RESIDUAL_BASELINE]
+        wanted = ref.families if ref.families is not None else [f for f in families if f in r.M.BASELINE_OF]
+        bad = [f for f in wanted if f not in r.M.BASELINE_OF]
         if bad or not [f for f in families if f in wanted]:
             raise _err(located, ("controls", j),
                        f"control '{ref.name}' is derived from residual models (rla, rdn); "
@@ -459,10 +417,12 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
 
 def _control_targets(ref: ControlRef, arms: list, families: list[str]):
     """(arm index, arm config, baseline family) of each residual arm a control is derived for."""
-    wanted = ref.families if ref.families is not None else list(RESIDUAL_BASELINE)
+    from rla_ablate.models.config import BASELINE_OF
+
+    wanted = ref.families if ref.families is not None else list(BASELINE_OF)
     for i, arm_cfg in enumerate(arms):
         if families[i] in wanted:
-            yield i, arm_cfg, RESIDUAL_BASELINE[families[i]]
+            yield i, arm_cfg, BASELINE_OF[families[i]]
 
 
 def _wallclock_controls(r: _Resolver, cfg: SweepConfig, ref: ControlRef, arms: list, families: list[str],

@@ -26,12 +26,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from rla_ablate.errors import UserError
 from rla_ablate.outcome import ENDED, TERMINAL, Cause, JobOutcome, Status
 from rla_ablate.ray_local import init_local_ray
 from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep
+from rla_ablate.sweep.sources import JobSource, count_statuses, source_for
 from rla_ablate.sweep.state import SweepDir
 
 DEFAULT_ROOT = "rla-runs"
@@ -223,15 +224,6 @@ def _check_reachable(address: str) -> None:
                         "head node prints the address to use", key="--address") from None
 
 
-def _job_record(job: ResolvedJob) -> dict[str, Any]:
-    from rla_ablate.sweep.calibration import estimate_memory
-
-    rec = job.describe()
-    rec["tokens_target"] = int(job.job.train.tokens)
-    rec["mem_estimate_gib"] = round(estimate_memory(job.job).gib, 2)
-    return rec
-
-
 def launch(path: str | Path, opts: LaunchOptions, *, console: Any = None,
            on_event: Callable[[str, dict], None] | None = None) -> LaunchSummary:
     """Run every unfinished job of the sweep file at `path`; returns the summary (raises UserError on bad input)."""
@@ -246,6 +238,12 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     sdir = SweepDir(opts.root, sweep.name)
     if opts.max_concurrent is not None and opts.max_concurrent < 1:
         raise UserError("--max-concurrent must be at least 1", key="--max-concurrent")
+    # The data dry run: every data config and eval set a job will read opens and yields a batch, before anything
+    # is created (the jobs a relaunch skips are not read again).
+    from rla_ablate.sweep.datacheck import check_data
+
+    check_data(sweep, [j for j in sweep.jobs if sweep.config.search is not None
+                       or sdir.status(j.job_id).status not in TERMINAL])
     from rla_ablate.sweep.packing import gpu_memory_bytes, place
 
     placements = None
@@ -256,6 +254,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     # A sweep this launch creates is removed again if the launch fails before any job ran (a dead --address, a
     # tracking server that does not start): no sweep.yaml, jobs.json or pending jobs of a sweep that never ran.
     fresh = not sdir.path.exists()
+    source = source_for(sweep, sdir)
     runner = None
     sdir.acquire()
     previous_term = None
@@ -264,29 +263,12 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     try:
         sdir.path.mkdir(parents=True, exist_ok=True)
         Path(sdir.path / "sweep.yaml").write_text(Path(sweep.source.file).read_text(encoding="utf-8"), encoding="utf-8")
-        if sweep.config.search is None:
-            sdir.write_job_list([_job_record(j) for j in sweep.jobs])
-            for job in sweep.jobs:
-                sdir.job_dir(job.job_id).mkdir(parents=True, exist_ok=True)
-                if not (sdir.job_dir(job.job_id) / "job.json").exists():
-                    (sdir.job_dir(job.job_id) / "job.json").write_text(job.job.model_dump_json(indent=1))
+        source.prepare()
         summary = LaunchSummary(sweep=sweep.name)
-        if sweep.config.search is not None and (sdir.path / "optuna.db").exists():
-            from rla_ablate.sweep.search import pruned_count, study_done
-
-            if study_done(sweep, sdir):
-                summary.counts = _count(sdir, [_Listed(r["job_id"]) for r in sdir.job_list()])
-                summary.pruned = pruned_count(sdir)
-                progress.nothing_to_do(summary)
-                return summary
-        if sweep.config.search is None:
-            todo = [j for j in sweep.jobs if sdir.status(j.job_id).status not in TERMINAL]
-            summary.skipped = len(sweep.jobs) - len(todo)
-            if not todo:
-                summary.counts = _count(sdir, sweep.jobs)
-                score_evals(sweep, sdir, None, progress)
-                progress.nothing_to_do(summary)
-                return summary
+        if source.nothing_to_do(summary):
+            score_evals(sweep, sdir, None, progress)
+            progress.nothing_to_do(summary)
+            return summary
         t0 = time.monotonic()
         cluster = services.start_ray()
         previous_term = _term_as_interrupt()
@@ -313,25 +295,20 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         sdir.write_meta(parent_run_id=parent)
         runner = _Runner(sweep, sdir, services, opts, progress, on_event)
         runner.placements = placements
-        runner.window = opts.max_concurrent or default_window(sweep, cluster, placements)
-        if sweep.config.search is None:
-            runner.run(todo)
-        else:
-            from rla_ablate.sweep.search import run_search
-
-            run_search(runner)
+        runner.window = opts.max_concurrent or default_window(sweep, cluster, placements, source.ahead)
+        runner.run(source)
         runner.summary.skipped = summary.skipped
         summary = runner.summary
         if not runner.stopping:
             score_evals(sweep, sdir, services.tracking_uri, progress)
         # Ctrl-C, SIGTERM and `rla-sweep cancel` alike: the launch was stopped (exit 130).
         summary.interrupted = bool(runner.stop_reason)
-        summary.counts = _count(sdir, runner.all_jobs)
+        summary.counts = count_statuses(sdir, (j.job_id for j in source.jobs))
         # Every run is completed from its job's metrics.jsonl: wait for a server that is being restarted.
-        runner._tracking_notes()
+        runner.tracking_notes()
         services.wait_tracking()
         runner.end_runs()
-        runner._tracking_notes()
+        runner.tracking_notes()
         _close_parent(services.tracking_uri, parent, summary)
         progress.final(summary, sdir)
         return summary
@@ -367,15 +344,11 @@ def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress
                   f"({time.monotonic() - t0:.1f} s)")
 
 
-@dataclass
-class _Listed:
-    job_id: str
-
-
-def default_window(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any] | None = None) -> int:
-    """Tasks kept in flight without --max-concurrent: twice what the cluster runs at once, so Ray always has the
-    next job queued while runs are created just in time; a search keeps only what runs, so that each new trial
-    is sampled knowing every finished one."""
+def default_window(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any] | None = None,
+                   ahead: int = 2) -> int:
+    """Tasks kept in flight without --max-concurrent: `ahead` times what the cluster runs at once. A fixed sweep's
+    source asks for twice, so Ray always has the next job queued while runs are created just in time; a search
+    keeps only what runs, so that each new trial is sampled knowing every finished one (`JobSource.ahead`)."""
     res = sweep.config.resources
     workers = max((j.job.train.num_workers for j in sweep.jobs), default=1)
     fit = cluster.get("CPU", 1.0) / (res.cpus * workers)
@@ -383,8 +356,7 @@ def default_window(sweep: Sweep, cluster: dict[str, float], placements: dict[str
     if shares:
         # packed by memory, jobs differ in their share: the mean share says how many run at once
         fit = min(fit, cluster.get("GPU", 0.0) / (sum(shares) / len(shares) * workers))
-    fit = max(1, int(fit + 1e-9))
-    return fit if sweep.config.search is not None else 2 * fit
+    return ahead * max(1, int(fit + 1e-9))
 
 
 def _note_placements(progress: Any, placements: dict[str, Any] | None) -> None:
@@ -413,14 +385,6 @@ def _term_as_interrupt() -> Any:
     return signal.signal(signal.SIGTERM, handler)
 
 
-def _count(sdir: SweepDir, jobs: list[Any]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for j in jobs:
-        s = sdir.status(j.job_id).status
-        counts[s] = counts.get(s, 0) + 1
-    return counts
-
-
 def _close_parent(tracking_uri: str, parent: str, summary: LaunchSummary) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -431,6 +395,13 @@ def _close_parent(tracking_uri: str, parent: str, summary: LaunchSummary) -> Non
             MlflowClient(tracking_uri).set_terminated(parent, status=status)
     except Exception:
         pass
+
+
+_T = TypeVar("_T")
+
+
+class _TrackingDown(Exception):
+    """The tracking server failed a request and did not answer again within TRACKING_WAIT_S."""
 
 
 class _Runner:
@@ -447,7 +418,6 @@ class _Runner:
         self.progress, self.on_event = progress, on_event or (lambda name, detail: None)
         self.monitor = Monitor.remote()
         self.summary = LaunchSummary(sweep=sweep.name)
-        self.all_jobs: list[ResolvedJob] = []
         self.inflight: dict[Any, ResolvedJob] = {}
         # Attempts in this launch (status.json counts them over all launches); retries are per launch.
         self.tries: dict[str, int] = {}
@@ -459,10 +429,9 @@ class _Runner:
         self.stopping = False
         self.stop_reason = ""
         self._last_record = 0.0
-        # job_id -> callback(job, outcome) used by the search to tell Optuna.
-        self.on_done: Callable[[ResolvedJob, JobOutcome], None] | None = None
-        self.on_values: Callable[[ResolvedJob, list[tuple[int, float]]], None] | None = None
-        self.watch: str | None = None
+        # Where the jobs come from (`run`); job_id -> name of every job it handed out, for the notes of workers.
+        self.source: JobSource | None = None
+        self.names: dict[str, str] = {}
         self.window = 1
         # job_id -> rla_ablate.sweep.packing.Placement (GPU share and allocator cap); None: from resources.gpus
         self.placements: dict[str, Any] | None = None
@@ -482,21 +451,20 @@ class _Runner:
         if job.control_of:
             tags["control_of"] = job.control_of
         config = job.job.model_dump(mode="json")
+
+        def create() -> str:
+            return create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id, tags=tags,
+                                           config=config)
+
         try:
-            run_id = create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id, tags=tags,
-                                             config=config)
-        except Exception as first:
-            # The embedded server may be restarting: once it answers, the lookup by job_id finds or makes the run.
-            self._tracking_notes()
-            if not self.services.wait_tracking():
-                raise UserError(f"the MLflow server at {self.services.tracking_uri} does not answer; cannot create "
-                                f"the run of {job.name}: {_first_line(str(first))}") from None
-            try:
-                run_id = create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id, tags=tags,
-                                                 config=config)
-            except Exception as exc:
-                raise UserError(f"cannot create the MLflow run of {job.name} at {self.services.tracking_uri}: "
-                                f"{_first_line(str(exc))}") from None
+            # The lookup by job_id finds the run again when the first try made it before the server went away.
+            run_id = self.call_tracking(create)
+        except _TrackingDown as exc:
+            raise UserError(f"the MLflow server at {self.services.tracking_uri} does not answer; cannot create "
+                            f"the run of {job.name}: {_first_line(str(exc))}") from None
+        except Exception as exc:
+            raise UserError(f"cannot create the MLflow run of {job.name} at {self.services.tracking_uri}: "
+                            f"{_first_line(str(exc))}") from None
         self.sdir.set_status(job.job_id, mlflow_run_id=run_id, tracking_uri=self.services.tracking_uri)
         return run_id
 
@@ -510,30 +478,40 @@ class _Runner:
         if not st.mlflow_run_id or st.tracking_uri != self.services.tracking_uri:
             return
         metrics = self.sdir.job_dir(job.job_id) / "metrics.jsonl"
-        for last in (False, True):
-            try:
-                if metrics.exists():
-                    sync_from_jsonl(self.services.tracking_uri, st.mlflow_run_id, metrics)
-                if status in ENDED:
-                    end_open_run(self.services.tracking_uri, st.mlflow_run_id, str(status), reason)
-                return
-            except Exception as exc:
-                # The sweep folder holds the truth; a tracking hiccup must not stop the launch. The embedded server
-                # may be restarting: wait for it once, then try again.
-                self._tracking_notes()
-                if last or not self.services.wait_tracking():
-                    self.progress.note(f"{job.name}: could not update MLflow run {st.mlflow_run_id}: "
-                                       f"{_first_line(str(exc))}")
-                    return
 
-    def _tracking_notes(self) -> None:
+        def update() -> None:
+            if metrics.exists():
+                sync_from_jsonl(self.services.tracking_uri, st.mlflow_run_id, metrics)
+            if status in ENDED:
+                end_open_run(self.services.tracking_uri, st.mlflow_run_id, str(status), reason)
+
+        try:
+            self.call_tracking(update)
+        except Exception as exc:
+            # The sweep folder holds the truth; a tracking hiccup must not stop the launch.
+            self.progress.note(f"{job.name}: could not update MLflow run {st.mlflow_run_id}: "
+                               f"{_first_line(str(exc))}")
+
+    def call_tracking(self, call: Callable[[], _T]) -> _T:
+        """`call()` (MLflow requests); when it fails, wait for the embedded server that may be restarting and call
+        once more. Raises the second failure, or `_TrackingDown` (from the first) when no server comes back."""
+        try:
+            return call()
+        except Exception as first:
+            self.tracking_notes()
+            if not self.services.wait_tracking():
+                raise _TrackingDown(str(first)) from first
+            return call()
+
+    def tracking_notes(self) -> None:
+        """Show the lines about the embedded tracking server since the last call (a restart)."""
         for line in self.services.tracking_notices():
             self.progress.note(line)
 
     def end_runs(self) -> None:
         """At the end of a launch, every job's run holds every metric of its metrics.jsonl, and an ended job's run
         has its final status, whatever died on the way (a worker, an earlier launch)."""
-        for job in self.all_jobs:
+        for job in self.source.jobs if self.source else []:
             st = self.sdir.status(job.job_id)
             self.end_run(job, st.status, st.error)
 
@@ -557,35 +535,42 @@ class _Runner:
         cap = placement.cap if placement is not None and not multi and options["num_gpus"] < 1 else None
         ref = remote_for(options["num_gpus"]).options(**options).remote(job.job, str(self.sdir.job_dir(job.job_id)),
                                                    job.job_id, self.services.tracking_uri, run_id, self.monitor,
-                                                   res.cpus, self.watch, cap)
+                                                   res.cpus, self.source.watch if self.source else None, cap)
         self.inflight[ref] = job
         self.tries[job.job_id] = self.tries.get(job.job_id, 0) + 1
         self.progress.update(job, Status.PENDING, st.tokens_done)
         self.on_event("submitted", {"job_id": job.job_id, "attempt": st.attempts + 1})
 
-    def run(self, todo: list[ResolvedJob]) -> None:
-        """Run `todo` (the unfinished jobs of a fixed sweep) to the end."""
-        self.all_jobs = list(self.sweep.jobs)
-        for job in self.sweep.jobs:
-            st = self.sdir.status(job.job_id)
-            self.progress.update(job, st.status if st.status in TERMINAL else Status.PENDING, st.tokens_done,
-                                 int(job.job.train.tokens))
-        queue = deque(todo)
-        while queue or self.inflight:
+    def run(self, source: JobSource) -> None:
+        """Run the source's jobs to the end: while there is room, a failed attempt's rerun first, then the source's
+        next jobs; the source hears its metric's intermediate values and how each job ended."""
+        self.source = source
+        source.start(self)
+        self.names = {j.job_id: j.name for j in source.jobs}
+        reruns: deque[ResolvedJob] = deque()
+        while True:
             try:
-                while queue and self.capacity > 0 and not self.stopping:
-                    self.submit(queue.popleft())
+                while reruns and self.capacity > 0 and not self.stopping:
+                    self.submit(reruns.popleft())
+                if not self.stopping and self.capacity > 0:
+                    for job in source.next_jobs(self.capacity):
+                        self.names[job.job_id] = job.name
+                        self.submit(job)
                 if self.stopping:
-                    while queue:
-                        job = queue.popleft()
-                        self.sdir.set_status(job.job_id, status=Status.CANCELLED,
-                                             error=f"{self.stop_reason} before it started")
+                    for job in [*reruns, *source.drain()]:
+                        error = f"{self.stop_reason} before it started"
+                        st = self.sdir.set_status(job.job_id, status=Status.CANCELLED, error=error)
                         self.progress.update(job, Status.CANCELLED)
+                        source.done(job, JobOutcome(Status.CANCELLED, tokens_done=st.tokens_done, error=error))
+                    reruns.clear()
+                if not self.inflight:
+                    break
                 for job, _outcome, retry in self.step():
                     if retry:
-                        queue.appendleft(job)
+                        reruns.appendleft(job)
             except KeyboardInterrupt:
                 self.interrupted()
+        source.finish()
 
     def step(self, timeout: float = 0.5) -> list[tuple[ResolvedJob, JobOutcome, bool]]:
         """Wait a little for outcomes, refresh progress, check for a cancel request; returns the attempts that ended:
@@ -632,11 +617,10 @@ class _Runner:
                 self.ray.cancel(ref)
 
     def _poll(self) -> None:
-        self._tracking_notes()
+        self.tracking_notes()
         tokens, started, values, notes = self.ray.get(self.monitor.snapshot.remote())
-        names = {j.job_id: j.name for j in self.all_jobs}
         for job_id, text in notes:
-            self.progress.note(f"{names.get(job_id, job_id[:8])}: {text}")
+            self.progress.note(f"{self.names.get(job_id, job_id[:8])}: {text}")
             self.sdir.set_status(job_id, notice=text)
         for job in self.inflight.values():
             if job.job_id in started:
@@ -645,8 +629,11 @@ class _Runner:
                 if st.status != Status.RUNNING or abs(st.tokens_done - n) > 0:
                     self.sdir.set_status(job.job_id, status=Status.RUNNING, tokens_done=n)
                 self.progress.update(job, Status.RUNNING, n)
-            if values.get(job.job_id) and self.on_values is not None:
-                self.on_values(job, values[job.job_id])
+            if values.get(job.job_id) and self.source is not None:
+                why = self.source.observe(job, values[job.job_id])
+                if why:
+                    self.progress.note(f"{job.name}: {why}")
+                    self.monitor.request_stop.remote(job.job_id)
         self.progress.refresh()
         now = time.monotonic()
         if now - self._last_record > 5.0:
@@ -708,8 +695,8 @@ class _Runner:
         if outcome.status == Status.FAILED:
             self.summary.failed.append(FailedJob(job.name, job.job_id, _first_line(outcome.error), outcome.cause, log))
         self.on_event("done", {"job_id": job.job_id, "status": str(outcome.status), "timing": outcome.timing})
-        if self.on_done is not None:
-            self.on_done(job, outcome)
+        if self.source is not None:
+            self.source.done(job, outcome)
         return outcome, False
 
     def _retry(self, job: ResolvedJob, outcome: JobOutcome) -> str | None:

@@ -1,15 +1,17 @@
 """Optuna studies through the launch machinery: each trial is one job (a Ray task, an MLflow child run).
 
 The study lives in a real RDB storage (SQLite at `<root>/<sweep>/optuna.db`, written by the driver only),
-so a relaunch continues it. The driver asks for trials while there is capacity, feeds the intermediate
-values of `search.metric` that workers report (step = tokens seen) to the pruner, and stops a pruned job
-through the monitor (status cancelled, cause `pruned`). A trial interrupted by a killed launch is marked
+so a relaunch continues it. `OptunaSource` is the launch's job source (`rla_ablate.sweep.sources.JobSource`)
+for a `search:` sweep: the runner asks it for trials while there is capacity and relays the intermediate values
+of `search.metric` that workers report (step = tokens seen), which it feeds to the pruner; a pruned job is
+stopped through the monitor (status cancelled, cause `pruned`). A trial interrupted by a killed launch is marked
 failed and its parameters are enqueued again: the same parameters give the same job id, so the new trial
-resumes from the checkpoint.
+resumes from the checkpoint. Only Optuna's public API is used (the study, live trials, the storage's methods).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from rla_ablate.outcome import Cause, JobOutcome, Status
@@ -21,16 +23,28 @@ PRUNED_MESSAGE = "pruned by Optuna"
 INTERRUPTED = "interrupted"
 
 
-def make_study(cfg: SearchConfig, name: str, storage_uri: str):
+def _storage(uri: str) -> Any:
+    import optuna
+
+    return optuna.storages.RDBStorage(uri, engine_kwargs={"connect_args": {"timeout": 30}})
+
+
+def make_study(cfg: SearchConfig, name: str, storage: Any):
+    """Create or load the study `name`; `storage` is a database URI or an optuna storage."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = (optuna.samplers.TPESampler(seed=cfg.seed) if cfg.sampler == "tpe"
                else optuna.samplers.RandomSampler(seed=cfg.seed))
-    pruner = {"median": lambda: optuna.pruners.MedianPruner(n_startup_trials=2),
-              "hyperband": optuna.pruners.HyperbandPruner,
-              "none": optuna.pruners.NopPruner}[cfg.pruner]()
-    storage = optuna.storages.RDBStorage(storage_uri, engine_kwargs={"connect_args": {"timeout": 30}})
+    pruner: optuna.pruners.BasePruner
+    if cfg.pruner == "median":
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=2)
+    elif cfg.pruner == "hyperband":
+        pruner = optuna.pruners.HyperbandPruner()
+    else:
+        pruner = optuna.pruners.NopPruner()
+    if isinstance(storage, str):
+        storage = _storage(storage)
     return optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner,
                                direction=cfg.direction, load_if_exists=True)
 
@@ -38,12 +52,14 @@ def make_study(cfg: SearchConfig, name: str, storage_uri: str):
 def suggest(trial: Any, params: dict[str, SearchParam]) -> dict[str, Any]:
     out = {}
     for key, p in params.items():
+        if p.type == "categorical":
+            out[key] = trial.suggest_categorical(key, p.choices)
+            continue
+        assert p.low is not None and p.high is not None  # SearchParam requires both for float and int
         if p.type == "float":
             out[key] = trial.suggest_float(key, p.low, p.high, log=p.log)
-        elif p.type == "int":
-            out[key] = trial.suggest_int(key, int(p.low), int(p.high), log=p.log)
         else:
-            out[key] = trial.suggest_categorical(key, p.choices)
+            out[key] = trial.suggest_int(key, int(p.low), int(p.high), log=p.log)
     return out
 
 
@@ -78,112 +94,134 @@ def study_done(sweep: Any, sdir: Any) -> bool:
     return not running and _counted(study) >= sweep.config.search.n_trials
 
 
-def run_search(runner: Any) -> None:
-    """Run the sweep's study to `n_trials` (relaunch: continue it) on the runner's Ray and MLflow."""
-    from optuna.trial import TrialState
+class OptunaSource:
+    """The trials of the sweep's study (`JobSource`): one job per trial, asked for while there is room, until
+    `n_trials` have run (a relaunch continues the study)."""
 
-    sweep, sdir = runner.sweep, runner.sdir
-    cfg: SearchConfig = sweep.config.search
-    study = make_study(cfg, sweep.name, sdir.optuna_uri)
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-        if t.state == TrialState.RUNNING:
-            study._storage.set_trial_user_attr(t._trial_id, INTERRUPTED, True)
-            study.tell(t.number, state=TrialState.FAIL)
-            study.enqueue_trial(t.params, skip_if_exists=False)
+    ahead = 1
 
-    runner.watch = cfg.metric
-    trials: dict[str, Any] = {}
-    pruned: set[str] = set()
-    known = {rec["job_id"]: rec for rec in sdir.job_list()}
+    def __init__(self, sweep: Any, sdir: Any):
+        self.sweep, self.sdir = sweep, sdir
+        self.cfg: SearchConfig = sweep.config.search
+        self.watch: str | None = self.cfg.metric
+        self.jobs: list[ResolvedJob] = []
+        self.study: Any = None
+        self.runner: Any = None
+        # job_id -> the live optuna Trial of a job in flight; the jobs the pruner stopped
+        self.trials: dict[str, Any] = {}
+        self.pruned: set[str] = set()
+        self.known: dict[str, dict] = {}
 
-    def on_values(job: ResolvedJob, values: list[tuple[int, float]]) -> None:
-        trial = trials.get(job.job_id)
-        if trial is None or job.job_id in pruned:
-            return
+    def prepare(self) -> None:
+        """Trials are listed in jobs.json as they are asked for."""
+
+    def nothing_to_do(self, summary: Any) -> bool:
+        from rla_ablate.sweep.sources import count_statuses
+
+        if not (self.sdir.path / "optuna.db").exists() or not study_done(self.sweep, self.sdir):
+            return False
+        summary.counts = count_statuses(self.sdir, (r["job_id"] for r in self.sdir.job_list()))
+        summary.pruned = pruned_count(self.sdir)
+        return True
+
+    def start(self, runner: Any) -> None:
+        """Open the study; a trial left running by a killed launch is marked interrupted (it does not count), failed,
+        and its parameters enqueued again: the same parameters give the same job, which resumes."""
+        from optuna.trial import TrialState
+
+        self.runner = runner
+        storage = _storage(self.sdir.optuna_uri)
+        self.study = make_study(self.cfg, self.sweep.name, storage)
+        study_id = storage.get_study_id_from_name(self.sweep.name)
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            storage.set_trial_user_attr(storage.get_trial_id_from_study_id_trial_number(study_id, t.number),
+                                        INTERRUPTED, True)
+            self.study.tell(t.number, state=TrialState.FAIL)
+            self.study.enqueue_trial(t.params, skip_if_exists=False)
+        self.known = {rec["job_id"]: rec for rec in self.sdir.job_list()}
+
+    def next_jobs(self, capacity: int) -> Iterator[ResolvedJob]:
+        from optuna.trial import TrialState
+
+        study, cfg, sdir = self.study, self.cfg, self.sdir
+        while capacity > 0 and _counted(study) + len(self.trials) < cfg.n_trials:
+            trial = study.ask()
+            params = suggest(trial, cfg.params)
+            job = expand(self.sweep.config, self.sweep.source, points=[params])[0]
+            job.name = f"trial-{trial.number:03d}"
+            trial.set_user_attr("job_id", job.job_id)
+            if job.job_id not in self.known:
+                rec = job.describe()
+                rec["tokens_target"] = job.tokens_target
+                rec["trial"] = trial.number
+                self.known[job.job_id] = rec
+                sdir.write_job_list(list(self.known.values()))
+                sdir.job_dir(job.job_id).mkdir(parents=True, exist_ok=True)
+                (sdir.job_dir(job.job_id) / "job.json").write_text(job.job.model_dump_json(indent=1))
+            self.jobs.append(job)
+            st = sdir.status(job.job_id)
+            # The sampler proposed parameters that already ran: reuse the result instead of training again.
+            if st.status == Status.FINISHED and job.job_id in _values(sdir, job.job_id, cfg.metric):
+                study.tell(trial, _values(sdir, job.job_id, cfg.metric)[job.job_id])
+                continue
+            if st.status == Status.CANCELLED and st.cause == Cause.PRUNED:
+                self.runner.summary.pruned += 1
+                study.tell(trial, state=TrialState.PRUNED)
+                continue
+            if job.job_id in self.trials:
+                trial.set_user_attr("duplicate_of", self.trials[job.job_id].number)
+                study.tell(trial, state=TrialState.FAIL)
+                continue
+            self.trials[job.job_id] = trial
+            capacity -= 1
+            yield job
+
+    def observe(self, job: ResolvedJob, values: list[tuple[int, float]]) -> str | None:
+        """Feed the values to the pruner; a pruned trial's job is stopped."""
+        trial = self.trials.get(job.job_id)
+        if trial is None or job.job_id in self.pruned:
+            return None
         for step, value in values:
             trial.report(value, step)
-        if trial.should_prune():
-            pruned.add(job.job_id)
-            runner.progress.note(f"{job.name}: {PRUNED_MESSAGE} at {values[-1][0]:,} tokens")
-            runner.monitor.request_stop.remote(job.job_id)
+        if not trial.should_prune():
+            return None
+        self.pruned.add(job.job_id)
+        return f"{PRUNED_MESSAGE} at {values[-1][0]:,} tokens"
 
-    def tell(job: ResolvedJob, outcome: JobOutcome) -> None:
-        trial = trials.pop(job.job_id, None)
+    def done(self, job: ResolvedJob, outcome: JobOutcome) -> None:
+        """Tell the study: pruned, its value, interrupted (enqueued again, does not count) or failed."""
+        from optuna.trial import TrialState
+
+        trial = self.trials.pop(job.job_id, None)
         if trial is None:
             return
-        status = outcome.status
-        if job.job_id in pruned:
-            sdir.set_status(job.job_id, status=Status.CANCELLED, cause=Cause.PRUNED,
-                            error=f"{PRUNED_MESSAGE} (trial {trial.number})")
-            runner.summary.pruned += 1
+        study, cfg, status = self.study, self.cfg, outcome.status
+        if job.job_id in self.pruned:
+            self.sdir.set_status(job.job_id, status=Status.CANCELLED, cause=Cause.PRUNED,
+                                 error=f"{PRUNED_MESSAGE} (trial {trial.number})")
+            self.runner.summary.pruned += 1
             study.tell(trial, state=TrialState.PRUNED)
         elif status == Status.FINISHED and cfg.metric in outcome.metrics:
             study.tell(trial, float(outcome.metrics[cfg.metric]))
         elif status == Status.CANCELLED:
-            study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
+            trial.set_user_attr(INTERRUPTED, True)
             study.tell(trial, state=TrialState.FAIL)
             study.enqueue_trial(trial.params, skip_if_exists=False)
         else:
             if status == Status.FINISHED:
-                sdir.set_status(job.job_id, error=f"finished without logging {cfg.metric}; check search.metric")
+                self.sdir.set_status(job.job_id, error=f"finished without logging {cfg.metric}; check search.metric")
             study.tell(trial, state=TrialState.FAIL)
 
-    runner.on_values, runner.on_done = on_values, tell
-    while True:
-        try:
-            if not _search_round(runner, study, cfg, trials, known, sweep, sdir):
-                break
-        except KeyboardInterrupt:
-            runner.interrupted()
-    best = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
-    if best:
-        runner.progress.note(f"best trial {study.best_trial.number}: {cfg.metric} = {study.best_value:.4f} "
-                             f"with {study.best_trial.params}")
+    def drain(self) -> list[ResolvedJob]:
+        return []
 
+    def finish(self) -> None:
+        from optuna.trial import TrialState
 
-def _search_round(runner: Any, study: Any, cfg: SearchConfig, trials: dict, known: dict, sweep: Any,
-                  sdir: Any) -> bool:
-    """Ask for trials while there is room, then wait a little for outcomes; False once nothing is left to do."""
-    from optuna.trial import TrialState
-
-    while (not runner.stopping and runner.capacity > 0
-           and _counted(study) + len(trials) < cfg.n_trials):
-        trial = study.ask()
-        params = suggest(trial, cfg.params)
-        job = expand(sweep.config, sweep.source, points=[params])[0]
-        job.name = f"trial-{trial.number:03d}"
-        trial.set_user_attr("job_id", job.job_id)
-        if job.job_id not in known:
-            rec = job.describe()
-            rec["tokens_target"] = int(job.job.train.tokens)
-            rec["trial"] = trial.number
-            known[job.job_id] = rec
-            sdir.write_job_list(list(known.values()))
-            sdir.job_dir(job.job_id).mkdir(parents=True, exist_ok=True)
-            (sdir.job_dir(job.job_id) / "job.json").write_text(job.job.model_dump_json(indent=1))
-        runner.all_jobs.append(job)
-        st = sdir.status(job.job_id)
-        # The sampler proposed parameters that already ran: reuse the result instead of training again.
-        if st.status == Status.FINISHED and job.job_id in _values(sdir, job.job_id, cfg.metric):
-            study.tell(trial, _values(sdir, job.job_id, cfg.metric)[job.job_id])
-            continue
-        if st.status == Status.CANCELLED and st.cause == Cause.PRUNED:
-            runner.summary.pruned += 1
-            study.tell(trial, state=TrialState.PRUNED)
-            continue
-        if job.job_id in trials:
-            trial.set_user_attr("duplicate_of", trials[job.job_id].number)
-            study.tell(trial, state=TrialState.FAIL)
-            continue
-        trials[job.job_id] = trial
-        runner.progress.update(job, Status.PENDING, st.tokens_done)
-        runner.submit(job)
-    if not runner.inflight:
-        return False
-    for job, _outcome, retry in runner.step():
-        if retry:
-            runner.submit(job)
-    return True
+        study = self.study
+        if any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
+            self.runner.progress.note(f"best trial {study.best_trial.number}: {self.cfg.metric} = "
+                                      f"{study.best_value:.4f} with {study.best_trial.params}")
 
 
 def _values(sdir: Any, job_id: str, metric: str) -> dict[str, float]:

@@ -1,7 +1,11 @@
-"""The local MLflow tracking server: one `mlflow server` process per tracking directory, the single writer.
+"""The MLflow tracking server: one `mlflow server` process per tracking directory, the single writer.
+
+A launch starts one per sweep (SQLite, 127.0.0.1, a free port); `rla-sweep server` starts one that several
+launches share (`backend_store_uri`: a PostgreSQL, MySQL or SQLite store; `host` to open it to other machines).
 
 Layout of `root_dir`:
-    mlflow.db          SQLite backend store (readable after the server is gone: `backend_uri`)
+    mlflow.db          SQLite backend store unless `backend_store_uri` names another (readable after the server
+                       is gone: `backend_uri`)
     artifacts/         artifact store, served by the server over HTTP (jobs never need the path)
     server.json        {pid, pgid, owner_pid, port, uri, backend_uri, started}: lets a later process
                        reuse a live server or clean up one whose owner died
@@ -37,10 +41,42 @@ HOST = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 
 
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on (host, port): bound the way the server binds (SO_REUSEADDR, so a port
+    closed a moment ago in TIME_WAIT counts as free)."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def redact(uri: str) -> str:
+    """A store URI with its password replaced by ***, for messages and records."""
+    parsed = urllib.parse.urlsplit(uri)
+    if parsed.password is None:
+        return uri
+    netloc = parsed.netloc.replace(f":{parsed.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parsed._replace(netloc=netloc))
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def is_healthy(uri: str, timeout: float = 2.0) -> bool:
@@ -107,6 +143,13 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _cwd(pid: int) -> Path | None:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
+
+
 def _die_with_parent() -> None:
     # Linux only: the server gets SIGTERM when the process that started it dies, even by SIGKILL.
     try:
@@ -134,18 +177,28 @@ def _kill_group(pgid: int, timeout: float = 10.0, proc: subprocess.Popen | None 
 
 
 class TrackingServer:
-    """A local `mlflow server` (SQLite + local artifacts, 127.0.0.1, free port) as a context manager.
+    """An `mlflow server` (SQLite + local artifacts under `root_dir`, 127.0.0.1, free port by default) as a context
+    manager.
 
+    `backend_store_uri` replaces the SQLite store (postgresql://..., mysql://...), `artifacts_destination` the
+    artifacts folder (a path or an object-store URI; the server proxies it, so clients never need it), `host`
+    the loopback interface (0.0.0.0 opens it to the network; `uri` then still names 127.0.0.1, `public_uri`
+    this machine's name), `allowed_hosts` MLflow's list of accepted Host headers.
     If a healthy server started by a live process already serves `root_dir`, it is reused (and left
     running at exit); a server whose owner died is stopped and replaced.
     """
 
     def __init__(self, root_dir: str | Path, *, port: int | None = None, workers: int = 1,
-                 startup_timeout: float = 120.0):
+                 startup_timeout: float = 120.0, host: str = HOST, backend_store_uri: str | None = None,
+                 artifacts_destination: str | None = None, allowed_hosts: str | None = None):
         self.root = Path(root_dir).resolve()
         self.port = port
         self.workers = workers
         self.startup_timeout = startup_timeout
+        self.host = host
+        self.backend_store_uri = backend_store_uri
+        self.artifacts_destination = artifacts_destination
+        self.allowed_hosts = allowed_hosts
         self.proc: subprocess.Popen | None = None
         self.owned = False
         self._prev_handlers: dict[int, object] = {}
@@ -158,7 +211,7 @@ class TrackingServer:
 
     @property
     def backend_uri(self) -> str:
-        return f"sqlite:///{self.root / 'mlflow.db'}"
+        return self.backend_store_uri or f"sqlite:///{self.root / 'mlflow.db'}"
 
     @property
     def artifacts_dir(self) -> Path:
@@ -174,9 +227,18 @@ class TrackingServer:
 
     @property
     def uri(self) -> str:
+        """The address this machine reaches the server at (loopback when it listens on every interface)."""
         if self.port is None:
             raise RuntimeError("the tracking server is not started")
-        return f"http://{HOST}:{self.port}"
+        host = HOST if self.host in WILDCARD_HOSTS else self.host
+        return f"http://{_url_host(host)}:{self.port}"
+
+    @property
+    def public_uri(self) -> str:
+        """The address to give other machines: this machine's name when the server listens on every interface."""
+        if self.host not in WILDCARD_HOSTS:
+            return self.uri
+        return f"http://{_url_host(socket.getfqdn())}:{self.port}"
 
     def read_record(self) -> dict | None:
         try:
@@ -190,7 +252,7 @@ class TrackingServer:
         if not rec:
             return False
         pid, owner = rec.get("pid"), rec.get("owner_pid")
-        ours = _alive(pid) and "mlflow" in _cmdline(pid) and str(self.root) in _cmdline(pid)
+        ours = _alive(pid) and "mlflow" in _cmdline(pid) and (str(self.root) in _cmdline(pid) or _cwd(pid) == self.root)
         if ours and _alive(owner) and owner != os.getpid():
             # Its owner may still be waiting for it to come up: give it the startup time before judging it.
             deadline = time.monotonic() + self.startup_timeout
@@ -219,6 +281,10 @@ class TrackingServer:
         if self.proc is not None or self._adopt_or_clean():
             return self
         self._stopping.clear()
+        if self.port is not None and port_in_use(self.host, self.port):
+            # Whatever answers there is not this store's server: waiting for its /health would show the wrong runs.
+            raise UserError(f"port {self.port} on {self.host} is in use by another process (another `rla-sweep ui` "
+                            "or server?); pick a free one with --port", key="--port")
         # PDEATHSIG fires when the creating *thread* exits, so only the main thread may arm it.
         self._spawn(self.port or free_port(), deathsig=threading.current_thread() is threading.main_thread())
         self._install_handlers()
@@ -227,12 +293,18 @@ class TrackingServer:
 
     def _spawn(self, port: int, *, deathsig: bool) -> None:
         cmd = [sys.executable, "-m", "mlflow", "server",
-               "--backend-store-uri", self.backend_uri,
-               "--artifacts-destination", str(self.artifacts_dir),
+               "--artifacts-destination", self.artifacts_destination or str(self.artifacts_dir),
                "--serve-artifacts",
-               "--host", HOST, "--port", str(port), "--workers", str(self.workers)]
+               "--host", self.host, "--port", str(port), "--workers", str(self.workers)]
+        if self.allowed_hosts:
+            cmd += ["--allowed-hosts", self.allowed_hosts]
         # The job-execution runner (GenAI jobs) is an extra process we never use.
         env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", PYTHONUNBUFFERED="1")
+        if self.backend_store_uri:
+            # Through the environment: a store URI with a password stays out of the process list.
+            env["MLFLOW_BACKEND_STORE_URI"] = self.backend_store_uri
+        else:
+            cmd[4:4] = ["--backend-store-uri", self.backend_uri]
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -243,7 +315,8 @@ class TrackingServer:
         self.port, self.owned = port, True
         atomic_write_text(self.record_path, json.dumps({
             "pid": self.proc.pid, "pgid": self.proc.pid, "owner_pid": os.getpid(), "port": port,
-            "uri": self.uri, "backend_uri": self.backend_uri, "started": time.time()}, indent=1))
+            "uri": self.uri, "backend_uri": redact(self.backend_uri), "host": self.host,
+            "started": time.time()}, indent=1))
 
     def _wait_until_up(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
