@@ -84,7 +84,7 @@ def test_backend_and_stats():
     rla = built(make("rla"))
     rla.track_stats(True)
     rla(torch.zeros(1, 6, dtype=torch.long))
-    assert rla.backend_used == "chunk"
+    assert rla.backend_used == rla.kernel_used == "chunk"
     stats = rla.layer_stats()
     residual_names = ("attn_out_norm", "S_norm", "R_norm", "residual_rms", "target_engaged", "mixer_rms",
                       "mixer_rms_over_sqrt_eps", "alpha_mean", "beta_mean", "gamma_mean")

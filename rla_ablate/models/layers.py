@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from rla_ablate.models.config import ModelConfig
 from rla_ablate.models.diagnostics import mixer_diagnostics
-from rla_ablate.ops import ResidualSpec, residual_attention, select_backend
+from rla_ablate.ops import ResidualSpec, kernel_tag, residual_attention, select_backend
 from rla_ablate.ops.chunk import chunk_base_reads
 
 # FLA's SimpleGatedLinearAttention default: keeps alpha = sigmoid(x)^(1/16) close to 1 at init.
@@ -167,6 +167,7 @@ class ResidualAttention(nn.Module):
             self.register_buffer("residual_rms_ema", torch.ones((), dtype=torch.float64))
             self.register_buffer("residual_rms_updates", torch.zeros((), dtype=torch.int64))
         self.backend_used: str | None = None
+        self.kernel_used: str | None = None
         self.stats_enabled = False
         self.stats: dict[str, torch.Tensor] = {}
 
@@ -252,6 +253,7 @@ class ResidualAttention(nn.Module):
 
         initial = (state.S, state.R) if state is not None and state.S is not None else None
         self.backend_used = select_backend(q_BTHK, cfg.backend, self.rule)
+        self.kernel_used = kernel_tag(self.backend_used, q_BTHK, v_BTHV, self.spec, cu_seqlens)
         clip = self._clip_radius(k_BTHK, v_BTHV, g_BTH, beta_BTH, initial[0] if initial is not None else None,
                                  cu_seqlens)
         o_BTHV, (S, R) = residual_attention(
@@ -311,6 +313,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(D, Hkv * Dh, bias=False)
         self.o_proj = nn.Linear(H * Dh, D, bias=False)
         self.backend_used: str | None = None
+        self.kernel_used: str | None = None
         self.stats_enabled = False
         self.stats: dict[str, torch.Tensor] = {}
 
@@ -328,7 +331,7 @@ class Attention(nn.Module):
             o_BTHD, new_state = torch.cat(parts, dim=1), None
         else:
             o_BTHD, new_state = self._attend(x_BTD, state)
-        self.backend_used = "sdpa"
+        self.backend_used = self.kernel_used = "sdpa"
         if self.stats_enabled:
             with torch.no_grad():
                 self.stats = {"attn_out_norm": o_BTHD.float().flatten(2).norm(dim=-1).mean()}

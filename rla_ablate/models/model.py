@@ -12,9 +12,10 @@ including every row's start, FLA's convention) the batch runs as one row of N do
 layer gets the offsets, so no state, conv input or attention crosses a document boundary. The logits come back
 [B, T, V]. Offsets that are exactly the row starts are the plain batch and run as one.
 
-`model.backend_used` names the op backend that ran last; with `model.track_stats(True)`, `model.layer_stats()`
-returns `{"layer_00/attn_out_norm": ..., "layer_00/S_norm": ..., "layer_00/residual_rms": ..., ...}` from the last
-forward: state norms and the mechanism diagnostics (`rla_ablate.models.diagnostics`, docs/TRAINING.md).
+`model.backend_used` names the op backend that ran last (`model.kernel_used` its implementation, as runs log it);
+with `model.track_stats(True)`, `model.layer_stats()` returns `{"layer_00/attn_out_norm": ...,
+"layer_00/S_norm": ..., "layer_00/residual_rms": ..., ...}` from the last forward: state norms and the mechanism
+diagnostics (`rla_ablate.models.diagnostics`, docs/TRAINING.md).
 """
 
 from __future__ import annotations
@@ -112,6 +113,13 @@ class CausalLM(nn.Module):
     def backend_used(self) -> str | None:
         """The op backend that ran in the last forward ('sdpa' for the transformer)."""
         names = [layer.attn.backend_used for layer in self.layers if layer.attn.backend_used is not None]
+        return names[-1] if names else None
+
+    @property
+    def kernel_used(self) -> str | None:
+        """What ran in the last forward, down to the implementation: `ops.kernel_tag`, e.g. 'triton/rla-fused'
+        where `backend_used` says 'triton' ('sdpa' for the transformer). Runs log this as their backend."""
+        names = [layer.attn.kernel_used for layer in self.layers if layer.attn.kernel_used is not None]
         return names[-1] if names else None
 
     def track_stats(self, enabled: bool = True) -> None:
