@@ -34,6 +34,7 @@ from rla_ablate.train.parallel import WorkerContext, make_parallel
 from rla_ablate.train.schedule import lr_at
 
 if TYPE_CHECKING:
+    from rla_ablate.models.model import CausalLM
     from rla_ablate.data.stream import Batch
 
 IGNORE_INDEX = -100
@@ -139,6 +140,24 @@ class Trainer:
         self.pending_state: dict | None = None
         # The last training micro batch: the stats forward's input when the job has no eval batches.
         self.last_batch: Batch | None = None
+        # Built by setup(), which needs the device and the checkpoint folder: the model (raw, and wrapped by its
+        # parallelism), the optimizer, the training stream and eval batches, the divergence guard, FLOP counts.
+        self.device: torch.device
+        self.raw_model: CausalLM
+        self.parallel: Any
+        self.model: torch.nn.Module
+        self.optimizer: torch.optim.Optimizer
+        self.stream: Any
+        self.evals: dict[str, Any]
+        self.guard: DivergenceGuard
+        self.flops_per_token: float
+        self.peak_flops: float | None
+        self.skipped_checkpoints: list[str] = []
+
+    def stateful(self) -> dict[str, Any]:
+        """The components a checkpoint holds besides the model, the optimizer and the RNGs, by checkpoint key:
+        `save` and `restore` both iterate this one table."""
+        return {"data": self.stream, "guard": self.guard, "log_window": self.window}
 
     def setup(self) -> dict | None:
         """Build everything; returns the checkpoint state a resume starts from, if any."""
@@ -168,7 +187,7 @@ class Trainer:
         self.peak_flops = _peak_flops(job, self.device)
 
         # Unreadable newer checkpoints (a torn disk, a bad copy) are skipped; the resumed event names them.
-        self.skipped_checkpoints: list[str] = []
+        self.skipped_checkpoints = []
         found = load_latest(self.out_dir, skipped=self.skipped_checkpoints)
         if found is None:
             return None
@@ -196,10 +215,8 @@ class Trainer:
                 "step": self.step,
                 "world_size": self.ctx.world_size,
                 **model_state,
-                "data": self.stream.state_dict(),
+                **{key: part.state_dict() for key, part in self.stateful().items()},
                 "rng": rngs,
-                "guard": self.guard.state_dict(),
-                "log_window": self.window.state_dict(),
                 "metrics": dict(self.metrics),
                 "finished": finished,
             }
@@ -212,9 +229,8 @@ class Trainer:
             raise UserError(f"the checkpoint was written by {state['world_size']} workers, this job has "
                             f"{self.ctx.world_size}; resume with the same train.num_workers", key="train.num_workers")
         self.parallel.load_state_dict(self.raw_model, self.optimizer, state)
-        self.stream.load_state_dict(state["data"])
-        self.guard.load_state_dict(state["guard"])
-        self.window.load_state_dict(state["log_window"])
+        for key, part in self.stateful().items():
+            part.load_state_dict(state[key])
         self.metrics = {k: float(v) for k, v in state["metrics"].items()}
         self.step, self.tokens = int(state["step"]), int(state["tokens"])
         restore_rng(state["rng"][self.ctx.rank])
@@ -359,9 +375,8 @@ class Trainer:
             self.restore(state)
             del state
             detail: dict[str, Any] = {"step": self.step}
-            skipped: list[str] = getattr(self, "skipped_checkpoints", [])
-            if skipped:
-                detail["skipped_checkpoints"] = list(skipped)
+            if self.skipped_checkpoints:
+                detail["skipped_checkpoints"] = list(self.skipped_checkpoints)
             self.logger.event("resumed", self.tokens, detail)
         self.logger.event("start", self.tokens, {
             "tokens_total": cfg.total_tokens, "steps_total": cfg.total_steps, "batch_tokens": cfg.batch_tokens,
