@@ -21,7 +21,7 @@ from rla_ablate.dashboard.spec import load_spec, load_specs
 from rla_ablate.dashboard.stats import paired_diff, seeds_for_power
 from rla_ablate.models import ABLATIONS
 from rla_ablate.sweep.expand import load_sweep
-from rla_ablate.tracking import TrackingServer, create_or_get_child_run
+from rla_ablate.tracking import create_or_get_child_run
 
 pytestmark = pytest.mark.slow
 
@@ -35,12 +35,6 @@ base:
 
 def sweep_text(body: str) -> str:
     return textwrap.dedent(body) + BASE
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with TrackingServer(tmp_path_factory.mktemp("mlflow")) as srv:
-        yield srv
 
 
 def logged(server, tmp_path, text: str, final, diag=None, status=None):

@@ -12,19 +12,7 @@ from rla_ablate.ops import residual_attention
 from rla_ablate.ops.chunk import chunk_residual_attention
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.testing import assert_close
-
-COMBOS = [
-    (rule, fit, target, og)
-    for rule, fit, target, og in itertools.product(
-        ["additive", "delta"], ["residual", "none", "off"], ["clip", "tanh", "identity"], [True, False]
-    )
-    if fit != "off" or (target == "clip" and og)
-]
-
-
-def combo_id(c):
-    rule, fit, target, og = c
-    return f"{rule}-{fit}-{target}-{'gates' if og else 'nogates'}"
+from op_combos import COMBOS, combo_id
 
 
 def make_inputs(B=2, T=63, H=2, K=8, V=6, dtype=torch.float64, seed=42, with_state=True, requires_grad=True):

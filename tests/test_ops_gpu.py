@@ -32,15 +32,10 @@ import torch.nn.functional as F
 
 from rla_ablate.ops import BACKENDS, VARLEN_NATIVE, _load_gpu_backends, _per_sequence, residual_attention
 from rla_ablate.ops.testing import assert_close, rel_rms_error
+from op_combos import COMBOS, combo_id
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-COMBOS = [
-    (rule, fit, target, og)
-    for rule, fit, target, og in itertools.product(
-        ["additive", "delta"], ["residual", "none", "off"], ["clip", "tanh", "identity"], [True, False])
-    if fit != "off" or (target == "clip" and og)
-]
 TOLERANCE = {torch.float32: dict(ratio=5e-3, atol=1e-4), torch.bfloat16: dict(ratio=3e-2, atol=1e-3)}
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 NAMES = ("q", "k", "v", "g", "beta", "gamma", "S0", "R0")
@@ -49,11 +44,6 @@ NAMES = ("q", "k", "v", "g", "beta", "gamma", "S0", "R0")
 def gpu_backends() -> list[str]:
     _load_gpu_backends()
     return [name for name in BACKENDS if name != "naive"]
-
-
-def combo_id(c):
-    rule, fit, target, og = c
-    return f"{rule}-{fit}-{target}-{'gates' if og else 'nogates'}"
 
 
 def make_inputs(B=2, T=100, H=16, K=128, V=128, N=None, seed=42):

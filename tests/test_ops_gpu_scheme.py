@@ -18,21 +18,10 @@ from rla_ablate.ops.fla_backend import BaseKernels, compose_residual_attention, 
 from rla_ablate.ops.naive import naive_residual_attention
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.testing import assert_close
+from op_combos import COMBOS, combo_id
 
 fla_naive_sgla = pytest.importorskip("fla.ops.simple_gla.naive")
 fla_naive_gdn = pytest.importorskip("fla.ops.gated_delta_rule.naive")
-
-COMBOS = [
-    (rule, fit, target, og)
-    for rule, fit, target, og in itertools.product(
-        ["additive", "delta"], ["residual", "none", "off"], ["clip", "tanh", "identity"], [True, False])
-    if fit != "off" or (target == "clip" and og)
-]
-
-
-def combo_id(c):
-    rule, fit, target, og = c
-    return f"{rule}-{fit}-{target}-{'gates' if og else 'nogates'}"
 
 
 def _per_sequence(run, tensors, h0, cu_seqlens):

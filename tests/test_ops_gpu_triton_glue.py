@@ -21,7 +21,8 @@ def check_all() -> None:
     import torch
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_ops_gpu_scheme import COMBOS, NAIVE_FLA, compare, make_inputs, outputs_and_grads
+    from op_combos import COMBOS
+    from test_ops_gpu_scheme import NAIVE_FLA, compare, make_inputs, outputs_and_grads
 
     from rla_ablate.ops.fla_backend import compose_residual_attention
     from rla_ablate.ops.naive import naive_residual_attention

@@ -23,12 +23,6 @@ CONFIG = {"model": {"family": "rla", "hidden": 64, "n_layers": 2}, "train": {"lr
           "eval": [{"name": "val", "every": 100}]}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with TrackingServer(tmp_path_factory.mktemp("mlflow")) as srv:
-        yield srv
-
-
 def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
 
