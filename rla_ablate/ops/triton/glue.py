@@ -1,24 +1,13 @@
-"""The `triton` backend: RLA on our fused kernels (`triton_rla`), RDN on our one-pass base (`triton_rdn`) + FLA.
+"""The composition's elementwise glue as fused Triton kernels (the `triton` backend's `TRITON_GLUE`).
 
-rule="additive" with fit "residual" or "none" runs `triton_rla` (our own kernels: plain state passes plus parallel
-residual, output and gradient kernels) for bf16/fp16 heads up to 128 wide (`triton_rla.covers`); fit="off" is the
-baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). rule="delta" with a residual path (bf16/fp16,
-heads up to 128: `triton_rdn.covers`) takes the `fla` composition with its base pass replaced by `triton_rdn`'s (the
-delta rule run once and read twice, instead of FLA's kernel over a shifted [q; k] double batch); the auxiliary
-recurrence stays FLA's. Everything else (fp32, wider heads) takes the composition as it is, with the glue fused.
-
-The composition's elementwise glue, about twenty fp32/bf16 passes over [B, T, H, V] between and after the
-recurrences in PyTorch (docs/RESULTS.md), is two kernels here, each with its backward:
+The `fla` composition's glue, about twenty fp32/bf16 passes over [B, T, H, V] between and after the recurrences in
+PyTorch (docs/RESULTS.md), is two kernels here, each with its backward:
 
     residual:  w_t = gamma_t T(v_t - S_{t-1} k_t)   (or r_t alone for the delta rule, whose kernel takes gamma)
     output:    o_t = alpha_t S_{t-1} q_t + gamma_t R_t q_t   (or the ungated sum)
 
 Both read the base reads where they lie (strided [B, T, H, V] views, no copies), compute in fp32 and write each
 result once, in its input's dtype.
-
-"auto" picks it first for both rules: on the H200 every fit x target x gates case of each rule has passed, bf16 on
-our kernels and fp32 on the composition, and the models' GPU tests with it (docs/RESULTS.md, "Correctness on the
-H200").
 """
 
 from __future__ import annotations
@@ -27,11 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rla_ablate.ops import _per_sequence, register_backend, triton_rdn
-from rla_ablate.ops.chunk import chunk_residual_attention
-from rla_ablate.ops.fla_backend import FLA_KERNELS, Glue, compose_residual_attention, fla_available
+from rla_ablate.ops.fla_backend import Glue
 from rla_ablate.ops.spec import ResidualSpec
-from rla_ablate.ops.triton_rla import TARGET_CODES, _target, _target_slope, chunks_fit_grid, covers, rla_triton
+from rla_ablate.ops.triton.common import TARGET_CODES, _target, _target_slope
 
 BLOCK_ROWS = 16
 
@@ -211,40 +198,3 @@ def _fused_output(base_read, corr, g32, gamma, output_gates: bool, dtype):
 
 
 TRITON_GLUE = Glue(residual=_fused_residual, output=_fused_output)
-
-
-# The implementations behind the `triton` backend, each for the inputs it covers.
-NO_TOKENS = "chunk"              # no tokens: no chunk for a kernel to read (their chunk lists are empty)
-RLA_FUSED = "rla-fused"          # RLA: every pass on the fused kernels of triton_rla
-RDN_READS = "rdn-reads+fla"      # RDN: the base pass's two reads on triton_rdn, the auxiliary pass on FLA's kernels
-FLA_GLUE = "fla+glue"            # everything else: FLA's kernels composed with the fused Triton glue
-
-
-def implementation(q: torch.Tensor, v: torch.Tensor, spec: ResidualSpec, cu_seqlens: torch.Tensor | None = None) -> str:
-    """Which implementation the `triton` backend runs for these inputs (one of the constants above)."""
-    if q.shape[0] * q.shape[1] == 0:
-        return NO_TOKENS
-    B, T, H = q.shape[:3]
-    fits = chunks_fit_grid(B * T, B if cu_seqlens is None else cu_seqlens.numel() - 1, H)
-    if fits and covers(q, v, spec):
-        return RLA_FUSED
-    return RDN_READS if fits and triton_rdn.covers(q, v, spec) else FLA_GLUE
-
-
-def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
-                              cu_seqlens: torch.Tensor | None = None):
-    """The `triton` backend (signature of `naive_residual_attention`, plus FLA-style `cu_seqlens`)."""
-    impl = implementation(q, v, spec, cu_seqlens)
-    if impl == NO_TOKENS:
-        if cu_seqlens is None:
-            return chunk_residual_attention(q, k, v, g, beta, gamma, spec, scale, initial_state)
-        return _per_sequence(chunk_residual_attention, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
-    if impl == RLA_FUSED:
-        return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
-    reads = triton_rdn.delta_two_reads if impl == RDN_READS else None
-    return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
-                                      glue=TRITON_GLUE, base_reads=reads)
-
-
-register_backend("triton", triton_residual_attention, fla_available, cuda_rank=0, varlen=True,
-                 auto_rules=("additive", "delta"), implementation=implementation)

@@ -34,22 +34,20 @@ and every accumulation in fp32. The backward keeps S_c and R_c from the forward.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from rla_ablate.ops.spec import ResidualSpec
+from rla_ablate.ops.triton.common import (CHUNK, MAX_HEAD_DIM, MIN_TILE, TARGET_CODES, Layout, _chunk_gates,
+                                          _chunk_rows, _chunk_tile, _decay, _pass_chunk, _pass_program, _target,
+                                          _target_slope, chunk_gate_gradient, launch_options)
 
-TARGET_CODES = {"clip": 0, "tanh": 1, "identity": 2}
-CHUNK = 64
-# Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives). Every tile
-# of a dot is at least 64 wide, padded by masks: on Hopper, Triton 3.6/3.7 miscompiles kernels holding several dots
-# with 16- or 32-wide operands (illegal shared-memory reads, triton-lang/triton#11366); BV=32 faults on the H200.
-# Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat 8 (the dq/dk kernel by
-# 13% of the whole fwd+bwd, though ptxas reports it spilling more): at ~250 registers a thread, 8 warps leave one
-# block per SM and nothing to overlap one program's loads with another's dots; two blocks of 4 warps can.
+# Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives; tiles at
+# least MIN_TILE wide). Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat
+# 8 (the dq/dk kernel by 13% of the whole fwd+bwd, though ptxas reports it spilling more): at ~250 registers a
+# thread, 8 warps leave one block per SM and nothing to overlap one program's loads with another's dots; two blocks
+# of 4 warps can.
 LAUNCH = {
     # the state passes, one BV x BK fp32 tile per program (as FLA's chunk_fwd_h): one term (S, R, dR) or two (dS)
     "state_pass": dict(BK=64, BV=64, num_warps=4),
@@ -60,71 +58,6 @@ LAUNCH = {
     "bwd_dv": dict(BV=64, num_warps=4),
     "bwd_dqk": dict(BK=64, num_warps=4),  # its V tile is the whole V
 }
-MIN_TILE = 64
-G_FLOOR = tl.constexpr(-60.0)
-
-
-@triton.jit
-def _target(x, c, TARGET: tl.constexpr):
-    if TARGET == 0:
-        y = tl.minimum(tl.maximum(x, -c), c)
-    elif TARGET == 1:
-        # c * tanh(x / c) through exp, saturating cleanly at +-c for large |x|
-        y = c * (1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0))
-    else:
-        y = x
-    return y
-
-
-@triton.jit
-def _target_slope(x, c, TARGET: tl.constexpr):
-    if TARGET == 0:
-        # torch.clamp passes the gradient on the closed interval [-c, c]
-        d = tl.where((x >= -c) & (x <= c), 1.0, 0.0)
-    elif TARGET == 1:
-        th = 1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0)
-        d = 1.0 - th * th
-    else:
-        d = tl.full(x.shape, 1.0, tl.float32)
-    return d
-
-
-@triton.jit
-def _decay(rows, cols, keep):
-    """exp(rows_t - cols_s) where keep[t, s], else 0 (masked before exp: never inf)."""
-    return tl.exp(tl.where(keep, rows[:, None] - cols[None, :], float("-inf")))
-
-
-@triton.jit
-def _chunk_gates(g, tok, mt):
-    """b = chunk-local cumsum of g, b' = b - g, b_L = the chunk's total (rows past the end carry g = 0).
-
-    g is floored at G_FLOOR: alpha = exp(-60) < 1e-26 already erases the state in fp32, and the floor keeps b small
-    enough that exp(b_t - b_s) stays exact to fp32 rounding when one gate is huge (g = -1e5 would cost 1% there).
-    """
-    b_g = tl.maximum(tl.load(g + tok, mask=mt, other=0.0).to(tl.float32), G_FLOOR)
-    b = tl.cumsum(b_g, axis=0)
-    return b, b - b_g, tl.sum(b_g, axis=0)
-
-
-@triton.jit
-def _chunk_rows(cu, cidx, i_c, h, H: tl.constexpr, BT: tl.constexpr):
-    """Chunk i_c of the chunk list: its sequence n, the sequence end, token indices t, their mask, and row offsets."""
-    n, c = tl.load(cidx + 2 * i_c).to(tl.int64), tl.load(cidx + 2 * i_c + 1).to(tl.int64)
-    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
-    t = bos + c * BT + tl.arange(0, BT)
-    mt = t < eos
-    return n, eos, t, mt, t * H + h
-
-
-@triton.jit
-def _chunk_tile(cu, cidx, i_c, h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                BK: tl.constexpr, BV: tl.constexpr):
-    """_chunk_rows plus the column ranges of a full-K x V-tile program and the masks of its [BT, K] and [BT, BV] tiles."""
-    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
-    rk, rv = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    return n, eos, t, mt, tok, rk, rv, mk, mv, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
 
 
 @triton.jit
@@ -137,35 +70,6 @@ def _pass_coef(b, bp, b_L, CODE: tl.constexpr):
     else:
         c = tl.exp(bp)
     return c
-
-
-@triton.jit
-def _pass_program(cu, coff, D0, i_k, i_v, i_nh, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BK: tl.constexpr, BV: tl.constexpr, HAS_D0: tl.constexpr):
-    """A state pass's program (one sequence and head, one BV x BK state tile): the head, the sequence's token range
-    and first chunk, the tile's columns, masks and offsets, and its starting value (D0's tile or zeros, fp32)."""
-    n, h = i_nh // H, i_nh % H
-    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
-    c0 = tl.load(coff + n).to(tl.int64)
-    rk, rv = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    m_state = mv[:, None] & mk[None, :]
-    o_state = rv[:, None] * K + rk[None, :]
-    o_seq = (n * H + h).to(tl.int64) * V * K
-    D = tl.zeros([BV, BK], dtype=tl.float32)
-    if HAS_D0:
-        D += tl.load(D0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
-    return h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D
-
-
-@triton.jit
-def _pass_chunk(g, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr):
-    """Chunk c of a state pass's sequence: token indices, their mask, row offsets, tile masks and the gates."""
-    t = bos + c * BT + tl.arange(0, BT)
-    mt = t < eos
-    tok = t * H + h
-    b, bp, b_L = _chunk_gates(g, tok, mt)
-    return mt, tok, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :], b, bp, b_L
 
 
 @triton.jit
@@ -441,76 +345,6 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     tl.store(EK_P + o_part, tl.sum(k32 * dkW, axis=1), mask=mt)
 
 
-class Layout:
-    """Packed-sequence bookkeeping shared by the kernels: cu_seqlens, chunk offsets and the chunk list."""
-
-    def __init__(self, B: int, T: int, cu_seqlens: torch.Tensor | None, chunk: int, device):
-        if cu_seqlens is None:
-            lengths = [T] * B
-        else:
-            lengths = cu_seqlens.diff().tolist()
-        counts = [-(-n // chunk) for n in lengths]
-        starts = [0]
-        for n in counts:
-            starts.append(starts[-1] + n)
-        self.N, self.chunks, self.lengths = len(lengths), starts[-1], lengths
-        ends = [0]
-        for n in lengths:
-            ends.append(ends[-1] + n)
-        self.cu = torch.tensor(ends, dtype=torch.int32, device=device)
-        self.coff = torch.tensor(starts, dtype=torch.int32, device=device)
-        pairs = [(n, c) for n, count in enumerate(counts) for c in range(count)]
-        self.cidx = torch.tensor(pairs or [(0, 0)], dtype=torch.int32, device=device).flatten()
-        sizes = [min(chunk, lengths[n] - c * chunk) for n, c in pairs]
-        chunk_ends = [0]
-        for n in sizes:
-            chunk_ends.append(chunk_ends[-1] + n)
-        # output_size given: repeat_interleave would otherwise wait for the GPU to learn its length
-        self.chunk_of_token = torch.repeat_interleave(torch.arange(self.chunks, device=device),
-                                                      torch.tensor(sizes, dtype=torch.long, device=device),
-                                                      output_size=ends[-1])
-        self.chunk_end_of_token = torch.tensor(chunk_ends[1:], dtype=torch.long, device=device)[self.chunk_of_token]
-
-    @staticmethod
-    @functools.lru_cache(maxsize=64)
-    def batched(B: int, T: int, chunk: int, device: torch.device) -> Layout:
-        """The layout of B sequences of T tokens, built once per shape: building one copies host lists to the device,
-        which every layer of every step would otherwise repeat (its tensors are only read)."""
-        return Layout(B, T, None, chunk, device)
-
-    def chunk_reverse_cumsum(self, x: torch.Tensor) -> torch.Tensor:
-        """sum_{j >= t, same chunk} x_j for x [tokens, H] (fp32 out).
-
-        One scan along the innermost dimension ([H, tokens]: a scan over an outer dimension took 11 ms on the H200
-        for 64K tokens), in float64 so that subtracting the sums past each chunk's end loses nothing.
-        """
-        xt = torch.cat([x.t().double(), x.new_zeros(x.shape[1], 1, dtype=torch.float64)], dim=1)
-        tail = xt.flip(1).cumsum(1).flip(1)  # tail[:, t] = sum_{j >= t}
-        return (tail[:, :-1] - tail[:, self.chunk_end_of_token]).t().float()
-
-
-def chunk_gate_gradient(layout: Layout, terms: torch.Tensor, E: torch.Tensor, Z_P: torch.Tensor, H: int):
-    """dg [tokens, H] from the kernels' per-token terms (reads minus writes, `terms`, of which `E` are the reads
-    that start at b') and their per-K-tile partials of each chunk's end term Z_c = <dS_end, S_end> (+ R's):
-
-        dg_t = sum_{j >= t, same chunk} terms_j - E_t + Z_{chunk of t}
-
-    (docs/MATH.md "dg without the states"). Summed over the whole sequence instead, the terms' bf16
-    rounding accumulates and dg's error grows with the length (fp16 in the interpreter: 7e-4 at T=128, 6.5e-3 at
-    16K); the chunk's end term holds what the later chunks add, from the states, exactly."""
-    Z = Z_P.sum(0).view(-1, H) if layout.chunks else Z_P.new_zeros(0, H)
-    return layout.chunk_reverse_cumsum(terms) - E + Z[layout.chunk_of_token]
-
-
-def _launch(name: str, V: int, table: dict = LAUNCH) -> dict:
-    """The launch options of one kernel in `table`: its V tile (at most V rounded up to a power of two, at least
-    MIN_TILE; the whole V where the table names none), warps."""
-    opts = dict(table[name])
-    whole = triton.next_power_of_2(V)
-    opts["BV"] = max(MIN_TILE, min(opts.get("BV", whole), whole))
-    return opts
-
-
 def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int) -> tuple[tuple, dict]:
     """Grid and options of a state pass: K tiles x V tiles x sequences*heads."""
     opts = dict(LAUNCH["state_pass_2" if two_terms else "state_pass"])
@@ -545,7 +379,7 @@ class RLAFunction(torch.autograd.Function):
         _state_pass[grid](
             k, v, beta_c, k, v, g32, S0 if S0 is not None else ST, hS, ST, layout.cu, layout.coff, 1.0, 0.0,
             REVERSE=False, CA=0, CB=0, HAS_SA=True, HAS_B=False, HAS_D0=S0 is not None, **state)
-        opts = _launch("fwd_residual", V)
+        opts = launch_options("fwd_residual", V, LAUNCH)
         _fwd_residual[(triton.cdiv(V, opts["BV"]), C, H)](
             k, v, g32, beta_c, gamma_c, hS, X, W, layout.cu, layout.cidx, float(spec.clip),
             TARGET=TARGET_CODES[spec.target], FIT_RES=fit_res, **consts, **opts)
@@ -556,7 +390,7 @@ class RLAFunction(torch.autograd.Function):
         O = torch.empty(B * T, H, V, dtype=q.dtype, device=dev)
         # the residual read before its gate, for dgamma = do . corr: in the inputs' dtype, as the output
         CORR = torch.empty(B * T, H, V, dtype=q.dtype, device=dev) if spec.output_gates else X.new_empty(1)
-        opts = _launch("fwd_output", V)
+        opts = launch_options("fwd_output", V, LAUNCH)
         _fwd_output[(triton.cdiv(V, opts["BV"]), C, H)](
             q, k, v, g32, beta_c, gamma_c, W, hS, hR, O, CORR, layout.cu, layout.cidx, float(scale),
             FIT_RES=fit_res, GATES=spec.output_gates, **consts, **opts)
@@ -604,7 +438,7 @@ class RLAFunction(torch.autograd.Function):
                 q, dO, gamma_c, q, dO, g32, dRT if dRT is not None else dS0, dhR, dR0, layout.cu, layout.coff, scale,
                 0.0, REVERSE=True, CA=1, CB=0, HAS_SA=spec.output_gates, HAS_B=False, HAS_D0=dRT is not None,
                 **state)
-        opts = _launch("bwd_residual", V)
+        opts = launch_options("bwd_residual", V, LAUNCH)
         NVr = triton.cdiv(V, opts["BV"])
         dGR_P = torch.empty(NVr, NTH, dtype=torch.float32, device=dev) if fit_res else DX.new_empty(1)
         _bwd_residual[(NVr, C, H)](
@@ -618,14 +452,14 @@ class RLAFunction(torch.autograd.Function):
         dQ = torch.empty(B * T, H, K, dtype=q.dtype, device=dev)
         dK = torch.empty(B * T, H, K, dtype=k.dtype, device=dev)
         dV = torch.empty(B * T, H, V, dtype=v.dtype, device=dev)
-        opts = _launch("bwd_dv", V)
+        opts = launch_options("bwd_dv", V, LAUNCH)
         NV = triton.cdiv(V, opts["BV"])
         dBETA_P = torch.empty(NV, NTH, dtype=torch.float32, device=dev)
         dGAMMA_P = torch.empty_like(dBETA_P) if spec.output_gates else dBETA_P.new_empty(1)
         _bwd_dv[(NV, C, H)](
             q, k, v, g32, beta_c, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH, scale,
             H=H, K=K, V=V, BT=chunk, BK=BK, GATES=spec.output_gates, **opts)
-        opts = _launch("bwd_dqk", V)
+        opts = launch_options("bwd_dqk", V, LAUNCH)
         BKt = opts.pop("BK")
         NK = triton.cdiv(K, BKt)
         EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
@@ -654,7 +488,6 @@ class RLAFunction(torch.autograd.Function):
                 None, None, None, None)
 
 
-MAX_HEAD_DIM = 128
 
 
 def covers(q: torch.Tensor, v: torch.Tensor, spec: ResidualSpec) -> bool:

@@ -37,11 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rla_ablate.ops.triton_rla import (G_FLOOR, MIN_TILE, Layout, _chunk_gates, _chunk_tile, _decay, _launch,
-                                      _pass_chunk, _pass_program, chunk_gate_gradient)
+from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, Layout, _chunk_gates, _chunk_tile,
+                                          _decay, _pass_chunk, _pass_program, chunk_gate_gradient, launch_options)
 
-CHUNK = 64
-MAX_HEAD_DIM = 128
 LAUNCH = {
     "pass": dict(BV=64, num_warps=4),  # the two state passes hold a BV x K fp32 tile
     # the dS pass loads seven chunk tiles: three pipeline stages need 238 KB of shared memory (H200: 232 KB)
@@ -301,7 +299,7 @@ TORCH_WY = WY(fwd=_torch_wy_fwd, bwd=_torch_wy_bwd)
 
 def _grid_v(name: str, V: int) -> tuple[int, dict]:
     """The number of V tiles and the launch options of one of this module's kernels."""
-    opts = _launch(name, V, LAUNCH)
+    opts = launch_options(name, V, LAUNCH)
     return triton.cdiv(V, opts["BV"]), opts
 
 
