@@ -34,9 +34,9 @@ G_FLOOR = tl.constexpr(-60.0)
 
 @triton.jit
 def _target(x, c, TARGET: tl.constexpr):
-    if TARGET == 0:
+    if TARGET == TARGET_CLIP:
         y = tl.minimum(tl.maximum(x, -c), c)
-    elif TARGET == 1:
+    elif TARGET == TARGET_TANH:
         # c * tanh(x / c) through exp, saturating cleanly at +-c for large |x|
         y = c * (1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0))
     else:
@@ -46,10 +46,10 @@ def _target(x, c, TARGET: tl.constexpr):
 
 @triton.jit
 def _target_slope(x, c, TARGET: tl.constexpr):
-    if TARGET == 0:
+    if TARGET == TARGET_CLIP:
         # torch.clamp passes the gradient on the closed interval [-c, c]
         d = tl.where((x >= -c) & (x <= c), 1.0, 0.0)
-    elif TARGET == 1:
+    elif TARGET == TARGET_TANH:
         th = 1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0)
         d = 1.0 - th * th
     else:

@@ -49,6 +49,13 @@ def _residual_fwd(v, pred, gamma, w, R, T, H, V, c,
     tl.store(w + off_w, y.to(w.dtype.element_ty), mask=mask)
 
 
+def residual_fwd(grid, *, v, pred, gamma, w, R, T, H, V, c, sv_b, sv_t, sv_h, sp_b, sp_t, sp_h, TARGET, SCALE, BR, BV,
+                 **options):
+    """`_residual_fwd` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _residual_fwd[grid](v, pred, gamma, w, R, T, H, V, c, sv_b, sv_t, sv_h, sp_b, sp_t, sp_h, TARGET=TARGET,
+                        SCALE=SCALE, BR=BR, BV=BV, **options)
+
+
 @triton.jit
 def _residual_bwd(dw, v, pred, gamma, dv, dpred, dgamma, R, T, H, V, c,
                   sv_b, sv_t, sv_h, sp_b, sp_t, sp_h,
@@ -70,6 +77,13 @@ def _residual_bwd(dw, v, pred, gamma, dv, dpred, dgamma, R, T, H, V, c,
     tl.store(dpred + off_w, (-dx).to(dpred.dtype.element_ty), mask=mask)
 
 
+def residual_bwd(grid, *, dw, v, pred, gamma, dv, dpred, dgamma, R, T, H, V, c, sv_b, sv_t, sv_h, sp_b, sp_t, sp_h,
+                 TARGET, SCALE, BR, BV, **options):
+    """`_residual_bwd` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _residual_bwd[grid](dw, v, pred, gamma, dv, dpred, dgamma, R, T, H, V, c, sv_b, sv_t, sv_h, sp_b, sp_t, sp_h,
+                        TARGET=TARGET, SCALE=SCALE, BR=BR, BV=BV, **options)
+
+
 @triton.jit
 def _output_fwd(base, corr, g, gamma, o, R, T, H, V,
                 sb_b, sb_t, sb_h, sc_b, sc_t, sc_h,
@@ -87,6 +101,13 @@ def _output_fwd(base, corr, g, gamma, o, R, T, H, V,
     else:
         out = x + y
     tl.store(o + rows.to(tl.int64)[:, None] * V + cols[None, :], out.to(o.dtype.element_ty), mask=mask)
+
+
+def output_fwd(grid, *, base, corr, g, gamma, o, R, T, H, V, sb_b, sb_t, sb_h, sc_b, sc_t, sc_h, GATES, BR, BV,
+               **options):
+    """`_output_fwd` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _output_fwd[grid](base, corr, g, gamma, o, R, T, H, V, sb_b, sb_t, sb_h, sc_b, sc_t, sc_h, GATES=GATES, BR=BR,
+                      BV=BV, **options)
 
 
 @triton.jit
@@ -112,20 +133,28 @@ def _output_bwd(do, base, corr, g, gamma, dbase, dcorr, dg, dgamma, R, T, H, V,
         tl.store(dcorr + off, d.to(dcorr.dtype.element_ty), mask=mask)
 
 
+def output_bwd(grid, *, do, base, corr, g, gamma, dbase, dcorr, dg, dgamma, R, T, H, V, sb_b, sb_t, sb_h, sc_b, sc_t,
+               sc_h, GATES, BR, BV, **options):
+    """`_output_bwd` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _output_bwd[grid](do, base, corr, g, gamma, dbase, dcorr, dg, dgamma, R, T, H, V, sb_b, sb_t, sb_h, sc_b, sc_t,
+                      sc_h, GATES=GATES, BR=BR, BV=BV, **options)
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x itself when its last dimension is contiguous (the kernels take any other strides), else a contiguous copy:
     a model's short convolution, for one, hands over v as a transposed [B, D, T] buffer."""
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _strides(x: torch.Tensor) -> tuple[int, int, int]:
+def _strides(x: torch.Tensor, name: str) -> dict[str, int]:
+    """The kernels' stride parameters of x, `name`_b, `name`_t, `name`_h (in elements)."""
     assert x.stride(-1) == 1, "pass the tensor through _rows first"
-    return x.stride(0), x.stride(1), x.stride(2)
+    return {f"{name}_b": x.stride(0), f"{name}_t": x.stride(1), f"{name}_h": x.stride(2)}
 
 
-def _launch(kernel, R, V, *args, **constexprs):
-    grid = (triton.cdiv(R, BLOCK_ROWS),)
-    kernel[grid](*args, BR=BLOCK_ROWS, BV=triton.next_power_of_2(V), **constexprs)
+def _row_blocks(R: int, V: int) -> tuple[tuple[int], dict[str, int]]:
+    """Grid and tiles of a glue kernel: BLOCK_ROWS of the R rows (b, t, h) per program, the whole V in one tile."""
+    return (triton.cdiv(R, BLOCK_ROWS),), dict(BR=BLOCK_ROWS, BV=triton.next_power_of_2(V))
 
 
 class FusedResidual(torch.autograd.Function):
@@ -138,8 +167,9 @@ class FusedResidual(torch.autograd.Function):
         v, pred = _rows(v), _rows(pred)
         gamma_c = gamma.contiguous() if gamma is not None else v.new_empty(1)
         w = torch.empty(B, T, H, V, dtype=v.dtype, device=v.device)
-        _launch(_residual_fwd, R, V, v, pred, gamma_c, w, R, T, H, V, float(clip), *_strides(v), *_strides(pred),
-                TARGET=TARGET_CODES[target], SCALE=gamma is not None)
+        grid, tiles = _row_blocks(R, V)
+        residual_fwd(grid, v=v, pred=pred, gamma=gamma_c, w=w, R=R, T=T, H=H, V=V, c=float(clip), **_strides(v, "sv"),
+                     **_strides(pred, "sp"), TARGET=TARGET_CODES[target], SCALE=gamma is not None, **tiles)
         ctx.save_for_backward(v, pred, gamma_c)
         ctx.has_gamma, ctx.target, ctx.clip = gamma is not None, target, float(clip)
         return w
@@ -153,8 +183,10 @@ class FusedResidual(torch.autograd.Function):
         dv = torch.empty(B, T, H, V, dtype=v.dtype, device=v.device)
         dpred = torch.empty(B, T, H, V, dtype=pred.dtype, device=v.device)
         dgamma = torch.empty(B, T, H, dtype=torch.float32, device=v.device) if ctx.has_gamma else dv.new_empty(1)
-        _launch(_residual_bwd, R, V, dw.contiguous(), v, pred, gamma_c, dv, dpred, dgamma, R, T, H, V, ctx.clip,
-                *_strides(v), *_strides(pred), TARGET=TARGET_CODES[ctx.target], SCALE=ctx.has_gamma)
+        grid, tiles = _row_blocks(R, V)
+        residual_bwd(grid, dw=dw.contiguous(), v=v, pred=pred, gamma=gamma_c, dv=dv, dpred=dpred, dgamma=dgamma, R=R,
+                     T=T, H=H, V=V, c=ctx.clip, **_strides(v, "sv"), **_strides(pred, "sp"),
+                     TARGET=TARGET_CODES[ctx.target], SCALE=ctx.has_gamma, **tiles)
         return dv, dpred, dgamma.to(gamma_c.dtype) if ctx.has_gamma else None, None, None
 
 
@@ -168,8 +200,9 @@ class FusedOutput(torch.autograd.Function):
         base, corr = _rows(base), _rows(corr)
         g_c, gamma_c = g.contiguous(), gamma.contiguous()
         o = torch.empty(B, T, H, V, dtype=dtype, device=base.device)
-        _launch(_output_fwd, R, V, base, corr, g_c, gamma_c, o, R, T, H, V, *_strides(base), *_strides(corr),
-                GATES=bool(gates))
+        grid, tiles = _row_blocks(R, V)
+        output_fwd(grid, base=base, corr=corr, g=g_c, gamma=gamma_c, o=o, R=R, T=T, H=H, V=V, **_strides(base, "sb"),
+                   **_strides(corr, "sc"), GATES=bool(gates), **tiles)
         ctx.save_for_backward(base, corr, g_c, gamma_c)
         ctx.gates = bool(gates)
         return o
@@ -183,8 +216,10 @@ class FusedOutput(torch.autograd.Function):
         dcorr = torch.empty(B, T, H, V, dtype=corr.dtype, device=base.device)
         dg = torch.zeros(B, T, H, dtype=torch.float32, device=base.device)
         dgamma = torch.zeros_like(dg)
-        _launch(_output_bwd, R, V, do.contiguous(), base, corr, g_c, gamma_c, dbase, dcorr, dg, dgamma, R, T, H, V,
-                *_strides(base), *_strides(corr), GATES=ctx.gates)
+        grid, tiles = _row_blocks(R, V)
+        output_bwd(grid, do=do.contiguous(), base=base, corr=corr, g=g_c, gamma=gamma_c, dbase=dbase, dcorr=dcorr,
+                   dg=dg, dgamma=dgamma, R=R, T=T, H=H, V=V, **_strides(base, "sb"), **_strides(corr, "sc"),
+                   GATES=ctx.gates, **tiles)
         return (dbase, dcorr, dg.to(g_c.dtype) if ctx.gates else None,
                 dgamma.to(gamma_c.dtype) if ctx.gates else None, None, None)
 

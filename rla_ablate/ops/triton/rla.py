@@ -39,9 +39,10 @@ import triton
 import triton.language as tl
 
 from rla_ablate.ops.spec import ResidualSpec
-from rla_ablate.ops.triton.common import (CHUNK, MAX_HEAD_DIM, MIN_TILE, TARGET_CODES, Layout, _chunk_gates,
-                                          _chunk_rows, _chunk_tile, _decay, _pass_chunk, _pass_program, _target,
-                                          _target_slope, chunk_gate_gradient, launch_options)
+from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
+                                          TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
+                                          _pass_chunk, _pass_program, _target, _target_slope, chunk_gate_gradient,
+                                          launch_options)
 
 # Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives; tiles at
 # least MIN_TILE wide). Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat
@@ -62,10 +63,11 @@ LAUNCH = {
 
 @triton.jit
 def _pass_coef(b, bp, b_L, CODE: tl.constexpr):
-    """The per-token weight of a state pass's term: 0 exp(b_L - b) (a write, to the chunk end), 1 exp(b), 2 exp(b')."""
-    if CODE == 0:
+    """The per-token weight of a state pass's term: COEF_TO_END exp(b_L - b) (a write, to the chunk end), COEF_B
+    exp(b), COEF_B_PRIME exp(b')."""
+    if CODE == COEF_TO_END:
         c = tl.exp(b_L - b)
-    elif CODE == 1:
+    elif CODE == COEF_B:
         c = tl.exp(b)
     else:
         c = tl.exp(bp)
@@ -83,7 +85,7 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
 
     forward (REVERSE=False) it is a state (S with ua = v, sa = beta; R with ua = w) and hD[c] holds it where chunk c
     starts; reverse it is a state gradient (dR with ua = do, sa = gamma, ka = q; dS adds ub = dx, kb = k,
-    sign_b = -1) and hD[c] holds it where chunk c ends. c_X codes: 0 exp(b_L - b), 1 exp(b), 2 exp(b').
+    sign_b = -1) and hD[c] holds it where chunk c ends. c_X: CA, CB, the codes of `_pass_coef`.
     Holds one BV x BK fp32 tile and two dots per chunk: no spills, and K tiles multiply the programs of long
     sequences (a B = 1 sequence of 128K tokens ran on 32 programs when the passes also made the residual).
     """
@@ -107,6 +109,13 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
             b_ub = tl.load(ub + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
             D += tl.dot(tl.trans((b_ub * (coef_b * sign_b)[:, None]).to(dt)), b_kb)
     tl.store(DT + o_seq + o_state, D, mask=m_state)
+
+
+def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H, K, V, BT, BK, BV, REVERSE, CA,
+               CB, HAS_SA, HAS_B, HAS_D0, **options):
+    """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                      REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0, **options)
 
 
 @triton.jit
@@ -137,6 +146,13 @@ def _fwd_residual(k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip,
     if FIT_RES:
         w = w * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
     tl.store(W + o_tv, w.to(W.dtype.element_ty), mask=m_tv)
+
+
+def fwd_residual(grid, *, k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip, H, K, V, BT, BK, BV, TARGET, FIT_RES,
+                 **options):
+    """`_fwd_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _fwd_residual[grid](k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                        TARGET=TARGET, FIT_RES=FIT_RES, **options)
 
 
 @triton.jit
@@ -174,6 +190,13 @@ def _fwd_output(q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale,
     else:
         o = base * scale + corr
     tl.store(O + tok[:, None] * V + rv[None, :], o.to(O.dtype.element_ty), mask=m_tv)
+
+
+def fwd_output(grid, *, q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale, H, K, V, BT, BK, BV, FIT_RES,
+               GATES, **options):
+    """`_fwd_output` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _fwd_output[grid](q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                      FIT_RES=FIT_RES, GATES=GATES, **options)
 
 
 @triton.jit
@@ -220,6 +243,13 @@ def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, sca
     tl.store(DX + o_tv, dx.to(DX.dtype.element_ty), mask=m_tv)
 
 
+def bwd_residual(grid, *, q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip, H, K, V, BT, BK, BV,
+                 TARGET, FIT_RES, GATES, HAS_DRT, **options):
+    """`_bwd_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _bwd_residual[grid](q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip, H=H, K=K, V=V, BT=BT,
+                        BK=BK, BV=BV, TARGET=TARGET, FIT_RES=FIT_RES, GATES=GATES, HAS_DRT=HAS_DRT, **options)
+
+
 @triton.jit
 def _bwd_dv(q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale,
             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -253,6 +283,13 @@ def _bwd_dv(q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx
         tl.store(dGAMMA_P + o_part,
                  tl.sum(b_do.to(tl.float32) * tl.load(CORR + o_tv, mask=m_tv, other=0.0).to(tl.float32), axis=1),
                  mask=mt)
+
+
+def bwd_dv(grid, *, q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale, H, K, V, BT, BK,
+           BV, GATES, **options):
+    """`_bwd_dv` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _bwd_dv[grid](q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale, H=H, K=K, V=V,
+                  BT=BT, BK=BK, BV=BV, GATES=GATES, **options)
 
 
 @triton.jit
@@ -345,6 +382,14 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     tl.store(EK_P + o_part, tl.sum(k32 * dkW, axis=1), mask=mt)
 
 
+def bwd_dqk(grid, *, q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, cu,
+            cidx, NTH, NCH, scale, c_clip, H, K, V, BT, BK, BV, TARGET, FIT_RES, GATES, HAS_DRT, **options):
+    """`_bwd_dqk` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _bwd_dqk[grid](q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, cu,
+                   cidx, NTH, NCH, scale, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, TARGET=TARGET, FIT_RES=FIT_RES,
+                   GATES=GATES, HAS_DRT=HAS_DRT, **options)
+
+
 def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int) -> tuple[tuple, dict]:
     """Grid and options of a state pass: K tiles x V tiles x sequences*heads."""
     opts = dict(LAUNCH["state_pass_2" if two_terms else "state_pass"])
@@ -376,24 +421,25 @@ class RLAFunction(torch.autograd.Function):
         C = max(NT, 1)
         grid, state = _state_launch(False, H, K, V, chunk, N * H)
         # S's pass; the old reads and residuals from its chunk states; R's pass over the residuals
-        _state_pass[grid](
-            k, v, beta_c, k, v, g32, S0 if S0 is not None else ST, hS, ST, layout.cu, layout.coff, 1.0, 0.0,
-            REVERSE=False, CA=0, CB=0, HAS_SA=True, HAS_B=False, HAS_D0=S0 is not None, **state)
+        state_pass(grid, ka=k, ua=v, sa=beta_c, kb=k, ub=v, g=g32, D0=S0 if S0 is not None else ST, hD=hS, DT=ST,
+                   cu=layout.cu, coff=layout.coff, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
+                   CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False, HAS_D0=S0 is not None, **state)
         opts = launch_options("fwd_residual", V, LAUNCH)
-        _fwd_residual[(triton.cdiv(V, opts["BV"]), C, H)](
-            k, v, g32, beta_c, gamma_c, hS, X, W, layout.cu, layout.cidx, float(spec.clip),
-            TARGET=TARGET_CODES[spec.target], FIT_RES=fit_res, **consts, **opts)
+        fwd_residual((triton.cdiv(V, opts["BV"]), C, H), k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, hS=hS, X=X,
+                     W=W, cu=layout.cu, cidx=layout.cidx, c_clip=float(spec.clip), TARGET=TARGET_CODES[spec.target],
+                     FIT_RES=fit_res, **consts, **opts)
         if fit_res:
-            _state_pass[grid](
-                k, W, beta_c, k, W, g32, R0 if R0 is not None else RT, hR, RT, layout.cu, layout.coff, 1.0, 0.0,
-                REVERSE=False, CA=0, CB=0, HAS_SA=False, HAS_B=False, HAS_D0=R0 is not None, **state)
+            state_pass(grid, ka=k, ua=W, sa=beta_c, kb=k, ub=W, g=g32, D0=R0 if R0 is not None else RT, hD=hR,
+                       DT=RT, cu=layout.cu, coff=layout.coff, scale_a=1.0, sign_b=0.0, REVERSE=False,
+                       CA=COEF_TO_END.value, CB=COEF_TO_END.value, HAS_SA=False, HAS_B=False, HAS_D0=R0 is not None,
+                       **state)
         O = torch.empty(B * T, H, V, dtype=q.dtype, device=dev)
         # the residual read before its gate, for dgamma = do . corr: in the inputs' dtype, as the output
         CORR = torch.empty(B * T, H, V, dtype=q.dtype, device=dev) if spec.output_gates else X.new_empty(1)
         opts = launch_options("fwd_output", V, LAUNCH)
-        _fwd_output[(triton.cdiv(V, opts["BV"]), C, H)](
-            q, k, v, g32, beta_c, gamma_c, W, hS, hR, O, CORR, layout.cu, layout.cidx, float(scale),
-            FIT_RES=fit_res, GATES=spec.output_gates, **consts, **opts)
+        fwd_output((triton.cdiv(V, opts["BV"]), C, H), q=q, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, W=W, hS=hS,
+                   hR=hR, O=O, CORR=CORR, cu=layout.cu, cidx=layout.cidx, scale=float(scale), FIT_RES=fit_res,
+                   GATES=spec.output_gates, **consts, **opts)
         if fit_res:
             R_T = RT
         else:
@@ -434,20 +480,20 @@ class RLAFunction(torch.autograd.Function):
         grid2, state2 = _state_launch(True, H, K, V, chunk, N * H)
         if fit_res:
             # dR's pass (it does not depend on dS); then dw, dx in parallel; then dS's pass, which needs dx
-            _state_pass[grid](
-                q, dO, gamma_c, q, dO, g32, dRT if dRT is not None else dS0, dhR, dR0, layout.cu, layout.coff, scale,
-                0.0, REVERSE=True, CA=1, CB=0, HAS_SA=spec.output_gates, HAS_B=False, HAS_D0=dRT is not None,
-                **state)
+            state_pass(grid, ka=q, ua=dO, sa=gamma_c, kb=q, ub=dO, g=g32, D0=dRT if dRT is not None else dS0,
+                       hD=dhR, DT=dR0, cu=layout.cu, coff=layout.coff, scale_a=scale, sign_b=0.0, REVERSE=True,
+                       CA=COEF_B.value, CB=COEF_TO_END.value, HAS_SA=spec.output_gates, HAS_B=False,
+                       HAS_D0=dRT is not None, **state)
         opts = launch_options("bwd_residual", V, LAUNCH)
         NVr = triton.cdiv(V, opts["BV"])
         dGR_P = torch.empty(NVr, NTH, dtype=torch.float32, device=dev) if fit_res else DX.new_empty(1)
-        _bwd_residual[(NVr, C, H)](
-            q, k, g32, gamma_c, dO, X, dhR, dRT if dRT is not None else dS0, DX, dGR_P, layout.cu, layout.cidx, NTH,
-            scale, float(spec.clip), HAS_DRT=dRT is not None, **consts, **opts)
-        _state_pass[grid2](
-            q, dO, gamma_c, k, DX, g32, dST if dST is not None else dS0, dhS, dS0, layout.cu, layout.coff, scale, -1.0,
-            REVERSE=True, CA=1 if spec.output_gates else 2, CB=2, HAS_SA=False, HAS_B=True, HAS_D0=dST is not None,
-            **state2)
+        bwd_residual((NVr, C, H), q=q, k=k, g=g32, gamma=gamma_c, dO=dO, X=X, hdR=dhR,
+                     dRT=dRT if dRT is not None else dS0, DX=DX, dGR_P=dGR_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH,
+                     scale=scale, c_clip=float(spec.clip), HAS_DRT=dRT is not None, **consts, **opts)
+        state_pass(grid2, ka=q, ua=dO, sa=gamma_c, kb=k, ub=DX, g=g32, D0=dST if dST is not None else dS0, hD=dhS,
+                   DT=dS0, cu=layout.cu, coff=layout.coff, scale_a=scale, sign_b=-1.0, REVERSE=True,
+                   CA=(COEF_B if spec.output_gates else COEF_B_PRIME).value, CB=COEF_B_PRIME.value, HAS_SA=False,
+                   HAS_B=True, HAS_D0=dST is not None, **state2)
         # every element of dq, dk, dv is written once, by one program: stored in the inputs' dtype straight away
         dQ = torch.empty(B * T, H, K, dtype=q.dtype, device=dev)
         dK = torch.empty(B * T, H, K, dtype=k.dtype, device=dev)
@@ -456,19 +502,19 @@ class RLAFunction(torch.autograd.Function):
         NV = triton.cdiv(V, opts["BV"])
         dBETA_P = torch.empty(NV, NTH, dtype=torch.float32, device=dev)
         dGAMMA_P = torch.empty_like(dBETA_P) if spec.output_gates else dBETA_P.new_empty(1)
-        _bwd_dv[(NV, C, H)](
-            q, k, v, g32, beta_c, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH, scale,
-            H=H, K=K, V=V, BT=chunk, BK=BK, GATES=spec.output_gates, **opts)
+        bwd_dv((NV, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, DX=DX, CORR=CORR, dO=dO, dhS=dhS, dV=dV,
+               dBETA_P=dBETA_P, dGAMMA_P=dGAMMA_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, scale=scale, H=H, K=K, V=V,
+               BT=chunk, BK=BK, GATES=spec.output_gates, **opts)
         opts = launch_options("bwd_dqk", V, LAUNCH)
         BKt = opts.pop("BK")
         NK = triton.cdiv(K, BKt)
         EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
         EE_P, EK_P = torch.empty_like(EQ_P), torch.empty_like(EQ_P)
         Z_P = torch.empty(NK, C * H, dtype=torch.float32, device=dev)
-        _bwd_dqk[(NK, C, H)](
-            q, k, v, g32, beta_c, gamma_c, W, X, DX, dO, hS, hR, dhS, dhR, dRT if dRT is not None else dS0, dQ, dK,
-            EQ_P, EE_P, EK_P, Z_P, layout.cu, layout.cidx, NTH, C * H, scale, float(spec.clip),
-            HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
+        bwd_dqk((NK, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, W=W, X=X, DX=DX, dO=dO, hS=hS, hR=hR,
+                dhS=dhS, dhR=dhR, dRT=dRT if dRT is not None else dS0, dQ=dQ, dK=dK, EQ_P=EQ_P, EE_P=EE_P, EK_P=EK_P,
+                Z_P=Z_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale, c_clip=float(spec.clip),
+                HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
         dBETA = dBETA_P.sum(0).view(B * T, H)
         dGAMMA = torch.zeros(B * T, H, dtype=torch.float32, device=dev)
         if spec.output_gates:
