@@ -102,9 +102,9 @@ def profile(runs, T, tokens, names):
 
 def tune(T, tokens):
     """RLA [triton] fwd+bwd with each kernel at other warp counts or pipeline depths (the others at their defaults)."""
-    from rla_ablate.ops import triton_rla
+    from rla_ablate.ops.triton import rla
 
-    defaults = {k: dict(v) for k, v in triton_rla.LAUNCH.items()}
+    defaults = {k: dict(v) for k, v in rla.LAUNCH.items()}
     fn = lambda x: residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], backend="triton")[0]  # noqa: E731
     x = make_inputs(tokens // T, T, grad=True)
     print(f"\nRLA [triton] fwd+bwd, {tokens // T}x{T}, launch options (defaults {defaults})")
@@ -116,14 +116,14 @@ def tune(T, tokens):
             option = dict(defaults[kernel], **change)
             if option == defaults[kernel]:
                 continue
-            triton_rla.LAUNCH[kernel] = option
+            rla.LAUNCH[kernel] = option
             try:
                 ms = f"{bench(fn, x, 'fwd+bwd'):8.2f} ms"
             except Exception as exc:  # an option the kernel cannot compile or launch with
                 ms = f"failed: {type(exc).__name__}: {str(exc)[:60]}"
             tiles = " ".join(f"{k}={v}" for k, v in option.items())
             print(f"  {kernel:14s} {tiles:40s} {ms}", flush=True)
-        triton_rla.LAUNCH[kernel] = defaults[kernel]
+        rla.LAUNCH[kernel] = defaults[kernel]
 
 
 def main():

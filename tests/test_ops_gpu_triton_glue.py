@@ -27,7 +27,7 @@ def check_all() -> None:
     from rla_ablate.ops.fla_backend import compose_residual_attention
     from rla_ablate.ops.naive import naive_residual_attention
     from rla_ablate.ops.spec import ResidualSpec
-    from rla_ablate.ops.triton_backend import TRITON_GLUE
+    from rla_ablate.ops.triton.glue import TRITON_GLUE
 
     torch.manual_seed(0)
     for rule, fit, target, og in COMBOS:
@@ -68,7 +68,7 @@ def test_a_call_without_tokens_returns_the_initial_states(rule):
     import torch
 
     from rla_ablate.ops.spec import ResidualSpec
-    from rla_ablate.ops.triton_backend import triton_residual_attention
+    from rla_ablate.ops.triton.backend import triton_residual_attention
 
     q = torch.zeros(1, 0, 2, 8, dtype=torch.bfloat16)
     v = torch.zeros(1, 0, 2, 6, dtype=torch.bfloat16)

@@ -1,4 +1,4 @@
-"""RDN's one-pass base recurrence (rla_ablate/ops/triton_rdn.py) on CPU, through Triton's interpreter.
+"""RDN's one-pass base recurrence (rla_ablate/ops/triton/rdn.py) on CPU, through Triton's interpreter.
 
 Our four kernels (S pass, the two old reads, the local write gradients, the dS pass, dq/dk/dw) run in the
 interpreter in fp32; the WY step is the PyTorch one (`TORCH_WY`: FLA's fused WY kernels do not run in the
@@ -29,7 +29,7 @@ def check_all() -> None:
     from rla_ablate.ops.fla_backend import BaseKernels, compose_residual_attention
     from rla_ablate.ops.naive import naive_residual_attention
     from rla_ablate.ops.spec import ResidualSpec
-    from rla_ablate.ops.triton_rdn import TORCH_WY, delta_two_reads
+    from rla_ablate.ops.triton.rdn import TORCH_WY, delta_two_reads
 
     compare = Comparer(RATIO, ATOL)
     off = ResidualSpec(rule="delta", fit="off")
@@ -81,8 +81,8 @@ def test_torch_wy_step_solves_the_chunk_recurrence_of_the_delta_rule():
     import torch
     import torch.nn.functional as F
 
-    from rla_ablate.ops.triton_rdn import _torch_wy_forward
-    from rla_ablate.ops.triton_rla import Layout
+    from rla_ablate.ops.triton.rdn import _torch_wy_forward
+    from rla_ablate.ops.triton.common import Layout
 
     gen = torch.Generator().manual_seed(3)
     B, T, H, K, V, C = 1, 11, 2, 5, 3, 4

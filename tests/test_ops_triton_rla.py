@@ -1,4 +1,4 @@
-"""The fused RLA kernels (rla_ablate/ops/triton_rla.py) on CPU, through Triton's interpreter (TRITON_INTERPRET=1).
+"""The fused RLA kernels (rla_ablate/ops/triton/rla.py) on CPU, through Triton's interpreter (TRITON_INTERPRET=1).
 
 The interpreter must be chosen before the kernels are defined, so the checks run in a fresh process (this file as
 a script). fp32 kernels against the float64 naive contract on the same inputs: outputs, final states and all eight
@@ -25,7 +25,7 @@ def check_all() -> None:
 
     from rla_ablate.ops.naive import naive_residual_attention
     from rla_ablate.ops.spec import ResidualSpec
-    from rla_ablate.ops.triton_rla import rla_triton
+    from rla_ablate.ops.triton.rla import rla_triton
 
     compare = Comparer(RATIO, ATOL)
 
@@ -58,7 +58,7 @@ def test_fused_rla_kernels_match_naive_under_the_interpreter():
 def test_layout_lists_chunks_and_sums_each_chunk_from_the_end():
     import torch
 
-    from rla_ablate.ops.triton_rla import Layout
+    from rla_ablate.ops.triton.rla import Layout
 
     lengths = [5, 0, 1, 9]
     layout = Layout(1, sum(lengths), torch.tensor([0, 5, 5, 6, 15]), chunk=4, device="cpu")
@@ -86,7 +86,7 @@ def test_fused_kernels_take_only_what_ran_on_the_gpu():
     import torch
 
     from rla_ablate.ops.spec import ResidualSpec
-    from rla_ablate.ops.triton_rla import covers
+    from rla_ablate.ops.triton.rla import covers
 
     x = torch.zeros(1, 2, 1, 128, dtype=torch.bfloat16)
     assert covers(x, x, ResidualSpec()) and covers(x.half(), x, ResidualSpec(fit="none"))
@@ -96,7 +96,7 @@ def test_fused_kernels_take_only_what_ran_on_the_gpu():
 
 
 def test_calls_whose_chunks_exceed_a_grid_axis_take_the_composition():
-    from rla_ablate.ops.triton_rla import MAX_CHUNKS, chunks_fit_grid
+    from rla_ablate.ops.triton.rla import MAX_CHUNKS, chunks_fit_grid
 
     assert chunks_fit_grid(32 * 2048, 32, 16) and chunks_fit_grid(64 * (MAX_CHUNKS - 1), 1, 16)
     assert not chunks_fit_grid(64 * MAX_CHUNKS, 1, 16)  # 4.2M tokens: one partial chunk too many

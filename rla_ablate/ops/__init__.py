@@ -55,7 +55,7 @@ def auto_order(rule: str | None = None) -> list[str]:
 
 def _load_gpu_backends() -> None:
     # GPU backends live in modules that need triton/FLA; they register themselves on import.
-    for module in ("rla_ablate.ops.fla_backend", "rla_ablate.ops.triton_backend"):
+    for module in ("rla_ablate.ops.fla_backend", "rla_ablate.ops.triton.backend"):
         try:
             __import__(module)
         except ImportError:

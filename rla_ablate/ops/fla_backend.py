@@ -19,7 +19,7 @@ sequences: the packed sequences twice along time). Then
 
 Cost: the base pass runs 2B sequences plus one auxiliary pass, about three baseline calls, plus PyTorch glue
 between them (most of the measured time, docs/RESULTS.md). The `triton` backend fuses that glue and, for RDN, passes
-`base_reads` (`triton_rdn`: the base run once, both old reads from it); RLA runs on its own kernels there. This one
+`base_reads` (`triton.rdn`: the base run once, both old reads from it); RLA runs on its own kernels there. This one
 is the readable, FLA-checked composition.
 FLA's conventions: g = log alpha (fp32), additive kernel has no beta (folded into v), states as [N, H, V, K]
 through `state_v_first=True`, initial states in fp32. Varlen: `cu_seqlens` [N + 1] with B = 1, as in FLA.
@@ -153,7 +153,7 @@ def _torch_output(base_read, corr, g32, gamma, output_gates: bool, dtype):
 
 @dataclass(frozen=True)
 class Glue:
-    """The elementwise steps between the recurrences (PyTorch here; fused Triton kernels in `triton_backend`).
+    """The elementwise steps between the recurrences (PyTorch here; fused Triton kernels in `triton.glue`).
 
     residual(v, pred, gamma | None, spec) -> gamma * T(v - pred) (or T(v - pred)) in v's dtype, computed in fp32;
     output(base_read, corr, g, gamma, output_gates, dtype) -> alpha * base + gamma * corr (or base + corr).
@@ -206,7 +206,7 @@ def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, sp
     """RLA / RDN from two exact chunk recurrences (see the module docstring). States are [N, H, V, K] fp32.
 
     base_reads(q, k, v, g32, beta, S0, scale, cu_seqlens) -> (scale S_{t-1} q_t, S_{t-1} k_t, S_T) replaces the
-    shifted double pass of `shifted_base_reads` (the `triton` backend's one-pass delta rule, `triton_rdn`)."""
+    shifted double pass of `shifted_base_reads` (the `triton` backend's one-pass delta rule, `triton.rdn`)."""
     B, T, H, K = q.shape
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={B}")

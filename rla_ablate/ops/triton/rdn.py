@@ -37,11 +37,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rla_ablate.ops.triton_rla import (G_FLOOR, MIN_TILE, Layout, _chunk_gates, _chunk_tile, _decay, _launch,
-                                      _pass_chunk, _pass_program, chunk_gate_gradient)
+from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, Layout, _chunk_gates, _chunk_tile,
+                                          _decay, _pass_chunk, _pass_program, chunk_gate_gradient, launch_options)
 
-CHUNK = 64
-MAX_HEAD_DIM = 128
 LAUNCH = {
     "pass": dict(BV=64, num_warps=4),  # the two state passes hold a BV x K fp32 tile
     # the dS pass loads seven chunk tiles: three pipeline stages need 238 KB of shared memory (H200: 232 KB)
@@ -75,6 +73,12 @@ def _delta_fwd_pass(k, w, u, g, S0, hS, N_, ST, cu, coff,
     tl.store(ST + o_seq + o_state, S, mask=m_state)
 
 
+def delta_fwd_pass(grid, *, k, w, u, g, S0, hS, N_, ST, cu, coff, H, K, V, BT, BK, BV, HAS_S0, **options):
+    """`_delta_fwd_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _delta_fwd_pass[grid](k, w, u, g, S0, hS, N_, ST, cu, coff, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_S0=HAS_S0,
+                          **options)
+
+
 @triton.jit
 def _delta_reads(q, k, g, hS, N_, P, BQ, cu, cidx, scale,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
@@ -99,6 +103,11 @@ def _delta_reads(q, k, g, hS, N_, P, BQ, cu, cidx, scale,
     tl.store(BQ + o_tv, (bq * scale).to(BQ.dtype.element_ty), mask=m_tv)
 
 
+def delta_reads(grid, *, q, k, g, hS, N_, P, BQ, cu, cidx, scale, H, K, V, BT, BK, BV, **options):
+    """`_delta_reads` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _delta_reads[grid](q, k, g, hS, N_, P, BQ, cu, cidx, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, **options)
+
+
 @triton.jit
 def _delta_bwd_local(q, k, g, dBQ, dP, DNL, cu, cidx, scale,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
@@ -119,6 +128,11 @@ def _delta_bwd_local(q, k, g, dBQ, dP, DNL, cu, cidx, scale,
     dn = tl.dot((tl.dot(b_k, tl.trans(b_q)) * Dst * scale).to(dt), b_dB) \
         + tl.dot((tl.dot(b_k, tl.trans(b_k)) * Dst).to(dt), b_dP)
     tl.store(DNL + o_tv, dn, mask=m_tv)
+
+
+def delta_bwd_local(grid, *, q, k, g, dBQ, dP, DNL, cu, cidx, scale, H, K, V, BT, BK, BV, **options):
+    """`_delta_bwd_local` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _delta_bwd_local[grid](q, k, g, dBQ, dP, DNL, cu, cidx, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, **options)
 
 
 @triton.jit
@@ -148,6 +162,13 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
         D = D * tl.exp(b_L) + tl.dot(tl.trans(b_dB.to(dt)), b_q) + tl.dot(tl.trans(b_dP.to(dt)), b_k) \
             - tl.dot(tl.trans(dn.to(dt)), b_w)
     tl.store(dS0 + o_seq + o_state, D, mask=m_state)
+
+
+def delta_bwd_pass(grid, *, q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale, H, K, V, BT, BK, BV, HAS_DST,
+                   **options):
+    """`_delta_bwd_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _delta_bwd_pass[grid](q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale, H=H, K=K, V=V, BT=BT, BK=BK,
+                          BV=BV, HAS_DST=HAS_DST, **options)
 
 
 @triton.jit
@@ -197,6 +218,13 @@ def _delta_bwd_dqk(q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P,
     o_part = i_k.to(tl.int64) * NTH + tok
     tl.store(E_P + o_part, tl.sum(q32 * dq, axis=1) + tl.sum(k32 * dk, axis=1), mask=mt)
     tl.store(K_P + o_part, tl.sum(k32 * dkw, axis=1), mask=mt)
+
+
+def delta_bwd_dqk(grid, *, q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, cu, cidx, NTH, NCH, scale, H,
+                  K, V, BT, BK, BV, **options):
+    """`_delta_bwd_dqk` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _delta_bwd_dqk[grid](q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, cu, cidx, NTH, NCH, scale, H=H,
+                         K=K, V=V, BT=BT, BK=BK, BV=BV, **options)
 
 
 @dataclass(frozen=True)
@@ -301,7 +329,7 @@ TORCH_WY = WY(fwd=_torch_wy_fwd, bwd=_torch_wy_bwd)
 
 def _grid_v(name: str, V: int) -> tuple[int, dict]:
     """The number of V tiles and the launch options of one of this module's kernels."""
-    opts = _launch(name, V, LAUNCH)
+    opts = launch_options(name, V, LAUNCH)
     return triton.cdiv(V, opts["BV"]), opts
 
 
@@ -325,13 +353,13 @@ class DeltaTwoReads(torch.autograd.Function):
         BK = max(MIN_TILE, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
         nv, opts = _grid_v("pass", V)
-        _delta_fwd_pass[(nv, N * H)](k, w.contiguous(), u.contiguous(), g32, S0 if S0 is not None else ST, hS, N_,
-                                     ST, layout.cu, layout.coff, HAS_S0=S0 is not None, **consts, **opts)
+        delta_fwd_pass((nv, N * H), k=k, w=w.contiguous(), u=u.contiguous(), g=g32, S0=S0 if S0 is not None else ST,
+                       hS=hS, N_=N_, ST=ST, cu=layout.cu, coff=layout.coff, HAS_S0=S0 is not None, **consts, **opts)
         P = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)
         BQ = torch.empty(B, T, H, V, dtype=dt, device=dev)
         nv, opts = _grid_v("reads", V)
-        _delta_reads[(nv, max(NT, 1), H)](q, k, g32, hS, N_, P, BQ, layout.cu, layout.cidx, float(scale),
-                                          **consts, **opts)
+        delta_reads((nv, max(NT, 1), H), q=q, k=k, g=g32, hS=hS, N_=N_, P=P, BQ=BQ, cu=layout.cu, cidx=layout.cidx,
+                    scale=float(scale), **consts, **opts)
         ctx.save_for_backward(q, k, v, g32, beta_c, w, hS, N_)
         ctx.saved, ctx.layout, ctx.scale, ctx.chunk, ctx.wy, ctx.cu = saved, layout, float(scale), chunk, wy, cu
         ctx.has_S0, ctx.dtypes = S0 is not None, (g.dtype, beta.dtype)
@@ -351,13 +379,15 @@ class DeltaTwoReads(torch.autograd.Function):
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
         DNL = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)
         nv, opts = _grid_v("local", V)
-        _delta_bwd_local[(nv, C, H)](q, k, g32, dBQ, dP, DNL, layout.cu, layout.cidx, scale, **consts, **opts)
+        delta_bwd_local((nv, C, H), q=q, k=k, g=g32, dBQ=dBQ, dP=dP, DNL=DNL, cu=layout.cu, cidx=layout.cidx,
+                        scale=scale, **consts, **opts)
         dhS = torch.empty(NT, H, V, K, dtype=dt, device=dev)
         DN = torch.empty(B, T, H, V, dtype=dt, device=dev)
         dS0 = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
         nv, opts = _grid_v("bwd_pass", V)
-        _delta_bwd_pass[(nv, N * H)](q, k, w, g32, dBQ, dP, DNL, dST.contiguous() if dST is not None else dS0, dhS,
-                                     DN, dS0, layout.cu, layout.coff, scale, HAS_DST=dST is not None, **consts, **opts)
+        delta_bwd_pass((nv, N * H), q=q, k=k, w=w, g=g32, dBQ=dBQ, dP=dP, DNL=DNL,
+                       dST=dST.contiguous() if dST is not None else dS0, dhS=dhS, DN=DN, dS0=dS0, cu=layout.cu,
+                       coff=layout.coff, scale=scale, HAS_DST=dST is not None, **consts, **opts)
         opts = dict(LAUNCH["dqk"])
         BKt = max(MIN_TILE, min(opts.pop("BK"), triton.next_power_of_2(K)))
         NK = triton.cdiv(K, BKt)
@@ -367,9 +397,9 @@ class DeltaTwoReads(torch.autograd.Function):
         E_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
         K_P = torch.empty_like(E_P)
         Z_P = torch.empty(NK, C * H, dtype=torch.float32, device=dev)
-        _delta_bwd_dqk[(NK, C, H)](q, k, g32, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, layout.cu,
-                                   layout.cidx, NTH, C * H, scale, H=H, K=K, V=V, BT=chunk, BK=BKt,
-                                   BV=max(MIN_TILE, triton.next_power_of_2(V)), **opts)
+        delta_bwd_dqk((NK, C, H), q=q, k=k, g=g32, dBQ=dBQ, dP=dP, N_=N_, DN=DN, hS=hS, dhS=dhS, dQ=dQ, dK=dK, dW=dW,
+                      E_P=E_P, K_P=K_P, Z_P=Z_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale, H=H,
+                      K=K, V=V, BT=chunk, BK=BKt, BV=max(MIN_TILE, triton.next_power_of_2(V)), **opts)
         dk_wy, dv, dbeta, db_wy = ctx.wy.bwd(k, v, beta_c, g32, ctx.saved, dW, DN, layout, ctx.cu, chunk)
         dK += dk_wy
         E = E_P.sum(0).view(NTH // H, H)

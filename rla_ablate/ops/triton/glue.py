@@ -1,24 +1,13 @@
-"""The `triton` backend: RLA on our fused kernels (`triton_rla`), RDN on our one-pass base (`triton_rdn`) + FLA.
+"""The composition's elementwise glue as fused Triton kernels (the `triton` backend's `TRITON_GLUE`).
 
-rule="additive" with fit "residual" or "none" runs `triton_rla` (our own kernels: plain state passes plus parallel
-residual, output and gradient kernels) for bf16/fp16 heads up to 128 wide (`triton_rla.covers`); fit="off" is the
-baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). rule="delta" with a residual path (bf16/fp16,
-heads up to 128: `triton_rdn.covers`) takes the `fla` composition with its base pass replaced by `triton_rdn`'s (the
-delta rule run once and read twice, instead of FLA's kernel over a shifted [q; k] double batch); the auxiliary
-recurrence stays FLA's. Everything else (fp32, wider heads) takes the composition as it is, with the glue fused.
-
-The composition's elementwise glue, about twenty fp32/bf16 passes over [B, T, H, V] between and after the
-recurrences in PyTorch (docs/RESULTS.md), is two kernels here, each with its backward:
+The `fla` composition's glue, about twenty fp32/bf16 passes over [B, T, H, V] between and after the recurrences in
+PyTorch (docs/RESULTS.md), is two kernels here, each with its backward:
 
     residual:  w_t = gamma_t T(v_t - S_{t-1} k_t)   (or r_t alone for the delta rule, whose kernel takes gamma)
     output:    o_t = alpha_t S_{t-1} q_t + gamma_t R_t q_t   (or the ungated sum)
 
 Both read the base reads where they lie (strided [B, T, H, V] views, no copies), compute in fp32 and write each
 result once, in its input's dtype.
-
-"auto" picks it first for both rules: on the H200 every fit x target x gates case of each rule has passed, bf16 on
-our kernels and fp32 on the composition, and the models' GPU tests with it (docs/RESULTS.md, "Correctness on the
-H200").
 """
 
 from __future__ import annotations
@@ -27,11 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rla_ablate.ops import _per_sequence, register_backend, triton_rdn
-from rla_ablate.ops.chunk import chunk_residual_attention
-from rla_ablate.ops.fla_backend import FLA_KERNELS, Glue, compose_residual_attention, fla_available
+from rla_ablate.ops.fla_backend import Glue
 from rla_ablate.ops.spec import ResidualSpec
-from rla_ablate.ops.triton_rla import TARGET_CODES, _target, _target_slope, chunks_fit_grid, covers, rla_triton
+from rla_ablate.ops.triton.common import TARGET_CODES, _target, _target_slope
 
 BLOCK_ROWS = 16
 
@@ -62,6 +49,13 @@ def _residual_fwd(v, pred, gamma, w, R, T, H, V, c,
     tl.store(w + off_w, y.to(w.dtype.element_ty), mask=mask)
 
 
+def residual_fwd(grid, *, v, pred, gamma, w, R, T, H, V, c, sv_b, sv_t, sv_h, sp_b, sp_t, sp_h, TARGET, SCALE, BR, BV,
+                 **options):
+    """`_residual_fwd` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _residual_fwd[grid](v, pred, gamma, w, R, T, H, V, c, sv_b, sv_t, sv_h, sp_b, sp_t, sp_h, TARGET=TARGET,
+                        SCALE=SCALE, BR=BR, BV=BV, **options)
+
+
 @triton.jit
 def _residual_bwd(dw, v, pred, gamma, dv, dpred, dgamma, R, T, H, V, c,
                   sv_b, sv_t, sv_h, sp_b, sp_t, sp_h,
@@ -83,6 +77,13 @@ def _residual_bwd(dw, v, pred, gamma, dv, dpred, dgamma, R, T, H, V, c,
     tl.store(dpred + off_w, (-dx).to(dpred.dtype.element_ty), mask=mask)
 
 
+def residual_bwd(grid, *, dw, v, pred, gamma, dv, dpred, dgamma, R, T, H, V, c, sv_b, sv_t, sv_h, sp_b, sp_t, sp_h,
+                 TARGET, SCALE, BR, BV, **options):
+    """`_residual_bwd` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _residual_bwd[grid](dw, v, pred, gamma, dv, dpred, dgamma, R, T, H, V, c, sv_b, sv_t, sv_h, sp_b, sp_t, sp_h,
+                        TARGET=TARGET, SCALE=SCALE, BR=BR, BV=BV, **options)
+
+
 @triton.jit
 def _output_fwd(base, corr, g, gamma, o, R, T, H, V,
                 sb_b, sb_t, sb_h, sc_b, sc_t, sc_h,
@@ -100,6 +101,13 @@ def _output_fwd(base, corr, g, gamma, o, R, T, H, V,
     else:
         out = x + y
     tl.store(o + rows.to(tl.int64)[:, None] * V + cols[None, :], out.to(o.dtype.element_ty), mask=mask)
+
+
+def output_fwd(grid, *, base, corr, g, gamma, o, R, T, H, V, sb_b, sb_t, sb_h, sc_b, sc_t, sc_h, GATES, BR, BV,
+               **options):
+    """`_output_fwd` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _output_fwd[grid](base, corr, g, gamma, o, R, T, H, V, sb_b, sb_t, sb_h, sc_b, sc_t, sc_h, GATES=GATES, BR=BR,
+                      BV=BV, **options)
 
 
 @triton.jit
@@ -125,20 +133,28 @@ def _output_bwd(do, base, corr, g, gamma, dbase, dcorr, dg, dgamma, R, T, H, V,
         tl.store(dcorr + off, d.to(dcorr.dtype.element_ty), mask=mask)
 
 
+def output_bwd(grid, *, do, base, corr, g, gamma, dbase, dcorr, dg, dgamma, R, T, H, V, sb_b, sb_t, sb_h, sc_b, sc_t,
+               sc_h, GATES, BR, BV, **options):
+    """`_output_bwd` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _output_bwd[grid](do, base, corr, g, gamma, dbase, dcorr, dg, dgamma, R, T, H, V, sb_b, sb_t, sb_h, sc_b, sc_t,
+                      sc_h, GATES=GATES, BR=BR, BV=BV, **options)
+
+
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """x itself when its last dimension is contiguous (the kernels take any other strides), else a contiguous copy:
     a model's short convolution, for one, hands over v as a transposed [B, D, T] buffer."""
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _strides(x: torch.Tensor) -> tuple[int, int, int]:
+def _strides(x: torch.Tensor, name: str) -> dict[str, int]:
+    """The kernels' stride parameters of x, `name`_b, `name`_t, `name`_h (in elements)."""
     assert x.stride(-1) == 1, "pass the tensor through _rows first"
-    return x.stride(0), x.stride(1), x.stride(2)
+    return {f"{name}_b": x.stride(0), f"{name}_t": x.stride(1), f"{name}_h": x.stride(2)}
 
 
-def _launch(kernel, R, V, *args, **constexprs):
-    grid = (triton.cdiv(R, BLOCK_ROWS),)
-    kernel[grid](*args, BR=BLOCK_ROWS, BV=triton.next_power_of_2(V), **constexprs)
+def _row_blocks(R: int, V: int) -> tuple[tuple[int], dict[str, int]]:
+    """Grid and tiles of a glue kernel: BLOCK_ROWS of the R rows (b, t, h) per program, the whole V in one tile."""
+    return (triton.cdiv(R, BLOCK_ROWS),), dict(BR=BLOCK_ROWS, BV=triton.next_power_of_2(V))
 
 
 class FusedResidual(torch.autograd.Function):
@@ -151,8 +167,9 @@ class FusedResidual(torch.autograd.Function):
         v, pred = _rows(v), _rows(pred)
         gamma_c = gamma.contiguous() if gamma is not None else v.new_empty(1)
         w = torch.empty(B, T, H, V, dtype=v.dtype, device=v.device)
-        _launch(_residual_fwd, R, V, v, pred, gamma_c, w, R, T, H, V, float(clip), *_strides(v), *_strides(pred),
-                TARGET=TARGET_CODES[target], SCALE=gamma is not None)
+        grid, tiles = _row_blocks(R, V)
+        residual_fwd(grid, v=v, pred=pred, gamma=gamma_c, w=w, R=R, T=T, H=H, V=V, c=float(clip), **_strides(v, "sv"),
+                     **_strides(pred, "sp"), TARGET=TARGET_CODES[target], SCALE=gamma is not None, **tiles)
         ctx.save_for_backward(v, pred, gamma_c)
         ctx.has_gamma, ctx.target, ctx.clip = gamma is not None, target, float(clip)
         return w
@@ -166,8 +183,10 @@ class FusedResidual(torch.autograd.Function):
         dv = torch.empty(B, T, H, V, dtype=v.dtype, device=v.device)
         dpred = torch.empty(B, T, H, V, dtype=pred.dtype, device=v.device)
         dgamma = torch.empty(B, T, H, dtype=torch.float32, device=v.device) if ctx.has_gamma else dv.new_empty(1)
-        _launch(_residual_bwd, R, V, dw.contiguous(), v, pred, gamma_c, dv, dpred, dgamma, R, T, H, V, ctx.clip,
-                *_strides(v), *_strides(pred), TARGET=TARGET_CODES[ctx.target], SCALE=ctx.has_gamma)
+        grid, tiles = _row_blocks(R, V)
+        residual_bwd(grid, dw=dw.contiguous(), v=v, pred=pred, gamma=gamma_c, dv=dv, dpred=dpred, dgamma=dgamma, R=R,
+                     T=T, H=H, V=V, c=ctx.clip, **_strides(v, "sv"), **_strides(pred, "sp"),
+                     TARGET=TARGET_CODES[ctx.target], SCALE=ctx.has_gamma, **tiles)
         return dv, dpred, dgamma.to(gamma_c.dtype) if ctx.has_gamma else None, None, None
 
 
@@ -181,8 +200,9 @@ class FusedOutput(torch.autograd.Function):
         base, corr = _rows(base), _rows(corr)
         g_c, gamma_c = g.contiguous(), gamma.contiguous()
         o = torch.empty(B, T, H, V, dtype=dtype, device=base.device)
-        _launch(_output_fwd, R, V, base, corr, g_c, gamma_c, o, R, T, H, V, *_strides(base), *_strides(corr),
-                GATES=bool(gates))
+        grid, tiles = _row_blocks(R, V)
+        output_fwd(grid, base=base, corr=corr, g=g_c, gamma=gamma_c, o=o, R=R, T=T, H=H, V=V, **_strides(base, "sb"),
+                   **_strides(corr, "sc"), GATES=bool(gates), **tiles)
         ctx.save_for_backward(base, corr, g_c, gamma_c)
         ctx.gates = bool(gates)
         return o
@@ -196,8 +216,10 @@ class FusedOutput(torch.autograd.Function):
         dcorr = torch.empty(B, T, H, V, dtype=corr.dtype, device=base.device)
         dg = torch.zeros(B, T, H, dtype=torch.float32, device=base.device)
         dgamma = torch.zeros_like(dg)
-        _launch(_output_bwd, R, V, do.contiguous(), base, corr, g_c, gamma_c, dbase, dcorr, dg, dgamma, R, T, H, V,
-                *_strides(base), *_strides(corr), GATES=ctx.gates)
+        grid, tiles = _row_blocks(R, V)
+        output_bwd(grid, do=do.contiguous(), base=base, corr=corr, g=g_c, gamma=gamma_c, dbase=dbase, dcorr=dcorr,
+                   dg=dg, dgamma=dgamma, R=R, T=T, H=H, V=V, **_strides(base, "sb"), **_strides(corr, "sc"),
+                   GATES=ctx.gates, **tiles)
         return (dbase, dcorr, dg.to(g_c.dtype) if ctx.gates else None,
                 dgamma.to(gamma_c.dtype) if ctx.gates else None, None, None)
 
@@ -211,40 +233,3 @@ def _fused_output(base_read, corr, g32, gamma, output_gates: bool, dtype):
 
 
 TRITON_GLUE = Glue(residual=_fused_residual, output=_fused_output)
-
-
-# The implementations behind the `triton` backend, each for the inputs it covers.
-NO_TOKENS = "chunk"              # no tokens: no chunk for a kernel to read (their chunk lists are empty)
-RLA_FUSED = "rla-fused"          # RLA: every pass on the fused kernels of triton_rla
-RDN_READS = "rdn-reads+fla"      # RDN: the base pass's two reads on triton_rdn, the auxiliary pass on FLA's kernels
-FLA_GLUE = "fla+glue"            # everything else: FLA's kernels composed with the fused Triton glue
-
-
-def implementation(q: torch.Tensor, v: torch.Tensor, spec: ResidualSpec, cu_seqlens: torch.Tensor | None = None) -> str:
-    """Which implementation the `triton` backend runs for these inputs (one of the constants above)."""
-    if q.shape[0] * q.shape[1] == 0:
-        return NO_TOKENS
-    B, T, H = q.shape[:3]
-    fits = chunks_fit_grid(B * T, B if cu_seqlens is None else cu_seqlens.numel() - 1, H)
-    if fits and covers(q, v, spec):
-        return RLA_FUSED
-    return RDN_READS if fits and triton_rdn.covers(q, v, spec) else FLA_GLUE
-
-
-def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
-                              cu_seqlens: torch.Tensor | None = None):
-    """The `triton` backend (signature of `naive_residual_attention`, plus FLA-style `cu_seqlens`)."""
-    impl = implementation(q, v, spec, cu_seqlens)
-    if impl == NO_TOKENS:
-        if cu_seqlens is None:
-            return chunk_residual_attention(q, k, v, g, beta, gamma, spec, scale, initial_state)
-        return _per_sequence(chunk_residual_attention, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
-    if impl == RLA_FUSED:
-        return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
-    reads = triton_rdn.delta_two_reads if impl == RDN_READS else None
-    return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
-                                      glue=TRITON_GLUE, base_reads=reads)
-
-
-register_backend("triton", triton_residual_attention, fla_available, cuda_rank=0, varlen=True,
-                 auto_rules=("additive", "delta"), implementation=implementation)

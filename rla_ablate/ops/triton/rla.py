@@ -34,22 +34,21 @@ and every accumulation in fp32. The backward keeps S_c and R_c from the forward.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from rla_ablate.ops.spec import ResidualSpec
+from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
+                                          TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
+                                          _pass_chunk, _pass_program, _target, _target_slope, chunk_gate_gradient,
+                                          launch_options)
 
-TARGET_CODES = {"clip": 0, "tanh": 1, "identity": 2}
-CHUNK = 64
-# Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives). Every tile
-# of a dot is at least 64 wide, padded by masks: on Hopper, Triton 3.6/3.7 miscompiles kernels holding several dots
-# with 16- or 32-wide operands (illegal shared-memory reads, triton-lang/triton#11366); BV=32 faults on the H200.
-# Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat 8 (the dq/dk kernel by
-# 13% of the whole fwd+bwd, though ptxas reports it spilling more): at ~250 registers a thread, 8 warps leave one
-# block per SM and nothing to overlap one program's loads with another's dots; two blocks of 4 warps can.
+# Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives; tiles at
+# least MIN_TILE wide). Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat
+# 8 (the dq/dk kernel by 13% of the whole fwd+bwd, though ptxas reports it spilling more): at ~250 registers a
+# thread, 8 warps leave one block per SM and nothing to overlap one program's loads with another's dots; two blocks
+# of 4 warps can.
 LAUNCH = {
     # the state passes, one BV x BK fp32 tile per program (as FLA's chunk_fwd_h): one term (S, R, dR) or two (dS)
     "state_pass": dict(BK=64, BV=64, num_warps=4),
@@ -60,112 +59,19 @@ LAUNCH = {
     "bwd_dv": dict(BV=64, num_warps=4),
     "bwd_dqk": dict(BK=64, num_warps=4),  # its V tile is the whole V
 }
-MIN_TILE = 64
-G_FLOOR = tl.constexpr(-60.0)
-
-
-@triton.jit
-def _target(x, c, TARGET: tl.constexpr):
-    if TARGET == 0:
-        y = tl.minimum(tl.maximum(x, -c), c)
-    elif TARGET == 1:
-        # c * tanh(x / c) through exp, saturating cleanly at +-c for large |x|
-        y = c * (1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0))
-    else:
-        y = x
-    return y
-
-
-@triton.jit
-def _target_slope(x, c, TARGET: tl.constexpr):
-    if TARGET == 0:
-        # torch.clamp passes the gradient on the closed interval [-c, c]
-        d = tl.where((x >= -c) & (x <= c), 1.0, 0.0)
-    elif TARGET == 1:
-        th = 1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0)
-        d = 1.0 - th * th
-    else:
-        d = tl.full(x.shape, 1.0, tl.float32)
-    return d
-
-
-@triton.jit
-def _decay(rows, cols, keep):
-    """exp(rows_t - cols_s) where keep[t, s], else 0 (masked before exp: never inf)."""
-    return tl.exp(tl.where(keep, rows[:, None] - cols[None, :], float("-inf")))
-
-
-@triton.jit
-def _chunk_gates(g, tok, mt):
-    """b = chunk-local cumsum of g, b' = b - g, b_L = the chunk's total (rows past the end carry g = 0).
-
-    g is floored at G_FLOOR: alpha = exp(-60) < 1e-26 already erases the state in fp32, and the floor keeps b small
-    enough that exp(b_t - b_s) stays exact to fp32 rounding when one gate is huge (g = -1e5 would cost 1% there).
-    """
-    b_g = tl.maximum(tl.load(g + tok, mask=mt, other=0.0).to(tl.float32), G_FLOOR)
-    b = tl.cumsum(b_g, axis=0)
-    return b, b - b_g, tl.sum(b_g, axis=0)
-
-
-@triton.jit
-def _chunk_rows(cu, cidx, i_c, h, H: tl.constexpr, BT: tl.constexpr):
-    """Chunk i_c of the chunk list: its sequence n, the sequence end, token indices t, their mask, and row offsets."""
-    n, c = tl.load(cidx + 2 * i_c).to(tl.int64), tl.load(cidx + 2 * i_c + 1).to(tl.int64)
-    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
-    t = bos + c * BT + tl.arange(0, BT)
-    mt = t < eos
-    return n, eos, t, mt, t * H + h
-
-
-@triton.jit
-def _chunk_tile(cu, cidx, i_c, h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                BK: tl.constexpr, BV: tl.constexpr):
-    """_chunk_rows plus the column ranges of a full-K x V-tile program and the masks of its [BT, K] and [BT, BV] tiles."""
-    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
-    rk, rv = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    return n, eos, t, mt, tok, rk, rv, mk, mv, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
 
 
 @triton.jit
 def _pass_coef(b, bp, b_L, CODE: tl.constexpr):
-    """The per-token weight of a state pass's term: 0 exp(b_L - b) (a write, to the chunk end), 1 exp(b), 2 exp(b')."""
-    if CODE == 0:
+    """The per-token weight of a state pass's term: COEF_TO_END exp(b_L - b) (a write, to the chunk end), COEF_B
+    exp(b), COEF_B_PRIME exp(b')."""
+    if CODE == COEF_TO_END:
         c = tl.exp(b_L - b)
-    elif CODE == 1:
+    elif CODE == COEF_B:
         c = tl.exp(b)
     else:
         c = tl.exp(bp)
     return c
-
-
-@triton.jit
-def _pass_program(cu, coff, D0, i_k, i_v, i_nh, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BK: tl.constexpr, BV: tl.constexpr, HAS_D0: tl.constexpr):
-    """A state pass's program (one sequence and head, one BV x BK state tile): the head, the sequence's token range
-    and first chunk, the tile's columns, masks and offsets, and its starting value (D0's tile or zeros, fp32)."""
-    n, h = i_nh // H, i_nh % H
-    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
-    c0 = tl.load(coff + n).to(tl.int64)
-    rk, rv = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    m_state = mv[:, None] & mk[None, :]
-    o_state = rv[:, None] * K + rk[None, :]
-    o_seq = (n * H + h).to(tl.int64) * V * K
-    D = tl.zeros([BV, BK], dtype=tl.float32)
-    if HAS_D0:
-        D += tl.load(D0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
-    return h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D
-
-
-@triton.jit
-def _pass_chunk(g, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr):
-    """Chunk c of a state pass's sequence: token indices, their mask, row offsets, tile masks and the gates."""
-    t = bos + c * BT + tl.arange(0, BT)
-    mt = t < eos
-    tok = t * H + h
-    b, bp, b_L = _chunk_gates(g, tok, mt)
-    return mt, tok, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :], b, bp, b_L
 
 
 @triton.jit
@@ -179,7 +85,7 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
 
     forward (REVERSE=False) it is a state (S with ua = v, sa = beta; R with ua = w) and hD[c] holds it where chunk c
     starts; reverse it is a state gradient (dR with ua = do, sa = gamma, ka = q; dS adds ub = dx, kb = k,
-    sign_b = -1) and hD[c] holds it where chunk c ends. c_X codes: 0 exp(b_L - b), 1 exp(b), 2 exp(b').
+    sign_b = -1) and hD[c] holds it where chunk c ends. c_X: CA, CB, the codes of `_pass_coef`.
     Holds one BV x BK fp32 tile and two dots per chunk: no spills, and K tiles multiply the programs of long
     sequences (a B = 1 sequence of 128K tokens ran on 32 programs when the passes also made the residual).
     """
@@ -203,6 +109,13 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
             b_ub = tl.load(ub + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
             D += tl.dot(tl.trans((b_ub * (coef_b * sign_b)[:, None]).to(dt)), b_kb)
     tl.store(DT + o_seq + o_state, D, mask=m_state)
+
+
+def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H, K, V, BT, BK, BV, REVERSE, CA,
+               CB, HAS_SA, HAS_B, HAS_D0, **options):
+    """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                      REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0, **options)
 
 
 @triton.jit
@@ -233,6 +146,13 @@ def _fwd_residual(k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip,
     if FIT_RES:
         w = w * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
     tl.store(W + o_tv, w.to(W.dtype.element_ty), mask=m_tv)
+
+
+def fwd_residual(grid, *, k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip, H, K, V, BT, BK, BV, TARGET, FIT_RES,
+                 **options):
+    """`_fwd_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _fwd_residual[grid](k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                        TARGET=TARGET, FIT_RES=FIT_RES, **options)
 
 
 @triton.jit
@@ -270,6 +190,13 @@ def _fwd_output(q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale,
     else:
         o = base * scale + corr
     tl.store(O + tok[:, None] * V + rv[None, :], o.to(O.dtype.element_ty), mask=m_tv)
+
+
+def fwd_output(grid, *, q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale, H, K, V, BT, BK, BV, FIT_RES,
+               GATES, **options):
+    """`_fwd_output` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _fwd_output[grid](q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                      FIT_RES=FIT_RES, GATES=GATES, **options)
 
 
 @triton.jit
@@ -316,6 +243,13 @@ def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, sca
     tl.store(DX + o_tv, dx.to(DX.dtype.element_ty), mask=m_tv)
 
 
+def bwd_residual(grid, *, q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip, H, K, V, BT, BK, BV,
+                 TARGET, FIT_RES, GATES, HAS_DRT, **options):
+    """`_bwd_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _bwd_residual[grid](q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip, H=H, K=K, V=V, BT=BT,
+                        BK=BK, BV=BV, TARGET=TARGET, FIT_RES=FIT_RES, GATES=GATES, HAS_DRT=HAS_DRT, **options)
+
+
 @triton.jit
 def _bwd_dv(q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale,
             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -349,6 +283,13 @@ def _bwd_dv(q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx
         tl.store(dGAMMA_P + o_part,
                  tl.sum(b_do.to(tl.float32) * tl.load(CORR + o_tv, mask=m_tv, other=0.0).to(tl.float32), axis=1),
                  mask=mt)
+
+
+def bwd_dv(grid, *, q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale, H, K, V, BT, BK,
+           BV, GATES, **options):
+    """`_bwd_dv` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _bwd_dv[grid](q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale, H=H, K=K, V=V,
+                  BT=BT, BK=BK, BV=BV, GATES=GATES, **options)
 
 
 @triton.jit
@@ -441,74 +382,12 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     tl.store(EK_P + o_part, tl.sum(k32 * dkW, axis=1), mask=mt)
 
 
-class Layout:
-    """Packed-sequence bookkeeping shared by the kernels: cu_seqlens, chunk offsets and the chunk list."""
-
-    def __init__(self, B: int, T: int, cu_seqlens: torch.Tensor | None, chunk: int, device):
-        if cu_seqlens is None:
-            lengths = [T] * B
-        else:
-            lengths = cu_seqlens.diff().tolist()
-        counts = [-(-n // chunk) for n in lengths]
-        starts = [0]
-        for n in counts:
-            starts.append(starts[-1] + n)
-        self.N, self.chunks, self.lengths = len(lengths), starts[-1], lengths
-        ends = [0]
-        for n in lengths:
-            ends.append(ends[-1] + n)
-        self.cu = torch.tensor(ends, dtype=torch.int32, device=device)
-        self.coff = torch.tensor(starts, dtype=torch.int32, device=device)
-        pairs = [(n, c) for n, count in enumerate(counts) for c in range(count)]
-        self.cidx = torch.tensor(pairs or [(0, 0)], dtype=torch.int32, device=device).flatten()
-        sizes = [min(chunk, lengths[n] - c * chunk) for n, c in pairs]
-        chunk_ends = [0]
-        for n in sizes:
-            chunk_ends.append(chunk_ends[-1] + n)
-        # output_size given: repeat_interleave would otherwise wait for the GPU to learn its length
-        self.chunk_of_token = torch.repeat_interleave(torch.arange(self.chunks, device=device),
-                                                      torch.tensor(sizes, dtype=torch.long, device=device),
-                                                      output_size=ends[-1])
-        self.chunk_end_of_token = torch.tensor(chunk_ends[1:], dtype=torch.long, device=device)[self.chunk_of_token]
-
-    @staticmethod
-    @functools.lru_cache(maxsize=64)
-    def batched(B: int, T: int, chunk: int, device: torch.device) -> Layout:
-        """The layout of B sequences of T tokens, built once per shape: building one copies host lists to the device,
-        which every layer of every step would otherwise repeat (its tensors are only read)."""
-        return Layout(B, T, None, chunk, device)
-
-    def chunk_reverse_cumsum(self, x: torch.Tensor) -> torch.Tensor:
-        """sum_{j >= t, same chunk} x_j for x [tokens, H] (fp32 out).
-
-        One scan along the innermost dimension ([H, tokens]: a scan over an outer dimension took 11 ms on the H200
-        for 64K tokens), in float64 so that subtracting the sums past each chunk's end loses nothing.
-        """
-        xt = torch.cat([x.t().double(), x.new_zeros(x.shape[1], 1, dtype=torch.float64)], dim=1)
-        tail = xt.flip(1).cumsum(1).flip(1)  # tail[:, t] = sum_{j >= t}
-        return (tail[:, :-1] - tail[:, self.chunk_end_of_token]).t().float()
-
-
-def chunk_gate_gradient(layout: Layout, terms: torch.Tensor, E: torch.Tensor, Z_P: torch.Tensor, H: int):
-    """dg [tokens, H] from the kernels' per-token terms (reads minus writes, `terms`, of which `E` are the reads
-    that start at b') and their per-K-tile partials of each chunk's end term Z_c = <dS_end, S_end> (+ R's):
-
-        dg_t = sum_{j >= t, same chunk} terms_j - E_t + Z_{chunk of t}
-
-    (docs/MATH.md "dg without the states"). Summed over the whole sequence instead, the terms' bf16
-    rounding accumulates and dg's error grows with the length (fp16 in the interpreter: 7e-4 at T=128, 6.5e-3 at
-    16K); the chunk's end term holds what the later chunks add, from the states, exactly."""
-    Z = Z_P.sum(0).view(-1, H) if layout.chunks else Z_P.new_zeros(0, H)
-    return layout.chunk_reverse_cumsum(terms) - E + Z[layout.chunk_of_token]
-
-
-def _launch(name: str, V: int, table: dict = LAUNCH) -> dict:
-    """The launch options of one kernel in `table`: its V tile (at most V rounded up to a power of two, at least
-    MIN_TILE; the whole V where the table names none), warps."""
-    opts = dict(table[name])
-    whole = triton.next_power_of_2(V)
-    opts["BV"] = max(MIN_TILE, min(opts.get("BV", whole), whole))
-    return opts
+def bwd_dqk(grid, *, q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, cu,
+            cidx, NTH, NCH, scale, c_clip, H, K, V, BT, BK, BV, TARGET, FIT_RES, GATES, HAS_DRT, **options):
+    """`_bwd_dqk` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _bwd_dqk[grid](q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, cu,
+                   cidx, NTH, NCH, scale, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, TARGET=TARGET, FIT_RES=FIT_RES,
+                   GATES=GATES, HAS_DRT=HAS_DRT, **options)
 
 
 def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int) -> tuple[tuple, dict]:
@@ -542,24 +421,25 @@ class RLAFunction(torch.autograd.Function):
         C = max(NT, 1)
         grid, state = _state_launch(False, H, K, V, chunk, N * H)
         # S's pass; the old reads and residuals from its chunk states; R's pass over the residuals
-        _state_pass[grid](
-            k, v, beta_c, k, v, g32, S0 if S0 is not None else ST, hS, ST, layout.cu, layout.coff, 1.0, 0.0,
-            REVERSE=False, CA=0, CB=0, HAS_SA=True, HAS_B=False, HAS_D0=S0 is not None, **state)
-        opts = _launch("fwd_residual", V)
-        _fwd_residual[(triton.cdiv(V, opts["BV"]), C, H)](
-            k, v, g32, beta_c, gamma_c, hS, X, W, layout.cu, layout.cidx, float(spec.clip),
-            TARGET=TARGET_CODES[spec.target], FIT_RES=fit_res, **consts, **opts)
+        state_pass(grid, ka=k, ua=v, sa=beta_c, kb=k, ub=v, g=g32, D0=S0 if S0 is not None else ST, hD=hS, DT=ST,
+                   cu=layout.cu, coff=layout.coff, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
+                   CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False, HAS_D0=S0 is not None, **state)
+        opts = launch_options("fwd_residual", V, LAUNCH)
+        fwd_residual((triton.cdiv(V, opts["BV"]), C, H), k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, hS=hS, X=X,
+                     W=W, cu=layout.cu, cidx=layout.cidx, c_clip=float(spec.clip), TARGET=TARGET_CODES[spec.target],
+                     FIT_RES=fit_res, **consts, **opts)
         if fit_res:
-            _state_pass[grid](
-                k, W, beta_c, k, W, g32, R0 if R0 is not None else RT, hR, RT, layout.cu, layout.coff, 1.0, 0.0,
-                REVERSE=False, CA=0, CB=0, HAS_SA=False, HAS_B=False, HAS_D0=R0 is not None, **state)
+            state_pass(grid, ka=k, ua=W, sa=beta_c, kb=k, ub=W, g=g32, D0=R0 if R0 is not None else RT, hD=hR,
+                       DT=RT, cu=layout.cu, coff=layout.coff, scale_a=1.0, sign_b=0.0, REVERSE=False,
+                       CA=COEF_TO_END.value, CB=COEF_TO_END.value, HAS_SA=False, HAS_B=False, HAS_D0=R0 is not None,
+                       **state)
         O = torch.empty(B * T, H, V, dtype=q.dtype, device=dev)
         # the residual read before its gate, for dgamma = do . corr: in the inputs' dtype, as the output
         CORR = torch.empty(B * T, H, V, dtype=q.dtype, device=dev) if spec.output_gates else X.new_empty(1)
-        opts = _launch("fwd_output", V)
-        _fwd_output[(triton.cdiv(V, opts["BV"]), C, H)](
-            q, k, v, g32, beta_c, gamma_c, W, hS, hR, O, CORR, layout.cu, layout.cidx, float(scale),
-            FIT_RES=fit_res, GATES=spec.output_gates, **consts, **opts)
+        opts = launch_options("fwd_output", V, LAUNCH)
+        fwd_output((triton.cdiv(V, opts["BV"]), C, H), q=q, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, W=W, hS=hS,
+                   hR=hR, O=O, CORR=CORR, cu=layout.cu, cidx=layout.cidx, scale=float(scale), FIT_RES=fit_res,
+                   GATES=spec.output_gates, **consts, **opts)
         if fit_res:
             R_T = RT
         else:
@@ -600,41 +480,41 @@ class RLAFunction(torch.autograd.Function):
         grid2, state2 = _state_launch(True, H, K, V, chunk, N * H)
         if fit_res:
             # dR's pass (it does not depend on dS); then dw, dx in parallel; then dS's pass, which needs dx
-            _state_pass[grid](
-                q, dO, gamma_c, q, dO, g32, dRT if dRT is not None else dS0, dhR, dR0, layout.cu, layout.coff, scale,
-                0.0, REVERSE=True, CA=1, CB=0, HAS_SA=spec.output_gates, HAS_B=False, HAS_D0=dRT is not None,
-                **state)
-        opts = _launch("bwd_residual", V)
+            state_pass(grid, ka=q, ua=dO, sa=gamma_c, kb=q, ub=dO, g=g32, D0=dRT if dRT is not None else dS0,
+                       hD=dhR, DT=dR0, cu=layout.cu, coff=layout.coff, scale_a=scale, sign_b=0.0, REVERSE=True,
+                       CA=COEF_B.value, CB=COEF_TO_END.value, HAS_SA=spec.output_gates, HAS_B=False,
+                       HAS_D0=dRT is not None, **state)
+        opts = launch_options("bwd_residual", V, LAUNCH)
         NVr = triton.cdiv(V, opts["BV"])
         dGR_P = torch.empty(NVr, NTH, dtype=torch.float32, device=dev) if fit_res else DX.new_empty(1)
-        _bwd_residual[(NVr, C, H)](
-            q, k, g32, gamma_c, dO, X, dhR, dRT if dRT is not None else dS0, DX, dGR_P, layout.cu, layout.cidx, NTH,
-            scale, float(spec.clip), HAS_DRT=dRT is not None, **consts, **opts)
-        _state_pass[grid2](
-            q, dO, gamma_c, k, DX, g32, dST if dST is not None else dS0, dhS, dS0, layout.cu, layout.coff, scale, -1.0,
-            REVERSE=True, CA=1 if spec.output_gates else 2, CB=2, HAS_SA=False, HAS_B=True, HAS_D0=dST is not None,
-            **state2)
+        bwd_residual((NVr, C, H), q=q, k=k, g=g32, gamma=gamma_c, dO=dO, X=X, hdR=dhR,
+                     dRT=dRT if dRT is not None else dS0, DX=DX, dGR_P=dGR_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH,
+                     scale=scale, c_clip=float(spec.clip), HAS_DRT=dRT is not None, **consts, **opts)
+        state_pass(grid2, ka=q, ua=dO, sa=gamma_c, kb=k, ub=DX, g=g32, D0=dST if dST is not None else dS0, hD=dhS,
+                   DT=dS0, cu=layout.cu, coff=layout.coff, scale_a=scale, sign_b=-1.0, REVERSE=True,
+                   CA=(COEF_B if spec.output_gates else COEF_B_PRIME).value, CB=COEF_B_PRIME.value, HAS_SA=False,
+                   HAS_B=True, HAS_D0=dST is not None, **state2)
         # every element of dq, dk, dv is written once, by one program: stored in the inputs' dtype straight away
         dQ = torch.empty(B * T, H, K, dtype=q.dtype, device=dev)
         dK = torch.empty(B * T, H, K, dtype=k.dtype, device=dev)
         dV = torch.empty(B * T, H, V, dtype=v.dtype, device=dev)
-        opts = _launch("bwd_dv", V)
+        opts = launch_options("bwd_dv", V, LAUNCH)
         NV = triton.cdiv(V, opts["BV"])
         dBETA_P = torch.empty(NV, NTH, dtype=torch.float32, device=dev)
         dGAMMA_P = torch.empty_like(dBETA_P) if spec.output_gates else dBETA_P.new_empty(1)
-        _bwd_dv[(NV, C, H)](
-            q, k, v, g32, beta_c, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, layout.cu, layout.cidx, NTH, scale,
-            H=H, K=K, V=V, BT=chunk, BK=BK, GATES=spec.output_gates, **opts)
-        opts = _launch("bwd_dqk", V)
+        bwd_dv((NV, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, DX=DX, CORR=CORR, dO=dO, dhS=dhS, dV=dV,
+               dBETA_P=dBETA_P, dGAMMA_P=dGAMMA_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, scale=scale, H=H, K=K, V=V,
+               BT=chunk, BK=BK, GATES=spec.output_gates, **opts)
+        opts = launch_options("bwd_dqk", V, LAUNCH)
         BKt = opts.pop("BK")
         NK = triton.cdiv(K, BKt)
         EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
         EE_P, EK_P = torch.empty_like(EQ_P), torch.empty_like(EQ_P)
         Z_P = torch.empty(NK, C * H, dtype=torch.float32, device=dev)
-        _bwd_dqk[(NK, C, H)](
-            q, k, v, g32, beta_c, gamma_c, W, X, DX, dO, hS, hR, dhS, dhR, dRT if dRT is not None else dS0, dQ, dK,
-            EQ_P, EE_P, EK_P, Z_P, layout.cu, layout.cidx, NTH, C * H, scale, float(spec.clip),
-            HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
+        bwd_dqk((NK, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, W=W, X=X, DX=DX, dO=dO, hS=hS, hR=hR,
+                dhS=dhS, dhR=dhR, dRT=dRT if dRT is not None else dS0, dQ=dQ, dK=dK, EQ_P=EQ_P, EE_P=EE_P, EK_P=EK_P,
+                Z_P=Z_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale, c_clip=float(spec.clip),
+                HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
         dBETA = dBETA_P.sum(0).view(B * T, H)
         dGAMMA = torch.zeros(B * T, H, dtype=torch.float32, device=dev)
         if spec.output_gates:
@@ -654,7 +534,6 @@ class RLAFunction(torch.autograd.Function):
                 None, None, None, None)
 
 
-MAX_HEAD_DIM = 128
 
 
 def covers(q: torch.Tensor, v: torch.Tensor, spec: ResidualSpec) -> bool:

@@ -1,0 +1,61 @@
+"""The `triton` backend: RLA on our fused kernels (`rla`), RDN on our one-pass base (`rdn`) + FLA.
+
+rule="additive" with fit "residual" or "none" runs `rla` (our own kernels: plain state passes plus parallel
+residual, output and gradient kernels) for bf16/fp16 heads up to 128 wide (`rla.covers`); fit="off" is the
+baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). rule="delta" with a residual path (bf16/fp16,
+heads up to 128: `rdn.covers`) takes the `fla` composition with its base pass replaced by `rdn`'s (the delta rule
+run once and read twice, instead of FLA's kernel over a shifted [q; k] double batch); the auxiliary recurrence stays
+FLA's. Everything else (fp32, wider heads) takes the composition as it is, with the glue fused (`glue`).
+
+"auto" picks it first for both rules: on the H200 every fit x target x gates case of each rule has passed, bf16 on
+our kernels and fp32 on the composition, and the models' GPU tests with it (docs/RESULTS.md, "Correctness on the
+H200").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rla_ablate.ops import _per_sequence, register_backend
+from rla_ablate.ops.chunk import chunk_residual_attention
+from rla_ablate.ops.fla_backend import FLA_KERNELS, compose_residual_attention, fla_available
+from rla_ablate.ops.spec import ResidualSpec
+from rla_ablate.ops.triton import rdn
+from rla_ablate.ops.triton.glue import TRITON_GLUE
+from rla_ablate.ops.triton.rla import chunks_fit_grid, covers, rla_triton
+
+# The implementations behind the `triton` backend, each for the inputs it covers.
+NO_TOKENS = "chunk"              # no tokens: no chunk for a kernel to read (their chunk lists are empty)
+RLA_FUSED = "rla-fused"          # RLA: every pass on the fused kernels of triton.rla
+RDN_READS = "rdn-reads+fla"      # RDN: the base pass's two reads on triton.rdn, the auxiliary pass on FLA's kernels
+FLA_GLUE = "fla+glue"            # everything else: FLA's kernels composed with the fused Triton glue
+
+
+def implementation(q: torch.Tensor, v: torch.Tensor, spec: ResidualSpec, cu_seqlens: torch.Tensor | None = None) -> str:
+    """Which implementation the `triton` backend runs for these inputs (one of the constants above)."""
+    if q.shape[0] * q.shape[1] == 0:
+        return NO_TOKENS
+    B, T, H = q.shape[:3]
+    fits = chunks_fit_grid(B * T, B if cu_seqlens is None else cu_seqlens.numel() - 1, H)
+    if fits and covers(q, v, spec):
+        return RLA_FUSED
+    return RDN_READS if fits and rdn.covers(q, v, spec) else FLA_GLUE
+
+
+def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initial_state,
+                              cu_seqlens: torch.Tensor | None = None):
+    """The `triton` backend (signature of `naive_residual_attention`, plus FLA-style `cu_seqlens`)."""
+    impl = implementation(q, v, spec, cu_seqlens)
+    if impl == NO_TOKENS:
+        if cu_seqlens is None:
+            return chunk_residual_attention(q, k, v, g, beta, gamma, spec, scale, initial_state)
+        return _per_sequence(chunk_residual_attention, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
+    if impl == RLA_FUSED:
+        return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
+    reads = rdn.delta_two_reads if impl == RDN_READS else None
+    return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
+                                      glue=TRITON_GLUE, base_reads=reads)
+
+
+register_backend("triton", triton_residual_attention, fla_available, cuda_rank=0, varlen=True,
+                 auto_rules=("additive", "delta"), implementation=implementation)

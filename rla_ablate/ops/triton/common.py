@@ -1,0 +1,194 @@
+"""The pieces shared by our Triton kernels (`rla`, `rdn`, `glue`): the residual's targets, the chunk and
+state-pass helpers, the packed-sequence layout, dg's assembly, launch options and the named constexpr codes.
+
+Kernels compare their constexpr codes against the tl.constexpr constants here (Triton reads only constexpr
+globals inside a kernel); launch sites pass the same integers (`.value`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+# the residual's target T: TARGET (a kernel's constexpr) selects clip, tanh or identity
+TARGET_CLIP = tl.constexpr(0)
+TARGET_TANH = tl.constexpr(1)
+TARGET_IDENTITY = tl.constexpr(2)
+TARGET_CODES = {"clip": TARGET_CLIP.value, "tanh": TARGET_TANH.value, "identity": TARGET_IDENTITY.value}
+# the per-token weight of a state pass's term (its CA, CB): exp(b_L - b) (a write, to the chunk end), exp(b), exp(b')
+COEF_TO_END = tl.constexpr(0)
+COEF_B = tl.constexpr(1)
+COEF_B_PRIME = tl.constexpr(2)
+
+CHUNK = 64
+MAX_HEAD_DIM = 128
+# Every tile of a dot is at least 64 wide, padded by masks: on Hopper, Triton 3.6/3.7 miscompiles kernels holding
+# several dots with 16- or 32-wide operands (illegal shared-memory reads, triton-lang/triton#11366); BV=32 faults on
+# the H200.
+MIN_TILE = 64
+G_FLOOR = tl.constexpr(-60.0)
+
+
+@triton.jit
+def _target(x, c, TARGET: tl.constexpr):
+    if TARGET == TARGET_CLIP:
+        y = tl.minimum(tl.maximum(x, -c), c)
+    elif TARGET == TARGET_TANH:
+        # c * tanh(x / c) through exp, saturating cleanly at +-c for large |x|
+        y = c * (1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0))
+    else:
+        y = x
+    return y
+
+
+@triton.jit
+def _target_slope(x, c, TARGET: tl.constexpr):
+    if TARGET == TARGET_CLIP:
+        # torch.clamp passes the gradient on the closed interval [-c, c]
+        d = tl.where((x >= -c) & (x <= c), 1.0, 0.0)
+    elif TARGET == TARGET_TANH:
+        th = 1.0 - 2.0 / (tl.exp(2.0 * x / c) + 1.0)
+        d = 1.0 - th * th
+    else:
+        d = tl.full(x.shape, 1.0, tl.float32)
+    return d
+
+
+@triton.jit
+def _decay(rows, cols, keep):
+    """exp(rows_t - cols_s) where keep[t, s], else 0 (masked before exp: never inf)."""
+    return tl.exp(tl.where(keep, rows[:, None] - cols[None, :], float("-inf")))
+
+
+@triton.jit
+def _chunk_gates(g, tok, mt):
+    """b = chunk-local cumsum of g, b' = b - g, b_L = the chunk's total (rows past the end carry g = 0).
+
+    g is floored at G_FLOOR: alpha = exp(-60) < 1e-26 already erases the state in fp32, and the floor keeps b small
+    enough that exp(b_t - b_s) stays exact to fp32 rounding when one gate is huge (g = -1e5 would cost 1% there).
+    """
+    b_g = tl.maximum(tl.load(g + tok, mask=mt, other=0.0).to(tl.float32), G_FLOOR)
+    b = tl.cumsum(b_g, axis=0)
+    return b, b - b_g, tl.sum(b_g, axis=0)
+
+
+@triton.jit
+def _chunk_rows(cu, cidx, i_c, h, H: tl.constexpr, BT: tl.constexpr):
+    """Chunk i_c of the chunk list: its sequence n, the sequence end, token indices t, their mask, and row offsets."""
+    n, c = tl.load(cidx + 2 * i_c).to(tl.int64), tl.load(cidx + 2 * i_c + 1).to(tl.int64)
+    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    t = bos + c * BT + tl.arange(0, BT)
+    mt = t < eos
+    return n, eos, t, mt, t * H + h
+
+
+@triton.jit
+def _chunk_tile(cu, cidx, i_c, h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr):
+    """_chunk_rows plus the column ranges of a full-K x V-tile program and the masks of its [BT, K] and [BT, BV] tiles."""
+    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
+    rk, rv = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < K, rv < V
+    return n, eos, t, mt, tok, rk, rv, mk, mv, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+
+
+@triton.jit
+def _pass_program(cu, coff, D0, i_k, i_v, i_nh, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                  BK: tl.constexpr, BV: tl.constexpr, HAS_D0: tl.constexpr):
+    """A state pass's program (one sequence and head, one BV x BK state tile): the head, the sequence's token range
+    and first chunk, the tile's columns, masks and offsets, and its starting value (D0's tile or zeros, fp32)."""
+    n, h = i_nh // H, i_nh % H
+    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    c0 = tl.load(coff + n).to(tl.int64)
+    rk, rv = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < K, rv < V
+    m_state = mv[:, None] & mk[None, :]
+    o_state = rv[:, None] * K + rk[None, :]
+    o_seq = (n * H + h).to(tl.int64) * V * K
+    D = tl.zeros([BV, BK], dtype=tl.float32)
+    if HAS_D0:
+        D += tl.load(D0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
+    return h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D
+
+
+@triton.jit
+def _pass_chunk(g, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr):
+    """Chunk c of a state pass's sequence: token indices, their mask, row offsets, tile masks and the gates."""
+    t = bos + c * BT + tl.arange(0, BT)
+    mt = t < eos
+    tok = t * H + h
+    b, bp, b_L = _chunk_gates(g, tok, mt)
+    return mt, tok, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :], b, bp, b_L
+
+
+class Layout:
+    """Packed-sequence bookkeeping shared by the kernels: cu_seqlens, chunk offsets and the chunk list."""
+
+    def __init__(self, B: int, T: int, cu_seqlens: torch.Tensor | None, chunk: int, device):
+        if cu_seqlens is None:
+            lengths = [T] * B
+        else:
+            lengths = cu_seqlens.diff().tolist()
+        counts = [-(-n // chunk) for n in lengths]
+        starts = [0]
+        for n in counts:
+            starts.append(starts[-1] + n)
+        self.N, self.chunks, self.lengths = len(lengths), starts[-1], lengths
+        ends = [0]
+        for n in lengths:
+            ends.append(ends[-1] + n)
+        self.cu = torch.tensor(ends, dtype=torch.int32, device=device)
+        self.coff = torch.tensor(starts, dtype=torch.int32, device=device)
+        pairs = [(n, c) for n, count in enumerate(counts) for c in range(count)]
+        self.cidx = torch.tensor(pairs or [(0, 0)], dtype=torch.int32, device=device).flatten()
+        sizes = [min(chunk, lengths[n] - c * chunk) for n, c in pairs]
+        chunk_ends = [0]
+        for n in sizes:
+            chunk_ends.append(chunk_ends[-1] + n)
+        # output_size given: repeat_interleave would otherwise wait for the GPU to learn its length
+        self.chunk_of_token = torch.repeat_interleave(torch.arange(self.chunks, device=device),
+                                                      torch.tensor(sizes, dtype=torch.long, device=device),
+                                                      output_size=ends[-1])
+        self.chunk_end_of_token = torch.tensor(chunk_ends[1:], dtype=torch.long, device=device)[self.chunk_of_token]
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def batched(B: int, T: int, chunk: int, device: torch.device) -> Layout:
+        """The layout of B sequences of T tokens, built once per shape: building one copies host lists to the device,
+        which every layer of every step would otherwise repeat (its tensors are only read)."""
+        return Layout(B, T, None, chunk, device)
+
+    def chunk_reverse_cumsum(self, x: torch.Tensor) -> torch.Tensor:
+        """sum_{j >= t, same chunk} x_j for x [tokens, H] (fp32 out).
+
+        One scan along the innermost dimension ([H, tokens]: a scan over an outer dimension took 11 ms on the H200
+        for 64K tokens), in float64 so that subtracting the sums past each chunk's end loses nothing.
+        """
+        xt = torch.cat([x.t().double(), x.new_zeros(x.shape[1], 1, dtype=torch.float64)], dim=1)
+        tail = xt.flip(1).cumsum(1).flip(1)  # tail[:, t] = sum_{j >= t}
+        return (tail[:, :-1] - tail[:, self.chunk_end_of_token]).t().float()
+
+
+def chunk_gate_gradient(layout: Layout, terms: torch.Tensor, E: torch.Tensor, Z_P: torch.Tensor, H: int):
+    """dg [tokens, H] from the kernels' per-token terms (reads minus writes, `terms`, of which `E` are the reads
+    that start at b') and their per-K-tile partials of each chunk's end term Z_c = <dS_end, S_end> (+ R's):
+
+        dg_t = sum_{j >= t, same chunk} terms_j - E_t + Z_{chunk of t}
+
+    (docs/MATH.md "dg without the states"). Summed over the whole sequence instead, the terms' bf16
+    rounding accumulates and dg's error grows with the length (fp16 in the interpreter: 7e-4 at T=128, 6.5e-3 at
+    16K); the chunk's end term holds what the later chunks add, from the states, exactly."""
+    Z = Z_P.sum(0).view(-1, H) if layout.chunks else Z_P.new_zeros(0, H)
+    return layout.chunk_reverse_cumsum(terms) - E + Z[layout.chunk_of_token]
+
+
+def launch_options(name: str, V: int, table: dict) -> dict:
+    """The launch options of one kernel in `table`: its V tile (at most V rounded up to a power of two, at least
+    MIN_TILE; the whole V where the table names none), warps."""
+    opts = dict(table[name])
+    whole = triton.next_power_of_2(V)
+    opts["BV"] = max(MIN_TILE, min(opts.get("BV", whole), whole))
+    return opts
