@@ -114,26 +114,29 @@ def _diverged(series: D.Series) -> set[str]:
     return {series.seed(r) for r in series.unique if r.tags.get(STATUS) == Status.DIVERGED}
 
 
-def _by_divergence(claim: Claim, key: str | None, t: D.Series, ref: D.Series) -> tuple[str, str] | None:
+def _seeds_text(seeds: set[str]) -> str:
+    return ", ".join(sorted(seeds, key=D._num_key))
+
+
+def _by_divergence(claim: Claim, t: D.Series, ref: D.Series, treated: dict, reference: dict) -> tuple[str, str] | None:
     """(verdict, reason) when divergence decides the comparison, else None with the diverged seeds named by
-    `_divergence_note`."""
+    `_divergence_note`; `treated` and `reference` are the finished seeds' final values."""
     div_t, div_r = _diverged(t), _diverged(ref)
-    lost_t = div_t & set(D.final_by_seed(ref, key))          # the treatment diverged where the reference finished
-    lost_r = div_r & set(D.final_by_seed(t, key))
-    both_finished = set(D.final_by_seed(t, key)) & set(D.final_by_seed(ref, key))
+    lost_t = div_t & set(reference)                          # the treatment diverged where the reference finished
+    lost_r = div_r & set(treated)
     worse_sign = -1 if claim.better_is_higher else 1         # the sign of treatment - reference when it is worse
     sign = 1 if claim.expect == "higher" else -1
     for lost, other_div, side, worse in ((lost_t, div_r, "treatment", sign == worse_sign),
                                          (lost_r, div_t, "reference", sign != worse_sign)):
-        if len(lost) >= 2 and not other_div and not both_finished:
-            seeds = ", ".join(sorted(lost, key=lambda s: (len(s), s)))
+        if len(lost) >= 2 and not other_div and not set(treated) & set(reference):
+            seeds = _seeds_text(lost)
             what = f"the {side} diverged on every seed ({seeds}) where the other finished"
             return (CONFIRMED, what) if worse else (CONTRADICTED, f"{what}: the claim predicts the opposite")
     return None
 
 
 def _divergence_note(t: D.Series, ref: D.Series) -> str:
-    notes = [f"{side} diverged on seed{'s' if len(div) > 1 else ''} {', '.join(sorted(div, key=lambda s: (len(s), s)))} (left out)"
+    notes = [f"{side} diverged on seed{'s' if len(div) > 1 else ''} {_seeds_text(div)} (left out)"
              for side, div in (("treatment", _diverged(t)), ("reference", _diverged(ref))) if div]
     return "; ".join(notes)
 
@@ -157,11 +160,12 @@ def evaluate(spec, runs, index: V.ValidityIndex) -> list[Verdict]:
                 out.append(Verdict(spec.name, claim, labels[t.key], "", key, None, UNRESOLVED,
                                    f"no reference series (the treatment with {claim.reference})", None, V.NO_CHECK))
                 continue
-            d = paired_diff(D.final_by_seed(t, key), D.final_by_seed(ref, key))
+            treated, reference = D.final_by_seed(t, key), D.final_by_seed(ref, key)
+            d = paired_diff(treated, reference)
             sign = 1 if claim.expect == "higher" else -1
             verdict, reason = classify(d.diff, sign, claim.min_effect)
             state, detail = V.comparison(index, t, ref)
-            floor = _not_learned(claim, D.final_by_seed(t, key), D.final_by_seed(ref, key))
+            floor = _not_learned(claim, treated, reference)
             if floor:
                 verdict, reason = UNRESOLVED, floor
             elif state in (V.OFF, V.IDENTICAL):
@@ -171,7 +175,7 @@ def evaluate(spec, runs, index: V.ValidityIndex) -> list[Verdict]:
             elif state == V.NOT_MEASURED:
                 reason += " (mechanism not measured)"
             needed = seeds_for_power(d.diff.std, claim.min_effect) if d.diff.n >= 2 else None
-            decided = _by_divergence(claim, key, t, ref)
+            decided = _by_divergence(claim, t, ref, treated, reference)
             if decided is not None:
                 (verdict, reason), needed = decided, None
             elif note := _divergence_note(t, ref):
