@@ -147,7 +147,7 @@ def test_families_share_everything_but_their_gates():
     assert mixer_params(make("rla", tied_gamma=True)) == rla - {"c_proj.weight"}
 
 
-@pytest.mark.parametrize("name", [n for n in ABLATIONS if n != "matched_state"])
+@pytest.mark.parametrize("name", list(ABLATIONS))
 @pytest.mark.parametrize("family", ["rla", "rdn"])
 def test_every_ablation_switch_reaches_the_output(name, family):
     if family not in ABLATIONS[name].families:

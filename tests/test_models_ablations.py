@@ -21,7 +21,7 @@ EXPECTED = {
 
 
 def test_registry_names_and_evidence():
-    assert set(ABLATIONS) == set(EXPECTED) | {"matched_state", "learned_beta_base"}
+    assert set(ABLATIONS) == set(EXPECTED) | {"learned_beta_base"}
     for ablation in ABLATIONS.values():
         assert ablation.evidence and ablation.change and set(ablation.families) <= {"sgla", "gdn", "rla", "rdn"}
 
@@ -35,9 +35,21 @@ def test_each_ablation_changes_exactly_its_switches(name, family):
     assert {k: after[k] for k in after if after[k] != before[k]} == EXPECTED[name]
 
 
-def test_matched_state_control():
-    out = apply_ablation("matched_state", load_preset("tiny-rdn"))
-    assert out.family == "gdn" and out.expand_v == 2.0
+@pytest.mark.parametrize("name", ["matched_state", "matched_params", "matched_wallclock"])
+def test_a_control_is_not_an_ablation(name):
+    # One way to ask for a control (`controls:`), so two spellings never make two jobs of one model.
+    assert name not in ABLATIONS
+    with pytest.raises(UserError, match=f"'{name}' is a control, not an ablation: list it under `controls:`"):
+        apply_ablation(name, load_preset("tiny-rdn"))
+
+
+def test_control_names_match_the_sweep_schema():
+    from typing import get_args
+
+    from rla_ablate.models.ablations import CONTROL_NAMES
+    from rla_ablate.sweep.schema import ControlRef
+
+    assert get_args(ControlRef.model_fields["name"].annotation) == CONTROL_NAMES
 
 
 def test_learned_beta_base_is_rla_without_r_and_gamma():
@@ -57,7 +69,7 @@ def test_no_norm_fits_baselines_too():
     assert apply_ablation("no_norm", load_preset("tiny-gdn")).qk_norm == "none"
 
 
-@pytest.mark.parametrize("name", ["no_fitting", "tied_gamma", "logcosh", "matched_state"])
+@pytest.mark.parametrize("name", ["no_fitting", "tied_gamma", "logcosh", "no_clip"])
 @pytest.mark.parametrize("family", ["sgla", "gdn", "transformer"])
 def test_wrong_family_lists_the_families_it_fits(name, family):
     with pytest.raises(UserError) as err:

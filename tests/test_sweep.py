@@ -200,6 +200,8 @@ BAD = {
     "unknown_ablation": ("name: x\nmodels: [{preset: tiny-rla}]\nablations:\n  - no_fiting\n", 4,
                          "did you mean 'no_fitting'"),
     "unknown_preset": ("name: x\nmodels:\n  - preset: tiny-rlaa\n", 3, "did you mean 'tiny-rla'"),
+    "control_as_ablation": ("name: x\nmodels: [{preset: tiny-rla}]\nablations:\n  - no_fitting\n  - matched_state\n",
+                            5, "'matched_state' is a control, not an ablation: list it under `controls:`"),
     "not_applicable": ("name: x\nmodels: [{preset: tiny-rla}, {preset: tiny-sgla}]\nablations:\n"
                        "  - {name: no_clip, families: [sgla]}\n", 4, "does not apply to family 'sgla'"),
     "applies_to_none": ("name: x\nmodels: [{preset: tiny-sgla}]\nablations: [tied_gamma]\n", 3,

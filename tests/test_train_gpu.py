@@ -39,7 +39,7 @@ def _sweep_jobs():
             "eval": [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 2048}],
         },
         # the registry's ablations on every family each fits, and both derived controls
-        "ablations": [name for name in ABLATIONS if name != "matched_state"],
+        "ablations": list(ABLATIONS),
         "controls": ["matched_state", "matched_params"],
         "seeds": [0],
     }

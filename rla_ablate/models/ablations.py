@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rla_ablate.errors import UserError, did_you_mean
-from rla_ablate.models.budget import matched_state
 from rla_ablate.models.config import ModelConfig
 
 
@@ -67,14 +66,25 @@ ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
              "sGLA with RLA's learned beta = sigmoid(W_b x) and no R: the residual model minus R and gamma",
              "none: sGLA writes with beta = 1 while RLA learns beta, so rla vs sgla also changes beta; this "
              "control isolates R", _learned_beta_base),
-    Ablation("matched_state", _RESIDUAL,
-             "the baseline (rla -> sgla, rdn -> gdn) widened along expand_v to the residual model's state",
-             "none: the paper's open question (no equal-state control was run)",
-             lambda cfg: matched_state(cfg, axis="expand_v").config),
 )}
+
+# Derived controls are not ablations: each is a different model (another family, widened, or trained for another
+# model's time) that a sweep derives from a residual arm under `controls:` (rla_ablate.models.budget), named in
+# the job as `sgla~matched_state(<arm>)`.
+CONTROL_NAMES = ("matched_state", "matched_params", "matched_wallclock")
+
+
+def not_an_ablation(name: str) -> str | None:
+    """The message for a control listed as an ablation, else None."""
+    if name in CONTROL_NAMES:
+        return f"'{name}' is a control, not an ablation: list it under `controls:` (allowed there: " \
+               f"{', '.join(CONTROL_NAMES)})"
+    return None
 
 
 def get_ablation(name: str) -> Ablation:
+    if (control := not_an_ablation(name)) is not None:
+        raise UserError(control)
     if name not in ABLATIONS:
         raise UserError(f"unknown ablation '{name}'{did_you_mean(name, ABLATIONS)}; allowed: {', '.join(ABLATIONS)}")
     return ABLATIONS[name]

@@ -314,10 +314,14 @@ def _control_refs(cfg: SweepConfig) -> list[ControlRef]:
 
 def check_ablations(cfg: SweepConfig, located: LocatedYAML, arm_families: list[str], registry: dict) -> dict[int, list[str]]:
     """For each ablation (by position): the arm families it will be applied to. Errors name the line."""
+    from rla_ablate.models.ablations import not_an_ablation
+
     present = sorted(set(arm_families))
     out: dict[int, list[str]] = {}
     for j, ref in enumerate(_ablation_refs(cfg)):
         path = ("ablations", j)
+        if (control := not_an_ablation(ref.name)) is not None:
+            raise _err(located, path, control)
         if ref.name not in registry:
             names = sorted(registry)
             raise _err(located, path, f"unknown ablation '{ref.name}'{did_you_mean(ref.name, names)}; "
