@@ -403,7 +403,7 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
                     derived = derive(target_cfg, baseline, axis=ref.axis)
                 except ValueError as exc:
                     raise _err(located, ("controls", j), f"cannot derive {ref.name} for '{labels[i]}': {exc}") from None
-                model_cfg, report = _split_control(derived)
+                model_cfg, report = derived.config, derived.summary()
                 for seed in cfg.seeds:
                     job, jid, series = r.job(model_cfg, point, seed, i)
                     target_name = "/".join(p for p in (labels[i], _point_label(point)) if p)
@@ -463,25 +463,3 @@ def _wallclock_controls(r: _Resolver, cfg: SweepConfig, ref: ControlRef, arms: l
                                        arm=i, arm_label=labels[i], preset=cfg.models[i].preset,
                                        control=ref.name, series=series))
     return out
-
-
-def _split_control(derived: Any) -> tuple[BaseModel, dict[str, Any] | None]:
-    """matched_state/matched_params return a config, a (config, report) pair, or an object with .config."""
-    if isinstance(derived, BaseModel) and hasattr(derived, "family"):
-        return derived, None
-    if isinstance(derived, tuple):
-        cfg, report = derived
-    else:
-        cfg = derived.config
-        report = derived
-    if hasattr(report, "summary"):
-        report = report.summary()
-    elif hasattr(report, "model_dump"):
-        report = report.model_dump(mode="json", exclude={"config"})
-    elif hasattr(report, "__dataclass_fields__"):
-        from dataclasses import asdict
-
-        report = {k: v for k, v in asdict(report).items() if k != "config"}
-    if isinstance(report, dict):
-        report = {k: v for k, v in report.items() if not isinstance(v, BaseModel)}
-    return cfg, report
