@@ -29,8 +29,8 @@ import torch
 import yaml
 
 from rla_ablate.tracking import is_healthy
+from cli_run import REPO, cli
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 TINY = {"vocab_size": 257, "num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
@@ -48,11 +48,6 @@ def sweep_file(path: Path, name: str, retries: int = 0) -> Path:
             "seeds": [0, 1, 2, 3], "resources": {"cpus": 1, "retries": retries}}
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rla_ablate.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
 
 
 def wait_for(what: str, check, timeout: float, proc: subprocess.Popen | None = None):

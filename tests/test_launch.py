@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from cli_run import REPO, cli
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 TINY = {"vocab_size": 257, "num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
@@ -35,11 +35,6 @@ SWEEP = {
     "ablations": ["no_fitting"],
     "resources": {"cpus": 1, "retries": 1},
 }
-
-
-def cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rla_ablate.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def write(path: Path, sweep: dict) -> Path:

@@ -5,16 +5,14 @@ RLA_SWEEP_FAIL_KIND picks the exception). The summary and `status` show "Type: m
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_run import cli
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 TINY = {"vocab_size": 257, "num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
@@ -33,11 +31,6 @@ def sweep(name: str, retries: int) -> dict:
         },
         "resources": {"cpus": 1, "retries": retries},
     }
-
-
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rla_ablate.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})})
 
 
 def launch_failing(tmp_path: Path, name: str, retries: int, kind: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,8 +22,8 @@ import yaml
 
 from rla_ablate.cli import main
 from rla_ablate.tracking.server import free_port, is_healthy
+from cli_run import cli_background as cli
 
-REPO = Path(__file__).resolve().parents[1]
 
 TINY = {"vocab_size": 257, "num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
         "head_dim": 16}
@@ -92,11 +91,6 @@ def postgres():
         subprocess.run(_as_pg_user([pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], user),
                        capture_output=True, timeout=60)
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rla_ablate.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.mark.slow

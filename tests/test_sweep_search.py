@@ -3,15 +3,11 @@ instance, intermediate eval losses fed to the pruner, one MLflow child run per t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from cli_run import cli
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 TINY = {"vocab_size": 257, "num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
@@ -30,11 +26,6 @@ SEARCH = {
                "n_trials": 3, "metric": "eval/val/loss", "pruner": "median", "seed": 1},
     "resources": {"cpus": 1},
 }
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rla_ablate.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ))
 
 
 def test_search_runs_trials_through_ray_and_mlflow(tmp_path):

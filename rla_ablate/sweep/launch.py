@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from rla_ablate.errors import UserError
-from rla_ablate.outcome import ENDED, TERMINAL, Cause, JobOutcome, Status
+from rla_ablate.outcome import ENDED, Cause, JobOutcome, Status
 from rla_ablate.ray_local import init_local_ray
 from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep
 from rla_ablate.sweep.sources import JobSource, count_statuses, source_for
@@ -238,12 +238,12 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     sdir = SweepDir(opts.root, sweep.name)
     if opts.max_concurrent is not None and opts.max_concurrent < 1:
         raise UserError("--max-concurrent must be at least 1", key="--max-concurrent")
+    source = source_for(sweep, sdir)
     # The data dry run: every data config and eval set a job will read opens and yields a batch, before anything
-    # is created (the jobs a relaunch skips are not read again).
+    # is created.
     from rla_ablate.sweep.datacheck import check_data
 
-    check_data(sweep, [j for j in sweep.jobs if sweep.config.search is not None
-                       or sdir.status(j.job_id).status not in TERMINAL])
+    check_data(sweep, source.data_jobs())
     from rla_ablate.sweep.packing import gpu_memory_bytes, place
 
     placements = None
@@ -254,7 +254,6 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     # A sweep this launch creates is removed again if the launch fails before any job ran (a dead --address, a
     # tracking server that does not start): no sweep.yaml, jobs.json or pending jobs of a sweep that never ran.
     fresh = not sdir.path.exists()
-    source = source_for(sweep, sdir)
     runner = None
     sdir.acquire()
     previous_term = None

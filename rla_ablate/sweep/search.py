@@ -112,6 +112,10 @@ class OptunaSource:
         self.pruned: set[str] = set()
         self.known: dict[str, dict] = {}
 
+    def data_jobs(self) -> list[ResolvedJob]:
+        """The sweep's expansion: a trial changes search parameters, not which data a job reads."""
+        return list(self.sweep.jobs)
+
     def prepare(self) -> None:
         """Trials are listed in jobs.json as they are asked for."""
 

@@ -33,6 +33,9 @@ class JobSource(Protocol):
     jobs: list[ResolvedJob]
     """The jobs of this launch so far, in order: what the summary counts and the end of the launch syncs to MLflow."""
 
+    def data_jobs(self) -> list[ResolvedJob]:
+        """Jobs whose data and eval sets this launch may read (the launch dry-runs each distinct one first)."""
+
     def prepare(self) -> None:
         """Before anything starts: record in the sweep folder the jobs known up front."""
 
@@ -97,6 +100,13 @@ class GridSource:
         self.jobs: list[ResolvedJob] = list(sweep.jobs)
         self.queue: deque[ResolvedJob] = deque()
 
+    def unfinished(self) -> list[ResolvedJob]:
+        return [j for j in self.jobs if self.sdir.status(j.job_id).status not in TERMINAL]
+
+    def data_jobs(self) -> list[ResolvedJob]:
+        """The unfinished jobs: what a relaunch skips is not read again."""
+        return self.unfinished()
+
     def prepare(self) -> None:
         self.sdir.write_job_list([job_record(j) for j in self.jobs])
         for job in self.jobs:
@@ -105,7 +115,7 @@ class GridSource:
                 (self.sdir.job_dir(job.job_id) / "job.json").write_text(job.job.model_dump_json(indent=1))
 
     def nothing_to_do(self, summary: LaunchSummary) -> bool:
-        self.queue = deque(j for j in self.jobs if self.sdir.status(j.job_id).status not in TERMINAL)
+        self.queue = deque(self.unfinished())
         summary.skipped = len(self.jobs) - len(self.queue)
         if self.queue:
             return False
