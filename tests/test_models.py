@@ -208,6 +208,45 @@ def test_relative_clip_scales_the_radius_by_the_residual_rms():
     assert mixer.residual_rms_updates.item() == 1
 
 
+def test_relative_clip_after_the_first_forward_uses_the_running_rms():
+    from rla_ablate.models.layers import RESIDUAL_RMS_MOMENTUM
+    from rla_ablate.ops.chunk import chunk_base_reads
+
+    cfg = make("rla", clip_mode="relative", clip=0.5, num_layers=2)
+    model = built(cfg).train()
+    mixers = [layer.attn for layer in model.layers]
+    seen: list = []
+    for mixer in mixers:
+        original = mixer._clip_radius
+
+        def spy(k, v, g, beta, S0, cu_seqlens=None, original=original):
+            seen.append((original(k, v, g, beta, S0, cu_seqlens), v, chunk_base_reads(k, v, g, beta, "additive")))
+            return seen[-1][0]
+
+        mixer._clip_radius = spy
+    gen = torch.Generator().manual_seed(1)
+    model(torch.randint(0, 50, (2, 13), generator=gen))
+    first = [mixer.residual_rms_ema.item() for mixer in mixers]
+    seen.clear()
+    # Without a hand-over, a training forward reads the running mean itself; the batch's RMS only updates it.
+    model(torch.randint(0, 50, (2, 13), generator=gen))
+    for mixer, before, (radius, v, pred) in zip(mixers, first, seen):
+        rms = (v - pred).square().mean().sqrt().item()
+        assert radius == 0.5 * before
+        assert mixer.residual_rms_ema.item() == pytest.approx(
+            RESIDUAL_RMS_MOMENTUM * before + (1 - RESIDUAL_RMS_MOMENTUM) * rms, rel=1e-12)
+        assert mixer.residual_rms_updates.item() == 2
+    # The trainer hands the running means over once per step: every training forward until the next uses them.
+    assert [t.item() for t in model.relative_clip_rms()] == [m.residual_rms_ema.item() for m in mixers]
+    model.hand_over_clip_rms([0.25, 4.0])
+    seen.clear()
+    model(torch.randint(0, 50, (2, 13), generator=gen))
+    model(torch.randint(0, 50, (2, 13), generator=gen))
+    assert [radius for radius, _, _ in seen] == [0.125, 2.0, 0.125, 2.0]
+    with pytest.raises(ValueError, match="1 values for 2 relative-clip layers"):
+        model.hand_over_clip_rms([1.0])
+
+
 def test_relative_clip_of_a_blown_up_state_leaves_the_verdict_to_the_guard():
     # The delta rule without the q/k norm can blow its state up: the batch's residual RMS is not finite. The layer
     # still runs (the loss is not finite and the divergence guard skips the step), the running RMS stays finite.

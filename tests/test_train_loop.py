@@ -27,14 +27,15 @@ GOLDEN = Path(__file__).parent / "assets" / "losses" / "tiny-rla.json"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def tiny_job(**train) -> JobConfig:
-    """24 steps of 512 tokens (2 micro batches of 4 x 64), evals every 4 steps, checkpoints every 3."""
+def tiny_job(model: dict | None = None, **train) -> JobConfig:
+    """24 steps of 512 tokens (2 micro batches of 4 x 64), evals every 4 steps, checkpoints every 3; `model`
+    changes the preset's fields."""
     settings = dict(tokens=12288, seq_len=64, micro_batch_size=4, batch_tokens=512, lr=3e-3, min_lr=3e-4,
                     warmup_tokens=1024, eval_every_tokens=2048, checkpoint_every_tokens=1536, keep_checkpoints=3,
                     cpu_threads=1, seed=0)
     settings.update(train)
     return JobConfig.model_validate({
-        "model": load_preset("tiny-rla").replace(vocab_size=257).model_dump(),
+        "model": load_preset("tiny-rla").replace(vocab_size=257, **(model or {})).model_dump(),
         "train": TrainConfig(**settings).model_dump(exclude_unset=True),
         "data": {"kind": "stdlib"},
         "eval": [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 1024}],
@@ -131,10 +132,24 @@ def _child(job_file: Path, out: Path, kill_at: int) -> subprocess.CompletedProce
                           capture_output=True, text=True, timeout=300)
 
 
-def test_resume_in_a_new_process_is_bit_exact(straight, tmp_path):
-    ref_out, _ = straight
+# The proxies' relative clip: its radius is the running residual RMS the trainer hands over once per step, which
+# a resumed process must rebuild from the checkpoint's buffers.
+RELATIVE_CLIP = {"clip_mode": "relative", "clip": 2.0}
+
+
+@pytest.fixture(scope="module")
+def straight_relative(tmp_path_factory):
+    out = tmp_path_factory.mktemp("straight-relative")
+    result = run_job(tiny_job(RELATIVE_CLIP), out)
+    assert result.status == "finished", result.error
+    return out, result
+
+
+@pytest.mark.parametrize("model", [None, RELATIVE_CLIP], ids=["absolute-clip", "relative-clip"])
+def test_resume_in_a_new_process_is_bit_exact(model, request, tmp_path):
+    ref_out, _ = request.getfixturevalue("straight" if model is None else "straight_relative")
     job_file = tmp_path / "job.pkl"
-    job_file.write_bytes(pickle.dumps(tiny_job()))
+    job_file.write_bytes(pickle.dumps(tiny_job(model)))
     out = tmp_path / "run"
     # Crash before step 9: the checkpoint at step 6 survives, steps 7-8 were logged and must be rewritten.
     crashed = _child(job_file, out, kill_at=9)

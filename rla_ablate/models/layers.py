@@ -166,6 +166,9 @@ class ResidualAttention(nn.Module):
             # forward measures it (so an untrained model clips at the absolute radius `clip`).
             self.register_buffer("residual_rms_ema", torch.ones((), dtype=torch.float64))
             self.register_buffer("residual_rms_updates", torch.zeros((), dtype=torch.int64))
+        # clip_mode relative: the running residual RMS at the end of the last optimizer step, handed over by the
+        # trainer with that step's loss (CausalLM.hand_over_clip_rms); None: training forwards read it themselves.
+        self.step_rms: float | None = None
         self.backend_used: str | None = None
         self.kernel_used: str | None = None
         self.stats_enabled = False
@@ -173,33 +176,41 @@ class ResidualAttention(nn.Module):
 
     @torch.no_grad()
     def _clip_radius(self, k_BTHK, v_BTHV, g_BTH, beta_BTH, S0, cu_seqlens=None) -> float:
-        """The radius the op receives: `clip`, or with clip_mode relative `clip` times the residual RMS.
+        """The radius the op receives: `clip`, or with clip_mode relative `clip` times the running residual RMS.
 
-        The RMS is detached (a constant of the step, so the target's gradient is the plain clip's: 1 inside,
-        0 outside) and one float per layer call, as every backend takes a scalar radius. Training forwards use the
-        batch's RMS and update the running mean; eval forwards and decoding use the running mean, so a step-by-step
-        decode equals the parallel forward.
+        The radius is one detached float per layer call (every backend takes a scalar clip; the target's gradient
+        is the plain clip's: 1 inside, 0 outside). Training forwards measure the batch's residual RMS on the
+        device and fold it into the running mean, without a host sync; their radius is the running mean as the
+        trainer hands it over once per optimizer step (`step_rms`, read with the step's loss), else as read here.
+        The very first training forward, with no running mean yet, uses the batch's own RMS. Eval forwards and
+        decoding use the running mean, so a step-by-step decode equals the parallel forward.
         """
         cfg = self.cfg
         if cfg.clip_mode == "absolute":
             return cfg.clip
-        if self.training:
-            acc = torch.promote_types(v_BTHV.dtype, torch.float32)
-            with torch.autocast(device_type=v_BTHV.device.type, enabled=False):
-                pred = chunk_base_reads(k_BTHK, v_BTHV, g_BTH, beta_BTH, self.rule, S0, cu_seqlens=cu_seqlens)
-                rms = (v_BTHV.to(acc) - pred.to(acc)).square().mean().sqrt().to(torch.float64)
+        if not self.training:
+            return cfg.clip * max(float(self.residual_rms_ema), RELATIVE_CLIP_FLOOR)
+        value = self.step_rms
+        if value is None:
+            ema, updates = torch.stack([self.residual_rms_ema, self.residual_rms_updates.double()]).tolist()
+            value = ema if updates > 0 else None
+        acc = torch.promote_types(v_BTHV.dtype, torch.float32)
+        with torch.autocast(device_type=v_BTHV.device.type, enabled=False):
+            pred = chunk_base_reads(k_BTHK, v_BTHV, g_BTH, beta_BTH, self.rule, S0, cu_seqlens=cu_seqlens)
+            rms = (v_BTHV.to(acc) - pred.to(acc)).square().mean().sqrt().to(torch.float64)
+        if value is None:
+            # The first training forward: one host read of the batch's RMS. A blown-up base state (e.g. the delta
+            # rule without the q/k norm) gives no finite RMS: the step's loss is not finite either and the
+            # divergence guard judges it; the radius is the initial one.
             value = float(rms)
             if not math.isfinite(value):
-                # The base state has blown up (e.g. the delta rule without the q/k norm): the step's loss is not
-                # finite either and the divergence guard judges it; the running RMS keeps its last finite value.
-                return cfg.clip * max(float(self.residual_rms_ema), RELATIVE_CLIP_FLOOR)
-            first = self.residual_rms_updates == 0
-            new = torch.where(first, rms, RESIDUAL_RMS_MOMENTUM * self.residual_rms_ema
-                              + (1 - RESIDUAL_RMS_MOMENTUM) * rms)
-            self.residual_rms_ema.copy_(new)
-            self.residual_rms_updates.add_(1)
-        else:
-            value = float(self.residual_rms_ema)
+                value = float(self.residual_rms_ema)
+        # The running mean takes finite batch values only, so it stays finite whatever a batch does.
+        finite = torch.isfinite(rms)
+        first = self.residual_rms_updates == 0
+        new = torch.where(first, rms, RESIDUAL_RMS_MOMENTUM * self.residual_rms_ema + (1 - RESIDUAL_RMS_MOMENTUM) * rms)
+        self.residual_rms_ema.copy_(torch.where(finite, new, self.residual_rms_ema))
+        self.residual_rms_updates.add_(finite.to(torch.int64))
         # A zero residual (a constant input) would give a zero radius, which the ops refuse.
         return cfg.clip * max(value, RELATIVE_CLIP_FLOOR)
 
@@ -312,6 +323,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(D, Hkv * Dh, bias=False)
         self.v_proj = nn.Linear(D, Hkv * Dh, bias=False)
         self.o_proj = nn.Linear(H * Dh, D, bias=False)
+        # clip_mode relative: the running residual RMS at the end of the last optimizer step, handed over by the
+        # trainer with that step's loss (CausalLM.hand_over_clip_rms); None: training forwards read it themselves.
+        self.step_rms: float | None = None
         self.backend_used: str | None = None
         self.kernel_used: str | None = None
         self.stats_enabled = False

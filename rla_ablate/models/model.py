@@ -122,6 +122,23 @@ class CausalLM(nn.Module):
         names = [layer.attn.kernel_used for layer in self.layers if layer.attn.kernel_used is not None]
         return names[-1] if names else None
 
+    def relative_clip_rms(self) -> list[torch.Tensor]:
+        """The running residual RMS of each layer with clip_mode relative (float64 scalars on the device)."""
+        return [layer.attn.residual_rms_ema for layer in self.layers if hasattr(layer.attn, "residual_rms_ema")]
+
+    def hand_over_clip_rms(self, values: list[float | None] | None = None) -> None:
+        """Give each relative-clip layer, in `relative_clip_rms` order, the running RMS its training forwards use
+        as the radius until the next hand-over: the trainer reads them with the step's loss, in the one host sync
+        of an optimizer step, instead of each layer reading its own every forward. None: the running RMS in the
+        buffers now (after a checkpoint is loaded), for the layers that have one."""
+        layers = [layer.attn for layer in self.layers if hasattr(layer.attn, "residual_rms_ema")]
+        if values is None:
+            values = [float(a.residual_rms_ema) if int(a.residual_rms_updates) > 0 else None for a in layers]
+        if len(values) != len(layers):
+            raise ValueError(f"{len(values)} values for {len(layers)} relative-clip layers")
+        for attn, value in zip(layers, values):
+            attn.step_rms = value
+
     def track_stats(self, enabled: bool = True) -> None:
         """Record per-layer norms and diagnostics on every forward.
 

@@ -229,6 +229,9 @@ class Trainer:
             raise UserError(f"the checkpoint was written by {state['world_size']} workers, this job has "
                             f"{self.ctx.world_size}; resume with the same train.num_workers", key="train.num_workers")
         self.parallel.load_state_dict(self.raw_model, self.optimizer, state)
+        # The radii of the first step after the checkpoint are its running RMS, as the uninterrupted run handed them
+        # over at the end of the checkpoint's step.
+        self.raw_model.hand_over_clip_rms()
         for key, part in self.stateful().items():
             part.load_state_dict(state[key])
         self.metrics = {k: float(v) for k, v in state["metrics"].items()}
@@ -271,13 +274,19 @@ class Trainer:
                 (nll * scale).backward()
             loss_sum += nll.detach().double()
         self.last_batch = batches[-1]
-        (total,) = self.parallel.all_reduce([float(loss_sum)])
-        loss = total / max(scored, 1.0)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        return loss, float(grad_norm)
+        # The step's one host sync: the loss, the grad norm and the relative-clip layers' running RMS (the next
+        # step's radii) in one read. A sync per layer call would leave the GPU idle between the layers, and on a
+        # GPU shared by many processes each sync waits for the others' turns.
+        clip_rms = self.raw_model.relative_clip_rms()
+        local_loss, norm, *rms = torch.stack([loss_sum, grad_norm.double(), *clip_rms]).tolist()
+        if clip_rms:
+            self.raw_model.hand_over_clip_rms(rms)
+        (total,) = self.parallel.all_reduce([local_loss])
+        return total / max(scored, 1.0), norm
 
     @torch.no_grad()
     def _stats_forward(self, batch) -> tuple[torch.Tensor, dict[str, float]]:
