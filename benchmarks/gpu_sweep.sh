@@ -6,6 +6,12 @@
 #   bash benchmarks/gpu_sweep.sh wait   gpu-100m 540            # follow the launch's progress for up to 540 s
 #   bash benchmarks/gpu_sweep.sh report gpu-100m [DASHBOARD ARGS] # status, per-job report, dashboard -> $OUT
 #   bash benchmarks/gpu_sweep.sh follow gpu-100m 540 [DASHBOARD ARGS] # wait, then report if the launch has ended
+#   bash benchmarks/gpu_sweep.sh restore DIR                   # unpack a report's sweep.tgz + tracking.tgz into $ROOT
+# A sweep continues on a fresh node: `report` packs the sweep folder without checkpoints (sweep.tgz) and its
+# tracking store (tracking.tgz); carry those two to the next node, `restore` them under the same RLA_ROOT, then
+# `resume`: finished jobs stay finished with their MLflow runs, interrupted ones start again from their first step.
+# RLA_MPS=1 with start/resume runs the jobs under CUDA MPS (a control daemon started here, if the node has one):
+# kernels of the jobs packed on one GPU then run side by side instead of taking turns, which small jobs need.
 # A node is given back after ~30 s without a command, and its /tmp with it: `follow` brings the results back in
 # the same command that sees the launch end, so no call is needed after the last one.
 # Before the launch, the autotune results already on this node ($TRITON_CACHE_DIR, e.g. from gpu_check.sh) join
@@ -25,6 +31,18 @@ start|resume)
         (cd "$CACHE" && find . -name '*.autotune.json' | while read -r f; do
             [[ -e $repo/benchmarks/gpu-tuning/triton-cache/$f ]] || cp --parents "$f" "$repo/benchmarks/gpu-tuning/triton-cache/"
         done)
+    fi
+    if [[ ${RLA_MPS:-0} == 1 ]]; then
+        export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/mps-pipe}
+        export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/mps-log}
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        if pgrep -x nvidia-cuda-mps-control >/dev/null; then
+            echo "MPS: control daemon already running"
+        elif nvidia-cuda-mps-control -d; then
+            echo "MPS: control daemon started (pipes in $CUDA_MPS_PIPE_DIRECTORY)"
+        else
+            echo "MPS: could not start nvidia-cuda-mps-control; jobs share the GPU by taking turns" >&2
+        fi
     fi
     verb=launch
     [[ $what == resume ]] && verb=resume
@@ -54,6 +72,14 @@ wait|follow)
         exec bash "$0" report "$arg" "$@"
     fi
     ;;
+restore)
+    # $arg: a folder holding a report's sweep.tgz and tracking.tgz
+    for f in sweep.tgz tracking.tgz; do
+        [[ -f $arg/$f ]] || { echo "restore: no $arg/$f" >&2; exit 2; }
+    done
+    tar -xzf "$arg/sweep.tgz" -C "$ROOT" && tar -xzf "$arg/tracking.tgz" -C "$ROOT" || exit 1
+    ls "$ROOT"
+    ;;
 report)
     shift 2
     python3 -m rla_ablate.cli status "$arg" --root "$ROOT" | tee "$OUT/status.txt"
@@ -70,7 +96,7 @@ report)
     ls -la "$OUT"
     ;;
 *)
-    echo "usage: bash benchmarks/gpu_sweep.sh start SWEEP_FILE | resume SWEEP | wait SWEEP [SECONDS] | follow SWEEP SECONDS [DASHBOARD ARGS] | report SWEEP [DASHBOARD ARGS]" >&2
+    echo "usage: bash benchmarks/gpu_sweep.sh start SWEEP_FILE | resume SWEEP | wait SWEEP [SECONDS] | follow SWEEP SECONDS [DASHBOARD ARGS] | report SWEEP [DASHBOARD ARGS] | restore DIR" >&2
     exit 2
     ;;
 esac
