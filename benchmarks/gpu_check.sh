@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point on the GPU node, after the bundle is installed (PYTHONPATH=/tmp/site:$PWD):
-#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|train-step|calibrate|bench|profile|tune|train|save-tuning|all]
+#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|train-step|calibrate|bench|profile|tune|train|train-profile|save-tuning|all]
 #                                [pytest -k expr]
 # GPU tests write a junit file, a log and every measured error to $OUT; the kernel table prints last.
 #
@@ -65,6 +65,11 @@ if [[ $what == bench || $what == all ]]; then
 fi
 if [[ $what == train || $what == all ]]; then
     python3 benchmarks/train_gpu.py --json "$OUT/train.json" 2>&1 | tee "$OUT/train.log" || rc=1
+fi
+if [[ $what == train-profile ]]; then
+    # both scales in one run, and where each family's training step spends its time (GPU kernels by kind, GPU idle)
+    python3 benchmarks/train_gpu.py --scale 100m 1.5b --steps 6 --warmup 2 --profile 3 --json "$OUT/train-profile.json" \
+        2>&1 | tee "$OUT/train-profile.log" || rc=1
 fi
 if [[ $what == save-tuning || $what == all ]]; then
     (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' -print0 \

@@ -1,13 +1,17 @@
 """Training throughput of whole models, one family after another in one harness: tokens/s and MFU.
 
-    python benchmarks/train_gpu.py [--scale 1.5b] [--families rla rdn sgla gdn transformer]
-                                   [--batch 4] [--seq-len 4096] [--steps 10] [--warmup 3] [--backend auto]
-                                   [--json out.json] [--calibrate [TABLE]]
+    python benchmarks/train_gpu.py [--scale 1.5b [100m ...]] [--families rla rdn sgla gdn transformer]
+                                   [--batch B] [--seq-len T] [--steps 10] [--warmup 3] [--backend auto]
+                                   [--profile [STEPS]] [--json out.json] [--calibrate [TABLE]]
 
 Each family builds the preset `<scale>-<family>` (models/), trains --warmup untimed then --steps timed AdamW steps
 on random tokens (fp32 master weights, bf16 autocast, as the training job does on GPU) and reports tokens/s, MFU
 (the model's analytic training FLOPs per token over the device's dense bf16 peak), peak memory and the op backend
 that ran. A family that runs out of memory is reported as such. `--device cpu --scale tiny` checks the script.
+Several scales run in one invocation, each at its batch shape (SHAPES; --batch / --seq-len override them all).
+`--profile` then runs a few more steps under torch.profiler and splits a step's time: the wall time, the GPU's
+busy time by kind of kernel (ours, FLA's, GEMMs, attention, PyTorch's elementwise and reductions, copies, the
+optimizer) and the time the GPU waited for the host (launch overhead, syncs) — on the CPU, the ops' self time.
 `--calibrate` merges each measured row (model config, batch shape, tokens/s, peak memory, warm-up) into the
 calibration table that `rla-sweep plan` and `resources.gpus: auto` read (rla_ablate/sweep/calibration/h200.json).
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -28,6 +33,19 @@ from rla_ablate.models.accounting import count_params, flops_per_token
 from rla_ablate.train.loop import PEAK_BF16_FLOPS
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "rla_ablate" / "sweep" / "calibration" / "h200.json"
+# Each scale's batch shape (micro batch, sequence length): the presets' training shapes in docs/RESULTS.md.
+SHAPES = {"tiny": (4, 128), "100m": (16, 2048), "1.5b": (4, 4096)}
+# Kernel (GPU) or op (CPU) name -> kind, first match wins; our own Triton kernels are recognised by name first.
+KINDS = (
+    ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
+    ("GEMM", re.compile(r"gemm|cutlass|cublas|nvjet|xmma|sm90_|sm80_|aten::(mm|addmm|bmm|matmul|linear)\b", re.I)),
+    ("FLA", re.compile(r"chunk_|fused_recurrent|l2norm|causal_conv|wy_|solve_tril|merge_16x16|kkt|recompute_w", re.I)),
+    ("optimizer", re.compile(r"multi_tensor|adam|foreach", re.I)),
+    ("copies, casts", re.compile(r"copy|aten::cat\b|CatArray|contiguous|clone|aten::to\b|fill_|zero_", re.I)),
+    ("norms", re.compile(r"norm", re.I)),
+    ("elementwise, reductions", re.compile(r"elementwise|vectorized|reduce|unrolled|index|scatter|gather|softmax|"
+                                            r"nll|cross_entropy|aten::", re.I)),
+)
 
 
 def say(line: str) -> None:
@@ -42,8 +60,60 @@ def device_peak(device: torch.device) -> float | None:
     return next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
 
 
-def measure(family: str, args, device: torch.device) -> dict:
-    cfg = load_preset(f"{args.scale}-{family}")
+def our_kernel_names() -> set[str]:
+    """The names of rla_ablate's own Triton kernels (empty where Triton is not installed)."""
+    try:
+        import importlib
+
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return set()
+    names = set()
+    for module in ("common", "rla", "rdn", "glue"):
+        mod = importlib.import_module(f"rla_ablate.ops.triton.{module}")
+        names |= {name for name, obj in vars(mod).items() if isinstance(obj, JITFunction)}
+    return names
+
+
+def kind_of(name: str, ours: set[str]) -> str:
+    if name in ours or any(name.startswith(n + "_") for n in ours):
+        return "ours"
+    return next((kind for kind, pattern in KINDS if pattern.search(name)), "other")
+
+
+def profile_steps(step, steps: int, device: torch.device) -> dict:
+    """ms per step: wall, GPU busy (CUDA) or ops' self time (CPU) by kind, and on CUDA the GPU's idle time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        wall = (time.perf_counter() - t0) / steps * 1e3
+    ours, by_kind = our_kernel_names(), {}
+    for avg in prof.key_averages():
+        if cuda and avg.device_type != DeviceType.CUDA:
+            continue
+        if not cuda and (avg.device_type != DeviceType.CPU or not avg.key.startswith("aten::")):
+            continue
+        us = avg.self_device_time_total if cuda else avg.self_cpu_time_total
+        kind = kind_of(avg.key, ours)
+        by_kind[kind] = by_kind.get(kind, 0.0) + us / 1e3 / steps
+    busy = sum(by_kind.values())
+    out = {"wall_ms": wall, "busy_ms": busy, "kinds_ms": dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))}
+    if cuda:
+        out["gpu_idle_ms"] = max(wall - busy, 0.0)
+    return out
+
+
+def measure(family: str, scale: str, args, device: torch.device) -> dict:
+    batch, seq_len = args.batch or SHAPES[scale][0], args.seq_len or SHAPES[scale][1]
+    cfg = load_preset(f"{scale}-{family}")
     if family != "transformer" and args.backend != "auto":
         cfg = cfg.model_copy(update={"backend": args.backend})
     torch.manual_seed(0)
@@ -52,7 +122,7 @@ def measure(family: str, args, device: torch.device) -> dict:
         model = build_model(cfg)
     say(f"{family}: built {count_params(cfg) / 1e6:.0f}M parameters in {time.perf_counter() - t_build:.1f} s")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=device.type == "cuda")
-    tokens = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len + 1), device=device)
+    tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     def step():
@@ -80,46 +150,67 @@ def measure(family: str, args, device: torch.device) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
-    tok_s = args.batch * args.seq_len * args.steps / seconds
+    tok_s = batch * seq_len * args.steps / seconds
     peak = device_peak(device)
-    return dict(family=family, preset=f"{args.scale}-{family}", model=cfg.model_dump(mode="json"),
-                params=count_params(cfg), tokens_per_s=tok_s,
-                mfu=flops_per_token(cfg, args.seq_len) * tok_s / peak if peak else None, loss=loss,
-                backend=model.backend_used, warmup_s=warmup_s,
-                peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
+    row = dict(family=family, scale=scale, preset=f"{scale}-{family}", model=cfg.model_dump(mode="json"),
+               batch=batch, seq_len=seq_len, params=count_params(cfg), tokens_per_s=tok_s,
+               mfu=flops_per_token(cfg, seq_len) * tok_s / peak if peak else None, loss=loss,
+               backend=model.backend_used, kernel=model.kernel_used, warmup_s=warmup_s,
+               peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
+    if args.profile:
+        row["profile"] = profile_steps(step, args.profile, device)
+    return row
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale", default="1.5b", help="preset scale: models/<scale>-<family>.yaml")
+    parser.add_argument("--scale", nargs="+", default=["1.5b"],
+                        help=f"preset scales, models/<scale>-<family>.yaml; batch shapes: {SHAPES}")
     parser.add_argument("--families", nargs="+", default=["rla", "rdn", "sgla", "gdn", "transformer"])
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=None, help="micro batch (default: the scale's, SHAPES)")
+    parser.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the scale's)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--backend", default="auto", help="op backend of the linear families (auto, fla, triton)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--profile", type=int, nargs="?", const=3, default=0, metavar="STEPS",
+                        help="profile this many more steps per family (default 3) and split the step's time")
     parser.add_argument("--calibrate", nargs="?", const=str(CALIBRATION), default=None, metavar="TABLE",
                         help="merge the rows into this calibration table (default: the package's H200 table)")
     args = parser.parse_args()
+    unknown = [scale for scale in args.scale if scale not in SHAPES and (args.batch is None or args.seq_len is None)]
+    if unknown:
+        parser.error(f"no batch shape for scale {', '.join(unknown)}: pass --batch and --seq-len (known: {SHAPES})")
     device = torch.device(args.device)
     rows = []
-    for family in args.families:
-        try:
-            rows.append(measure(family, args, device))
-        except torch.OutOfMemoryError:
-            rows.append(dict(family=family, preset=f"{args.scale}-{family}", error="out of memory"))
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        print(json.dumps(rows[-1]), flush=True)
-        if args.calibrate:
-            # row by row: a run stopped at a time limit keeps what it measured
-            calibrate(args.calibrate, rows[-1:], args, torch.cuda.get_device_name(device))
+    for scale in args.scale:
+        for family in args.families:
+            try:
+                rows.append(measure(family, scale, args, device))
+            except torch.OutOfMemoryError:
+                rows.append(dict(family=family, scale=scale, preset=f"{scale}-{family}", error="out of memory"))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            print(json.dumps(rows[-1]), flush=True)
+            if args.calibrate:
+                # row by row: a run stopped at a time limit keeps what it measured
+                calibrate(args.calibrate, rows[-1:], args, torch.cuda.get_device_name(device))
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    for scale in args.scale:
+        print_table([r for r in rows if r["scale"] == scale], where, args)
+    if args.profile:
+        print_profile(rows, device)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=where, args=vars(args), results=rows), f, indent=1)
+
+
+def print_table(rows: list[dict], where: str, args) -> None:
     base = {"rla": "sgla", "rdn": "gdn"}
     by_family = {r["family"]: r for r in rows}
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"\n{where} | batch {args.batch} x {args.seq_len} tokens | {args.steps} timed steps")
+    shape = next((f"batch {r['batch']} x {r['seq_len']} tokens" for r in rows if "batch" in r), "")
+    print(f"\n{where} | {shape} | {args.steps} timed steps")
     print(f"{'preset':>18} {'params':>8} {'tokens/s':>10} {'MFU':>6} {'vs base':>8} {'backend':>8}")
     for r in rows:
         if "error" in r:
@@ -130,9 +221,21 @@ def main():
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         print(f"{r['preset']:>18} {r['params'] / 1e6:7.0f}M {r['tokens_per_s']:10.0f} {mfu:>6} {ratio:>8} "
               f"{str(r['backend']):>8}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(device=where, args=vars(args), results=rows), f, indent=1)
+
+
+def print_profile(rows: list[dict], device: torch.device) -> None:
+    """One line per preset: ms per step, the GPU's idle share, and each kind's ms (share of the step)."""
+    busy = "GPU busy" if device.type == "cuda" else "ops' self time"
+    print(f"\nwhere a step's time goes (ms per step; {busy} by kind"
+          + ("; idle: the GPU waiting for the host)" if device.type == "cuda" else ")"))
+    for r in rows:
+        prof = r.get("profile")
+        if not prof:
+            continue
+        wall = prof["wall_ms"]
+        parts = [f"{kind} {ms:.1f} ({ms / wall:.0%})" for kind, ms in prof["kinds_ms"].items() if ms >= 0.05]
+        idle = f", idle {prof['gpu_idle_ms']:.1f} ({prof['gpu_idle_ms'] / wall:.0%})" if "gpu_idle_ms" in prof else ""
+        print(f"{r['preset']:>18}: step {wall:.1f}{idle}: " + ", ".join(parts))
 
 
 def calibrate(path: str, rows: list[dict], args, where: str) -> None:
@@ -148,12 +251,12 @@ def calibrate(path: str, rows: list[dict], args, where: str) -> None:
         return
     stamp = (f"{datetime.date.today()}, torch {torch.__version__}, triton {triton.__version__}, "
              f"FLA {getattr(fla, '__version__', '?')}")
-    command = f"python3 benchmarks/train_gpu.py --scale {args.scale} --batch {args.batch} --seq-len {args.seq_len} " \
-              f"--steps {args.steps} --warmup {args.warmup} --calibrate"
     for r in rows:
         if "error" in r:
             continue
-        new = {"preset": r["preset"], "model": r["model"], "micro_batch_size": args.batch, "seq_len": args.seq_len,
+        command = f"python3 benchmarks/train_gpu.py --scale {r['scale']} --batch {r['batch']} " \
+                  f"--seq-len {r['seq_len']} --steps {args.steps} --warmup {args.warmup} --calibrate"
+        new = {"preset": r["preset"], "model": r["model"], "micro_batch_size": r["batch"], "seq_len": r["seq_len"],
                "tokens_per_s": round(r["tokens_per_s"]), "peak_gib": round(r["peak_mem_gib"], 2),
                "backend": r["backend"], "warmup_s": round(r["warmup_s"], 1), "measured": stamp, "command": command}
         key = (new["preset"], new["micro_batch_size"], new["seq_len"], new["backend"])

@@ -14,7 +14,7 @@ def test_train_gpu_runs_tiny_presets_on_the_cpu(tmp_path):
     out = tmp_path / "train.json"
     proc = subprocess.run(
         [sys.executable, "benchmarks/train_gpu.py", "--device", "cpu", "--scale", "tiny", "--families", "rla", "sgla",
-         "--batch", "2", "--seq-len", "64", "--steps", "1", "--warmup", "1", "--json", str(out)],
+         "--batch", "2", "--seq-len", "64", "--steps", "1", "--warmup", "1", "--profile", "1", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["family"]: r for r in json.loads(out.read_text())["results"]}
@@ -22,4 +22,25 @@ def test_train_gpu_runs_tiny_presets_on_the_cpu(tmp_path):
     for r in rows.values():
         assert r["tokens_per_s"] > 0 and r["backend"] == "chunk" and r["warmup_s"] >= 0
     assert "rla: warm-up step 1/1" in proc.stderr  # progress for the minutes a fresh GPU node spends compiling
-    assert "tiny-rla" in proc.stdout and "x " in proc.stdout.split("tiny-rla")[-1].splitlines()[0]  # the ratio column
+    table_row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("tiny-rla "))
+    assert "x " in table_row  # the ratio column
+    # --profile: a step's time split by kind of op, the GEMMs among them
+    for r in rows.values():
+        prof = r["profile"]
+        assert prof["wall_ms"] > 0 and prof["kinds_ms"]["GEMM"] > 0 and sum(prof["kinds_ms"].values()) == prof["busy_ms"]
+    assert "tiny-rla: step" in proc.stdout and "GEMM" in proc.stdout.split("tiny-rla: step")[-1]
+
+
+def test_kernel_kinds():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from train_gpu import kind_of
+
+    ours = {"_rla_fwd_pass", "_residual_fwd"}
+    assert kind_of("_rla_fwd_pass", ours) == "ours"
+    assert kind_of("chunk_fwd_kernel_h", ours) == "FLA"
+    assert kind_of("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNT", ours) == "GEMM"
+    assert kind_of("aten::mm", ours) == "GEMM"
+    assert kind_of("aten::scatter_add_", ours) == "elementwise, reductions"
+    assert kind_of("void at::native::vectorized_elementwise_kernel<4, ...>", ours) == "elementwise, reductions"
+    assert kind_of("pytorch_flash::flash_fwd_kernel", ours) == "attention"
+    assert kind_of("void at::native::(anonymous namespace)::multi_tensor_apply_kernel", ours) == "optimizer"

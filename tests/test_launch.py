@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -226,10 +227,20 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
     assert any(j["status"] == "pending" and "resume" in (j["error"] or "") for j in doc["jobs"])
     rec = json.loads((root / "e2e-kill" / "launch.json").read_text())
     assert rec["children"]
+    # One job loses its checkpoints, as a sweep folder carried to another machine without them: it starts from its
+    # first step in a new MLflow run (the old run's values would mix with the new attempt's).
+    moved = max(doc["jobs"], key=lambda j: j["tokens_done"])
+    assert moved["tokens_done"] > 0 and moved["mlflow_run_id"]
+    shutil.rmtree(root / "e2e-kill" / "jobs" / moved["job_id"] / "checkpoints", ignore_errors=True)
     out = cli("launch", str(f), "--root", str(root))
     assert out.returncode == 0, out.stdout + out.stderr
     assert _descendants_alive(rec["children"]) == []
+    assert "no checkpoint of its earlier attempt, so it starts from its first step in a new MLflow run" in out.stdout
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(doc["tracking_uri"]).get_run(moved["mlflow_run_id"]).info.lifecycle_stage == "deleted"
     doc = status(root, "e2e-kill")
+    assert next(j for j in doc["jobs"] if j["job_id"] == moved["job_id"])["mlflow_run_id"] != moved["mlflow_run_id"]
     assert all(j["status"] == "finished" and j["tokens_done"] == j["tokens_target"] == 131072 for j in doc["jobs"])
     runs = job_runs(doc["tracking_uri"], "e2e-kill")
     # One MLflow run per job, although each job's first attempt was killed.

@@ -198,6 +198,12 @@ class _Services:
 TUNING_SEEDS = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu-tuning" / "triton-cache"
 
 
+def _delete_run(tracking_uri: str, run_id: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri).delete_run(run_id)
+
+
 def _seed_triton_cache(cache: Path) -> None:
     """Copy the shipped autotune results into the sweep's Triton cache, keeping what is there: a fresh node's first
     step then compiles the winning configurations only, instead of timing every candidate for minutes."""
@@ -444,7 +450,24 @@ class _Runner:
 
         st = self.sdir.status(job.job_id)
         if st.mlflow_run_id and st.tracking_uri == self.services.tracking_uri:
-            return st.mlflow_run_id
+            if not self.starts_over(job, st):
+                return st.mlflow_run_id
+            # An earlier attempt trained and left no checkpoint (the sweep folder came from another machine
+            # without its checkpoints, or the attempt ended before its first one): this one starts from the first
+            # step, and reusing the run would mix the two attempts' values step by step (a run keeps the first
+            # value logged at a step). The old run is deleted (MLflow keeps it restorable) and a new one made.
+            old = st.mlflow_run_id
+            try:
+                self.call_tracking(lambda: _delete_run(self.services.tracking_uri, old))
+            except Exception as exc:
+                raise UserError(f"cannot delete the MLflow run {old} of {job.name}, which restarts from its first "
+                                f"step, at {self.services.tracking_uri}: {_first_line(str(exc))}") from None
+            # What run_job would drop when it starts: the new run's logger must not backfill it first.
+            from rla_ablate.train.loggers import truncate_jsonl
+
+            truncate_jsonl(self.sdir.job_dir(job.job_id) / "metrics.jsonl", -1)
+            self.progress.note(f"{job.name}: no checkpoint of its earlier attempt, so it starts from its first "
+                               f"step in a new MLflow run (the earlier run {old[:12]} is deleted, restorable)")
         tags = {"family": job.family, "ablations": list(job.ablations), "seed": job.seed, "name": job.name,
                 **job.identity_tags()}
         if job.control_of:
@@ -466,6 +489,16 @@ class _Runner:
                             f"{_first_line(str(exc))}") from None
         self.sdir.set_status(job.job_id, mlflow_run_id=run_id, tracking_uri=self.services.tracking_uri)
         return run_id
+
+    def starts_over(self, job: ResolvedJob, st: Any) -> bool:
+        """Whether the job's next attempt trains from its first step after an earlier attempt trained."""
+        from rla_ablate.train.checkpoint import list_checkpoints
+        from rla_ablate.train.loggers import read_jsonl
+
+        out = self.sdir.job_dir(job.job_id)
+        if list_checkpoints(out):
+            return False
+        return st.tokens_done > 0 or any(r.get("type") == "metrics" for r in read_jsonl(out / "metrics.jsonl"))
 
     def end_run(self, job: ResolvedJob, status: Status, reason: str | None) -> None:
         """Backfill the job's run from its metrics.jsonl and close it if still SCHEDULED/RUNNING (a job cancelled
