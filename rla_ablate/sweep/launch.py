@@ -133,12 +133,20 @@ class _Services:
         self.backend_uri: str | None = opts.tracking_uri
         self.ray_started = False
 
-    def start_tracking(self) -> None:
-        if self.tracking_uri is None:
+    def spawn_tracking(self) -> None:
+        """Start the embedded server's process without waiting for it: its start-up (seconds of imports and
+        store migrations) runs while Ray starts."""
+        if self.tracking_uri is None and self.server is None:
             from rla_ablate.tracking import TrackingServer
 
+            self.server = TrackingServer(self.sdir.mlflow_dir).start(wait=False)
+
+    def start_tracking(self) -> None:
+        if self.tracking_uri is None:
+            self.spawn_tracking()
+            assert self.server is not None
             # Supervised: a server that dies or hangs mid-sweep is started again on the same store and port.
-            self.server = TrackingServer(self.sdir.mlflow_dir).start().supervise()
+            self.server.wait_until_up().supervise()
             self.tracking_uri, self.backend_uri = self.server.uri, self.server.backend_uri
         self.sdir.record_children()
 
@@ -198,10 +206,18 @@ class _Services:
 TUNING_SEEDS = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu-tuning" / "triton-cache"
 
 
-def _delete_run(tracking_uri: str, run_id: str) -> None:
+def _delete_run(tracking_uri: str, run_id: str) -> bool:
+    """Delete (soft: restorable) the run; False when this tracking store has no such run (another store's)."""
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    MlflowClient(tracking_uri).delete_run(run_id)
+    try:
+        MlflowClient(tracking_uri).delete_run(run_id)
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return False
+        raise
+    return True
 
 
 def _seed_triton_cache(cache: Path) -> None:
@@ -275,6 +291,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
             progress.nothing_to_do(summary)
             return summary
         t0 = time.monotonic()
+        services.spawn_tracking()
         cluster = services.start_ray()
         previous_term = _term_as_interrupt()
         progress.note(f"Ray: {'joined ' + opts.address if opts.address else 'local instance'}, "
@@ -449,16 +466,14 @@ class _Runner:
         from rla_ablate.tracking import create_or_get_child_run
 
         st = self.sdir.status(job.job_id)
-        if st.mlflow_run_id and st.tracking_uri == self.services.tracking_uri:
-            if not self.starts_over(job, st):
-                return st.mlflow_run_id
+        if st.mlflow_run_id and self.starts_over(job, st):
             # An earlier attempt trained and left no checkpoint (the sweep folder came from another machine
             # without its checkpoints, or the attempt ended before its first one): this one starts from the first
             # step, and reusing the run would mix the two attempts' values step by step (a run keeps the first
             # value logged at a step). The old run is deleted (MLflow keeps it restorable) and a new one made.
             old = st.mlflow_run_id
             try:
-                self.call_tracking(lambda: _delete_run(self.services.tracking_uri, old))
+                deleted = self.call_tracking(lambda: _delete_run(self.services.tracking_uri, old))
             except Exception as exc:
                 raise UserError(f"cannot delete the MLflow run {old} of {job.name}, which restarts from its first "
                                 f"step, at {self.services.tracking_uri}: {_first_line(str(exc))}") from None
@@ -466,8 +481,12 @@ class _Runner:
             from rla_ablate.train.loggers import truncate_jsonl
 
             truncate_jsonl(self.sdir.job_dir(job.job_id) / "metrics.jsonl", -1)
-            self.progress.note(f"{job.name}: no checkpoint of its earlier attempt, so it starts from its first "
-                               f"step in a new MLflow run (the earlier run {old[:12]} is deleted, restorable)")
+            self.sdir.set_status(job.job_id, mlflow_run_id=None)
+            if deleted:
+                self.progress.note(f"{job.name}: no checkpoint of its earlier attempt, so it starts from its first "
+                                   f"step in a new MLflow run (the earlier run {old[:12]} is deleted, restorable)")
+        elif st.mlflow_run_id and st.tracking_uri == self.services.tracking_uri:
+            return st.mlflow_run_id
         tags = {"family": job.family, "ablations": list(job.ablations), "seed": job.seed, "name": job.name,
                 **job.identity_tags()}
         if job.control_of:

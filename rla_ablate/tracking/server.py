@@ -266,16 +266,18 @@ class TrackingServer:
         self.record_path.unlink(missing_ok=True)
         return False
 
-    def start(self) -> "TrackingServer":
+    def start(self, wait: bool = True) -> "TrackingServer":
+        """Start (or adopt) the server; with wait=False return once its process is spawned and call
+        `wait_until_up()` later: the server's minute-scale imports then overlap with other start-up work."""
         try:
-            return self._start()
+            return self._start(wait)
         except OSError as exc:
             # An unwritable folder, a missing interpreter: say what could not start, not a traceback.
             self.stop()
             raise UserError(f"cannot start the MLflow server: {exc.strerror or exc}"
                             + (f" ({exc.filename})" if exc.filename else ""), file=str(self.root)) from None
 
-    def _start(self) -> "TrackingServer":
+    def _start(self, wait: bool) -> "TrackingServer":
         self.root.mkdir(parents=True, exist_ok=True)
         self.artifacts_dir.mkdir(exist_ok=True)
         if self.proc is not None or self._adopt_or_clean():
@@ -288,7 +290,14 @@ class TrackingServer:
         # PDEATHSIG fires when the creating *thread* exits, so only the main thread may arm it.
         self._spawn(self.port or free_port(), deathsig=threading.current_thread() is threading.main_thread())
         self._install_handlers()
-        self._wait_until_up()
+        if wait:
+            self._wait_until_up()
+        return self
+
+    def wait_until_up(self) -> "TrackingServer":
+        """After `start(wait=False)`: return when the server answers /health (UserError if it exits or times out)."""
+        if self.proc is not None:
+            self._wait_until_up()
         return self
 
     def _spawn(self, port: int, *, deathsig: bool) -> None:
