@@ -33,6 +33,18 @@ class CompilationError(RuntimeError):
     the real one, so the drill needs no GPU and no triton."""
 
 
+def fail_kind(job_id: str) -> str:
+    """FAIL_KIND_ENV for this job: one kind for every job, or `<job id prefix or *>=<kind>,...` (first match)."""
+    spec = os.environ.get(FAIL_KIND_ENV, "").strip().lower()
+    if "=" not in spec:
+        return spec
+    for part in spec.split(","):
+        who, _, kind = part.partition("=")
+        if who.strip() == "*" or job_id.startswith(who.strip()):
+            return kind.strip()
+    return ""
+
+
 def injected_failure(kind: str, tokens: int) -> BaseException:
     """The exception FAIL_ONCE_ENV raises for FAIL_KIND_ENV `kind`."""
     where = f"injected failure at {tokens} tokens ({FAIL_ONCE_ENV}" + (f", {FAIL_KIND_ENV}={kind})" if kind else ")")
@@ -150,7 +162,7 @@ class SweepLogger:
         if self._fail_at is not None and self.tokens is not None and self.tokens >= self._fail_at:
             self._fail_at = None
             (self.out_dir / ".failed-once").write_text(str(self.tokens))
-            raise injected_failure(os.environ.get(FAIL_KIND_ENV, "").strip().lower(), self.tokens)
+            raise injected_failure(fail_kind(self.job_id), self.tokens)
         self._report()
         return self._stop
 
