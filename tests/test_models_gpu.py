@@ -71,3 +71,31 @@ def test_bf16_autocast_trains(family):
         opt.step()
         losses.append(loss.item())
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("preset", ["proxy-lm-rla", "proxy-lm-rdn", "proxy-mqar-rla", "proxy-lm-sgla"])
+def test_a_training_step_after_the_hand_over_never_waits_for_the_gpu(preset):
+    # Packed jobs share a GPU by turns: every host sync inside a step waits for the others' turns. After the
+    # trainer's hand-over of the relative clip's running RMS, forward and backward must not sync at all.
+    from rla_ablate.models import load_preset
+
+    torch.manual_seed(0)
+    cfg = load_preset(preset)
+    model = build_model(cfg).cuda().train()
+    ids = torch.randint(0, cfg.vocab_size, (4, 256), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(ids)
+        torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids.flatten()).backward()
+
+    step()  # the first forward measures the batch's RMS (one read), and kernels compile
+    model.hand_over_clip_rms([t.item() for t in model.relative_clip_rms()])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
