@@ -67,8 +67,10 @@ if [[ $what == train || $what == all ]]; then
     python3 benchmarks/train_gpu.py --json "$OUT/train.json" 2>&1 | tee "$OUT/train.log" || rc=1
 fi
 if [[ $what == train-profile ]]; then
-    # both scales in one run, and where each family's training step spends its time (GPU kernels by kind, GPU idle)
-    python3 benchmarks/train_gpu.py --scale 100m 1.5b --steps 6 --warmup 2 --profile 3 --json "$OUT/train-profile.json" \
+    # every scale in one run (the proxies at the study's shapes: launch-bound steps), and where each family's
+    # training step spends its time (GPU kernels by kind, GPU idle); rows join the calibration table
+    python3 benchmarks/train_gpu.py --scale proxy-mqar proxy-lm 100m 1.5b --steps 6 --warmup 2 --profile 3 --calibrate \
+        --json "$OUT/train-profile.json" \
         2>&1 | tee "$OUT/train-profile.log" || rc=1
 fi
 if [[ $what == save-tuning || $what == all ]]; then

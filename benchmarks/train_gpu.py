@@ -5,7 +5,8 @@
                                    [--profile [STEPS]] [--json out.json] [--calibrate [TABLE]]
 
 Each family builds the preset `<scale>-<family>` (models/), trains --warmup untimed then --steps timed AdamW steps
-on random tokens (fp32 master weights, bf16 autocast, as the training job does on GPU) and reports tokens/s, MFU
+on random tokens (fp32 master weights, bf16 autocast and one host read per step, as the training job does on
+GPU) and reports tokens/s, MFU
 (the model's analytic training FLOPs per token over the device's dense bf16 peak), peak memory and the op backend
 that ran. A family that runs out of memory is reported as such. `--device cpu --scale tiny` checks the script.
 Several scales run in one invocation, each at its batch shape (SHAPES; --batch / --seq-len override them all).
@@ -33,8 +34,9 @@ from rla_ablate.models.accounting import count_params, flops_per_token
 from rla_ablate.train.loop import PEAK_BF16_FLOPS
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "rla_ablate" / "sweep" / "calibration" / "h200.json"
-# Each scale's batch shape (micro batch, sequence length): the presets' training shapes in docs/RESULTS.md.
-SHAPES = {"tiny": (4, 128), "100m": (16, 2048), "1.5b": (4, 4096)}
+# Each scale's batch shape (micro batch, sequence length): the presets' training shapes in docs/RESULTS.md and,
+# for the proxies, sweeps/proxy-study.yaml's (there, one step of MQAR is one micro batch of 16 x 64 tokens).
+SHAPES = {"tiny": (4, 128), "proxy-mqar": (16, 64), "proxy-lm": (32, 512), "100m": (16, 2048), "1.5b": (4, 4096)}
 # Kernel (GPU) or op (CPU) name -> kind, first match wins; our own Triton kernels are recognised by name first.
 KINDS = (
     ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
@@ -130,14 +132,19 @@ def measure(family: str, scale: str, args, device: torch.device) -> dict:
             logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        # One host read per step, as the training loop makes: the loss, the grad norm and the relative clip's
+        # running RMS (handed over to the next step's forwards)
+        loss_value, _, *rms = torch.stack([loss.detach().double(), norm.double(), *model.relative_clip_rms()]).tolist()
+        if rms:
+            model.hand_over_clip_rms(rms)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss_value
 
     t_warm = time.perf_counter()
     for i in range(args.warmup):
-        float(step())
+        step()
         say(f"{family}: warm-up step {i + 1}/{args.warmup} at {time.perf_counter() - t_warm:.1f} s")
     warmup_s = time.perf_counter() - t_warm
     if device.type == "cuda":
@@ -146,7 +153,6 @@ def measure(family: str, scale: str, args, device: torch.device) -> dict:
     t0 = time.perf_counter()
     for _ in range(args.steps):
         loss = step()
-    loss = float(loss)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
