@@ -151,9 +151,8 @@ class ResidualAttention(nn.Module):
         else:
             self.a_proj = nn.Linear(D, H, bias=False)
             self.A_log = nn.Parameter(torch.zeros(H))
+            # 1-D: the optimizer's parameter groups leave them without weight decay (train.loop._param_groups)
             self.dt_bias = nn.Parameter(torch.zeros(H))
-            self.A_log._no_weight_decay = True
-            self.dt_bias._no_weight_decay = True
         if cfg.beta == "learned":
             self.b_proj = nn.Linear(D, H, bias=False)
         if cfg.is_residual and not cfg.tied_gamma:

@@ -706,7 +706,7 @@ class _Runner:
             outcome = self.ray.get(ref)
         except self.ray.exceptions.TaskCancelledError:
             outcome = JobOutcome(Status.CANCELLED, tokens_done=tokens_before,
-                                 error=f"{getattr(self, 'stop_reason', 'stopped')} before it started")
+                                 error=f"{self.stop_reason or 'stopped'} before it started")
         except Exception as exc:
             # The worker process died (OOM killer, segfault, node lost): nothing came back from it.
             outcome = JobOutcome.from_exception(exc, tokens_done=tokens_before, cause=Cause.WORKER_DIED)
@@ -738,7 +738,7 @@ class _Runner:
         if outcome.status == Status.FAILED and outcome.cause == Cause.OOM:
             outcome.error = self._oom_report(job, outcome)
         if outcome.status == Status.CANCELLED and not outcome.error:
-            outcome.error = getattr(self, "stop_reason", "stopped")
+            outcome.error = self.stop_reason or "stopped"
         self.sdir.set_status(job.job_id, status=outcome.status, tokens_done=tokens, error=outcome.error,
                              cause=outcome.cause, traceback=outcome.traceback)
         self.end_run(job, outcome.status, outcome.error)
