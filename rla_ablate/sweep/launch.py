@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -32,7 +32,8 @@ from rla_ablate.errors import UserError
 from rla_ablate.outcome import ENDED, Cause, JobOutcome, Status
 from rla_ablate.ray_local import init_local_ray
 from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep
-from rla_ablate.sweep.sources import JobSource, count_statuses, source_for
+from rla_ablate.sweep.sources import GridSource, JobSource, count_statuses
+from rla_ablate.sweep.summary import FailedJob, LaunchSummary
 from rla_ablate.sweep.state import SweepDir
 
 DEFAULT_ROOT = "rla-runs"
@@ -58,45 +59,13 @@ class LaunchOptions:
     """Redraw a live table (True) or print one line per change (False); None: when stdout is a terminal."""
 
 
-@dataclass
-class FailedJob:
-    """A job this launch left failed, as the summary names it."""
+def source_for(sweep: Sweep, sdir: SweepDir) -> JobSource:
+    """The source of a sweep's jobs: its `search:` study, else its expansion."""
+    if sweep.config.search is not None:
+        from rla_ablate.sweep.search import OptunaSource
 
-    name: str
-    job_id: str
-    error: str
-    """The cause line: "Type: message" (or the out-of-memory report)."""
-    cause: Cause | None = None
-    log: Path | None = None
-    """The job's error.log (every failed attempt's traceback), when one was written."""
-
-
-@dataclass
-class LaunchSummary:
-    sweep: str
-    counts: dict[str, int] = field(default_factory=dict)
-    skipped: int = 0
-    ran: int = 0
-    failed: list[FailedJob] = field(default_factory=list)
-    pruned: int = 0
-    """Search trials stopped by the pruner (status cancelled): a result, not a failure."""
-    interrupted: bool = False
-    """Stopped by Ctrl-C or SIGTERM."""
-
-    @property
-    def ok(self) -> bool:
-        # A diverged job is a result (it never reruns), like a finished one.
-        unfinished = sum(n for k, n in self.counts.items() if k not in (Status.FINISHED, Status.DIVERGED))
-        return unfinished == self.pruned
-
-    @property
-    def resume_helps(self) -> bool:
-        """False when every unfinished job failed deterministically (config, compile): a resume fails them again."""
-        if self.ok:
-            return False
-        unfinished = sum(n for k, n in self.counts.items() if k not in (Status.FINISHED, Status.DIVERGED)) - self.pruned
-        deterministic = [f for f in self.failed if f.cause is not None and f.cause.deterministic]
-        return not (self.failed and len(deterministic) == len(self.failed) == unfinished)
+        return OptunaSource(sweep, sdir)
+    return GridSource(sweep, sdir)
 
 
 def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any]) -> None:

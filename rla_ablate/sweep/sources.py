@@ -4,8 +4,8 @@ The runner (`rla_ablate.sweep.launch`) owns Ray, MLflow, retries and stops; a so
 The loop asks the source for jobs while there is room, relays the intermediate values of the metric the source
 watches, and tells it how each job ended. Two sources exist: `GridSource` hands out the expanded, unfinished jobs
 of a fixed sweep (grid, zip, ablations, controls, seeds); `rla_ablate.sweep.search.OptunaSource` asks an Optuna
-study for one trial at a time. `source_for(sweep, sdir)` is the one place that picks a sweep's source: a new
-source is a class implementing `JobSource` and its line there; the runner and `launch_sweep` stay as they are.
+study for one trial at a time. `rla_ablate.sweep.launch.source_for(sweep, sdir)` is the one place that picks a
+sweep's source: a new source is a class implementing `JobSource` and its line there; the runner loop stays as it is.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rla_ablate.sweep.expand import ResolvedJob, Sweep
 from rla_ablate.sweep.state import SweepDir
 
 if TYPE_CHECKING:
-    from rla_ablate.sweep.launch import LaunchSummary
+    from rla_ablate.sweep.summary import LaunchSummary
 
 
 class JobSource(Protocol):
@@ -59,15 +59,6 @@ class JobSource(Protocol):
 
     def finish(self) -> None:
         """After the last job: a closing note."""
-
-
-def source_for(sweep: Sweep, sdir: SweepDir) -> JobSource:
-    """The source of a sweep's jobs: its `search:` study, else its expansion."""
-    if sweep.config.search is not None:
-        from rla_ablate.sweep.search import OptunaSource
-
-        return OptunaSource(sweep, sdir)
-    return GridSource(sweep, sdir)
 
 
 def count_statuses(sdir: SweepDir, job_ids: Iterable[str]) -> dict[str, int]:

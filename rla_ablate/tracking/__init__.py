@@ -6,9 +6,9 @@
         logger = MLflowLogger(server.uri, run_id)      # the job's MetricLogger
 """
 
-from rla_ablate.tracking.logger import RUN_STATUS, MLflowLogger, system_metrics
-from rla_ablate.tracking.runs import (ablations_tag, create_or_get_child_run, ensure_experiment, ensure_parent_run,
-                                      experiment_name, flatten, git_commit)
+from rla_ablate.tracking.logger import MLflowLogger, system_metrics
+from rla_ablate.tracking.runs import (RUN_STATUS, ablations_tag, create_or_get_child_run, ensure_experiment,
+                                      ensure_parent_run, experiment_name, flatten, git_commit)
 from rla_ablate.tracking.server import TrackingServer, is_healthy
 from rla_ablate.tracking.sync import sync_from_jsonl
 

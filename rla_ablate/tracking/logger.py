@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import math
 import socket
 import threading
 import time
@@ -29,28 +28,15 @@ from typing import Any
 import requests
 
 from rla_ablate.outcome import Status
-from rla_ablate.tracking.runs import BACKEND, HOST, STATUS, STATUS_REASON
+from rla_ablate.tracking.runs import BACKEND, HOST, RUN_STATUS, STATUS, STATUS_REASON, json_float
 
 log = logging.getLogger(__name__)
 
 _BATCH = 1000
 _MAX_TAGS = 100
 # How a job ended (rla_ablate.outcome.Status) -> MLflow run status; a plain status string looks up the same entry.
-RUN_STATUS = {Status.FINISHED: "FINISHED", Status.FAILED: "FAILED", Status.DIVERGED: "FAILED",
-              Status.CANCELLED: "KILLED"}
-
-
 class _UnknownRun(Exception):
     pass
-
-
-def _json_float(x: float) -> float | str:
-    # MLflow's REST API takes non-finite doubles as protobuf JSON strings.
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "Infinity" if x > 0 else "-Infinity"
-    return x
 
 
 class MLflowLogger:
@@ -234,7 +220,7 @@ class MLflowLogger:
             self._refresh({m["key"] for m in batch})
         fresh = [m for m in batch if m["step"] not in self._server_steps.get(m["key"], ())]
         body: dict[str, Any] = {"run_id": self.run_id,
-                                "metrics": [dict(m, value=_json_float(m["value"])) for m in fresh]}
+                                "metrics": [dict(m, value=json_float(m["value"])) for m in fresh]}
         if tags:
             body["tags"] = [{"key": k, "value": v[:8000]} for k, v in tags.items()]
         if fresh or tags:
@@ -256,7 +242,7 @@ class MLflowLogger:
         log.warning("MLflow rejected a batch for run %s (%s); sending entries one by one", self.run_id, exc)
         for m in metrics:
             try:
-                one = [dict(m, value=_json_float(m["value"]))]
+                one = [dict(m, value=json_float(m["value"]))]
                 self._post("runs/log-batch", {"run_id": self.run_id, "metrics": one})
             except requests.HTTPError as err:
                 if err.response is None or err.response.status_code >= 500:

@@ -7,6 +7,7 @@ relaunched sweep reuses its runs and never creates a duplicate.
 from __future__ import annotations
 
 import json
+import math
 import socket
 import subprocess
 from functools import lru_cache
@@ -16,6 +17,8 @@ from typing import Any
 from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from rla_ablate.outcome import Status
+
 # Tag keys shared by the launcher, the jobs and the dashboards.
 ROLE, SWEEP, JOB_ID = "rla.role", "sweep", "job_id"
 FAMILY, ABLATIONS, SEED = "family", "ablations", "seed"
@@ -23,8 +26,20 @@ GIT_COMMIT, BACKEND, HOST = "git_commit", "kernel_backend", "host"
 STATUS, STATUS_REASON = "rla.status", "rla.status_reason"
 NO_ABLATION = "none"
 CONFIG_ARTIFACT = "config.json"
+# A job's final status as an MLflow run status.
+RUN_STATUS = {Status.FINISHED: "FINISHED", Status.FAILED: "FAILED", Status.DIVERGED: "FAILED",
+              Status.CANCELLED: "KILLED"}
 _MAX_PARAM_LEN = 6000
 _MAX_PER_BATCH = 100
+
+
+def json_float(x: float) -> float | str:
+    """A metric value for MLflow's REST API, which takes non-finite doubles as protobuf JSON strings."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return x
 
 
 def experiment_name(sweep: str) -> str:
@@ -177,8 +192,6 @@ def create_or_get_child_run(tracking_uri: str, sweep: str, job_id: str, tags: di
 def end_open_run(tracking_uri: str, run_id: str, status: str, reason: str | None = None) -> bool:
     """Give a run its final status (a rla_ablate.outcome.Status value) when it is still SCHEDULED or RUNNING: a job
     cancelled before it started, or killed before its logger closed the run. Returns whether it changed."""
-    from rla_ablate.tracking.logger import RUN_STATUS
-
     client = MlflowClient(tracking_uri)
     if client.get_run(run_id).info.status not in ("SCHEDULED", "RUNNING"):
         return False

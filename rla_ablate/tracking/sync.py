@@ -13,8 +13,7 @@ from pathlib import Path
 
 import requests
 
-from rla_ablate.tracking.logger import RUN_STATUS, _json_float
-from rla_ablate.tracking.runs import STATUS, STATUS_REASON
+from rla_ablate.tracking.runs import RUN_STATUS, STATUS, STATUS_REASON, json_float
 
 _BATCH = 1000
 
@@ -66,7 +65,7 @@ def sync_from_jsonl(tracking_uri: str, run_id: str, path: str | Path, *, timeout
             v = _float(value)
             if key in lagging and v is not None and step not in have.setdefault(key, set()):
                 have[key].add(step)
-                missing.append({"key": key, "value": _json_float(v) if not math.isfinite(v) else v,
+                missing.append({"key": key, "value": json_float(v) if not math.isfinite(v) else v,
                                 "timestamp": ts, "step": step})
     for i in range(0, len(missing), _BATCH):
         http.post(f"{api}/runs/log-batch", json={"run_id": run_id, "metrics": missing[i:i + _BATCH]},

@@ -1,0 +1,49 @@
+"""What a launch reports when it ends: its counts by status and the jobs it left failed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rla_ablate.outcome import Cause, Status
+
+
+@dataclass
+class FailedJob:
+    """A job this launch left failed, as the summary names it."""
+
+    name: str
+    job_id: str
+    error: str
+    """The cause line: "Type: message" (or the out-of-memory report)."""
+    cause: Cause | None = None
+    log: Path | None = None
+    """The job's error.log (every failed attempt's traceback), when one was written."""
+
+
+@dataclass
+class LaunchSummary:
+    sweep: str
+    counts: dict[str, int] = field(default_factory=dict)
+    skipped: int = 0
+    ran: int = 0
+    failed: list[FailedJob] = field(default_factory=list)
+    pruned: int = 0
+    """Search trials stopped by the pruner (status cancelled): a result, not a failure."""
+    interrupted: bool = False
+    """Stopped by Ctrl-C or SIGTERM."""
+
+    @property
+    def ok(self) -> bool:
+        # A diverged job is a result (it never reruns), like a finished one.
+        unfinished = sum(n for k, n in self.counts.items() if k not in (Status.FINISHED, Status.DIVERGED))
+        return unfinished == self.pruned
+
+    @property
+    def resume_helps(self) -> bool:
+        """False when every unfinished job failed deterministically (config, compile): a resume fails them again."""
+        if self.ok:
+            return False
+        unfinished = sum(n for k, n in self.counts.items() if k not in (Status.FINISHED, Status.DIVERGED)) - self.pruned
+        deterministic = [f for f in self.failed if f.cause is not None and f.cause.deterministic]
+        return not (self.failed and len(deterministic) == len(self.failed) == unfinished)
