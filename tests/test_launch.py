@@ -229,7 +229,7 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
     assert rec["children"]
     # One job loses its checkpoints, as a sweep folder carried to another machine without them: it starts from its
     # first step in a new MLflow run (the old run's values would mix with the new attempt's).
-    moved = max(doc["jobs"], key=lambda j: j["tokens_done"])
+    moved = max((j for j in doc["jobs"] if j["status"] != "finished"), key=lambda j: j["tokens_done"])
     assert moved["tokens_done"] > 0 and moved["mlflow_run_id"]
     shutil.rmtree(root / "e2e-kill" / "jobs" / moved["job_id"] / "checkpoints", ignore_errors=True)
     out = cli("launch", str(f), "--root", str(root))
