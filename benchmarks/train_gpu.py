@@ -133,11 +133,8 @@ def measure(family: str, scale: str, args, device: torch.device) -> dict:
         loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        # One host read per step, as the training loop makes: the loss, the grad norm and the relative clip's
-        # running RMS (handed over to the next step's forwards)
-        loss_value, _, *rms = torch.stack([loss.detach().double(), norm.double(), *model.relative_clip_rms()]).tolist()
-        if rms:
-            model.hand_over_clip_rms(rms)
+        # One host read per step, as the training loop makes (with the relative clip's hand-over)
+        loss_value, _ = model.read_and_hand_over(loss.detach(), norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss_value

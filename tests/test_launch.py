@@ -228,7 +228,13 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
     rec = json.loads((root / "e2e-kill" / "launch.json").read_text())
     assert rec["children"]
     # One job loses its checkpoints, as a sweep folder carried to another machine without them: it starts from its
-    # first step in a new MLflow run (the old run's values would mix with the new attempt's).
+    # first step in a new MLflow run (the old run's values would mix with the new attempt's). Ray gives each worker
+    # its own process group, so a worker outlives the killed group by a second or two and may still write a
+    # checkpoint; on another machine nothing would, so the folder is changed once they are gone.
+    deadline = time.monotonic() + 60
+    while _descendants_alive(rec["children"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    doc = status(root, "e2e-kill")
     moved = max((j for j in doc["jobs"] if j["status"] != "finished"), key=lambda j: j["tokens_done"])
     assert moved["tokens_done"] > 0 and moved["mlflow_run_id"]
     shutil.rmtree(root / "e2e-kill" / "jobs" / moved["job_id"] / "checkpoints", ignore_errors=True)

@@ -245,6 +245,9 @@ def test_relative_clip_after_the_first_forward_uses_the_running_rms():
     assert [radius for radius, _, _ in seen] == [0.125, 2.0, 0.125, 2.0]
     with pytest.raises(ValueError, match="1 values for 2 relative-clip layers"):
         model.hand_over_clip_rms([1.0])
+    # The trainer's read: its own values back as floats, the running means handed over in the same read.
+    assert model.read_and_hand_over(torch.tensor(1.5), torch.tensor(2.5, dtype=torch.float64)) == [1.5, 2.5]
+    assert [m.step_rms for m in mixers] == [m.residual_rms_ema.item() for m in mixers]
 
 
 def test_relative_clip_of_a_blown_up_state_leaves_the_verdict_to_the_guard():

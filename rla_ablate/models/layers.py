@@ -166,7 +166,7 @@ class ResidualAttention(nn.Module):
             self.register_buffer("residual_rms_ema", torch.ones((), dtype=torch.float64))
             self.register_buffer("residual_rms_updates", torch.zeros((), dtype=torch.int64))
         # clip_mode relative: the running residual RMS at the end of the last optimizer step, handed over by the
-        # trainer with that step's loss (CausalLM.hand_over_clip_rms); None: training forwards read it themselves.
+        # trainer with that step's loss (CausalLM.read_and_hand_over); None: training forwards read it themselves.
         self.step_rms: float | None = None
         self.backend_used: str | None = None
         self.kernel_used: str | None = None
@@ -322,9 +322,6 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(D, Hkv * Dh, bias=False)
         self.v_proj = nn.Linear(D, Hkv * Dh, bias=False)
         self.o_proj = nn.Linear(H * Dh, D, bias=False)
-        # clip_mode relative: the running residual RMS at the end of the last optimizer step, handed over by the
-        # trainer with that step's loss (CausalLM.hand_over_clip_rms); None: training forwards read it themselves.
-        self.step_rms: float | None = None
         self.backend_used: str | None = None
         self.kernel_used: str | None = None
         self.stats_enabled = False

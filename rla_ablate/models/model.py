@@ -122,21 +122,33 @@ class CausalLM(nn.Module):
         names = [layer.attn.kernel_used for layer in self.layers if layer.attn.kernel_used is not None]
         return names[-1] if names else None
 
+    def _relative_clip_mixers(self) -> list[nn.Module]:
+        return [layer.attn for layer in self.layers if hasattr(layer.attn, "residual_rms_ema")]
+
     def relative_clip_rms(self) -> list[torch.Tensor]:
         """The running residual RMS of each layer with clip_mode relative (float64 scalars on the device)."""
-        return [layer.attn.residual_rms_ema for layer in self.layers if hasattr(layer.attn, "residual_rms_ema")]
+        return [attn.residual_rms_ema for attn in self._relative_clip_mixers()]
+
+    def read_and_hand_over(self, *values: torch.Tensor) -> list[float]:
+        """A training step's one host read: `values` (scalars on the device, e.g. the loss and the grad norm) and
+        every relative-clip layer's running RMS, which is handed over as its radius for the next step's forwards;
+        returns `values` as floats. Reading each layer's own every forward would sync once per layer call."""
+        clip_rms = self.relative_clip_rms()
+        host = torch.stack([v.double() for v in values] + clip_rms).tolist()
+        if clip_rms:
+            self.hand_over_clip_rms(host[len(values):])
+        return host[:len(values)]
 
     def hand_over_clip_rms(self, values: list[float | None] | None = None) -> None:
         """Give each relative-clip layer, in `relative_clip_rms` order, the running RMS its training forwards use
-        as the radius until the next hand-over: the trainer reads them with the step's loss, in the one host sync
-        of an optimizer step, instead of each layer reading its own every forward. None: the running RMS in the
-        buffers now (after a checkpoint is loaded), for the layers that have one."""
-        layers = [layer.attn for layer in self.layers if hasattr(layer.attn, "residual_rms_ema")]
+        as the radius until the next hand-over (`read_and_hand_over` makes it once per step). None: the running
+        RMS in the buffers now (after a checkpoint is loaded), for the layers that have one."""
+        mixers = self._relative_clip_mixers()
         if values is None:
-            values = [float(a.residual_rms_ema) if int(a.residual_rms_updates) > 0 else None for a in layers]
-        if len(values) != len(layers):
-            raise ValueError(f"{len(values)} values for {len(layers)} relative-clip layers")
-        for attn, value in zip(layers, values):
+            values = [float(a.residual_rms_ema) if int(a.residual_rms_updates) > 0 else None for a in mixers]
+        if len(values) != len(mixers):
+            raise ValueError(f"{len(values)} values for {len(mixers)} relative-clip layers")
+        for attn, value in zip(mixers, values):
             attn.step_rms = value
 
     def track_stats(self, enabled: bool = True) -> None:

@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 _BATCH = 1000
 _MAX_TAGS = 100
-# How a job ended (rla_ablate.outcome.Status) -> MLflow run status; a plain status string looks up the same entry.
+
+
 class _UnknownRun(Exception):
     pass
 

@@ -26,7 +26,7 @@ GIT_COMMIT, BACKEND, HOST = "git_commit", "kernel_backend", "host"
 STATUS, STATUS_REASON = "rla.status", "rla.status_reason"
 NO_ABLATION = "none"
 CONFIG_ARTIFACT = "config.json"
-# A job's final status as an MLflow run status.
+# How a job ended (rla_ablate.outcome.Status) -> MLflow run status; a plain status string looks up the same entry.
 RUN_STATUS = {Status.FINISHED: "FINISHED", Status.FAILED: "FAILED", Status.DIVERGED: "FAILED",
               Status.CANCELLED: "KILLED"}
 _MAX_PARAM_LEN = 6000

@@ -268,7 +268,7 @@ class TrackingServer:
 
     def start(self, wait: bool = True) -> "TrackingServer":
         """Start (or adopt) the server; with wait=False return once its process is spawned and call
-        `wait_until_up()` later: the server's minute-scale imports then overlap with other start-up work."""
+        `wait_until_up()` later: the server's seconds of imports then overlap with other start-up work."""
         try:
             return self._start(wait)
         except OSError as exc:

@@ -8,7 +8,6 @@ behind the file are read back and compared, which keeps a sync of an intact swee
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import requests
@@ -65,8 +64,7 @@ def sync_from_jsonl(tracking_uri: str, run_id: str, path: str | Path, *, timeout
             v = _float(value)
             if key in lagging and v is not None and step not in have.setdefault(key, set()):
                 have[key].add(step)
-                missing.append({"key": key, "value": json_float(v) if not math.isfinite(v) else v,
-                                "timestamp": ts, "step": step})
+                missing.append({"key": key, "value": json_float(v), "timestamp": ts, "step": step})
     for i in range(0, len(missing), _BATCH):
         http.post(f"{api}/runs/log-batch", json={"run_id": run_id, "metrics": missing[i:i + _BATCH]},
                   timeout=timeout).raise_for_status()

@@ -278,13 +278,10 @@ class Trainer:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        # The step's one host sync: the loss, the grad norm and the relative-clip layers' running RMS (the next
-        # step's radii) in one read. A sync per layer call would leave the GPU idle between the layers, and on a
-        # GPU shared by many processes each sync waits for the others' turns.
-        clip_rms = self.raw_model.relative_clip_rms()
-        local_loss, norm, *rms = torch.stack([loss_sum, grad_norm.double(), *clip_rms]).tolist()
-        if clip_rms:
-            self.raw_model.hand_over_clip_rms(rms)
+        # The step's one host sync, which also hands the relative-clip layers their next radii: a sync per layer
+        # call would leave the GPU idle between the layers, and on a GPU shared by many processes each sync waits
+        # for the others' turns.
+        local_loss, norm = self.raw_model.read_and_hand_over(loss_sum, grad_norm)
         (total,) = self.parallel.all_reduce([local_loss])
         return total / max(scored, 1.0), norm
 
