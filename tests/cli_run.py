@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 CLI = (sys.executable, "-m", "rla_ablate.cli")
 
 
-def cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def cli(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     """Run `rla-sweep ARGS` to the end; `env` is added to this process's environment."""
     return subprocess.run([*CLI, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})

@@ -127,7 +127,7 @@ def test_sweep_evals_stage_reaches_mlflow_and_table5_and_is_not_rescored(tmp_pat
     root = tmp_path / "runs"
     cmd = [sys.executable, "-m", "rla_ablate.cli", "launch", str(path), "--root", str(root)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "evals: 1 job(s) scored" in out.stdout
     (job,) = json.loads((root / "evals-e2e" / "jobs.json").read_text())
@@ -155,7 +155,7 @@ def test_sweep_evals_stage_reaches_mlflow_and_table5_and_is_not_rescored(tmp_pat
 
     # A relaunch trains nothing and scores nothing: the file is keyed by tasks, limit and checkpoint.
     mtime = scored.stat().st_mtime_ns
-    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "evals: 0 job(s) scored" in again.stdout and "1 already scored" in again.stdout
     assert scored.stat().st_mtime_ns == mtime

@@ -97,6 +97,14 @@ def campaign(tmp_path_factory):
     return {"root": base / "runs", "dir": base}
 
 
+@pytest.fixture
+def launched(campaign):
+    """The campaign after its first launch (test_launch_runs_every_job_and_tracks_it), which later tests build on."""
+    if "first" not in campaign:
+        pytest.skip("builds on test_launch_runs_every_job_and_tracks_it, which did not run or failed")
+    return campaign
+
+
 def test_launch_runs_every_job_and_tracks_it(campaign):
     root, f = campaign["root"], write(campaign["dir"] / "e2e.yaml", SWEEP)
     out = cli("launch", str(f), "--root", str(root))
@@ -133,23 +141,23 @@ def test_launch_runs_every_job_and_tracks_it(campaign):
     campaign["first"] = {j["job_id"]: j for j in doc["jobs"]}
 
 
-def test_relaunch_same_file_runs_nothing(campaign):
-    root = campaign["root"]
+def test_relaunch_same_file_runs_nothing(launched):
+    root = launched["root"]
     mtimes = {p: p.stat().st_mtime_ns for p in (root / "e2e" / "jobs").glob("*/metrics.jsonl")}
-    out = cli("launch", str(campaign["dir"] / "e2e.yaml"), "--root", str(root))
+    out = cli("launch", str(launched["dir"] / "e2e.yaml"), "--root", str(root))
     assert out.returncode == 0, out.stderr
     assert "nothing to run" in out.stdout
-    assert len(job_runs(campaign["tracking_uri"])) == campaign["runs"]
+    assert len(job_runs(launched["tracking_uri"])) == launched["runs"]
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
 
 
-def test_edited_file_runs_only_the_new_job_and_retries_a_failure(campaign):
-    root = campaign["root"]
+def test_edited_file_runs_only_the_new_job_and_retries_a_failure(launched):
+    root = launched["root"]
     edited = dict(SWEEP, ablations=["no_fitting", "tied_gamma"])
-    f = write(campaign["dir"] / "e2e.yaml", edited)
+    f = write(launched["dir"] / "e2e.yaml", edited)
     from rla_ablate.sweep.expand import load_sweep
 
-    new = [j for j in load_sweep(f).jobs if j.job_id not in campaign["first"]]
+    new = [j for j in load_sweep(f).jobs if j.job_id not in launched["first"]]
     assert [j.name for j in new] == ["tiny-rla/tied_gamma/seed0"]
     new_id = new[0].job_id
     # The new job raises once at 2048 tokens (after its checkpoint at 2048); the retry resumes from there.
@@ -159,7 +167,7 @@ def test_edited_file_runs_only_the_new_job_and_retries_a_failure(campaign):
     doc = status(root)
     by_id = {j["job_id"]: j for j in doc["jobs"]}
     assert by_id[new_id]["status"] == "finished" and by_id[new_id]["tokens_done"] == 4096
-    for job_id, before in campaign["first"].items():
+    for job_id, before in launched["first"].items():
         assert by_id[job_id]["mlflow_run_id"] == before["mlflow_run_id"]
     job_dir = root / "e2e" / "jobs" / new_id
     assert (job_dir / ".failed-once").exists()
@@ -169,9 +177,9 @@ def test_edited_file_runs_only_the_new_job_and_retries_a_failure(campaign):
 
     events = [r["name"] for r in read_jsonl(job_dir / "metrics.jsonl") if r.get("type") == "event"]
     assert "resumed" in events
-    runs = job_runs(campaign["tracking_uri"])
-    assert len(runs) == campaign["runs"] + 1
-    assert assert_no_duplicate_steps(campaign["tracking_uri"], by_id[new_id]["mlflow_run_id"]) == 4096
+    runs = job_runs(launched["tracking_uri"])
+    assert len(runs) == launched["runs"] + 1
+    assert assert_no_duplicate_steps(launched["tracking_uri"], by_id[new_id]["mlflow_run_id"]) == 4096
 
 
 def _descendants_alive(pids: list[list]) -> list[int]:
@@ -213,6 +221,8 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
         while time.monotonic() < deadline and proc.poll() is None:
             states = [json.loads(p.read_text()) for p in (root / "e2e-kill" / "jobs").glob("*/status.json")]
             if any(s["status"] == "running" and 32768 < s["tokens_done"] < 98304 for s in states):
+                # launch.json records the descendants every few seconds; the newest worker may not be in it yet.
+                descendants = [[p.pid, p.create_time()] for p in psutil.Process(proc.pid).children(recursive=True)]
                 os.killpg(proc.pid, signal.SIGKILL)
                 killed_mid_run = True
                 break
@@ -232,15 +242,15 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
     # its own process group, so a worker outlives the killed group by a second or two and may still write a
     # checkpoint; on another machine nothing would, so the folder is changed once they are gone.
     deadline = time.monotonic() + 60
-    while _descendants_alive(rec["children"]) and time.monotonic() < deadline:
+    while _descendants_alive(rec["children"] + descendants) and time.monotonic() < deadline:
         time.sleep(0.2)
+    assert _descendants_alive(rec["children"] + descendants) == [], "the killed launch's processes outlived it"
     doc = status(root, "e2e-kill")
     moved = max((j for j in doc["jobs"] if j["status"] != "finished"), key=lambda j: j["tokens_done"])
     assert moved["tokens_done"] > 0 and moved["mlflow_run_id"]
     shutil.rmtree(root / "e2e-kill" / "jobs" / moved["job_id"] / "checkpoints", ignore_errors=True)
     out = cli("launch", str(f), "--root", str(root))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert _descendants_alive(rec["children"]) == []
     assert "no checkpoint of its earlier attempt, so it starts from its first step in a new MLflow run" in out.stdout
     from mlflow.tracking import MlflowClient
 

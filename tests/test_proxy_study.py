@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def test_tiny_proxy_study_launches_and_engages_the_mechanisms(tmp_path):
     root = tmp_path / "runs"
     out = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "launch", "sweeps/proxy-study-tiny.yaml",
-                          "--root", str(root)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          "--root", str(root)], cwd=REPO, capture_output=True, text=True, timeout=900,
                          env=dict(os.environ))
     assert out.returncode == 0, out.stdout + out.stderr
     from mlflow.tracking import MlflowClient

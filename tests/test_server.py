@@ -116,7 +116,7 @@ def test_two_launches_share_one_server_on_postgresql(postgres, tmp_path, capsys)
                                          "base": BASE, "resources": {"cpus": 1}}, sort_keys=False))
             sweeps[name] = cli("launch", str(f), "--root", str(root), "--tracking-uri", uri)
         for name, proc in sweeps.items():
-            out, _ = proc.communicate(timeout=300)
+            out, _ = proc.communicate(timeout=900)
             assert proc.returncode == 0, f"{name}:\n{out}"
 
         client = MlflowClient(uri)
