@@ -2,13 +2,16 @@
 
 Each subcommand lives in its own module under `rla_ablate.commands` and exposes
 `register(subparsers)`, which adds a parser whose `func(args) -> int` runs it.
-User errors (`UserError`) print one clear message and exit 2, never a traceback.
+User errors (`UserError`) print one clear message and exit 2, never a traceback. A reader that closes stdout
+early (`rla-sweep results NAME --csv | head`) ends the command quietly with exit status 141, as SIGPIPE ends a Unix
+tool.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -38,7 +41,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        # What is still buffered is written here, where a closed stdout is handled like one closed mid-command.
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # The Python docs' handling of SIGPIPE: stdout points at /dev/null, so the interpreter's last flush of what
+        # is still buffered cannot fail again. SIGPIPE itself stays ignored: with its default action a closed
+        # socket (Ray, MLflow) would kill the process.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE
     except UserError as exc:
         print(f"rla-sweep: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -48,6 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("rla-sweep: interrupted", file=sys.stderr)
         return 130
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe that nobody reads any more (a BrokenPipeError can also come from a socket)."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

@@ -114,3 +114,74 @@ def test_non_utf8_file_is_a_user_error(tmp_path):
     with pytest.raises(UserError) as info:
         load_yaml(path)
     assert "not UTF-8" in str(info.value) and f"{path}:2:" in str(info.value)
+
+
+class Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["alpha", "beta"]
+
+
+class Listed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    names: list[Entry | Literal["alpha", "beta"]] = []
+    share: float | Literal["auto"] = 0.0
+
+
+@pytest.mark.parametrize("text, where, says", [
+    # a name that is neither a mapping nor allowed: one problem, not one per member of the union
+    ("names:\n  - alpa\n", "s.yaml:2: names.0: ", "unknown name 'alpa' (did you mean 'alpha'?); allowed: alpha, beta"),
+    ("names:\n  - {name: alpa}\n", "s.yaml:2: names.0.name: ", "'alpa' is not allowed; allowed: alpha, beta"),
+    ("share: lots\n", "s.yaml:1: share: ", "Input should be a valid number or 'auto' (got 'lots')"),
+])
+def test_a_value_that_fits_no_member_of_a_union_is_one_problem(text, where, says):
+    with pytest.raises(UserError) as info:
+        validate(Listed, load_yaml_text(text, "s.yaml"))
+    msg = str(info.value)
+    assert msg.startswith(where + says), msg
+    assert "problems" not in msg and "literal[" not in msg and "Entry" not in msg
+
+
+def test_validator_messages_have_no_pydantic_prefix():
+    from rla_ablate.sweep.schema import SweepConfig
+
+    with pytest.raises(UserError) as info:
+        validate(SweepConfig, load_yaml_text("name: x\nmodels: [{preset: a}]\nseeds: [0, 1, 0, 1, 2]\n", "s.yaml"))
+    assert str(info.value) == "s.yaml:3: seeds: seeds 0, 1 listed more than once; each seed runs once per job"
+
+
+def test_validation_message_leaves_out_the_key_it_is_reported_at():
+    from pydantic import ValidationError
+
+    from rla_ablate.config.yamlio import user_loc, validation_message
+    from rla_ablate.data import EvalConfig
+
+    class Job(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        train: Inner = Inner()
+        eval: list[EvalConfig] = []
+
+    with pytest.raises(ValidationError) as info:
+        Job.model_validate({"eval": [{"name": "v", "data": {"kind": "stdlib", "split": "valid"}}]})
+    # the discriminated union's tag ('stdlib') is not a key the user wrote
+    assert user_loc(info.value.errors()[0], Job) == ("eval", 0, "data", "split")
+    msg = validation_message(info.value, Job, at="eval.0.data.split")
+    assert msg.startswith("'valid' is not allowed; allowed: train, validation"), msg
+
+
+@pytest.mark.parametrize("text, where, says", [
+    ("name: x\nseeds: [0, 1\nother: 2\n", "s.yaml:2: seeds: ", "the '[' opened here is not closed"),
+    ("name: x\ntrain:\n  lr: {a: 1\n  b: 2\n", "s.yaml:3: train.lr: ", "the '{' opened here is not closed"),
+    ("name: x\nlist:\n  - a\n  - [b, c\n", "s.yaml:4: list.1: ", "the '[' opened here is not closed"),
+    ("name: 'x\nother: 2\n", "s.yaml:1: name: ", "the \"'\" opened here is not closed"),
+])
+def test_an_unclosed_bracket_is_reported_where_it_opens(text, where, says):
+    with pytest.raises(UserError) as info:
+        load_yaml_text(text, "s.yaml")
+    assert str(info.value).startswith(where + "malformed YAML: " + says), str(info.value)
+
+
+def test_a_folder_is_not_a_yaml_file(tmp_path):
+    (tmp_path / "a.yaml").write_text("name: x\n")
+    with pytest.raises(UserError) as info:
+        load_yaml(tmp_path)
+    assert str(info.value) == f"{tmp_path}: is a folder, not a file; expected a YAML file (it holds a.yaml)"

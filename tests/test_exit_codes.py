@@ -100,3 +100,15 @@ def test_cancel_exits_130_and_ends_every_run_killed(tmp_path):
     assert len(run_ids) >= 2
     statuses = {rid: client.get_run(rid).info.status for rid in run_ids}
     assert set(statuses.values()) == {"KILLED"}, statuses
+
+
+@pytest.mark.parametrize("args", [["models"], ["models", "--json"], ["plan", "sweeps/ablations.yaml", "--json"]],
+                         ids=["table", "json", "plan-json"])
+def test_a_closed_stdout_ends_quietly_with_141(args):
+    # `rla-sweep ... | head -1`: the reader is gone before the command writes; 141 = 128 + SIGPIPE, as for a Unix tool
+    proc = subprocess.Popen([sys.executable, "-m", "rla_ablate.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141, err
+    assert err == ""

@@ -40,6 +40,7 @@ def test_dead_tracking_uri_is_refused_in_seconds(tmp_path, capsys):
     code, err = run_cli(capsys, "launch", str(sweep), "--root", str(tmp_path / "runs"), "--tracking-uri",
                         f"http://127.0.0.1:{free_port()}")
     assert code == 2 and "--tracking-uri: no MLflow server answers" in err
+    assert "start one with `rla-sweep server`" in err
     assert time.monotonic() - t0 < 30
     assert not (tmp_path / "runs").exists()
 
@@ -179,3 +180,52 @@ def test_a_failed_data_prepare_leaves_no_folder(tmp_path, capsys, monkeypatch):
     with pytest.raises(OSError):
         main(["data", "prepare", "stdlib", str(out)])
     assert not out.exists()
+
+
+def test_a_folder_given_for_the_sweep_file(tmp_path, capsys):
+    folder = tmp_path / "my"
+    folder.mkdir()
+    tiny_sweep(folder / "s.yaml")
+    for args in (["launch", str(folder), "--root", str(tmp_path / "runs")], ["plan", str(folder)]):
+        code, err = run_cli(capsys, *args)
+        assert code == 2 and f"{folder}: is a folder, not a file; expected a sweep file (YAML)" in err
+        assert "(it holds s.yaml)" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_data_show_of_a_shard_folder_says_what_it_reads(tmp_path, capsys):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "index.json").write_text("{}")
+    code, err = run_cli(capsys, "data", "show", str(shards))
+    assert code == 2 and f"{shards}: is a folder; `data show` reads a data config" in err
+    assert f"data: {{kind: shards, path: {shards}}}" in err
+
+
+@pytest.mark.parametrize("command", ["status", "cancel", "resume"])
+def test_an_unknown_sweep_is_named_with_its_root(tmp_path, capsys, command):
+    root = tmp_path / "runs"
+    code, err = run_cli(capsys, command, "nope", "--root", str(root))
+    assert code == 2
+    assert err.startswith(f"rla-sweep: error: no sweep 'nope' under {root}; launch one with `rla-sweep launch "
+                          f"FILE --root {root}`"), err
+    _finished_sweep(root, active=False)
+    code, err = run_cli(capsys, command, "nope", "--root", str(root))
+    assert code == 2 and err.startswith(f"rla-sweep: error: no sweep 'nope' under {root}; sweeps there: door"), err
+
+
+def test_an_unknown_control_is_one_problem(tmp_path, capsys):
+    path = tiny_sweep(tmp_path / "s.yaml", controls=["matched_stat"])
+    code, err = run_cli(capsys, "plan", str(path))
+    line = path.read_text().splitlines().index("- matched_stat") + 1
+    assert code == 2 and err == (f"rla-sweep: error: {path}:{line}: controls.0: unknown control 'matched_stat' (did "
+                                 "you mean 'matched_state'?); allowed: matched_state, matched_params, "
+                                 "matched_wallclock\n")
+
+
+def test_validator_messages_have_no_pydantic_prefix(tmp_path, capsys):
+    code, err = run_cli(capsys, "eval", str(tmp_path), "--tasks", "a,a")
+    assert code == 2 and err == "rla-sweep: error: --tasks: give distinct, non-empty task names\n"
+    path = tiny_sweep(tmp_path / "s.yaml", seeds=[3, 1, 3])
+    code, err = run_cli(capsys, "plan", str(path))
+    assert code == 2 and err.endswith(": seeds: seed 3 listed more than once; each seed runs once per job\n"), err

@@ -95,3 +95,13 @@ def test_models_command(capsys):
     assert "tiny-rla" in table and "1.5b-transformer" in table and "tiny-gdn" not in table
     assert main(["models", "tiny-rlx"]) == 2
     assert "did you mean 'tiny-rla'" in capsys.readouterr().err
+
+
+def test_models_table_in_a_pipe_is_not_cut(capsys):
+    from rla_ablate.commands.models import _human
+
+    # stdout is not a terminal here, as in `rla-sweep models | less`: the table keeps its full columns
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out
+    assert "non-emb" in out and _human(count_params(load_preset("1.5b-rla"))) in out

@@ -11,6 +11,11 @@ from pathlib import Path
 from rla_ablate.errors import UserError
 
 
+def _is_hf_dataset(path: Path) -> bool:
+    """A folder written by datasets' save_to_disk."""
+    return any((path / f).is_file() for f in ("dataset_info.json", "dataset_dict.json", "state.json"))
+
+
 def _source_config(src: str, args):
     from pydantic import ValidationError
 
@@ -23,8 +28,7 @@ def _source_config(src: str, args):
         path = Path(src)
         if not path.exists():
             raise UserError(f"no such file or folder: {path}", key="SRC")
-        if path.is_dir() and any((path / f).is_file() for f in ("dataset_info.json", "dataset_dict.json",
-                                                                  "state.json")):
+        if path.is_dir() and _is_hf_dataset(path):
             return HFDiskData(path=path, split=args.split, text_column=args.text_column, **common)
         if args.split:
             raise UserError("applies to the embedded corpus and to HF datasets only", key="--split")
@@ -96,7 +100,13 @@ def show(args) -> int:
     class _File(BaseModel):
         data: DataConfig
 
-    located = load_yaml(args.config)
+    path = Path(args.config)
+    if path.is_dir():
+        # The data itself rather than a config naming it: say how to name it.
+        kind = "shards" if (path / "index.json").is_file() else "hf_disk" if _is_hf_dataset(path) else "text"
+        raise UserError(f"is a folder; `data show` reads a data config: a YAML file holding `data: {{kind: {kind}, "
+                        f"path: {path}}}` (or the mapping alone)", file=str(path))
+    located = load_yaml(path)
     if not (isinstance(located.data, dict) and "data" in located.data):
         # A bare data mapping: file it under `data` so errors still point at the right lines.
         located = LocatedYAML({"data": located.data}, located.file,

@@ -42,7 +42,8 @@ def run(args) -> int:
                           batch_size=args.batch_size)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise UserError(err["msg"], key="--" + str(err["loc"][0]).replace("_", "-")) from None
+        raise UserError(err["msg"].removeprefix("Value error, "),
+                        key="--" + str(err["loc"][0]).replace("_", "-")) from None
     from rla_ablate.sweep.state import SweepDir
 
     target = Path(args.target)

@@ -57,8 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(table_rows, indent=2))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from rla_ablate.terminal import stdout_console
 
     table = Table(title=f"Model presets (FLOPs/token: training, forward + backward, seq_len {args.seq_len})")
     for col, justify in (("preset", "left"), ("family", "left"), ("params", "right"), ("non-emb", "right"),
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         state = f"{r['state_elements_per_layer']:,}" + (" /tok" if r["family"] == "transformer" else "")
         table.add_row(r["preset"], r["family"], _human(r["params"]), _human(r["non_embedding_params"]), state,
                       _human(r["flops_per_token"]))
-    console = Console()
+    console = stdout_console()
     console.print(table)
     console.print("state/layer: recurrent state elements per layer and sequence (rla/rdn: S and R); "
                   "transformer: KV-cache elements per token of context.")

@@ -58,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
         writer.writeheader()
         writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
     else:
-        from rich.console import Console
         from rich.table import Table
+
+        from rla_ablate.terminal import stdout_console
 
         shown = [c for c in columns if c not in ("run_id", "job_id") and any(r[c] is not None for r in rows)]
         table = Table(title=f"sweep {name}: {len(rows)} jobs", caption="; ".join(selection.notes()) or None)
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             table.add_column(c, overflow="fold")
         for r in rows:
             table.add_row(*(_text(r[c]) for c in shown))
-        Console(width=None if sys.stdout.isatty() else 400).print(table)
+        stdout_console(pipe_width=400).print(table)
     for note in selection.notes() if (args.csv or args.json) else ():
         print(note, file=sys.stderr)
     return 0

@@ -21,11 +21,14 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.errors import UserError
     from rla_ablate.sweep.launch import launch
     from rla_ablate.sweep.state import SweepDir
+    from rla_ablate.sweep.status import no_sweep
 
     sdir = SweepDir(args.root, args.name)
     saved = sdir.path / "sweep.yaml"
+    if not saved.is_file() and (sdir.path / "jobs.json").is_file():
+        raise UserError(f"sweep '{args.name}' under {sdir.root} has no saved sweep file ({saved}); launch its file "
+                        f"again: `rla-sweep launch FILE --root {sdir.root}`")
     if not saved.is_file():
-        raise UserError(f"no sweep '{args.name}' under {sdir.root}; start it with `rla-sweep launch FILE`",
-                        key="name")
+        raise no_sweep(sdir)
     summary = launch(saved, options(args))
     return 0 if summary.ok else (130 if summary.interrupted else 1)

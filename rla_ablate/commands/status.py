@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 
 def register(subparsers) -> None:
@@ -28,9 +27,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
+
+    from rla_ablate.terminal import stdout_console
 
     counts: dict[str, int] = {}
     for j in doc["jobs"]:
@@ -48,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
                       f"[{STYLE.get(j['status'], '')}]{j['status']}[/]",
                       f"{fmt_tokens(j['tokens_done'])}/{fmt_tokens(j['tokens_target'])}",
                       (j["mlflow_run_id"] or "")[:12], j["cause"] or "", escape(error[0][:160]) if error else "")
-    # A pipe or a file gets full rows rather than rich's default 80 columns.
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = stdout_console()
     console.print(table)
     for j in doc["jobs"]:
         if j["status"] == "failed" and j["error_log"]:

@@ -11,6 +11,7 @@ the last silently), and `1e5` / `1.0e5` are numbers (1.1 wants a dot and a signe
 from __future__ import annotations
 
 import re
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,25 +75,91 @@ def _index(node: yaml.Node, prefix: tuple, out: dict[tuple, int], file: str) -> 
             _index(item, prefix + (i,), out, file)
 
 
+# PyYAML's context of an error that is a '[', '{' or quote never closed: its context_mark is where it opened.
+_UNCLOSED = ("while parsing a flow sequence", "while parsing a flow mapping", "while scanning a quoted scalar")
+
+
+def _yaml_error(exc: yaml.YAMLError, text: str, file: str) -> UserError:
+    """A PyYAML error as a UserError. PyYAML finds an unclosed '[' where the text stops making sense, often on a
+    later line (the next key's ':'); the message points at the line where it opened instead, with its key."""
+    problem_mark, context_mark = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if getattr(exc, "context", None) in _UNCLOSED and context_mark is not None and problem_mark is not None:
+        opener = text[context_mark.index] if context_mark.index < len(text) else ""
+        what = f"the {opener!r} opened here" if opener in ("[", "{", "'", '"') else "what opens here"
+        return UserError(f"malformed YAML: {what} is not closed ({problem} on line {problem_mark.line + 1})",
+                         file=file, line=context_mark.line + 1, key=_key_at(text, context_mark))
+    return UserError(f"malformed YAML: {problem}", file=file,
+                     line=problem_mark.line + 1 if problem_mark is not None else None)
+
+
+def _key_at(text: str, mark: Any) -> str | None:
+    """The dotted key of the value that starts at `mark`, told from the parse events before the error (a value that
+    is still being read when it fails, such as an unclosed quoted string, is the one the parser is at); None at the
+    top level or when it cannot be told."""
+    frames: list[list] = []  # per open collection: [is a mapping, its current key or index, a key comes next]
+
+    def key(path: list) -> str | None:
+        return ".".join(str(p) for p in path) or None
+
+    try:
+        for ev in yaml.parse(text, Loader=Loader):
+            if isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                frames.pop()
+                continue
+            if not isinstance(ev, yaml.NodeEvent):
+                continue
+            is_key = False
+            if frames and frames[-1][0]:
+                is_key = frames[-1][2]
+                frames[-1][2] = not is_key
+                if is_key:
+                    frames[-1][1] = ev.value if isinstance(ev, yaml.ScalarEvent) else "?"
+            elif frames:
+                frames[-1][1] += 1
+            if not is_key and (ev.start_mark.line, ev.start_mark.column) == (mark.line, mark.column):
+                return key([f[1] for f in frames])
+            if isinstance(ev, yaml.MappingStartEvent):
+                frames.append([True, None, True])
+            elif isinstance(ev, yaml.SequenceStartEvent):
+                frames.append([False, -1, False])
+    except yaml.YAMLError:
+        pass
+    if frames and frames[-1][0] and frames[-1][2]:
+        return None
+    path = [f[1] for f in frames]
+    if frames and not frames[-1][0]:
+        path[-1] += 1
+    return key(path)
+
+
 def load_yaml_text(text: str, file: str) -> LocatedYAML:
     try:
         node = yaml.compose(text, Loader=Loader)
         data = yaml.load(text, Loader=Loader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise UserError(f"malformed YAML: {problem}", file=file, line=line) from None
+        raise _yaml_error(exc, text, file) from None
     lines: dict[tuple, int] = {}
     if node is not None:
         _index(node, (), lines, file)
     return LocatedYAML(data=data, file=file, lines=lines)
 
 
-def load_yaml(path: str | Path) -> LocatedYAML:
+def check_file(path: str | Path, what: str = "a YAML file") -> None:
+    """A UserError unless `path` is a file: a folder is named as one, with the YAML files in it; `what` is what
+    was expected instead (e.g. "a sweep file (YAML)")."""
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+        listing = f" (it holds {', '.join(inside[:5])}{', ...' if len(inside) > 5 else ''})" if inside else ""
+        raise UserError(f"is a folder, not a file; expected {what}{listing}", file=str(path))
     if not path.is_file():
         raise UserError("no such file", file=str(path))
+
+
+def load_yaml(path: str | Path) -> LocatedYAML:
+    path = Path(path)
+    check_file(path)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -104,41 +171,72 @@ def load_yaml(path: str | Path) -> LocatedYAML:
     return load_yaml_text(text, str(path))
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The pydantic models inside an annotation, looking through Optional, Union, list, dict and Annotated."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+def _members(annotation: Any) -> list[Any]:
+    """The types a value at `annotation` may take: the members of a union (without None), else the type itself;
+    Annotated is looked through."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [m for a in typing.get_args(annotation) if a is not type(None) for m in _members(a)]
+    return [annotation]
 
 
-def _is_tag(part: Any, candidates: list[type[BaseModel]]) -> bool:
-    """A discriminated union puts the chosen member's tag (a Literal value, e.g. kind: text) in the location."""
-    if not isinstance(part, str) or len(candidates) < 2 or any(part in m.model_fields for m in candidates):
-        return False
-    return any(part in typing.get_args(f.annotation) for m in candidates for f in m.model_fields.values()
-               if typing.get_origin(f.annotation) is typing.Literal)
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
 
 
-def _walk(model: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, tuple]:
-    """The model that owns the last key of `loc`, and `loc` as the user wrote it (union tags removed)."""
-    owner, candidates, shown = None, [model], []
+def _member_named(members: list[Any], tag: str) -> Any:
+    """The union member pydantic names `tag` in an error location: a model by its class name, or the model whose
+    Literal field holds the tag of a discriminated union (kind: text); None for other members (str, a Literal)."""
+    for m in members:
+        if _is_model(m) and (m.__name__ == tag or any(
+                typing.get_origin(f.annotation) is typing.Literal and tag in typing.get_args(f.annotation)
+                for f in m.model_fields.values())):
+            return m
+    return None
+
+
+def _walk(model: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, tuple, tuple[int, str] | None]:
+    """The model that owns the last key of `loc`; `loc` as the user wrote it, without the union members pydantic
+    names in it ('ControlRef', "literal['auto']", a discriminator value such as 'stdlib'); and where the first such
+    member was named: (its position in the path as written, the member's name), or None."""
+    owner, annotation, shown, union = None, model, [], None
     for part in loc:
-        if _is_tag(part, candidates):
-            candidates = [m for m in candidates if any(part in typing.get_args(f.annotation)
-                                                       for f in m.model_fields.values())]
+        members = _members(annotation)
+        if len(members) > 1 and isinstance(part, str):
+            if union is None:
+                union = (len(shown), part)
+            annotation = _member_named(members, part)
             continue
+        annotation = members[0]
         shown.append(part)
-        if isinstance(part, int):
-            continue
-        owner = candidates[0] if candidates else None
-        f = owner.model_fields.get(part) if owner else None
-        candidates = _models_in(f.annotation) if f else []
-    return owner, tuple(shown)
+        args = typing.get_args(annotation)
+        if _is_model(annotation) and isinstance(part, str):
+            owner = annotation
+            f = annotation.model_fields.get(part)
+            annotation = f.annotation if f else None
+        elif typing.get_origin(annotation) in (list, tuple, set, frozenset) and args:
+            annotation = args[0]
+        elif typing.get_origin(annotation) is dict and len(args) == 2:
+            annotation = args[1]
+        else:
+            annotation = None
+    return owner, tuple(shown), union
 
 
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     """The pydantic model class that owns the last key of `loc` (for listing allowed keys)."""
     return _walk(model, loc)[0]
+
+
+def user_loc(err: Any, model: type[BaseModel]) -> tuple:
+    """Where a pydantic error of `model` points, as the user wrote it: no validator entries, no union members."""
+    return _walk(model, _loc(err))[1]
+
+
+def _choices(err: dict) -> list[str]:
+    expected = str((err.get("ctx") or {}).get("expected", ""))
+    return [c.strip(" '") for c in re.split(r",| or ", expected) if c.strip(" '")]
 
 
 def _describe(err: dict, model: type[BaseModel], loc: tuple, name: str | None = None, list_allowed: bool = True) -> str:
@@ -151,10 +249,21 @@ def _describe(err: dict, model: type[BaseModel], loc: tuple, name: str | None = 
         msg = f"unknown key '{loc[-1] if name is None else name}'{did_you_mean(str(loc[-1]), allowed)}"
         return msg + (f"; allowed: {', '.join(allowed)}" if allowed and list_allowed else "")
     if err["type"] in ("literal_error", "enum"):
-        expected = str((err.get("ctx") or {}).get("expected", ""))
-        choices = [c.strip(" '") for c in re.split(r",| or ", expected) if c.strip(" '")]
+        choices = _choices(err)
+        shown = _walk(model, loc)[1]
+        # An entry of a list of names (controls: [matched_state]) reads like an unknown ablation does; only a plain
+        # plural is made singular (controls -> control), anything else keeps the generic wording.
+        plural = str(shown[-2]) if len(shown) >= 2 and isinstance(shown[-1], int) else ""
+        if plural.endswith("s") and not plural.endswith(("ss", "us", "ies", "ses", "xes")):
+            return (f"unknown {plural[:-1]} {got!r}{did_you_mean(str(got), choices)}; "
+                    f"allowed: {', '.join(choices)}")
         return f"{got!r} is not allowed; allowed: {', '.join(choices)}{did_you_mean(str(got), choices)}"
-    msg = err["msg"]
+    if err["type"] == "value_error":
+        msg = err["msg"].removeprefix("Value error, ")
+    elif err["type"] == "model_type":
+        msg = "Input should be a mapping"
+    else:
+        msg = err["msg"]
     if err["type"] != "missing" and not isinstance(got, (dict, list)):
         msg += f" (got {got!r})"
     return msg
@@ -165,13 +274,51 @@ def _loc(err: Any) -> tuple:
     return tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
 
 
-def validation_message(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> str:
+def _expected(err: dict) -> str:
+    """What one member of a union wanted, for a message that names every member's ("a valid number or 'auto'")."""
+    if err["type"] in ("literal_error", "enum"):
+        return " or ".join(repr(c) for c in _choices(err))
+    if err["type"] == "model_type":
+        return "a mapping"
+    return err["msg"].removeprefix("Input should be ").split(",")[0]
+
+
+def _errors(exc: ValidationError, model: type[BaseModel]) -> list[tuple[dict, tuple]]:
+    """The errors of `exc` with their locations (without validator entries), one per problem. pydantic reports a
+    value that fits no member of a union once per member (controls: [matched_stat] is neither a ControlRef mapping
+    nor one of the names); of those only the members the value was meant for count: the ones with errors inside the
+    value (it has its shape), else the ones whose error is not about the value's type (a name that is not one of the
+    allowed ones). When several members are left, one error says what each would take ("a valid number or 'auto'")."""
+    errs = [(err, _loc(err)) for err in exc.errors()]
+    unions: dict[tuple, list[int]] = {}
+    depth, tag = {}, {}
+    for i, (_, loc) in enumerate(errs):
+        _, shown, union = _walk(model, loc)
+        if union is not None:
+            unions.setdefault(shown[:union[0]], []).append(i)
+            depth[i], tag[i] = len(shown) - union[0], union[1]
+    drop: set[int] = set()
+    merged: dict[int, dict] = {}
+    for idx in unions.values():
+        deep = {tag[i] for i in idx if depth[i] > 0}
+        keep = deep or {tag[i] for i in idx if not errs[i][0]["type"].endswith("_type")} or {tag[i] for i in idx}
+        drop |= {i for i in idx if tag[i] not in keep}
+        left = [i for i in idx if tag[i] in keep]
+        if len(keep) > 1 and not deep:
+            wanted = dict.fromkeys(_expected(errs[i][0]) for i in left)
+            merged[left[0]] = {"type": "union", "input": errs[left[0]][0].get("input"),
+                               "msg": "Input should be " + " or ".join(wanted)}
+            drop |= set(left[1:])
+    return [(merged.get(i, err), loc) for i, (err, loc) in enumerate(errs) if i not in drop]
+
+
+def validation_message(exc: ValidationError, model: type[BaseModel], prefix: str = "", at: str | None = None) -> str:
     """Every problem of `exc` (raised validating `model`) in one line for a message that points elsewhere (a sweep
     file's grid key): `key: what` joined by "; ", an unknown key as `unknown key 'key'` with a did-you-mean and,
-    once per section, the allowed keys. Keys are written as the user wrote them, after `prefix` (e.g. "model.")."""
+    once per section, the allowed keys. Keys are written as the user wrote them, after `prefix` (e.g. "model.");
+    a problem at key `at`, the one the message is reported at, is written without it."""
     parts, listed = [], []
-    for err in exc.errors():
-        loc = _loc(err)
+    for err, loc in _errors(exc, model):
         dotted = ".".join(str(p) for p in _walk(model, loc)[1])
         key = prefix + dotted if dotted else prefix.rstrip(".")
         if err["type"] == "extra_forbidden" and loc:
@@ -180,14 +327,13 @@ def validation_message(exc: ValidationError, model: type[BaseModel], prefix: str
             listed.append(owner)
         else:
             msg = _describe(err, model, loc)
-            parts.append(f"{key}: {msg}" if key else msg)
+            parts.append(f"{key}: {msg}" if key and key != at else msg)
     return "; ".join(parts)
 
 
 def format_validation_error(exc: ValidationError, model: type[BaseModel], located: LocatedYAML) -> UserError:
     problems = []
-    for err in exc.errors():
-        loc = _loc(err)
+    for err, loc in _errors(exc, model):
         shown = _walk(model, loc)[1]
         problems.append((located.line(shown), ".".join(str(p) for p in shown) or "(top level)",
                          _describe(err, model, loc)))

@@ -248,8 +248,10 @@ class SweepConfig(_Strict):
     def _seeds(cls, v: list[int]) -> list[int]:
         if not v:
             raise ValueError("give at least one seed")
-        if len(set(v)) != len(v):
-            raise ValueError("seeds repeat")
+        repeated = sorted({s for s in v if v.count(s) > 1})
+        if repeated:
+            raise ValueError(f"seed{'s' if len(repeated) > 1 else ''} {', '.join(map(str, repeated))} "
+                             "listed more than once; each seed runs once per job")
         return v
 
     @model_validator(mode="after")

@@ -31,10 +31,16 @@ def open_sweep(root: str | Path, name_or_file: str) -> SweepDir:
         raise UserError(f"{root} is a file, not a folder; --root names the folder a launch wrote to", key="--root")
     sdir = SweepDir(root, resolve_name(name_or_file))
     if not sdir.path.is_dir() or not (sdir.path / "jobs.json").exists():
-        known = sorted(p.name for p in sdir.root.glob("*/jobs.json") for p in [p.parent]) if sdir.root.is_dir() else []
-        hint = f"; sweeps under {sdir.root}: {', '.join(known)}" if known else f"; nothing under {sdir.root}"
-        raise UserError(f"no sweep '{sdir.name}'{hint}", key="name")
+        raise no_sweep(sdir)
     return sdir
+
+
+def no_sweep(sdir: SweepDir) -> UserError:
+    """The error for a sweep that was never launched under its --root, naming the ones that were."""
+    known = sorted(p.parent.name for p in sdir.root.glob("*/jobs.json")) if sdir.root.is_dir() else []
+    hint = (f"sweeps there: {', '.join(known)}" if known
+            else f"launch one with `rla-sweep launch FILE --root {sdir.root}`")
+    return UserError(f"no sweep '{sdir.name}' under {sdir.root}; {hint}")
 
 
 def sweep_status(sdir: SweepDir) -> dict[str, Any]:

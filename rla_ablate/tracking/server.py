@@ -115,7 +115,7 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UserError(f"no MLflow server answers at {uri} ({getattr(reason, 'strerror', None) or reason}); start "
-                        "one (`mlflow server`) or leave out --tracking-uri to use the embedded one",
+                        "one with `rla-sweep server` or leave out --tracking-uri to use the embedded one",
                         key="--tracking-uri") from None
 
 
