@@ -84,6 +84,23 @@ def test_line_mode_prints_rates_and_etas_every_period():
     assert len([ln for ln in out.getvalue().splitlines() if "tok/s" in ln]) == 2
 
 
+def test_gaps_between_jobs_pause_the_line_period():
+    clock, out = Clock(), io.StringIO()
+    progress = Progress("s", console=Console(file=out, width=300, soft_wrap=True), interactive=False, clock=clock)
+    a, b = job("aaaaaaaa1111", "rla", 60_000), job("bbbbbbbb2222", "gdn", 60_000)
+    progress.update(a, Status.RUNNING, 0)
+    _feed(progress, clock, [a], 20, [1000], [0])
+    progress.update(a, Status.FINISHED, 20_000)
+    clock.t += 5.0
+    progress.refresh()
+    progress.update(b, Status.RUNNING, 0)
+    _feed(progress, clock, [b], 9, [1000], [0])
+    assert "tok/s" not in out.getvalue()
+    # 20 s of a, 5 s with nothing running, then the tenth second of b: 30 s of running time.
+    _feed(progress, clock, [b], 1, [1000], [9000])
+    assert len([ln for ln in out.getvalue().splitlines() if "tok/s" in ln]) == 1
+
+
 def test_table_has_rate_and_eta_columns():
     clock, out = Clock(), io.StringIO()
     progress = Progress("s", console=Console(file=out, width=200), interactive=False, clock=clock)

@@ -46,7 +46,12 @@ def test_committed_sweep_plans(path, capsys):
     names = [r["name"] for r in doc["jobs"]]
     assert len(set(names)) == len(names)
     assert doc["totals"]["tokens"] >= sum(r["tokens"] for r in doc["jobs"])
+    on_cpu = yaml.safe_load(path.read_text()).get("resources", {}).get("gpus", 0) == 0
+    assert doc["totals"]["runs_on"] == ("cpu" if on_cpu else "gpu")
     assert main(["plan", str(path)]) == 0
+    # A CPU sweep's plan does not pass the GPU's numbers off as its own.
+    title = capsys.readouterr().out
+    assert ("on the CPU (resources.gpus: 0)" in title) == on_cpu and ("peak memory up to" in title) != on_cpu
 
 
 def test_ablation_suite_covers_the_paper():
@@ -207,13 +212,23 @@ BAD = {
     "applies_to_none": ("name: x\nmodels: [{preset: tiny-sgla}]\nablations: [tied_gamma]\n", 3,
                         "applies to rla, rdn"),
     "fractional_gpus": ("name: x\nmodels: [{preset: tiny-rla}]\nresources:\n  gpus: 1.5\n", 4, "whole GPUs"),
-    "malformed": ("name: x\nmodels: [{preset: tiny-rla}\nseeds: [0]\n", 3, "malformed YAML"),
+    # the '[' that is never closed, not the line where PyYAML notices
+    "malformed": ("name: x\nmodels: [{preset: tiny-rla}\nseeds: [0]\n", 2, "models: malformed YAML"),
     "bad_grid_key": ("name: x\nmodels: [{preset: tiny-rla}]\nbase: {data: {kind: stdlib}}\n"
                      "grid:\n  train.lrr: [0.1]\n", 5, "did you mean 'lr'"),
     "bad_override": ("name: x\nmodels:\n  - preset: tiny-rla\n    overrides: {num_layer: 3}\n", 4,
                      "did you mean 'num_layers'"),
     "zip_lengths": ("name: x\nmodels: [{preset: tiny-rla}]\nzip:\n  train.lr: [0.1, 0.2]\n"
                     "  train.min_lr: [0.01]\n", 3, "same length"),
+    "search_metric": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                      "    train.lr: {type: float, low: 1.0e-4, high: 1.0e-2}\n  n_trials: 2\n"
+                      "  metric: eval/vall/loss\n", 7, "did you mean 'eval/val/loss'"),
+    "search_key": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                   "    train.lrr: {type: float, low: 1.0e-4, high: 1.0e-2}\n  n_trials: 2\n", 5,
+                   "did you mean 'lr'"),
+    "search_choice": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                      "    model.target: {type: categorical, choices: [clip, tanhh, tanh]}\n  n_trials: 2\n", 5,
+                      "model.target"),
     "bad_value": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  data: {kind: stdlib}\n  train:\n"
                   "    lr: -1\n", 6, "lr"),
 }
@@ -296,3 +311,45 @@ def test_next_launch_stops_what_a_killed_launch_left(tmp_path):
     finally:
         if orphan.poll() is None:
             orphan.kill()
+
+
+
+def _as_launched(sweep, root: Path):
+    """The sweep folder as a launch of `sweep` leaves it: its file, its expansion and where it was launched from."""
+    from rla_ablate.sweep.sources import job_record
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(root, sweep.name)
+    sdir.path.mkdir(parents=True)
+    (sdir.path / "sweep.yaml").write_text(Path(sweep.source.file).read_text())
+    sdir.write_job_list([job_record(j) for j in sweep.jobs])
+    sdir.write_meta(sweep_file=str(Path(sweep.source.file).resolve()))
+    return sdir
+
+
+def test_a_file_sharing_a_sweeps_name_but_none_of_its_jobs_is_refused(tmp_path, capsys):
+    from rla_ablate.sweep.launch import LaunchOptions, _check_version
+
+    head = "name: mine\nbase: {data: {kind: stdlib}}\n"
+    mine, other = tmp_path / "mine.yaml", tmp_path / "other.yaml"
+    mine.write_text(head + "models: [{preset: tiny-rla, overrides: {vocab_size: 257}}]\nseeds: [0, 1]\n")
+    other.write_text(head + "models: [{preset: tiny-gdn, overrides: {vocab_size: 257}}]\n")
+    root = tmp_path / "runs"
+    sdir = _as_launched(load_sweep(mine), root)
+    saved = (sdir.path / "sweep.yaml").read_text()
+    assert main(["launch", str(other), "--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert f"{other}:1: name:" in err and "none of its 2 job(s) is in" in err and "--new-version" in err, err
+    assert (sdir.path / "sweep.yaml").read_text() == saved and len(sdir.job_list()) == 2
+    # Asked for, it becomes the next version, and the launch says what it leaves out.
+    note = _check_version(load_sweep(other), sdir, LaunchOptions(root=root, new_version=True))
+    assert note.startswith("2 job(s) of the previous version (0 finished) are not in this file")
+    # An edit of the file itself (the same path) is the next version without asking; so is the same file moved
+    # (another machine's checkout), which shares its jobs.
+    mine.write_text(mine.read_text().replace("seeds: [0, 1]", "seeds: [1, 2]"))
+    assert _check_version(load_sweep(mine), sdir, LaunchOptions(root=root)).startswith("1 job(s) of the previous")
+    moved = tmp_path / "elsewhere.yaml"
+    moved.write_text(mine.read_text())
+    assert _check_version(load_sweep(moved), sdir, LaunchOptions(root=root)).startswith("1 job(s)")
+    # `resume` launches the folder's own copy.
+    assert _check_version(load_sweep(sdir.path / "sweep.yaml"), sdir, LaunchOptions(root=root)) is None

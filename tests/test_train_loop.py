@@ -66,6 +66,10 @@ def test_finishes_with_every_metric(straight):
         assert key in keys, key
     # MFU needs a device peak: none is known for a CPU.
     assert "train/mfu" not in keys
+    # What a search may optimize is what the trainer logs: every train/ and eval/ key, and on a CPU all but the
+    # GPU-only two.
+    logged = {k for k in keys if k.startswith(("train/", "eval/"))}
+    assert logged == set(tiny_job().logged_metrics()) - {"train/mfu", "train/peak_mem_gib"}
     events = {r["name"]: r for r in records if r["type"] == "event"}
     assert events["info"]["detail"]["backend"] == "chunk"
     assert events["start"]["detail"]["tokens_total"] == 12288

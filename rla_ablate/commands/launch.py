@@ -27,6 +27,9 @@ def register(subparsers) -> None:
                     "Exits 0 only when every job finished.")
     parser.add_argument("file", help="the sweep file (YAML), e.g. sweeps/smoke.yaml")
     add_run_options(parser)
+    parser.add_argument("--new-version", action="store_true",
+                        help="make FILE the next version of the sweep of its name even though it comes from another "
+                             "path and shares none of its jobs (refused by default: it looks like another study)")
     parser.set_defaults(func=run)
 
 
@@ -45,7 +48,7 @@ def check_root(root: Path, *, write: bool) -> None:
                         "checkpoints and databases under --root", key="--root")
 
 
-def options(args: argparse.Namespace):
+def options(args: argparse.Namespace, new_version: bool = False):
     from rla_ablate.sweep.launch import LaunchOptions
 
     check_root(Path(args.root), write=True)
@@ -54,11 +57,13 @@ def options(args: argparse.Namespace):
 
         check_tracking_uri(args.tracking_uri)
     return LaunchOptions(root=Path(args.root), address=args.address, tracking_uri=args.tracking_uri,
-                         max_concurrent=args.max_concurrent)
+                         max_concurrent=args.max_concurrent, new_version=new_version)
 
 
 def run(args: argparse.Namespace) -> int:
+    from rla_ablate.config.yamlio import check_file
     from rla_ablate.sweep.launch import launch
 
-    summary = launch(args.file, options(args))
+    check_file(args.file, "a sweep file (YAML), e.g. sweeps/smoke.yaml")
+    summary = launch(args.file, options(args, args.new_version))
     return 0 if summary.ok else (130 if summary.interrupted else 1)

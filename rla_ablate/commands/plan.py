@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 
 def register(subparsers) -> None:
@@ -31,24 +30,32 @@ def _h(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rla_ablate.config.yamlio import check_file
     from rla_ablate.sweep.datacheck import check_data
     from rla_ablate.sweep.expand import load_sweep
     from rla_ablate.sweep.plan import plan
 
+    check_file(args.file, "a sweep file (YAML), e.g. sweeps/smoke.yaml")
     sweep = load_sweep(args.file)
     checked = check_data(sweep)
     doc = plan(sweep)
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
-    from rich.console import Console
     from rich.table import Table
+
+    from rla_ablate.terminal import stdout_console
 
     t = doc["totals"]
     packing = f", {t['jobs_per_gpu']:g} jobs per GPU" if t["jobs_per_gpu"] else ""
-    table = Table(title=f"sweep {t['sweep']}: {t['jobs']} jobs, {_h(t['tokens'])} tokens, "
-                        f"{t['gpu_hours']:,.2f} GPU-hours; peak memory up to {t['max_mem_gib']:.1f} GiB of "
-                        f"{t['gpu_memory_gib']:g} ({t['gpu']}){packing}")
+    if t["runs_on"] == "cpu":
+        title = (f"sweep {t['sweep']}: {t['jobs']} jobs, {_h(t['tokens'])} tokens on the CPU (resources.gpus: 0), "
+                 f"whose speed is not calibrated: no time estimate. On one GPU ({t['gpu']}) they would take "
+                 f"{t['gpu_hours']:,.2f} GPU-hours (resources.gpus: auto)")
+    else:
+        title = (f"sweep {t['sweep']}: {t['jobs']} jobs, {_h(t['tokens'])} tokens, {t['gpu_hours']:,.2f} GPU-hours; "
+                 f"peak memory up to {t['max_mem_gib']:.1f} GiB of {t['gpu_memory_gib']:g} ({t['gpu']}){packing}")
+    table = Table(title=title)
     for col, justify in (("job", "left"), ("id", "left"), ("family", "left"), ("ablations", "left"),
                          ("params", "right"), ("state/layer", "right"), ("FLOPs/tok", "right"),
                          ("tokens", "right"), ("mem GiB", "right"), ("GPU share", "right"), ("tok/s", "right"),
@@ -63,6 +70,5 @@ def run(args: argparse.Namespace) -> int:
     table.caption = "tok/s alone on one GPU from: " + "; ".join(sources) + "\n" + checked.line()
     if "search_trials" in t:
         table.caption += f"\nOptuna search: the base job above runs as {t['search_trials']} trials (totals include them)"
-    # A pipe or a file gets full rows rather than rich's default 80 columns.
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    stdout_console().print(table)
     return 0

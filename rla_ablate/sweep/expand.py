@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from rla_ablate.config import LocatedYAML, load_yaml, validate
 from rla_ablate.config.dotted import KeyPathError, set_dotted
-from rla_ablate.config.yamlio import validation_message
+from rla_ablate.config.yamlio import user_loc, validation_message
 from rla_ablate.errors import UserError, did_you_mean
 from rla_ablate.sweep.identity import series_id_from_sections
 from rla_ablate.sweep.ids import hash_text, join_sections, section_json
@@ -133,7 +133,32 @@ def load_sweep(path: str | Path) -> Sweep:
     check_job_count(cfg, located)
     jobs = expand(cfg, located)
     check_vocab(jobs, located)
+    if cfg.search is not None:
+        check_search(cfg, located, jobs[0])
     return Sweep(config=cfg, source=located, jobs=jobs)
+
+
+def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> None:
+    """A search's keys and ranges build valid jobs and its metric is one the trials log: caught here, by `plan` and
+    before a launch starts anything, not when the first trial is asked for or after every trial has run."""
+    assert cfg.search is not None
+    params = cfg.search.params
+    ends: list[dict[str, Any]] = [{}, {}]
+    for key, p in params.items():
+        if p.type == "categorical":
+            assert p.choices  # SearchParam requires a non-empty list
+            ends[0][key], ends[1][key] = p.choices[0], p.choices[-1]
+        else:
+            cast = int if p.type == "int" else float
+            ends[0][key], ends[1][key] = cast(p.low), cast(p.high)
+    # Every categorical choice, the other keys at their lows; the numeric ranges at both ends.
+    probes = ends + [{**ends[0], key: c} for key, p in params.items() if p.type == "categorical"
+                     for c in (p.choices or [])[1:-1]]
+    expand(cfg, located, points=probes)
+    metric, allowed = cfg.search.metric, base.job.logged_metrics()
+    if metric not in allowed:
+        raise _err(located, ("search", "metric"),
+                   f"no trial logs '{metric}'{did_you_mean(metric, allowed)}; the trials log: {', '.join(allowed)}")
 
 
 def check_vocab(jobs: list[ResolvedJob], located: LocatedYAML) -> None:
@@ -237,7 +262,8 @@ class _Resolver:
                 cfg = type(cfg).model_validate(data)
             except ValidationError as exc:
                 key = next(k for k in point if k.startswith("model."))
-                raise _err(self.located, self._key_path(key), validation_message(exc, type(cfg), "model.")) from None
+                raise _err(self.located, self._key_path(key),
+                           validation_message(exc, type(cfg), "model.", at=key)) from None
         if ablation is not None:
             cfg = self.M.ABLATIONS[ablation].apply(cfg)
         self._model_cache[cache_key] = cfg
@@ -294,14 +320,12 @@ class _Resolver:
 
     def _job_error(self, exc: ValidationError) -> UserError:
         """Point at the sweep line the bad value came from: a grid/zip key, or the base section."""
-        first = exc.errors()[0]
-        loc = tuple(first["loc"])
+        loc = user_loc(exc.errors()[0], self.JobConfig)
         dotted = ".".join(str(p) for p in loc)
-        msg = validation_message(exc, self.JobConfig)
         for key in itertools.chain(self.cfg.grid, self.cfg.zip, (self.cfg.search.params if self.cfg.search else {})):
             if dotted.startswith(key):
-                return _err(self.located, self._key_path(key), msg)
-        return _err(self.located, ("base",) + loc, msg)
+                return _err(self.located, self._key_path(key), validation_message(exc, self.JobConfig, at=key))
+        return _err(self.located, ("base",) + loc, validation_message(exc, self.JobConfig, "base.", at="base." + dotted))
 
 
 def _ablation_refs(cfg: SweepConfig) -> list[AblationRef]:

@@ -57,6 +57,8 @@ class LaunchOptions:
     """Jobs in flight at once; None lets Ray's resources be the only limit."""
     interactive: bool | None = None
     """Redraw a live table (True) or print one line per change (False); None: when stdout is a terminal."""
+    new_version: bool = False
+    """Make the file the sweep's next version even where it looks like another study under the same name."""
 
 
 def source_for(sweep: Sweep, sdir: SweepDir) -> JobSource:
@@ -251,8 +253,13 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     services = _Services(sdir, opts)
     progress = Progress(sweep.name, console=console, interactive=opts.interactive)
     try:
+        left_out = _check_version(sweep, sdir, opts)
         sdir.path.mkdir(parents=True, exist_ok=True)
         Path(sdir.path / "sweep.yaml").write_text(Path(sweep.source.file).read_text(encoding="utf-8"), encoding="utf-8")
+        if (sdir.path / "sweep.yaml").resolve() != Path(sweep.source.file).resolve():  # not `resume`
+            sdir.write_meta(sweep_file=str(Path(sweep.source.file).resolve()))
+        if left_out:
+            progress.note(left_out)
         source.prepare()
         summary = LaunchSummary(sweep=sweep.name)
         if source.nothing_to_do(summary):
@@ -260,6 +267,9 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
             progress.nothing_to_do(summary)
             return summary
         t0 = time.monotonic()
+        progress.note(f"starting {'Ray (joining ' + opts.address + ')' if opts.address else 'a local Ray instance'} "
+                      f"and {'the MLflow server' if opts.tracking_uri is None else 'the MLflow client'}: "
+                      "usually 5-20 s")
         services.spawn_tracking()
         cluster = services.start_ray()
         previous_term = _term_as_interrupt()
@@ -315,6 +325,41 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         sdir.release()
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
+
+
+def _check_version(sweep: Sweep, sdir: SweepDir, opts: LaunchOptions) -> str | None:
+    """A file launched under an existing sweep's name becomes the sweep's next version: its jobs are the ones
+    `status`, `results` and the dashboard show and `resume` runs. Refuses (unless --new-version) a file that looks
+    like another study that happens to share the name: launched from another path and sharing none of the sweep's
+    jobs (a search: any other path with other contents, as its trials continue one Optuna study). Returns a note
+    on the jobs of the previous version that the new one leaves out (their folders and runs stay), or None."""
+    saved = sdir.path / "sweep.yaml"
+    here = Path(sweep.source.file).resolve()
+    if not saved.is_file() or saved.resolve() == here:
+        return None
+    if here.read_text(encoding="utf-8") == saved.read_text(encoding="utf-8"):
+        return None
+    before = {rec["job_id"] for rec in sdir.job_list()}
+    earlier = sdir.meta().get("sweep_file")
+    search = sweep.config.search is not None
+    shared = not search and bool(before & {j.job_id for j in sweep.jobs})
+    if earlier and earlier != str(here) and not shared and not opts.new_version:
+        what = "its Optuna study" if search else f"none of its {len(before)} job(s) is in {sweep.source.file}"
+        raise UserError(f"sweep '{sweep.name}' under {sdir.root} was launched from {earlier}, and "
+                        f"{'this file would continue ' + what if search else what}: it looks like another study "
+                        f"with the same name. Give this one its own `name:`, or pass --new-version to make "
+                        f"{sweep.source.file} the next version of '{sweep.name}' (the earlier jobs stay in its folder "
+                        "and come back if that file is launched again)",
+                        file=sweep.source.file, line=sweep.source.line(("name",)), key="name")
+    if search:
+        return None
+    gone = before - {j.job_id for j in sweep.jobs}
+    if not gone:
+        return None
+    finished = sum(sdir.status(job_id).status == Status.FINISHED for job_id in gone)
+    return (f"{len(gone)} job(s) of the previous version ({finished} finished) are not in this file: their folders "
+            f"and MLflow runs stay, launching that file again brings them back, and `rla-sweep dashboard "
+            f"{sweep.name} --include-stale` shows them")
 
 
 def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress: Any) -> None:
@@ -450,7 +495,7 @@ class _Runner:
             from rla_ablate.train.loggers import truncate_jsonl
 
             truncate_jsonl(self.sdir.job_dir(job.job_id) / "metrics.jsonl", -1)
-            self.sdir.set_status(job.job_id, mlflow_run_id=None)
+            self.sdir.set_status(job.job_id, mlflow_run_id=None, tokens_done=0)
             if deleted:
                 self.progress.note(f"{job.name}: no checkpoint of its earlier attempt, so it starts from its first "
                                    f"step in a new MLflow run (the earlier run {old[:12]} is deleted, restorable)")
@@ -644,8 +689,9 @@ class _Runner:
             self.sdir.set_status(job_id, notice=text)
         for job in self.inflight.values():
             if job.job_id in started:
-                n = tokens.get(job.job_id, 0) or 0
                 st = self.sdir.status(job.job_id)
+                # Until its first report the job is where its last attempt left it (a resume's checkpoint).
+                n = tokens.get(job.job_id, st.tokens_done)
                 if st.status != Status.RUNNING or abs(st.tokens_done - n) > 0:
                     self.sdir.set_status(job.job_id, status=Status.RUNNING, tokens_done=n)
                 self.progress.update(job, Status.RUNNING, n)

@@ -70,6 +70,8 @@ def plan(sweep: Sweep, gpu_bytes: int | None = None) -> dict[str, Any]:
         "gpu_hours": sum(r["gpu_hours"] for r in rows) * trials,
         "flops": sum(r["flops_per_token"] * r["tokens"] for r in rows) * trials,
         "jobs_by_family": by_family,
+        # gpus: 0 trains on the CPU, whose speed is not calibrated: the GPU-hours are what one GPU would take
+        "runs_on": "cpu" if not res.auto and float(res.gpus) == 0 else "gpu",
         "gpus_per_job": res.gpus,
         "cpus_per_job": res.cpus,
         "assumed_tflops": res.assumed_tflops,

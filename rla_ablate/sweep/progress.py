@@ -108,7 +108,8 @@ class Progress:
         self.started = clock()
         self._live: Live | None = None
         self._last_draw = 0.0
-        self._last_line = self.started
+        self._last_refresh = self.started
+        self._running_s = 0.0
 
     def _ensure_live(self) -> None:
         if self.interactive and self._live is None:
@@ -230,11 +231,14 @@ class Progress:
             self._live.update(self._table())
         if self.interactive:
             return
+        # A line per PROGRESS_EVERY_S of time in which some job ran: waits with nothing running (Ray starting, a
+        # gap between two jobs) pause the period instead of starting it over.
+        elapsed, self._last_refresh = now - self._last_refresh, now
         if not any(r["status"] == Status.RUNNING for r in self.rows.values()):
-            # The period counts while jobs run: the first line comes PROGRESS_EVERY_S after one starts.
-            self._last_line = now
-        elif now - self._last_line >= PROGRESS_EVERY_S:
-            self._last_line = now
+            return
+        self._running_s += elapsed
+        if self._running_s >= PROGRESS_EVERY_S:
+            self._running_s = 0.0
             self.console.print(escape(self.progress_line()))
 
     def stop(self) -> None:

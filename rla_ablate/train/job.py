@@ -30,6 +30,12 @@ def _default_eval() -> list[EvalConfig]:
     return [EvalConfig.model_validate(e) for e in DEFAULT_EVAL]
 
 
+# What Trainer logs (rla_ablate.train.loop: _flush_window and evaluate); tests/test_train_loop.py holds it to that.
+TRAIN_METRICS = ("train/loss", "train/grad_norm", "train/lr", "train/skipped_steps", "train/tokens_per_s", "train/mfu",
+                 "train/peak_mem_gib")
+EVAL_METRICS = ("loss", "ppl", "acc")
+
+
 class JobConfig(BaseModel):
     """One model trained on one data stream for one token budget, evaluated on a list of eval sets."""
 
@@ -56,6 +62,12 @@ class JobConfig(BaseModel):
             raise ValueError(f"data.{field} ({own}) must equal train.seq_len ({self.train.seq_len}) or be unset: "
                              "batch_tokens counts train.seq_len tokens per training sequence")
         return self
+
+    def logged_metrics(self) -> list[str]:
+        """The step-indexed metrics the trainer logs for this job (metrics.jsonl and MLflow), the ones a search can
+        optimize: `train/*` every log interval (`train/mfu` and `train/peak_mem_gib` on a GPU only) and, per eval
+        set, `eval/<name>/{loss,ppl,acc}` at each evaluation. Layer stats and diagnostics are not in this list."""
+        return [*TRAIN_METRICS, *(f"eval/{e.name}/{m}" for e in self.eval for m in EVAL_METRICS)]
 
     def canonical_json(self) -> str:
         """Sorted keys, no whitespace, ASCII: equal configs give equal strings on every machine."""
