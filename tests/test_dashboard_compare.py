@@ -163,8 +163,12 @@ def test_two_runs_with_one_seed_are_an_error_not_an_average(server, tmp_path):
     assert not sel.expansion_known and set(series.duplicates) == {"0"}
     # Seed 0 is left out (never averaged: 9.0 would drag the mean), seed 1 stands alone: n = 1.
     assert series.by_seed().keys() == {"1"} and D.final_by_seed(series, "eval/val/loss") == {"1": 3.01}
-    _, page = dashboard(root, "dup", server)
-    rows = table(page, "table_matched_state")
+    # A spec that lists runs (no claim, no comparison declared) is drawn for a sweep of one model.
+    spec_dir = tmp_path / "specs"
+    spec_dir.mkdir()
+    (spec_dir / "runs.yaml").write_text("kind: table\ntitle: runs\nruns: {family: rla}\ncolumns: [{metric: eval/*/loss}]\n")
+    _, page = dashboard(root, "dup", server, specs=spec_dir)
+    rows = table(page, "runs")
     (label,) = [k for k in rows if k.startswith("RLA")]
     assert "seed 0 has 2 runs" in label and "left out" in label and "(n=1)" in rows[label][1]
     assert "every run of the experiment is shown" in page
@@ -269,6 +273,17 @@ def test_validity_panel_states_engaged_off_not_measured_identical(server, tmp_pa
     assert tied.mechanism == "identical" and tied.verdict == "unresolved" and "identical" in tied.reason
     gates = [v for v in dash.verdicts if v.spec == "table5_output_gates" and "RDN" in v.claim.claim][0]
     assert gates.mechanism == "off" and gates.verdict == "unresolved"
+    # An invalid comparison never recommends seeds: no count, and the reason says which values were too low.
+    assert gates.reason.startswith("mechanism off (diag/mixer_rms_over_sqrt_eps 0.4 < 1 in 2 runs)")
+    assert gates.seeds_needed is None and tied.seeds_needed is None
+    assert gates.seeds_text() == "— (more seeds do not help until the mechanism is engaged)"
+    assert tied.seeds_text() == "— (more seeds do not help: the results are identical)"
+    svg = (dash.out_dir / "table5_output_gates.svg").read_text()
+    text = re.sub(r"\s+", " ", " ".join(re.findall(r"<text[^>]*>(.*?)</text>", svg, re.S)))
+    assert "RDN, no output gates − RDN: Δ = +0.0100 ± 0.0000 (n=2), p=0; seeds for 80% power: — (more seeds do " \
+           "not help until the mechanism is engaged)" in text
+    saved = {(v["spec"], v["claim"]): v for v in json.loads((dash.out_dir / "verdicts.json").read_text())}
+    assert saved[("table5_output_gates", gates.claim.claim)]["seeds_needed"] is None
     # Spec thresholds are used: with the mixer threshold lowered to 0.1, RDN without output gates is engaged.
     spec_dir = tmp_path / "specs"
     spec_dir.mkdir()
@@ -326,7 +341,11 @@ def test_verdict_rules_on_known_effects(server, tmp_path):
     assert got["gates hurt RLA"].verdict == "contradicted" and got["gates hurt RLA"].reason.startswith("reversed")
     assert got["tying γ hurts"].verdict == "unresolved"
     assert got["the clip matters"].verdict == "contradicted" and got["the clip matters"].reason.startswith("negligible")
-    assert got["nothing to compare"].verdict == "unresolved" and got["nothing to compare"].treatment == ""
+    # No run of the treatment: no verdict, one line naming the runs it needs.
+    assert "nothing to compare" not in got
+    (missing,) = dash.untested
+    assert missing.line() == ("claims: nothing to compare: needs runs with ablations=no_norm, compared with "
+                              "ablations=none (sweep file: add no_norm to ablations:)")
     assert got["clip at chance"].verdict == "unresolved" and got["clip at chance"].reason.startswith("not learned")
     assert got["fitting clears chance"].verdict == "confirmed"
     # The numbers are the paired statistics, and the seed count is the power analysis of the observed spread.
@@ -403,9 +422,14 @@ def test_smoke_sweep_dashboard_has_the_validity_panel_and_a_verdict_per_claim(se
     claims = [(s.name, c.claim) for s in load_specs() for c in s.claims]
     decided = {(v.spec, v.claim.claim) for v in dash.verdicts}
     assert set(claims) == decided and len(claims) >= 10
-    # One seed: no interval, so nothing is confirmed or contradicted.
-    assert {v.verdict for v in dash.verdicts} == {"unresolved"}
+    # One seed: no interval, so nothing is confirmed or contradicted; and with every mechanism off, no verdict
+    # suggests more seeds (they would not make any comparison valid).
+    assert {v.verdict for v in dash.verdicts} == {"unresolved"} and not dash.untested
     assert all(v.diff is None or v.diff.diff.n <= 1 for v in dash.verdicts)
+    # (sGLA and RLA end with the same loss here: that comparison is 'identical', the others 'off'.)
+    assert {v.mechanism for v in dash.verdicts} == {"off", "identical"}
+    assert {v.seeds_text() for v in dash.verdicts} == {"— (more seeds do not help until the mechanism is engaged)",
+                                                      "— (more seeds do not help: the results are identical)"}
     # Every ablation of the smoke sweep shows up in the validity panel; at this scale none was engaged.
     panel = page[page.index('id="validity"'):]
     for name in ("no output gates", "no fitting", "tied γ", "w/o clip &amp; norm", "w/o clip", "log-cosh",
@@ -420,3 +444,111 @@ def test_every_registry_ablation_has_a_figure_or_table():
     for spec in load_specs():
         shown |= set(spec.allowed("ablations") or [])
     assert set(ABLATIONS) <= shown, set(ABLATIONS) - shown
+
+
+def test_small_sweep_draws_what_it_compares_and_lists_the_claims_it_cannot_test(server, tmp_path, capsys):
+    """Two families, one ablation, two seeds: Table 4 and the validity panel are drawn, every other spec is one line
+    per claim naming the runs it needs; the phases are announced as they start."""
+    def status(job):
+        return "FAILED" if job.family == "rdn" and job.ablations and job.seed == 1 else "FINISHED"
+
+    root, sweep, _ = logged(server, tmp_path, """\
+        name: mine
+        models: [{preset: tiny-rla}, {preset: tiny-rdn}]
+        ablations: [no_fitting]
+        seeds: [0, 1]
+        """, lambda job: 3.0 + 0.03 * bool(job.ablations) + 0.001 * job.seed, lambda job: diag_values(0.05, 3.0),
+        status=status)
+    phases: list[str] = []
+    dash, page = dashboard(root, "mine", server, phase=phases.append)
+    assert [r.name for r in dash.rendered] == ["table4_no_fitting", "validity"]
+    assert sorted(p.name for p in dash.out_dir.glob("*.png")) == ["table4_no_fitting.png", "validity.png"]
+    for name in ("table5_output_gates", "fig3a_tied_gamma", "fig3b_gains_by_category", "matched_budget"):
+        assert f'id="{name}"' not in page, name
+    # Table 4's two claims are decided; RDN's has one paired seed and says which seed is missing where.
+    got = {v.claim.claim.split(":")[0]: v for v in dash.verdicts}
+    assert sorted(got) == ["Persistent R helps RDN", "Persistent R helps RLA"]
+    rla, rdn = got["Persistent R helps RLA"], got["Persistent R helps RDN"]
+    assert rla.verdict == "confirmed" and rla.diff.diff.n == 2 and rla.seeds_text() == "2"
+    assert rdn.verdict == "unresolved" and rdn.diff.diff.n == 1
+    assert "finished with the metric: RDN, no fitting seed 0 (not 1), RDN seeds 0, 1" in rdn.reason
+    assert rdn.seeds_text() == "unknown (1 paired seed; 2+ estimate the spread)"
+    # Every other claim: no verdict and no power line, one line with the runs it needs.
+    claims = {(s.name, c.claim) for s in load_specs() for c in s.claims}
+    untested = [u for u in dash.untested if u.claim]
+    assert {(u.spec, u.claim) for u in untested} == claims - {(v.spec, v.claim.claim) for v in dash.verdicts}
+    lines = {u.line() for u in dash.untested}
+    assert ("appb_logcosh: Log-cosh improves on the clip target for RLA (the App. B proposal): needs runs with "
+            "family=rla, ablations=logcosh, compared with ablations=none (sweep file: add logcosh to ablations:)"
+            ) in lines
+    assert ("table_matched_state: RLA beats sGLA at matched state: sGLA widened to RLA's state still has the higher "
+            "eval loss: needs runs with family=sgla, ablations=matched_state, compared with family=rla, "
+            "ablations=none, control=none (sweep file: add matched_state to controls:)") in lines
+    assert ("fig4a_layer_norms: (no claims; not drawn): needs runs with family=rla|rdn, ablations=no_clip|no_norm|"
+            "no_clip_no_norm, compared with ablations=none (sweep file: add no_clip or no_norm or no_clip_no_norm to "
+            "ablations:)") in lines
+    # fig. 3b compares with tied γ: the side this sweep lacks is named.
+    assert ("fig3b_gains_by_category: (no claims; not drawn): needs runs with family=rla|rdn, ablations=tied_gamma: "
+            "what the series of this sweep are compared with (sweep file: add tied_gamma to ablations:)") in lines
+    assert "no run matches the treatment" not in page and "needs 2+ seeds" not in page
+    assert f"Not tested by this sweep ({len(untested)} claims)" in page
+    assert dash.notes[0].startswith(f"not tested by this sweep: {len(untested)} claims; 8 of 10 specs have nothing "
+                                    "to compare here and are not drawn")
+    saved = json.loads((dash.out_dir / "verdicts.json").read_text())
+    assert sorted(v["verdict"] for v in saved) == sorted(["confirmed", "unresolved"] + ["not tested"] * len(untested))
+    # The phases, in order, each announced as it starts.
+    assert phases[0] == "reading the runs of sweep 'mine'"
+    assert phases[1] == ("rendering 2 of 10 specs from 8 runs (1 failed, 7 finished); 8 have nothing to compare "
+                         "in this sweep")
+    assert phases[2].startswith("writing ") and phases[2].endswith("index.html and verdicts.json")
+    # The command line: phases on stderr as they start, the untested claims as lines, only the decided verdicts.
+    assert main(["dashboard", "mine", "--root", str(root), "--tracking-uri", server.uri]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("dashboard mine: loading the specs\ndashboard: reading the runs of sweep 'mine'\n"
+                          "dashboard: rendering 2 of 10 specs")
+    assert "dashboard: logging the files to the sweep's parent run in MLflow" in err
+    assert "add logcosh to ablations:" in out and len(re.findall(r"^  (unresolved|confirmed) ", out, re.M)) == 2
+
+
+def test_clip_radius_question_with_the_mechanism_off_recommends_no_seeds(server, tmp_path, capsys):
+    """The walk-through of docs/SWEEPS.md at the tiny presets' scale: the mixer output stays below the output norm's
+    sqrt(eps), so both verdicts are unresolved, and the power line says seeds do not help (not 'add seeds')."""
+    rng = np.random.default_rng(3)
+    noise = {s: rng.normal(0, 0.003) for s in range(3)}
+    root, _, _ = logged(server, tmp_path, """\
+        name: clip-radius
+        models: [{preset: tiny-rla}]
+        grid: {model.clip: [0.05, 0.2, 1.0]}
+        seeds: [0, 1, 2]
+        """, lambda job: 3.9 + noise[job.seed] + {0.05: 0.002, 0.2: 0.0001, 1.0: 0.0}[job.job.model.clip] * (
+            job.seed + 1), lambda job: diag_values(0.0, 0.5))
+    dash, page = dashboard(root, "clip-radius", server, specs=syn.REPO_SWEEPS.parent / "dashboards" / "questions")
+    assert [r.name for r in dash.rendered] == ["clip_radius", "clip_radius_curve"]
+    assert {u.spec for u in dash.untested} == {"clip_radius_relative"}      # the relative-radius question's claims
+    assert [v.verdict for v in dash.verdicts] == ["unresolved", "unresolved"]
+    for v in dash.verdicts:
+        assert v.mechanism == "off" and v.diff.diff.n == 3 and v.seeds_needed is None
+        assert v.reason.startswith("mechanism off (diag/mixer_rms_over_sqrt_eps 0.5 < 1 in ")
+        assert v.seeds_text() == "— (more seeds do not help until the mechanism is engaged)"
+    assert "diag/target_engaged &lt; 0.001 at both radii (seeds 0, 1, 2)" in page
+    assert main(["dashboard", "clip-radius", "--root", str(root), "--tracking-uri", server.uri, "--specs",
+                 str(syn.REPO_SWEEPS.parent / "dashboards" / "questions")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("seeds for 80% power: — (more seeds do not help until the mechanism is engaged)") == 2
+    assert not re.search(r"seeds for 80% power: \d", out)
+    # With the proxy options (relative radius) the mechanisms act: the comparison is valid, and now the power line
+    # gives the seeds that would decide it.
+    root, _, _ = logged(server, tmp_path, """\
+        name: clip-radius-relative
+        models: [{preset: tiny-rla, overrides: {init_std: 0.0339, conv_init: identity, clip_mode: relative}}]
+        grid: {model.clip: [0.5, 2.0, 8.0]}
+        seeds: [0, 1, 2]
+        """, lambda job: 3.6 + 3 * noise[job.seed] + {0.5: 0.004, 2.0: 0.0, 8.0: 0.001}[job.job.model.clip] * (
+            job.seed + 1), lambda job: diag_values({0.5: 0.5, 2.0: 0.05, 8.0: 0.003}[job.job.model.clip], 20.0))
+    dash, _ = dashboard(root, "clip-radius-relative", server, specs=syn.REPO_SWEEPS.parent / "dashboards" / "questions")
+    assert [r.name for r in dash.rendered] == ["clip_radius_relative"]
+    assert {u.spec for u in dash.untested} == {"clip_radius", "clip_radius_curve"}
+    assert [v.treatment for v in dash.verdicts] == ["RLA, clip=0.5", "RLA, clip=8.0"]
+    for v in dash.verdicts:
+        assert v.mechanism == "engaged" and v.reference == "RLA, clip=2.0" and v.diff.diff.n == 3
+        assert v.seeds_needed == seeds_for_power(v.diff.diff.std, 0.005) and v.seeds_text() == str(v.seeds_needed)

@@ -55,12 +55,19 @@ def test_launched_clip_sweep_gives_one_series_per_clip_value(tmp_path, capsys):
         assert len({r["series"] for r in members}) == 1, clip
         assert all(r["arm"] == "tiny-rla" and r["eval/val/loss"] for r in members)
     assert len({r["series"] for r in rows}) == 3
-    # The dashboard's tables: one row per clip value, two seeds each (not "RLA (n=2)" for one of them).
+    # The question's table: one row per clip value, two seeds each (not "RLA (n=2)" for one of them). The paper's
+    # specs compare ablations this sweep does not run: none is drawn, each claim is one line of what it needs.
     from rla_ablate.dashboard.build import build_dashboard
 
-    dash = build_dashboard("clip-e2e", root, tracking_uri=store, log_artifacts=False)
-    table = next(r for r in dash.rendered if r.name == "table4_no_fitting")
+    dash = build_dashboard("clip-e2e", root, specs_dir=REPO / "dashboards" / "questions", tracking_uri=store,
+                           log_artifacts=False, phase=None)
+    table = next(r for r in dash.rendered if r.name == "clip_radius")
     labels = {row[0].text: row for row in table.rows}
-    assert sorted(labels) == ["RLA, clip=0.05", "RLA, clip=0.2", "RLA, clip=1.0"]
+    assert sorted(labels) == ["clip=0.05", "clip=0.2", "clip=1.0"]
     for row in labels.values():
         assert "(n=2)" in row[1].text and [t for t, _ in row[-1].links] == ["seed 0", "seed 1"]
+    # At this size the mechanisms are off: the verdicts say so and suggest no seeds.
+    assert {(v.mechanism, v.seeds_needed) for v in dash.verdicts} <= {("off", None), ("identical", None)}
+    paper = build_dashboard("clip-e2e", root, tracking_uri=store, log_artifacts=False, phase=None)
+    assert [r.name for r in paper.rendered] == ["validity"] and not paper.verdicts
+    assert {u.spec for u in paper.untested} >= {"table4_no_fitting", "table5_output_gates"}

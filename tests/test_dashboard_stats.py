@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rla_ablate.dashboard.stats import mean_ci, paired_diff
+from rla_ablate.dashboard.stats import mean_ci, paired_diff, seeds_for_power
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 17])
@@ -60,7 +60,7 @@ def test_paired_diff_uses_only_common_seeds():
 
 
 def test_seeds_for_power_known_values_and_its_definition():
-    from rla_ablate.dashboard.stats import paired_t_power, seeds_for_power
+    from rla_ablate.dashboard.stats import paired_t_power
 
     # Standardized effect d = min_effect / sd of the differences; the textbook paired-t sample sizes (two-sided,
     # alpha 0.05, power 0.8): d = 0.5 -> 34 pairs, d = 1 -> 10 pairs.
@@ -101,3 +101,31 @@ def test_verdict_rules(mean, lo, hi, n, sign, verdict, why):
 
     got, reason = classify(Summary(mean, lo, hi, n, 0.01), sign, 0.01)
     assert got == verdict and why in reason
+
+
+def test_power_line_gives_a_seed_count_only_where_more_seeds_are_the_remedy():
+    from rla_ablate.dashboard.spec import Claim
+    from rla_ablate.dashboard.verdict import NO_POWER, Verdict
+
+    claim = Claim(claim="c", treatment={"ablations": "x"}, reference={"ablations": "none"}, expect="higher",
+                  min_effect=0.005)
+    d = paired_diff({0: 3.000, 1: 3.100, 2: 3.050}, {0: 3.001, 1: 3.090, 2: 3.060})
+
+    def verdict(diff, needed, mechanism="engaged", no_power=""):
+        return Verdict("s", claim, "T", "R", "eval/val/loss", diff, "unresolved", "", needed, mechanism, "", no_power)
+
+    needed = seeds_for_power(d.diff.std, 0.005)
+    assert verdict(d, needed).seeds_text() == str(needed) and needed > 3
+    # An invalid comparison: more seeds repeat it, so no count, and the line says what would help instead.
+    assert verdict(d, None, "off", NO_POWER["off"]).seeds_text() == \
+        "— (more seeds do not help until the mechanism is engaged)"
+    assert verdict(d, None, "identical", NO_POWER["identical"]).seeds_text() == \
+        "— (more seeds do not help: the results are identical)"
+    assert verdict(d, None, "engaged", NO_POWER["not learned"]).seeds_text() == \
+        "— (more seeds do not help until a model learns the task)"
+    # Missing data says what is missing, never "needs 2+ seeds" when no seed was paired at all.
+    assert verdict(None, None, "n/a").seeds_text() == "— (no paired seeds)"
+    assert verdict(paired_diff({0: 3.0}, {0: 3.1}), None).seeds_text() == \
+        "unknown (1 paired seed; 2+ estimate the spread)"
+    saved = verdict(d, None, "off", NO_POWER["off"]).as_dict()
+    assert saved["seeds_needed"] is None and saved["seeds_note"].startswith("— (more seeds do not help")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(subparsers) -> None:
@@ -26,7 +27,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The imports and the specs' validation take seconds before build_dashboard reports its phases.
+    print(f"dashboard {args.name}: loading the specs", file=sys.stderr, flush=True)
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn
 
     from rla_ablate.dashboard.build import build_dashboard
@@ -46,18 +50,19 @@ def run(args: argparse.Namespace) -> int:
     for r in dash.rendered:
         line = f"  {r.name:<28} {r.png}"
         if r.notes:
-            line += f"  [yellow]({len(r.notes)} note{'s' if len(r.notes) > 1 else ''}: {r.notes[0]}"
+            line += f"  [yellow]({len(r.notes)} note{'s' if len(r.notes) > 1 else ''}: {escape(r.notes[0])}"
             line += " ...)" if len(r.notes) > 1 else ")"
         console.print(line, highlight=False, soft_wrap=True)
     for note in dash.notes:
-        console.print(f"[yellow]{note}[/]", highlight=False, soft_wrap=True)
+        console.print(note, style="yellow", markup=False, highlight=False, soft_wrap=True)
     if dash.verdicts:
         console.print("verdicts (paired by seed, 95% t-interval; rules in each spec's claims:):", highlight=False)
         style = {"confirmed": "green", "contradicted": "red", "unresolved": "dim"}
         for v in dash.verdicts:
-            console.print(f"  [{style.get(v.verdict, '')}]{v.verdict:<12}[/] {v.spec}: {v.claim.claim} | "
-                          f"{v.comparison()}: Δ = {v.diff_text()} | {v.reason} | seeds for 80% power: "
-                          f"{v.seeds_text()} | mechanism: {v.mechanism}", highlight=False, soft_wrap=True)
+            rest = (f"{v.spec}: {v.claim.claim} | {v.comparison()}: Δ = {v.diff_text()} | {v.reason} | seeds for 80% "
+                    f"power: {v.seeds_text()} | mechanism: {v.mechanism}")
+            console.print(f"  [{style.get(v.verdict, '')}]{v.verdict:<12}[/] {escape(rest)}", highlight=False,
+                          soft_wrap=True)
     console.print(f"page: [bold]{dash.page.resolve()}[/]", highlight=False, soft_wrap=True)
     if dash.logged_to:
         console.print(f"logged to MLflow run {dash.logged_to} (artifacts/dashboard/) in {dash.tracking_uri}",

@@ -2,6 +2,12 @@
 
 The sweep folder is read through `SweepDir` (sweep.json for the tracking store, jobs.json for the current
 expansion, each job's status.json and job.json), never by opening its files here.
+
+Only the specs the sweep has something to compare for are drawn (`render.has_comparison`); the claims it cannot
+test are listed, one line each with the runs they need (`coverage.Untested`), on the page, in `notes` and in
+verdicts.json. Each phase (starting the tracking server, reading the runs, rendering, writing, logging) is
+announced as it starts through `phase`, by default one line on stderr, so a dashboard that takes half a minute
+says what it is doing.
 """
 
 from __future__ import annotations
@@ -9,11 +15,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rla_ablate.dashboard.coverage import Untested
 from rla_ablate.dashboard.html import write_page
-from rla_ablate.dashboard.render import Rendered, render
+from rla_ablate.dashboard.render import Rendered, has_comparison, render, validity_index
 from rla_ablate.dashboard.spec import load_specs
 from rla_ablate.errors import UserError
 from rla_ablate.sweep.state import SweepDir
@@ -34,11 +43,32 @@ class Dashboard:
     synced: int = 0
     """Metrics backfilled from the jobs' metrics.jsonl before rendering (after a tracking outage)."""
     notes: list[str] = field(default_factory=list)
-    """What the page says about the selection (runs of older sweep versions left out or shown)."""
+    """What the page says about the selection (runs of older sweep versions left out or shown), then the claims
+    this sweep cannot test, one line each after a heading line."""
+    untested: list[Untested] = field(default_factory=list)
+    """Every claim (and spec without claims) the sweep has no runs for: not drawn, no verdict."""
 
     @property
     def verdicts(self) -> list:
         return [v for r in self.rendered for v in r.verdicts]
+
+
+def untested_lines(untested: list[Untested], n_specs: int) -> list[str]:
+    """A heading and one line per claim the sweep cannot test ([] when it tests every one)."""
+    if not untested:
+        return []
+    claims = sum(u.claim is not None for u in untested)
+    skipped = len({u.spec for u in untested if not u.drawn})
+    head = (f"not tested by this sweep: {claims} claim{'s' if claims != 1 else ''}"
+            + (f"; {skipped} of {n_specs} specs {'has' if skipped == 1 else 'have'} nothing to compare here and "
+               f"{'is' if skipped == 1 else 'are'} not drawn" if skipped else "")
+            + " (each needs the runs named; add them to the sweep file and relaunch: only new jobs run)")
+    return [head] + [f"  {u.line()}" for u in untested]
+
+
+def say(text: str) -> None:
+    """The default `phase` of `build_dashboard`: one line on stderr, at once."""
+    print(f"dashboard: {text}", file=sys.stderr, flush=True)
 
 
 def sync_jobs(sdir: SweepDir, uri: str, job_ids: list[str] | None = None) -> int:
@@ -120,47 +150,71 @@ def read_runs(sweep: str, root: str | Path, uri: str, *, include_stale: bool = F
 
 def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str | Path | None = None,
                     out_dir: str | Path | None = None, tracking_uri: str | None = None, ui_url: str = UI_URL,
-                    log_artifacts: bool = True, progress=None, include_stale: bool = False) -> Dashboard:
-    """Render every spec for `sweep`; `tracking_uri` overrides the sweep's own store (tests, shared servers).
+                    log_artifacts: bool = True, progress=None, include_stale: bool = False,
+                    phase: Callable[[str], None] | None = say) -> Dashboard:
+    """Render every spec for `sweep` that it has something to compare for; `tracking_uri` overrides the sweep's
+    own store (tests, shared servers). `progress(spec)` is called after each spec, `phase(text)` as each phase
+    starts (None: silent).
 
     Only the runs of the current expansion (ROOT/SWEEP/jobs.json) are read unless `include_stale`."""
     from mlflow.tracking import MlflowClient
 
+    tell = phase or (lambda text: None)
     specs = load_specs(specs_dir)
     root = Path(root)
     sdir = SweepDir(root, sweep)
     out = Path(out_dir) if out_dir else sdir.path / "dashboard"
     ctx = contextlib.nullcontext(tracking_uri) if tracking_uri else open_tracking(root, sweep)
     hint = f"start it with `rla-sweep ui {sweep}`"
+    shared = None
+    if not tracking_uri:
+        shared, store = tracking_of(root, sweep)
+        tell(f"starting an MLflow server on the sweep's store {store}" if shared is None
+             else f"reading from the tracking server {shared}")
     if not tracking_uri and ui_url == UI_URL:
         # A sweep logged to a shared server (`rla-sweep server`): its links open that server's UI, never whatever
         # answers on the embedded stores' UI port.
-        shared, _ = tracking_of(root, sweep)
         if shared is not None and shared.startswith(("http://", "https://")):
             ui_url, hint = shared.rstrip("/"), "the shared tracking server"
     with ctx as uri:
+        tell(f"reading the runs of sweep '{sweep}'" + ("" if tracking_uri else
+                                                        " (after adding what a job's metrics.jsonl has and MLflow lacks)"))
         synced = 0 if tracking_uri else sync_jobs(sdir, uri)
         runs, selection = read_runs(sweep, root, uri, include_stale=include_stale)
         exp = runs.experiment_id
+        counts: dict[str, int] = {}
+        for r in runs.jobs:
+            counts[r.status] = counts.get(r.status, 0) + 1
 
         def run_url(run_id: str) -> str:
             return f"{ui_url}/#/experiments/{exp}/runs/{run_id}"
 
-        rendered = []
         validity: dict = {}
+        n_drawn = sum(has_comparison(spec, runs, validity_index(spec, runs, validity)) for spec in specs)
+        status = ", ".join(f"{n} {st}" for st, n in sorted(counts.items())) or "none"
+        tell(f"rendering {n_drawn} of {len(specs)} specs from {len(runs.jobs)} runs ({status})"
+             + (f"; {len(specs) - n_drawn} {'has' if len(specs) - n_drawn == 1 else 'have'} nothing to compare in "
+                "this sweep" if n_drawn < len(specs) else ""))
+        every = []
         for spec in specs:
-            rendered.append(render(spec, runs, out, run_url, validity))
+            every.append(render(spec, runs, out, run_url, validity))
             if progress is not None:
                 progress(spec)
-        counts: dict[str, int] = {}
-        for r in runs.jobs:
-            counts[r.status] = counts.get(r.status, 0) + 1
+        rendered = [r for r in every if r.drawn]
+        untested = [u for r in every for u in r.untested]
         notes = selection.notes()
+        tell(f"writing {out / 'index.html'} and verdicts.json")
+        out.mkdir(parents=True, exist_ok=True)          # no spec drawn: the page still lists what was not tested
         page = write_page(out / "index.html", sweep, rendered, tracking=uri, run_url=run_url, n_runs=counts,
-                          ui_hint=f"{ui_url} ({hint})", notes=notes)
-        (out / "verdicts.json").write_text(json.dumps([v.as_dict() for r in rendered for v in r.verdicts], indent=1))
+                          ui_hint=f"{ui_url} ({hint})", notes=notes, untested=untested)
+        records = [v.as_dict() for r in rendered for v in r.verdicts] + [u.as_dict() for u in untested if u.claim]
+        (out / "verdicts.json").write_text(json.dumps(records, indent=1))
         logged = None
         if log_artifacts and runs.parent is not None:
+            tell("logging the files to the sweep's parent run in MLflow")
             MlflowClient(uri).log_artifacts(runs.parent.run_id, str(out), "dashboard")
             logged = runs.parent.run_id
-    return Dashboard(page, out, rendered, uri, logged, synced, notes)
+        if not tracking_uri and shared is None:
+            tell("stopping the MLflow server")
+    return Dashboard(page, out, rendered, uri, logged, synced, notes + untested_lines(untested, len(specs)),
+                     untested)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 
+from rla_ablate.dashboard.coverage import Untested
 from rla_ablate.dashboard.render import Cell, Rendered
 
 CSS = """
@@ -40,6 +41,7 @@ tr.s-not-measured td { color: #8a4b00; }
 ul.flagged { color: #8a4b00; margin: 8px 0 0; padding-left: 18px; }
 p.page-notes { color: #8a4b00; }
 ul.notes { color: #8a4b00; margin: 8px 0 0; padding-left: 18px; }
+ul.untested { color: #555; margin: 6px 0 0; padding-left: 18px; font-size: 13px; }
 details { margin-top: 8px; color: #444; font-size: 13px; }
 a.file { font-size: 12px; color: #666; margin-right: 10px; }
 """
@@ -64,10 +66,23 @@ def _verdict_table(verdicts, with_spec: bool = False) -> str:
             f'<span class="v-{escape(v.verdict)}">{escape(v.verdict)}</span>', escape(v.claim.claim),
             escape(v.comparison()), escape(f"{v.metric or v.claim.metric}: {v.diff_text()}"),
             escape(f"{v.claim.min_effect:g} ({v.claim.expect})"), escape(v.reason), escape(v.seeds_text()),
-            escape(v.mechanism)]
+            f'<span title="{escape(v.mechanism_detail)}">{escape(v.mechanism)}</span>']
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return ('<table class="verdicts"><thead><tr>' + "".join(f"<th>{escape(h)}</th>" for h in head)
             + "</tr></thead><tbody>" + "".join(rows) + "</tbody></table>")
+
+
+def _untested_list(untested: Sequence[Untested], with_spec: bool = False) -> str:
+    items = []
+    for u in untested:
+        what = escape(u.claim) if u.claim else "(no claims; not drawn)"
+        if with_spec:
+            where = f'<a href="#{escape(u.spec)}">{escape(u.spec)}</a>' if u.drawn else escape(u.spec)
+            what = f"{where}: {what}"
+        hint = f" (sweep file: {escape(u.hint)})" if u.hint else ""
+        against = f", compared with {escape(u.against)}" if u.against else ""
+        items.append(f"<li>{what}: needs runs with {escape(u.needs)}{against}{hint}</li>")
+    return '<ul class="untested">' + "".join(items) + "</ul>"
 
 
 def _validity_table(r: Rendered) -> str:
@@ -104,6 +119,8 @@ def _section(r: Rendered, run_url) -> str:
         parts.append(f'<figure><img alt="{escape(r.title)}" src="data:image/png;base64,{data}"></figure>')
     if r.verdicts:
         parts.append(_verdict_table(r.verdicts))
+    if r.untested:
+        parts.append("<p>Not tested by this sweep (no run of the treatment):</p>" + _untested_list(r.untested))
     if r.flagged and r.kind != "validity":
         parts.append('<ul class="flagged">' + "".join(f"<li>⚠ {escape(n)}</li>" for n in r.flagged_lines)
                      + "</ul>")
@@ -129,9 +146,9 @@ def _section(r: Rendered, run_url) -> str:
 
 
 def write_page(path: Path, sweep: str, rendered: list[Rendered], *, tracking: str, ui_hint: str, run_url,
-               n_runs: dict[str, int], notes: Sequence[str] = ()) -> Path:
+               n_runs: dict[str, int], notes: Sequence[str] = (), untested: Sequence[Untested] = ()) -> Path:
     counts = ", ".join(f"{n} {s}" for s, n in sorted(n_runs.items())) or "no job runs"
-    nav = '<a href="#verdicts">Verdicts</a>' + "".join(f'<a href="#{escape(r.name)}">{escape(r.title)}</a>'
+    nav = '<a href="#verdicts">Verdicts</a>' + ('<a href="#untested">Not tested</a>' if untested else "") + "".join(f'<a href="#{escape(r.name)}">{escape(r.title)}</a>'
                                                        for r in rendered)
     verdicts = [v for r in rendered for v in r.verdicts]
     summary = ('<section id="verdicts" data-kind="verdicts"><h2>Verdicts on the paper\'s claims</h2>'
@@ -140,8 +157,16 @@ def write_page(path: Path, sweep: str, rendered: list[Rendered], *, tracking: st
                "minimum effect; contradicted: the interval excludes every effect of the minimum size in the claimed "
                "direction; unresolved: anything else, one seed, or a comparison whose mechanism was off or whose "
                "results are identical. Seeds for 80% power: two-sided paired t-test at 0.05 detecting the minimum "
-               "effect with the observed spread.</p>"
-               + (_verdict_table(verdicts, with_spec=True) if verdicts else "<p>No spec states a claim.</p>")
+               "effect with the observed spread; none is given where more seeds cannot help (mechanism off, "
+               "identical results, task not learned).</p>"
+               + (_verdict_table(verdicts, with_spec=True) if verdicts
+                  else "<p>No claim has runs of its treatment in this sweep.</p>" if untested
+                  else "<p>No spec states a claim.</p>")
+               + (f'<h3 id="untested">Not tested by this sweep ({sum(u.claim is not None for u in untested)} '
+                  "claims)</h3><p class=\"caption\">No run of the sweep is what these compare, so they get no "
+                  "verdict, and specs with nothing to compare are not drawn. Each line names the runs it needs; add "
+                  "them to the sweep file and relaunch (only the new jobs run).</p>"
+                  + _untested_list(untested, with_spec=True) if untested else "")
                + "</section>")
     body = summary + "\n" + "\n".join(_section(r, run_url) for r in rendered)
     page_notes = "".join(f'<p class="page-notes">{escape(n)}</p>' for n in notes)

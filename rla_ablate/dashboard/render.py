@@ -4,7 +4,8 @@ Missing data never raises: a series without finished runs is listed in the figur
 partially where that makes sense, e.g. the curve of a running job), a figure with no data at all says so.
 A variant whose mechanism was off, or whose results equal its reference's, is drawn dotted / hatched / hollow
 and named in a note printed on the figure itself; tables get a `mechanism` column. A spec's claims get their
-verdicts printed under the figure or table.
+verdicts printed under the figure or table. A spec with nothing to compare in the sweep (`coverage.drawable`) is not
+drawn: `render` returns it with `drawn` false and its claims as not tested.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from rla_ablate.dashboard import coverage as C  # noqa: E402
 from rla_ablate.dashboard import data as D  # noqa: E402
 from rla_ablate.dashboard import validity as V  # noqa: E402
 from rla_ablate.dashboard.spec import (CurveSpec, FigureSpec, GainsSpec, LayersSpec, ScatterSpec,  # noqa: E402
@@ -63,6 +65,10 @@ class Rendered:
     """(state, label, detail) of each variant whose mechanism was off, identical or not measured."""
     fallbacks: list[str] = field(default_factory=list)
     """What was drawn instead of a metric no run has (a spec's `fallback`), printed on the figure."""
+    untested: list[C.Untested] = field(default_factory=list)
+    """The spec's claims this sweep cannot test (no run of their treatment), or the spec itself when not drawn."""
+    drawn: bool = True
+    """False when the sweep has nothing this spec compares: no figure, no files, only `untested`."""
 
     @property
     def flagged_lines(self) -> list[str]:
@@ -100,6 +106,9 @@ def _flag(out: Rendered, index: V.ValidityIndex, s: D.Series, ref: D.Series | No
     else:
         v = index.of(s)
         state, detail = (v.state, v.detail()) if v is not None else (V.NO_CHECK, "")
+    if state == V.OFF:
+        # The values below their thresholds, not the per-seed account (that is the validity panel's).
+        detail = V.off_summary(index, s, ref) or detail
     if state in V.MARK:
         item = (state, f"{where}{s.label}", detail)
         if item not in out.flagged:
@@ -573,6 +582,9 @@ def _footer(fig, out: Rendered) -> None:
         lines.append("Verdicts (paired by seed, 95% t-interval):")
         lines += [f"  {v.verdict.upper()}: {v.claim.claim} [{v.comparison()}: Δ = {v.diff_text()}; "
                   f"seeds for 80% power: {v.seeds_text()}]" for v in out.verdicts]
+    if out.untested:
+        lines.append("Not tested by this sweep (no runs of the treatment):")
+        lines += [f"  {u.claim}: needs runs with {u.needs}" for u in out.untested]
     if not lines:
         return
     import textwrap
@@ -583,16 +595,33 @@ def _footer(fig, out: Rendered) -> None:
              family="DejaVu Sans", transform=fig.transFigure)
 
 
+def validity_index(spec: FigureSpec, runs: SweepRuns, cache: dict | None = None) -> V.ValidityIndex:
+    """The validity of every series under the spec's thresholds; `cache` shares it between specs with equal ones."""
+    key = tuple(sorted(spec.validity.model_dump().items()))
+    cache = cache if cache is not None else {}
+    return cache.get(key) or cache.setdefault(key, V.ValidityIndex(runs, spec.validity))
+
+
+def has_comparison(spec: FigureSpec, runs: SweepRuns, index: V.ValidityIndex) -> bool:
+    """Whether the sweep has something this spec compares (`coverage.drawable`); specs without are not drawn."""
+    return C.drawable(spec, runs, index.everything)
+
+
 def render(spec: FigureSpec, runs: SweepRuns, out_dir: Path, run_url=lambda run_id: None,
            validity_cache: dict | None = None) -> Rendered:
     """Render one spec; `validity_cache` shares the validity of every series between specs with equal thresholds."""
     out = Rendered(spec.name, spec.title, spec.caption, spec.kind)
     with plt.rc_context(STYLE):
         try:
-            key = tuple(sorted(spec.validity.model_dump().items()))
-            cache = validity_cache if validity_cache is not None else {}
-            index = cache.get(key) or cache.setdefault(key, V.ValidityIndex(runs, spec.validity))
-            out.verdicts = evaluate(spec, runs, index)
+            index = validity_index(spec, runs, validity_cache)
+            out.drawn = has_comparison(spec, runs, index)
+            out.verdicts, out.untested = evaluate(spec, runs, index, drawn=out.drawn)
+            if not out.drawn:
+                if not spec.claims:
+                    out.untested = [C.for_figure(spec, runs)]
+                for stale in (out_dir / f"{spec.name}.png", out_dir / f"{spec.name}.svg"):
+                    stale.unlink(missing_ok=True)       # an earlier dashboard's figure of it
+                return out
             if isinstance(spec, TableSpec):
                 table_rows(spec, runs, out, run_url, index)
                 fig = render_table(spec, out)

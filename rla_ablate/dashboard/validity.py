@@ -285,6 +285,34 @@ def comparison(index: ValidityIndex, a: D.Series, b: D.Series | None) -> tuple[s
     return state, "; ".join(f"{who}{detail}" for who, st, detail in parts if st == state)
 
 
+def off_summary(index: ValidityIndex, a: D.Series, b: D.Series | None) -> str:
+    """The measured values below their thresholds when comparing `a` with `b`, one range per check, e.g.
+    'diag/mixer_rms_over_sqrt_eps 0.092–0.97 < 1 in 5 runs' ('' when none is below)."""
+    found: dict[tuple[str, float], list[float]] = {}
+    seen = set()
+    for s in (a, b):
+        v = index.of(s) if s is not None else None
+        for sv in v.seeds if v is not None else ():
+            for m in sv.measured:
+                for who in m.check.on:
+                    run = sv.run if who == "job" else sv.reference
+                    val = m.values.get(who)
+                    if run is None or val is None or val >= m.check.threshold or (run.run_id, m.check.metric) in seen:
+                        continue
+                    seen.add((run.run_id, m.check.metric))
+                    found.setdefault((m.check.metric, m.check.threshold), []).append(val)
+    parts = []
+    for (metric, thr), vals in sorted(found.items()):
+        lo, hi = f"{min(vals):.2g}", f"{max(vals):.2g}"
+        shown = lo if lo == hi else f"{lo}–{hi}"
+        parts.append(f"{metric} {shown} < {thr:g} in {len(vals)} run{'s' if len(vals) > 1 else ''}")
+    radius = _radius_check(index, a, b)
+    if radius is not None and radius[0] == OFF:
+        seeds = radius[1].split(":")[0].removeprefix(f"{OFF} on ")
+        parts.append(f"{TARGET_METRIC} < {index.thresholds.target_engaged_min:g} at both radii ({seeds})")
+    return "; ".join(parts)
+
+
 def _radius_check(index: ValidityIndex, a: D.Series, b: D.Series | None) -> tuple[str, str] | None:
     """Comparing two clip radii (model.clip differs) tests the clip target: it must have changed some residuals
     on at least one side (diag/target_engaged >= threshold), seed by seed. None when the radius is the same."""

@@ -17,7 +17,13 @@ contradicted otherwise. In any other case the diverged seeds are left out of the
 
 Seeds needed: the fewest seeds n for which a two-sided paired t-test at level 0.05 has 80% power to detect a
 difference of min_effect when the paired differences vary as observed (`stats.seeds_for_power`; noncentral t,
-needs two or more seeds to estimate that spread).
+needs two or more seeds to estimate that spread). It is given only where more seeds are the remedy: a comparison
+whose mechanism was off, whose results are identical, or where no model learned the task is invalid at any number
+of seeds, so its power line says that seeds do not help until the mechanism is engaged (or the task learned)
+instead of a count; one decided by divergence needs none.
+
+A claim whose treatment no run of the sweep matches gets no verdict: it is listed as not tested, with the runs it
+needs (`rla_ablate.dashboard.coverage`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import math
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from rla_ablate.dashboard import coverage as C
 from rla_ablate.dashboard import data as D
 from rla_ablate.dashboard import validity as V
 from rla_ablate.dashboard.spec import Claim
@@ -51,10 +58,21 @@ class Verdict:
     mechanism: str
     """The comparison's validity state: engaged, off, identical, not measured or n/a."""
     mechanism_detail: str = ""
+    no_power: str = ""
+    """Why no seed count is given although seeds were paired: more seeds cannot make the comparison valid
+    (mechanism off, identical results, task not learned) or divergence decided it; '' otherwise."""
 
     def seeds_text(self) -> str:
+        """The power line's value: a seed count, or '—' with why none is given."""
+        if self.no_power:
+            return f"— ({self.no_power})"
         if self.seeds_needed is None:
-            return "unknown (needs 2+ seeds to estimate the spread)" if self.claim.min_effect else "—"
+            n = self.diff.diff.n if self.diff is not None else 0
+            if n == 0:
+                return "— (no paired seeds)"
+            if n == 1:
+                return "unknown (1 paired seed; 2+ estimate the spread)"
+            return "—"
         if self.seeds_needed > MAX_SEEDS:
             return f"more than {MAX_SEEDS}"
         return str(self.seeds_needed)
@@ -85,8 +103,8 @@ class Verdict:
                 "n": d.n if d else 0, "mean": num(d.mean) if d else None, "lo": num(d.lo) if d else None,
                 "hi": num(d.hi) if d else None, "p": num(self.diff.p_value) if self.diff else None,
                 "seeds": list(self.diff.seeds) if self.diff else [], "verdict": self.verdict, "reason": self.reason,
-                "seeds_needed": self.seeds_needed, "power": POWER, "alpha": ALPHA, "mechanism": self.mechanism,
-                "mechanism_detail": self.mechanism_detail}
+                "seeds_needed": self.seeds_needed, "seeds_note": self.seeds_text(), "power": POWER, "alpha": ALPHA,
+                "mechanism": self.mechanism, "mechanism_detail": self.mechanism_detail}
 
 
 def _labelled(spec, series: list[D.Series]) -> dict[tuple, str]:
@@ -141,10 +159,33 @@ def _divergence_note(t: D.Series, ref: D.Series) -> str:
     return "; ".join(notes)
 
 
-def evaluate(spec, runs, index: V.ValidityIndex) -> list[Verdict]:
-    """One verdict per claim of `spec` and treatment series it selects (one 'unresolved' when none matches)."""
+def _seeds_note(t: D.Series, ref: D.Series, treated: dict, reference: dict) -> str:
+    """Which seeds each side finished, when they do not pair up: what the comparison is missing."""
+    complete = set(t.seeds) == set(treated) and set(ref.seeds) == set(reference)
+    if set(treated) == set(reference) and (complete or len(treated) >= 2):
+        return ""                    # every seed paired (or enough to pair): nothing to say about missing ones
+
+    def have(series: D.Series, finals: dict) -> str:
+        text = f"seed{'s' if len(finals) != 1 else ''} {_seeds_text(set(finals))}" if finals else "no seed"
+        missing = set(series.seeds) - set(finals)
+        return text + (f" (not {_seeds_text(missing)})" if missing else "")
+
+    return f"finished with the metric: {t.label or 'treatment'} {have(t, treated)}, " \
+           f"{ref.label or 'reference'} {have(ref, reference)}"
+
+
+OFF_NO_POWER = "more seeds do not help until the mechanism is engaged"
+NO_POWER = {V.OFF: OFF_NO_POWER, V.IDENTICAL: "more seeds do not help: the results are identical",
+            "not learned": "more seeds do not help until a model learns the task",
+            "divergence": "decided by divergence"}
+
+
+def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[list[Verdict], list[C.Untested]]:
+    """One verdict per claim of `spec` and treatment series it selects; a claim whose treatment no series matches
+    is not tested (second list: what it needs). `drawn`: whether the spec itself is drawn."""
     everything = index.everything
-    out = []
+    out: list[Verdict] = []
+    untested: list[C.Untested] = []
     for claim in spec.claims:
         treatments = [s for s in everything if s.runs and claim.selects(s.runs[0])]
         pairs = [(t, D.reference_of(t, claim.reference, everything, keys=("family", "ablations", "control")))
@@ -152,13 +193,13 @@ def evaluate(spec, runs, index: V.ValidityIndex) -> list[Verdict]:
         labels = _labelled(spec, [s for pair in pairs for s in pair if s is not None])
         key = D.resolve_metric(claim.metric, runs.jobs)
         if not pairs:
-            out.append(Verdict(spec.name, claim, "", "", key, None, UNRESOLVED,
-                               f"no run matches the treatment {claim.treatment}", None, V.NO_CHECK))
+            untested.append(C.for_claim(spec, claim, drawn, {str(s.value("family")) for s in everything}))
             continue
         for t, ref in pairs:
             if ref is None:
                 out.append(Verdict(spec.name, claim, labels[t.key], "", key, None, UNRESOLVED,
-                                   f"no reference series (the treatment with {claim.reference})", None, V.NO_CHECK))
+                                   f"no reference series: no run of {labels[t.key]} with "
+                                   f"{C.filters_text(claim.reference)} in this sweep", None, V.NO_CHECK))
                 continue
             treated, reference = D.final_by_seed(t, key), D.final_by_seed(ref, key)
             d = paired_diff(treated, reference)
@@ -166,20 +207,25 @@ def evaluate(spec, runs, index: V.ValidityIndex) -> list[Verdict]:
             verdict, reason = classify(d.diff, sign, claim.min_effect)
             state, detail = V.comparison(index, t, ref)
             floor = _not_learned(claim, treated, reference)
+            no_power = ""
             if floor:
-                verdict, reason = UNRESOLVED, floor
+                verdict, reason, no_power = UNRESOLVED, floor, NO_POWER["not learned"]
             elif state in (V.OFF, V.IDENTICAL):
-                verdict = UNRESOLVED
-                reason = ("mechanism off: the comparison cannot test the claim" if state == V.OFF
-                          else "identical results: the ablation changed nothing at this scale")
+                verdict, no_power = UNRESOLVED, NO_POWER[state]
+                off = V.off_summary(index, t, ref) if state == V.OFF else ""
+                reason = (f"mechanism off{f' ({off})' if off else ''}: the comparison cannot test the claim"
+                          if state == V.OFF else "identical results: the ablation changed nothing at this scale")
             elif state == V.NOT_MEASURED:
                 reason += " (mechanism not measured)"
-            needed = seeds_for_power(d.diff.std, claim.min_effect) if d.diff.n >= 2 else None
+            needed = seeds_for_power(d.diff.std, claim.min_effect) if d.diff.n >= 2 and not no_power else None
             decided = _by_divergence(claim, t, ref, treated, reference)
             if decided is not None:
-                (verdict, reason), needed = decided, None
-            elif note := _divergence_note(t, ref):
-                reason += f"; {note}"
+                (verdict, reason), needed, no_power = decided, None, NO_POWER["divergence"]
+            else:
+                if note := _divergence_note(t, ref):
+                    reason += f"; {note}"
+                if note := _seeds_note(t, ref, treated, reference):
+                    reason += f"; {note}"
             out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], key, d, verdict, reason, needed,
-                               state, detail))
-    return out
+                               state, detail, no_power))
+    return out, untested

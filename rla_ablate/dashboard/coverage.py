@@ -1,0 +1,160 @@
+"""What a sweep can test: which specs have something to compare, which claims have runs to decide them.
+
+A spec is drawn when the sweep has runs of what it compares: the treatment of one of its claims, or both a series
+its `reference` overrides would change (a variant) and one they would not (what variants are compared with). A
+spec that declares no comparison and states no claim (the validity panel, a table listing runs) is drawn when any
+run matches its filter. A claim is decided when the sweep has runs of its treatment. The others are not drawn as empty panels or
+"unresolved" verdicts: each is one line saying which runs it needs (`Untested.line`), so a sweep of two families
+and one ablation is not buried under the verdicts of every other claim of the paper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rla_ablate.dashboard import data as D
+
+NOT_TESTED = "not tested"
+
+
+def _values(v) -> list:
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def filters_text(filters: dict) -> str:
+    """{family: rla, ablations: [no_clip, no_norm]} -> 'family=rla, ablations=no_clip|no_norm'."""
+    return ", ".join(f"{k}={'|'.join(D.spelled(x) for x in _values(v))}" for k, v in filters.items())
+
+
+def sweep_file_hint(filters: dict, families: set[str] | None = None) -> str:
+    """What a sweep file adds to produce such runs, in words ('add logcosh to ablations:'; no brackets, so that the
+    line prints as it is through rich markup). A family is named when none of its values is among `families`
+    (those the sweep has; None: never)."""
+    from rla_ablate.models.ablations import CONTROL_NAMES
+
+    parts, config = [], []
+    for key, v in filters.items():
+        values = [D.spelled(x) for x in _values(v) if D.spelled(x) != "none"]
+        if not values:
+            continue
+        if key == "family":
+            derived = {D.spelled(x) for x in _values(filters.get("ablations", []))} & set(CONTROL_NAMES)
+            if families is not None and not set(values) & families and not derived:   # a control: no arm of it
+                parts.append(f"add a {' or '.join(values)} arm to models:")
+        elif key == "ablations":
+            ablations = [a for a in values if a not in CONTROL_NAMES]
+            controls = [a for a in values if a in CONTROL_NAMES]
+            if ablations:
+                parts.append(f"add {' or '.join(ablations)} to ablations:")
+            if controls:
+                parts.append(f"add {' or '.join(controls)} to controls:")
+        elif key.removeprefix("point.").split(".")[0] in ("model", "train", "data"):
+            config.append(f"{key.removeprefix('point.')} = {' or '.join(values)}")
+    if config:
+        parts.append(f"{' and '.join(config)} in grid: or an arm's overrides:")
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Untested:
+    """A claim (or a figure without claims) this sweep cannot test: it has no run of what it compares."""
+
+    spec: str
+    claim: str | None
+    """The claim in words; None for a figure or table without claims."""
+    needs: str
+    """The runs it needs, as filters: 'family=rla, ablations=logcosh'."""
+    against: str
+    """What they are compared with, paired by seed: 'ablations=none'."""
+    hint: str
+    """What the sweep file adds to run them: 'ablations: [logcosh]' ('' when nothing simple says it)."""
+    drawn: bool
+    """Whether the spec is drawn anyway (other series of it are in the sweep)."""
+
+    def line(self) -> str:
+        what = f"{self.claim}" if self.claim else "(no claims; not drawn)"
+        against = f", compared with {self.against}" if self.against else ""
+        hint = f" (sweep file: {self.hint})" if self.hint else ""
+        return f"{self.spec}: {what}: needs runs with {self.needs}{against}{hint}"
+
+    def as_dict(self) -> dict:
+        return {"spec": self.spec, "claim": self.claim, "verdict": NOT_TESTED, "needs": self.needs,
+                "compared_with": self.against, "sweep_file": self.hint, "drawn": self.drawn,
+                "reason": f"no run with {self.needs} in this sweep"}
+
+
+def for_claim(spec, claim, drawn: bool = True, families: set[str] | None = None) -> Untested:
+    """The line of a claim whose treatment no run of the sweep matches (`families`: those the sweep has)."""
+    return Untested(spec.name, claim.claim, filters_text(claim.treatment), filters_text(claim.reference),
+                    sweep_file_hint(claim.treatment, families), drawn)
+
+
+def differs(series: D.Series, overrides: dict) -> bool:
+    """Whether a series is a variant the overrides turn into another one (not its own reference)."""
+    return any(not D.same_value(series.value(k), v) for k, v in overrides.items())
+
+
+def sides(spec, runs) -> tuple[list[D.Series], list[D.Series]]:
+    """The spec's series split into variants (a series its `reference` overrides change) and the series they are
+    compared with; for the validity panel every series is a variant."""
+    series = [s for panel in D.group(spec, runs).values() for s in panel]
+    if spec.kind == "validity":
+        return series, []
+    return ([s for s in series if differs(s, spec.reference)],
+            [s for s in series if not differs(s, spec.reference)])
+
+
+DEFAULT_REFERENCE = {"ablations": "none"}
+
+
+def declares_comparison(spec) -> bool:
+    """Whether a spec says what it compares: a `reference` other than the default, or a filter that lists, for a
+    reference key, values other than the reference's (fig. 4a's ablations: [none, no_clip, ...]). A spec that does
+    neither (and the validity panel) is a listing of the runs its filter selects."""
+    if spec.kind == "validity":
+        return False
+    if dict(spec.reference) != DEFAULT_REFERENCE:
+        return True
+    return any(k in spec.runs and any(not D.same_value(D.spelled(x), v) for x in _values(spec.runs[k]))
+               for k, v in spec.reference.items())
+
+
+def drawable(spec, runs, everything: list[D.Series]) -> bool:
+    """Whether the sweep has something the spec compares: runs of a claim's treatment, or both sides of its
+    reference relation (a variant and a series it is compared with); for a listing (`declares_comparison` false,
+    no claims), any run it selects."""
+    if any(claim.selects(s.runs[0]) for claim in spec.claims for s in everything if s.runs):
+        return True
+    variants, references = sides(spec, runs)
+    if variants and references:
+        return True
+    return not spec.claims and not declares_comparison(spec) and bool(variants or references)
+
+
+def for_figure(spec, runs) -> Untested:
+    """The line of a spec without claims that has nothing to compare: the side of its comparison the sweep lacks
+    (for a listing: the runs its filter selects)."""
+    if not declares_comparison(spec):
+        return Untested(spec.name, None, filters_text(spec.runs) or "any run", "", "", False)
+    variants, _ = sides(spec, runs)
+    needs: dict[str, list] = {}
+    other: list[str] = []
+    for key, v in spec.runs.items():
+        if key in spec.reference and variants:          # the variants are there: the compared-with side is missing
+            needs[key] = [spec.reference[key]]
+            continue
+        kept = [x for x in _values(v) if key not in spec.reference or not D.same_value(D.spelled(x),
+                                                                                       spec.reference[key])]
+        if kept:
+            needs[key] = kept
+    for key, v in spec.reference.items():
+        if key not in spec.runs:
+            if variants:
+                needs[key] = [v]
+            else:
+                other.append(f"{key} other than {D.spelled(v)}")
+    needs_text = ", ".join([filters_text(needs)] * bool(needs) + other)
+    if variants:
+        needs_text += ": what the series of this sweep are compared with"
+    return Untested(spec.name, None, needs_text or "any run", "" if variants else filters_text(spec.reference),
+                    sweep_file_hint(needs), False)
