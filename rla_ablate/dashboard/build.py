@@ -190,14 +190,15 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
             return f"{ui_url}/#/experiments/{exp}/runs/{run_id}"
 
         validity: dict = {}
-        n_drawn = sum(has_comparison(spec, runs, validity_index(spec, runs, validity)) for spec in specs)
+        drawn = [has_comparison(spec, runs, validity_index(spec, runs, validity)) for spec in specs]
+        n_drawn = sum(drawn)
         status = ", ".join(f"{n} {st}" for st, n in sorted(counts.items())) or "none"
         tell(f"rendering {n_drawn} of {len(specs)} specs from {len(runs.jobs)} runs ({status})"
              + (f"; {len(specs) - n_drawn} {'has' if len(specs) - n_drawn == 1 else 'have'} nothing to compare in "
                 "this sweep" if n_drawn < len(specs) else ""))
         every = []
-        for spec in specs:
-            every.append(render(spec, runs, out, run_url, validity))
+        for spec, draw in zip(specs, drawn):
+            every.append(render(spec, runs, out, run_url, validity, drawn=draw))
             if progress is not None:
                 progress(spec)
         rendered = [r for r in every if r.drawn]

@@ -608,13 +608,14 @@ def has_comparison(spec: FigureSpec, runs: SweepRuns, index: V.ValidityIndex) ->
 
 
 def render(spec: FigureSpec, runs: SweepRuns, out_dir: Path, run_url=lambda run_id: None,
-           validity_cache: dict | None = None) -> Rendered:
-    """Render one spec; `validity_cache` shares the validity of every series between specs with equal thresholds."""
+           validity_cache: dict | None = None, drawn: bool | None = None) -> Rendered:
+    """Render one spec; `validity_cache` shares the validity of every series between specs with equal thresholds.
+    `drawn`: `has_comparison` when the caller has it already (None: decided here)."""
     out = Rendered(spec.name, spec.title, spec.caption, spec.kind)
     with plt.rc_context(STYLE):
         try:
             index = validity_index(spec, runs, validity_cache)
-            out.drawn = has_comparison(spec, runs, index)
+            out.drawn = has_comparison(spec, runs, index) if drawn is None else drawn
             out.verdicts, out.untested = evaluate(spec, runs, index, drawn=out.drawn)
             if not out.drawn:
                 if not spec.claims:

@@ -339,10 +339,10 @@ def _check_version(sweep: Sweep, sdir: SweepDir, opts: LaunchOptions) -> str | N
         return None
     if here.read_text(encoding="utf-8") == saved.read_text(encoding="utf-8"):
         return None
-    before = {rec["job_id"] for rec in sdir.job_list()}
+    before, now = {rec["job_id"] for rec in sdir.job_list()}, {j.job_id for j in sweep.jobs}
     earlier = sdir.meta().get("sweep_file")
     search = sweep.config.search is not None
-    shared = not search and bool(before & {j.job_id for j in sweep.jobs})
+    shared = not search and bool(before & now)
     if earlier and earlier != str(here) and not shared and not opts.new_version:
         what = "its Optuna study" if search else f"none of its {len(before)} job(s) is in {sweep.source.file}"
         raise UserError(f"sweep '{sweep.name}' under {sdir.root} was launched from {earlier}, and "
@@ -353,7 +353,7 @@ def _check_version(sweep: Sweep, sdir: SweepDir, opts: LaunchOptions) -> str | N
                         file=sweep.source.file, line=sweep.source.line(("name",)), key="name")
     if search:
         return None
-    gone = before - {j.job_id for j in sweep.jobs}
+    gone = before - now
     if not gone:
         return None
     finished = sum(sdir.status(job_id).status == Status.FINISHED for job_id in gone)
