@@ -552,3 +552,34 @@ def test_clip_radius_question_with_the_mechanism_off_recommends_no_seeds(server,
     for v in dash.verdicts:
         assert v.mechanism == "engaged" and v.reference == "RLA, clip=2.0" and v.diff.diff.n == 3
         assert v.seeds_needed == seeds_for_power(v.diff.diff.std, 0.005) and v.seeds_text() == str(v.seeds_needed)
+
+
+def test_a_baseline_against_a_residual_model_is_judged_by_its_mixers_not_by_two_clip_radii():
+    # sGLA widened to RLA's state against RLA: the baseline's `model.clip` is unused (no residual path, no
+    # target_engaged), so the comparison is not one of two clip radii; its mixers' checks decide. Two RLA
+    # radii still are one, and a radius whose target never engaged on either side is off.
+    from types import SimpleNamespace
+
+    from rla_ablate.dashboard import validity as V
+    from rla_ablate.dashboard.spec import ValidityThresholds
+    from rla_ablate.sweep.identity import ARM, CONTROL, SERIES
+    from rla_ablate.tracking.read import RunRecord
+
+    def run(series, family, control, clip, seed, **diag):
+        tags = {SERIES: series, "version": "current", "family": family, "ablations": "none", CONTROL: control,
+                ARM: "lm-rla", "seed": str(seed)}
+        metrics = {"eval/val/loss": 1.3 + 0.01 * seed + 0.1 * clip, "diag/mixer_rms_over_sqrt_eps": 7.0,
+                   **{f"diag/{k}": v for k, v in diag.items()}}
+        return RunRecord(f"{series}-{seed}", "0", "finished", tags, {"model.clip": str(clip)}, metrics)
+
+    runs = [run("rla", "rla", "none", 2.0, s, target_engaged=0.03) for s in (0, 1)]
+    runs += [run("sgla-matched", "sgla", "matched_state", 1.0, s) for s in (0, 1)]
+    runs += [run("rla-r4", "rla", "none", 4.0, s, target_engaged=0.0) for s in (0, 1)]
+    runs += [run("rla-r8", "rla", "none", 8.0, s, target_engaged=0.0) for s in (0, 1)]
+    index = V.ValidityIndex(SimpleNamespace(jobs=runs), ValidityThresholds())
+    series = {s.key[0]: s for s in index.everything}
+    state, detail = V.comparison(index, series["sgla-matched"], series["rla"])
+    assert state == V.ENGAGED, detail
+    assert V.comparison(index, series["rla-r4"], series["rla"])[0] == V.ENGAGED
+    state, detail = V.comparison(index, series["rla-r8"], series["rla-r4"])
+    assert state == V.OFF and "target_engaged" in detail, detail

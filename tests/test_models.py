@@ -250,6 +250,52 @@ def test_relative_clip_after_the_first_forward_uses_the_running_rms():
     assert [m.step_rms for m in mixers] == [m.residual_rms_ema.item() for m in mixers]
 
 
+# The aten ops that make a CUDA host wait: reading a value (item, tolist, float(tensor)), data-dependent shapes, and
+# a tensor built from host values (torch.tensor(x, device=...)), a host-to-device copy.
+SYNCING_OPS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "masked_select", "lift_fresh",
+               "lift_fresh_copy"}
+
+
+@pytest.mark.parametrize("preset", ["proxy-mqar-rla", "proxy-mqar-rdn", "proxy-mqar-sgla", "proxy-mqar-gdn"])
+def test_a_training_step_after_the_hand_over_asks_the_host_for_nothing(preset):
+    # The CPU side of the GPU test of the same name: packed jobs take turns on a GPU, and every host sync inside a
+    # step waits for the others' turns. On the CPU the ops that would sync there are caught by name (the model's
+    # glue, the relative clip's running RMS and the torch chunk path; the Triton and FLA paths are the GPU test's).
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from rla_ablate.models import load_preset
+
+    class Probe(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.hits: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in SYNCING_OPS:
+                self.hits.append(f"{func}:\n{''.join(traceback.format_stack(limit=6)[:-1])}")
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    cfg = load_preset(preset)
+    model = build_model(cfg).train()
+    ids = torch.randint(0, cfg.vocab_size, (1, 80))  # two chunks of 64, the second partial
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(ids)
+        F.cross_entropy(logits.float().flatten(0, 1), ids.flatten()).backward()
+
+    step()  # the first forward reads the batch's residual RMS once
+    model.hand_over_clip_rms([t.item() for t in model.relative_clip_rms()])
+    probe = Probe()
+    with probe:
+        step()
+    assert not probe.hits, probe.hits[0]
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
 def test_relative_clip_of_a_blown_up_state_leaves_the_verdict_to_the_guard():
     # The delta rule without the q/k norm can blow its state up: the batch's residual RMS is not finite. The layer
     # still runs (the loss is not finite and the divergence guard skips the step), the running RMS stays finite.

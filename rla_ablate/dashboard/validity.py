@@ -315,8 +315,14 @@ def off_summary(index: ValidityIndex, a: D.Series, b: D.Series | None) -> str:
 
 def _radius_check(index: ValidityIndex, a: D.Series, b: D.Series | None) -> tuple[str, str] | None:
     """Comparing two clip radii (model.clip differs) tests the clip target: it must have changed some residuals
-    on at least one side (diag/target_engaged >= threshold), seed by seed. None when the radius is the same."""
+    on at least one side (diag/target_engaged >= threshold), seed by seed. None when the radius is the same, or
+    when either side has no residual path (a baseline's `model.clip` is unused: sGLA against RLA compares R, not
+    two radii)."""
+    from rla_ablate.models.config import RESIDUAL_FAMILIES
+
     if b is None or a.value("model.clip") is None or D.same_value(a.value("model.clip"), b.value("model.clip")):
+        return None
+    if a.value("family") not in RESIDUAL_FAMILIES or b.value("family") not in RESIDUAL_FAMILIES:
         return None
     thr = index.thresholds.target_engaged_min
     mine, theirs = a.by_seed(), b.by_seed()

@@ -39,7 +39,7 @@ def _decays(g_BHC: torch.Tensor):
     zero = torch.zeros((), dtype=g_BHC.dtype, device=g_BHC.device)
     seg = torch.where(strict.T, g_BHC[..., None, :], zero).cumsum(-1).transpose(-1, -2)
     seg_prev = torch.nn.functional.pad(seg[..., :-1, :], (0, 0, 1, 0))  # seg[t-1, i] = b_{t-1} - b_i
-    neg_inf = torch.tensor(float("-inf"), dtype=b.dtype, device=b.device)
+    neg_inf = torch.full((), float("-inf"), dtype=b.dtype, device=b.device)  # a fill: no host-to-device copy
     # Mask before exp so that entries above the diagonal never overflow.
     D_incl = torch.where(incl, seg, neg_inf).exp()  # [B, H, C, C]
     D_prev = torch.where(strict, seg_prev, neg_inf).exp()

@@ -134,7 +134,7 @@ class _Halves(torch.autograd.Function):
 
 def _last_tokens(T: int, cu_seqlens: torch.Tensor | None, device) -> torch.Tensor:
     if cu_seqlens is None:
-        return torch.tensor([T - 1], device=device)
+        return torch.full((1,), T - 1, dtype=torch.long, device=device)  # a fill, not a host copy: no sync
     return cu_seqlens[1:] - 1
 
 
