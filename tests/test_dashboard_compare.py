@@ -391,12 +391,22 @@ def test_divergence_decides_a_claim_when_one_side_diverged_on_every_seed(server,
         " expect: lower, min_effect: 0.01}\n"
         "  - {claim: the clip matters, treatment: {ablations: no_clip}, reference: {ablations: none},"
         " expect: higher, min_effect: 0.01}\n")
+    (spec_dir / "validity.yaml").write_text("kind: validity\ntitle: validity\n")
     root, _, _ = logged(server, tmp_path, text, loss, status=status)
-    dash, _ = dashboard(root, "diverging", server, specs=spec_dir)
+    dash, page = dashboard(root, "diverging", server, specs=spec_dir)
     got = {v.claim.claim: v for v in dash.verdicts}
     assert got["the norm matters"].verdict == "confirmed"
     assert "treatment diverged on every seed (0, 1, 2)" in got["the norm matters"].reason
     assert got["the norm matters"].seeds_needed is None
+    # A diverged run has no final diagnostics and needs none: the verdict says so instead of "not measured", and
+    # the validity panel names the job's own status.
+    assert got["the norm matters"].mechanism == "n/a", got["the norm matters"].mechanism_detail
+    assert "decided by divergence" in got["the norm matters"].mechanism_detail
+    panel = page[page.index('id="validity"'):]
+    assert "run diverged" in panel and "run failed" not in panel
+    rows = table(page, "claims")
+    (norm,) = [cells for label, cells in rows.items() if label.startswith("RLA, w/o norm")]
+    assert "0 of 3 seeds finished; 3 diverged" in norm[0] and norm[-2] == "diverged", norm
     assert got["the norm hurts"].verdict == "contradicted"
     clip = got["the clip matters"]
     assert clip.diff.diff.n == 2 and "treatment diverged on seed 1 (left out)" in clip.reason

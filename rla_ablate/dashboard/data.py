@@ -18,6 +18,7 @@ from functools import cached_property
 from rla_ablate.dashboard.selection import OLDER, VERSION, config_params
 from rla_ablate.sweep.identity import ARM, CONTROL, POINT_PREFIX, PRESET, SERIES
 from rla_ablate.tracking.read import RunRecord, SweepRuns
+from rla_ablate.tracking.runs import STATUS
 
 FAMILY_NAMES = {"rla": "RLA", "rdn": "RDN", "sgla": "sGLA", "gdn": "GDN", "transformer": "Transformer"}
 ABLATION_NAMES = {"none": "", "tied_gamma": "tied γ", "no_fitting": "no fitting", "no_output_gates": "no output gates",
@@ -133,7 +134,8 @@ class Series:
         return sorted({self.seed(r) for r in self.runs}, key=_num_key)
 
     def state_note(self) -> str:
-        """'' when every seed finished, else e.g. '1 of 3 seeds finished; 1 running, 1 failed'."""
+        """'' when every seed finished, else e.g. '1 of 3 seeds finished; 1 running, 1 diverged' (the job's own
+        status where it has one: MLflow ends a diverged run as failed)."""
         if not self.runs:
             return "no run"
         notes = []
@@ -143,7 +145,8 @@ class Series:
                                    for s, rs in sorted(dup.items())))
         counts: dict[str, int] = {}
         for r in self.unique:
-            counts[r.status] = counts.get(r.status, 0) + 1
+            status = r.status if r.finished else r.tags.get(STATUS) or r.status
+            counts[status] = counts.get(status, 0) + 1
         done = counts.pop("finished", 0)
         if counts:
             rest = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

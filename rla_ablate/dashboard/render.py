@@ -29,6 +29,8 @@ from rla_ablate.dashboard.spec import (CurveSpec, FigureSpec, GainsSpec, LayersS
 from rla_ablate.dashboard.stats import mean_ci, paired_diff  # noqa: E402
 from rla_ablate.dashboard.verdict import Verdict, evaluate  # noqa: E402
 from rla_ablate.tracking.read import SweepRuns  # noqa: E402
+from rla_ablate.outcome import Status  # noqa: E402
+from rla_ablate.tracking.runs import STATUS  # noqa: E402
 
 COLORS = plt.get_cmap("tab10").colors
 MARKERS = "osD^v<>Pp*"
@@ -84,6 +86,7 @@ def _width(i: int, n: int) -> float:
     return 1.2 + 1.6 * (n - 1 - i) / max(n - 1, 1)
 
 
+DIVERGED = "diverged"
 FLAG_SUFFIX = {V.OFF: " [mechanism off]", V.IDENTICAL: " [identical to reference]"}
 
 
@@ -100,7 +103,10 @@ def _colors(spec, series: list[D.Series]) -> dict[tuple, tuple[tuple, int]]:
 
 def _flag(out: Rendered, index: V.ValidityIndex, s: D.Series, ref: D.Series | None = None,
           where: str = "") -> str:
-    """The comparison state of a series (against `ref`, else its own validity); notes it when not sound."""
+    """The comparison state of a series (against `ref`, else its own validity); notes it when not sound. A series
+    that diverged on every seed is `diverged`: it has no final diagnostics, and losing training is its result."""
+    if s.unique and all(r.tags.get(STATUS) == Status.DIVERGED for r in s.unique):
+        return DIVERGED
     if ref is not None:
         state, detail = V.comparison(index, s, ref)
     else:
@@ -536,7 +542,9 @@ def validity_rows(spec: ValiditySpec, runs: SweepRuns, out: Rendered, run_url, i
                     state, measured = V.NO_CHECK, ""
                 else:
                     state = V.NOT_MEASURED
-                    measured = f"run {r.status}" if not r.finished else f"seed {seed} has more than one run"
+                    # The job's own status (diverged, failed, ...) says more than MLflow's (failed for both).
+                    measured = (f"run {r.tags.get(STATUS) or r.status}" if not r.finished
+                                else f"seed {seed} has more than one run")
                 where = _where(spec, panel)
                 if state in V.MARK:
                     out.flagged.append((state, f"{where}{s.label}, seed {seed}", measured))

@@ -221,6 +221,8 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
             decided = _by_divergence(claim, t, ref, treated, reference)
             if decided is not None:
                 (verdict, reason), needed, no_power = decided, None, NO_POWER["divergence"]
+                # The diverged side has no final diagnostics, and needs none: losing training is the outcome.
+                state, detail = V.NO_CHECK, "decided by divergence (a diverged run has no final diagnostics)"
             else:
                 if note := _divergence_note(t, ref):
                     reason += f"; {note}"
