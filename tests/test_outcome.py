@@ -157,6 +157,8 @@ def _runner(tmp_path, num_gpus: float, retries: int = 2, estimate: float | None 
     runner.task_options = {"j1": {"num_cpus": 1, "num_gpus": num_gpus}}
     runner.tries = {"j1": 1}
     runner.more_memory = {}
+    runner.oom_reruns = {}
+    runner.gpu_bytes = None
     return runner, SimpleNamespace(job_id="j1", name="job")
 
 
@@ -166,16 +168,36 @@ def oom(had: float | None = None) -> JobOutcome:
     return out
 
 
-def test_oom_on_a_gpu_fraction_reruns_alone_on_a_gpu(tmp_path):
-    runner, job = _runner(tmp_path, num_gpus=0.25, retries=0)
-    assert runner._retry_with_more_memory(job, oom(35.2)) == {"num_gpus": 1.0}
-    assert runner._retry(job, oom(35.2)) is not None
-    assert runner.more_memory == {"j1": {"num_gpus": 1.0}}
-    # The rerun had the whole GPU: no more memory to give, reported instead.
-    runner.task_options["j1"] = {"num_cpus": 1, "num_gpus": 1.0}
+def test_oom_on_a_gpu_fraction_reruns_with_twice_the_share_then_alone_on_a_gpu(tmp_path):
+    from rla_ablate.sweep.calibration import allocator_cap
+    from rla_ablate.sweep.packing import Placement
+
+    gpu = 140 * 2**30
+    runner, job = _runner(tmp_path, num_gpus=0.02, retries=0)
+    runner.gpu_bytes = gpu
+    placement = Placement(0.02, allocator_cap(0.02, gpu), 1.5)
+    assert runner._allocator_cap(job, placement, runner.task_options["j1"]) == placement.cap
+    # A share a little short of the peak: twice the share, still packed, its allocator capped at the new share.
+    assert runner._retry(job, oom(1.9)) == "rerunning from its last checkpoint with more memory (num_gpus=0.04)"
+    assert runner.more_memory == {"j1": {"num_gpus": 0.04}}
+    runner.task_options["j1"] = {"num_cpus": 1, **runner.more_memory["j1"]}
+    assert runner._allocator_cap(job, placement, runner.task_options["j1"]) == allocator_cap(0.04, gpu)
+    # Past half a GPU, the whole GPU (no cap); with the whole GPU there is no more memory to give: reported.
     runner.tries["j1"] = 2
+    runner.task_options["j1"] = {"num_cpus": 1, "num_gpus": 0.3}
+    assert runner._retry_with_more_memory(job, oom(40.0)) == {"num_gpus": 1.0}
+    runner.task_options["j1"] = {"num_cpus": 1, "num_gpus": 1.0}
+    assert runner._allocator_cap(job, placement, runner.task_options["j1"]) is None
+    runner.tries["j1"] = 3
     assert runner._retry_with_more_memory(job, oom(140.0)) is None
     assert runner._retry(job, oom(140.0)) is None
+    # Out-of-memory reruns use up none of `resources.retries` (0 here): a flaky failure after them is not retried
+    # because retries is 0, not because of them; with retries 1 it is.
+    flaky = JobOutcome.from_exception(raised(RuntimeError("flaky")))
+    runner.oom_reruns["j1"] = 2
+    assert runner._retry(job, flaky) is None
+    runner.sweep.config.resources.retries = 1
+    assert runner._retry(job, flaky) == "retrying from its last checkpoint"
 
 
 def test_oom_on_a_whole_gpu_or_cpu_is_reported_with_the_estimate(tmp_path):

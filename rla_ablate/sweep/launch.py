@@ -5,7 +5,8 @@ share a device), at most `--max-concurrent` in flight, Ray deciding where and wh
 only submits, waits (`ray.wait`) and decides about retries by the failure's cause (rla_ablate.outcome): a
 failed attempt reruns from the job's last checkpoint (run_job resumes given the same out_dir) up to
 `resources.retries` times; a config or compile failure never reruns (it would fail the same way); an attempt
-out of GPU memory reruns once alone on a GPU when it shared one (`_Runner._retry_with_more_memory`); a
+out of GPU memory reruns with twice its share of a GPU, or alone on one past half a GPU, when it shared one
+(`_Runner._retry_with_more_memory`); a
 diverged job is a result and never reruns.
 
 Embedded default: a local Ray instance and the local MLflow server of `rla_ablate.tracking` (the single
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import shutil
 import signal
@@ -240,9 +242,11 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     from rla_ablate.sweep.packing import gpu_memory_bytes, place
 
     placements = None
+    gpu_bytes = None
     if opts.address is None:
         local = _local_resources()
-        placements = place(sweep, gpu_memory_bytes() if local["GPU"] > 0 else None)
+        gpu_bytes = gpu_memory_bytes() if local["GPU"] > 0 else None
+        placements = place(sweep, gpu_bytes)
         _check_resources(sweep, local, placements)
     # A sweep this launch creates is removed again if the launch fails before any job ran (a dead --address, a
     # tracking server that does not start): no sweep.yaml, jobs.json or pending jobs of a sweep that never ran.
@@ -280,7 +284,8 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
 
             import ray
 
-            placements = place(sweep, probe_cluster_gpu_memory(ray) if cluster.get("GPU", 0) > 0 else None)
+            gpu_bytes = probe_cluster_gpu_memory(ray) if cluster.get("GPU", 0) > 0 else None
+            placements = place(sweep, gpu_bytes)
             _check_resources(sweep, cluster, placements)
         _note_placements(progress, placements)
         t0 = time.monotonic()
@@ -295,7 +300,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
                                          "description": sweep.config.description[:5000]})
         sdir.write_meta(parent_run_id=parent)
         runner = _Runner(sweep, sdir, services, opts, progress, on_event)
-        runner.placements = placements
+        runner.placements, runner.gpu_bytes = placements, gpu_bytes
         runner.window = opts.max_concurrent or default_window(sweep, cluster, placements, source.ahead)
         runner.run(source)
         runner.summary.skipped = summary.skipped
@@ -459,9 +464,12 @@ class _Runner:
         self.tries: dict[str, int] = {}
         # Ray task options of each job's latest attempt: the out-of-memory retry decides from them.
         self.task_options: dict[str, dict[str, Any]] = {}
-        # Options that replace the sweep's for a job's next attempts (a rerun alone on a GPU after running out of
-        # memory); such a rerun fixes the resources, so it does not use up one of `resources.retries`.
+        # Options that replace the sweep's for a job's next attempts (a rerun with a larger share of a GPU, or a
+        # whole one, after running out of memory); such a rerun fixes the resources, so it does not use up one of
+        # `resources.retries` (`oom_reruns` counts them).
         self.more_memory: dict[str, dict[str, Any]] = {}
+        self.oom_reruns: dict[str, int] = {}
+        self.gpu_bytes: int | None = None
         self.stopping = False
         self.stop_reason = ""
         self._last_record = 0.0
@@ -596,8 +604,7 @@ class _Runner:
         options = {"num_cpus": 1 if multi else res.cpus, "num_gpus": 0 if multi else gpus,
                    "name": f"{self.sweep.name}:{job.name}", **self.more_memory.get(job.job_id, {})}
         self.task_options[job.job_id] = options
-        # a job rerun alone on a GPU after running out of memory has the whole device: no cap
-        cap = placement.cap if placement is not None and not multi and options["num_gpus"] < 1 else None
+        cap = self._allocator_cap(job, placement, options) if not multi else None
         ref = remote_for(options["num_gpus"]).options(**options).remote(job.job, str(self.sdir.job_dir(job.job_id)),
                                                    job.job_id, self.services.tracking_uri, run_id, self.monitor,
                                                    res.cpus, self.source.watch if self.source else None, cap)
@@ -776,9 +783,10 @@ class _Runner:
             if options is None:
                 return None
             self.more_memory[job.job_id] = options
+            self.oom_reruns[job.job_id] = self.oom_reruns.get(job.job_id, 0) + 1
             given = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in options.items())
             return f"rerunning from its last checkpoint with more memory ({given})"
-        used = self.tries.get(job.job_id, 1) - (1 if job.job_id in self.more_memory else 0)
+        used = self.tries.get(job.job_id, 1) - self.oom_reruns.get(job.job_id, 0)
         if used <= self.sweep.config.resources.retries:
             return "retrying from its last checkpoint"
         return None
@@ -786,12 +794,27 @@ class _Runner:
     def _retry_with_more_memory(self, job: ResolvedJob, outcome: JobOutcome) -> dict[str, Any] | None:
         """Ray task options that give a job out of GPU memory more of it, or None when this launch cannot.
 
-        A job that shared a GPU (a fraction below 1) reruns once alone on a whole GPU; one that already had a
-        whole GPU, or ran on CPU, cannot get more here and is reported instead (`_oom_report`)."""
+        A job that shared a GPU (a fraction below 1) reruns with twice its share, still packed with others, while
+        that is at most half a GPU, else alone on a whole GPU: an estimate a little under the peak costs one rerun
+        beside the others, not a wait for an empty GPU. One that already had a whole GPU, or ran on CPU, cannot get
+        more here and is reported instead (`_oom_report`)."""
         gpus = float(self.task_options.get(job.job_id, {}).get("num_gpus") or 0.0)
         if 0.0 < gpus < 1.0:
-            return {"num_gpus": 1.0}
+            twice = math.ceil(2 * gpus * 100 - 1e-9) / 100
+            return {"num_gpus": twice if twice <= 0.5 and self.gpu_bytes is not None else 1.0}
         return None
+
+    def _allocator_cap(self, job: ResolvedJob, placement: Any, options: dict[str, Any]) -> float | None:
+        """The fraction of the device the job's allocator is capped at: its placement's, or for a rerun with a
+        larger share that share's (calibration.allocator_cap); None on a whole GPU (the device is the cap)."""
+        gpus = float(options.get("num_gpus") or 0.0)
+        if placement is None or not 0.0 < gpus < 1.0:
+            return None
+        if job.job_id in self.more_memory and self.gpu_bytes is not None:
+            from rla_ablate.sweep.calibration import allocator_cap
+
+            return allocator_cap(gpus, self.gpu_bytes)
+        return placement.cap
 
     def _oom_report(self, job: ResolvedJob, outcome: JobOutcome) -> str:
         """"out of memory: estimated X GiB, had Y GiB" plus the exception's line."""
