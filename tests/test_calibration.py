@@ -166,3 +166,8 @@ def test_the_shipped_table_is_valid():
     assert {m.family for _, m in rows} == families
     # every family has a row measured alone, which GPU-hours come from
     assert {m.family for r, m in rows if r["tokens_per_s"]} == families
+    # Every measured shape is estimated at or above its peak: a width's largest coefficient wins, so the job that
+    # peaked highest of its shape fits its share (a packed job's cap is its share).
+    for r, m in rows:
+        shape = job("tiny-rla", mb=r["micro_batch_size"], seq=r["seq_len"]).model_copy(update={"model": m})
+        assert C.estimate_memory(shape).total >= r["peak_gib"] * C.GiB * (1 - 1e-9), r["preset"]
