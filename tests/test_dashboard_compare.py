@@ -350,6 +350,12 @@ def test_verdict_rules_on_known_effects(server, tmp_path):
     assert got["fitting clears chance"].verdict == "confirmed"
     # The numbers are the paired statistics, and the seed count is the power analysis of the observed spread.
     by = {(j.ablations[0] if j.ablations else "none", j.seed): loss(j) for j in sweep.jobs}
+    # With a chance level, the seeds on which each side left chance are named when they differ.
+    learned = {a: {str(s) for s in seeds if abs(by[(a, s)] - 3.0) >= 0.01} for a in ("no_fitting", "none")}
+    assert learned["no_fitting"] != learned["none"]          # the reference's noise leaves it at chance on some seeds
+    assert "learned the task (at least 0.01 from chance) on seeds 0, 1, 2, 3, 4, 5 of the treatment and seed" \
+        in got["fitting clears chance"].reason, got["fitting clears chance"].reason
+    assert "learned the task" not in got["fitting helps"].reason               # no chance level: nothing to say
     for claim, abl in (("fitting helps", "no_fitting"), ("tying γ hurts", "tied_gamma")):
         expected = paired_diff({s: by[(abl, s)] for s in seeds}, {s: by[("none", s)] for s in seeds})
         v = got[claim]

@@ -127,6 +127,29 @@ def _not_learned(claim: Claim, treated: dict, reference: dict) -> str:
     return ""
 
 
+def _learned_note(claim: Claim, treated: dict, reference: dict) -> str:
+    """With a chance level: the paired seeds on which each side learned the task (ended at least `min_effect`
+    from chance), when the two sides differ. A difference between a run that learned and one that did not measures
+    whether the task was learned, not how well: e.g. MQAR, where recall emerges suddenly or not at all within a
+    budget, seed by seed ('' when every paired seed learned on both sides or on neither)."""
+    if claim.chance is None:
+        return ""
+    paired = [s for s in treated if s in reference]
+
+    def learned(finals: dict) -> set[str]:
+        return {s for s in paired if abs(finals[s] - claim.chance) >= claim.min_effect}
+
+    lt, lr = learned(treated), learned(reference)
+    if lt == lr:
+        return ""
+
+    def seeds(x: set[str]) -> str:
+        return f"seed{'s' if len(x) != 1 else ''} {_seeds_text(x)}" if x else "no seed"
+
+    return (f"learned the task (at least {claim.min_effect:g} from chance) on {seeds(lt)} of the treatment and "
+            f"{seeds(lr)} of the reference: the difference mixes whether the task was learned with how well")
+
+
 def _diverged(series: D.Series) -> set[str]:
     """Seeds whose run in `series` diverged."""
     return {series.seed(r) for r in series.unique if r.tags.get(STATUS) == Status.DIVERGED}
@@ -227,6 +250,8 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
                 if note := _divergence_note(t, ref):
                     reason += f"; {note}"
                 if note := _seeds_note(t, ref, treated, reference):
+                    reason += f"; {note}"
+                if not floor and (note := _learned_note(claim, treated, reference)):
                     reason += f"; {note}"
             out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], key, d, verdict, reason, needed,
                                state, detail, no_power))
