@@ -34,7 +34,7 @@ SWEEP = {
 }
 
 
-def test_launched_clip_sweep_gives_one_series_per_clip_value(tmp_path, capsys):
+def test_launched_clip_sweep_gives_one_series_per_clip_value(tmp_path, capsys, monkeypatch):
     path = tmp_path / "clip.yaml"
     path.write_text(yaml.safe_dump(SWEEP, sort_keys=False))
     root = tmp_path / "runs"
@@ -55,6 +55,16 @@ def test_launched_clip_sweep_gives_one_series_per_clip_value(tmp_path, capsys):
         assert len({r["series"] for r in members}) == 1, clip
         assert all(r["arm"] == "tiny-rla" and r["eval/val/loss"] for r in members)
     assert len({r["series"] for r in rows}) == 3
+    # Without --tracking-uri, `results` reads a finished sweep's SQLite store itself: no MLflow server starts.
+    from rla_ablate.tracking import TrackingServer
+
+    def no_server(self, wait=True):
+        raise AssertionError("results started an MLflow server to read a store nobody serves")
+
+    with monkeypatch.context() as m:
+        m.setattr(TrackingServer, "start", no_server)
+        assert main(["results", "clip-e2e", "--root", str(root), "--csv"]) == 0
+    assert list(csv.DictReader(io.StringIO(capsys.readouterr().out))) == rows
     # The question's table: one row per clip value, two seeds each (not "RLA (n=2)" for one of them). The paper's
     # specs compare ablations this sweep does not run: none is drawn, each claim is one line of what it needs.
     from rla_ablate.dashboard.build import build_dashboard

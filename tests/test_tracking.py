@@ -250,6 +250,8 @@ def test_server_reuse_and_stale_cleanup(tmp_path):
         with TrackingServer(main_root) as reused:
             assert reused.uri == main_uri and not reused.owned
         assert is_healthy(main_uri)
+        # A reader finds the live server without starting or adopting one; a folder nobody serves has none.
+        assert TrackingServer(main_root).serving() == main_uri and TrackingServer(tmp_path / "none").serving() is None
         pids = {root: json.loads((root / "server.json").read_text())["pid"] for root in (main_root, thread_root)}
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     name = resolve_name(args.name)
     if args.tracking_uri is None:
         open_sweep_dir(args.root, name)
-    ctx = contextlib.nullcontext(args.tracking_uri) if args.tracking_uri else open_tracking(args.root, name)
+    ctx = contextlib.nullcontext(args.tracking_uri) if args.tracking_uri else open_tracking(args.root, name, read_only=True)
     with ctx as uri:
         runs, selection = read_runs(name, args.root, uri, include_stale=args.include_stale)
     columns, rows = result_rows(runs.jobs)

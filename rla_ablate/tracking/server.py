@@ -246,6 +246,14 @@ class TrackingServer:
         except (OSError, ValueError):
             return None
 
+    def serving(self) -> str | None:
+        """The URI of a healthy server that a live process runs on this directory, else None (changes nothing)."""
+        rec = self.read_record()
+        pid = rec.get("pid") if rec else None
+        if rec and _alive(pid) and "mlflow" in _cmdline(pid) and is_healthy(rec.get("uri", "")):
+            return str(rec["uri"])
+        return None
+
     def _adopt_or_clean(self) -> bool:
         """Reuse a live server for this directory (True) or stop a stale one (False)."""
         rec = self.read_record()
