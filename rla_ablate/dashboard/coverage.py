@@ -71,11 +71,15 @@ class Untested:
     drawn: bool
     """Whether the spec is drawn anyway (other series of it are in the sweep)."""
 
-    def line(self) -> str:
+    def text(self) -> str:
+        """The claim and the runs it needs: 'claim: needs runs with ..., compared with ... (sweep file: ...)'."""
         what = f"{self.claim}" if self.claim else "(no claims; not drawn)"
         against = f", compared with {self.against}" if self.against else ""
         hint = f" (sweep file: {self.hint})" if self.hint else ""
-        return f"{self.spec}: {what}: needs runs with {self.needs}{against}{hint}"
+        return f"{what}: needs runs with {self.needs}{against}{hint}"
+
+    def line(self) -> str:
+        return f"{self.spec}: {self.text()}"
 
     def as_dict(self) -> dict:
         return {"spec": self.spec, "claim": self.claim, "verdict": NOT_TESTED, "needs": self.needs,

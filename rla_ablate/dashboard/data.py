@@ -18,7 +18,6 @@ from functools import cached_property
 from rla_ablate.dashboard.selection import OLDER, VERSION, config_params
 from rla_ablate.sweep.identity import ARM, CONTROL, POINT_PREFIX, PRESET, SERIES
 from rla_ablate.tracking.read import RunRecord, SweepRuns
-from rla_ablate.tracking.runs import STATUS
 
 FAMILY_NAMES = {"rla": "RLA", "rdn": "RDN", "sgla": "sGLA", "gdn": "GDN", "transformer": "Transformer"}
 ABLATION_NAMES = {"none": "", "tied_gamma": "tied γ", "no_fitting": "no fitting", "no_output_gates": "no output gates",
@@ -145,8 +144,7 @@ class Series:
                                    for s, rs in sorted(dup.items())))
         counts: dict[str, int] = {}
         for r in self.unique:
-            status = r.status if r.finished else r.tags.get(STATUS) or r.status
-            counts[status] = counts.get(status, 0) + 1
+            counts[r.job_status] = counts.get(r.job_status, 0) + 1
         done = counts.pop("finished", 0)
         if counts:
             rest = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

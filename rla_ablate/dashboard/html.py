@@ -75,13 +75,10 @@ def _verdict_table(verdicts, with_spec: bool = False) -> str:
 def _untested_list(untested: Sequence[Untested], with_spec: bool = False) -> str:
     items = []
     for u in untested:
-        what = escape(u.claim) if u.claim else "(no claims; not drawn)"
+        where = ""
         if with_spec:
-            where = f'<a href="#{escape(u.spec)}">{escape(u.spec)}</a>' if u.drawn else escape(u.spec)
-            what = f"{where}: {what}"
-        hint = f" (sweep file: {escape(u.hint)})" if u.hint else ""
-        against = f", compared with {escape(u.against)}" if u.against else ""
-        items.append(f"<li>{what}: needs runs with {escape(u.needs)}{against}{hint}</li>")
+            where = (f'<a href="#{escape(u.spec)}">{escape(u.spec)}</a>' if u.drawn else escape(u.spec)) + ": "
+        items.append(f"<li>{where}{escape(u.text())}</li>")
     return '<ul class="untested">' + "".join(items) + "</ul>"
 
 

@@ -30,7 +30,6 @@ from rla_ablate.dashboard.stats import mean_ci, paired_diff  # noqa: E402
 from rla_ablate.dashboard.verdict import Verdict, evaluate  # noqa: E402
 from rla_ablate.tracking.read import SweepRuns  # noqa: E402
 from rla_ablate.outcome import Status  # noqa: E402
-from rla_ablate.tracking.runs import STATUS  # noqa: E402
 
 COLORS = plt.get_cmap("tab10").colors
 MARKERS = "osD^v<>Pp*"
@@ -105,7 +104,7 @@ def _flag(out: Rendered, index: V.ValidityIndex, s: D.Series, ref: D.Series | No
           where: str = "") -> str:
     """The comparison state of a series (against `ref`, else its own validity); notes it when not sound. A series
     that diverged on every seed is `diverged`: it has no final diagnostics, and losing training is its result."""
-    if s.unique and all(r.tags.get(STATUS) == Status.DIVERGED for r in s.unique):
+    if s.unique and all(r.job_status == Status.DIVERGED for r in s.unique):
         return DIVERGED
     if ref is not None:
         state, detail = V.comparison(index, s, ref)
@@ -542,9 +541,7 @@ def validity_rows(spec: ValiditySpec, runs: SweepRuns, out: Rendered, run_url, i
                     state, measured = V.NO_CHECK, ""
                 else:
                     state = V.NOT_MEASURED
-                    # The job's own status (diverged, failed, ...) says more than MLflow's (failed for both).
-                    measured = (f"run {r.tags.get(STATUS) or r.status}" if not r.finished
-                                else f"seed {seed} has more than one run")
+                    measured = f"run {r.job_status}" if not r.finished else f"seed {seed} has more than one run"
                 where = _where(spec, panel)
                 if state in V.MARK:
                     out.flagged.append((state, f"{where}{s.label}, seed {seed}", measured))

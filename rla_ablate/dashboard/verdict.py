@@ -39,7 +39,6 @@ from rla_ablate.dashboard.spec import Claim
 from rla_ablate.dashboard.stats import (ALPHA, CONFIRMED, CONTRADICTED, MAX_SEEDS, POWER, UNRESOLVED, PairedDiff,
                                         classify, paired_diff, seeds_for_power)
 from rla_ablate.outcome import Status
-from rla_ablate.tracking.runs import STATUS
 
 
 @dataclass
@@ -142,21 +141,23 @@ def _learned_note(claim: Claim, treated: dict, reference: dict) -> str:
     lt, lr = learned(treated), learned(reference)
     if lt == lr:
         return ""
-
-    def seeds(x: set[str]) -> str:
-        return f"seed{'s' if len(x) != 1 else ''} {_seeds_text(x)}" if x else "no seed"
-
-    return (f"learned the task (at least {claim.min_effect:g} from chance) on {seeds(lt)} of the treatment and "
-            f"{seeds(lr)} of the reference: the difference mixes whether the task was learned with how well")
+    return (f"learned the task (at least {claim.min_effect:g} from chance) on {_seeds_phrase(lt)} of the treatment "
+            f"and {_seeds_phrase(lr)} of the reference: the difference mixes whether the task was learned with how "
+            "well")
 
 
 def _diverged(series: D.Series) -> set[str]:
     """Seeds whose run in `series` diverged."""
-    return {series.seed(r) for r in series.unique if r.tags.get(STATUS) == Status.DIVERGED}
+    return {series.seed(r) for r in series.unique if r.job_status == Status.DIVERGED}
 
 
 def _seeds_text(seeds: set[str]) -> str:
     return ", ".join(sorted(seeds, key=D._num_key))
+
+
+def _seeds_phrase(seeds: set[str]) -> str:
+    """'seed 2', 'seeds 0, 1' or 'no seed'."""
+    return f"seed{'s' if len(seeds) != 1 else ''} {_seeds_text(seeds)}" if seeds else "no seed"
 
 
 def _by_divergence(claim: Claim, t: D.Series, ref: D.Series, treated: dict, reference: dict) -> tuple[str, str] | None:
@@ -189,7 +190,7 @@ def _seeds_note(t: D.Series, ref: D.Series, treated: dict, reference: dict) -> s
         return ""                    # every seed paired (or enough to pair): nothing to say about missing ones
 
     def have(series: D.Series, finals: dict) -> str:
-        text = f"seed{'s' if len(finals) != 1 else ''} {_seeds_text(set(finals))}" if finals else "no seed"
+        text = _seeds_phrase(set(finals))
         missing = set(series.seeds) - set(finals)
         return text + (f" (not {_seeds_text(missing)})" if missing else "")
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from mlflow.tracking import MlflowClient
 
-from rla_ablate.tracking.runs import JOB_ID, ROLE, SWEEP, ablations_tag, experiment_name, param_value
+from rla_ablate.tracking.runs import JOB_ID, ROLE, STATUS, SWEEP, ablations_tag, experiment_name, param_value
 
 # MLflow status -> what a dashboard says about a run that is not finished.
 STATE = {"FINISHED": "finished", "RUNNING": "running", "SCHEDULED": "queued", "FAILED": "failed",
@@ -35,6 +35,12 @@ class RunRecord:
     @property
     def finished(self) -> bool:
         return self.status == "finished"
+
+    @property
+    def job_status(self) -> str:
+        """The job's own status for a run that did not finish (the launch's tag: diverged, failed, ...): MLflow
+        ends a diverged run as failed."""
+        return self.status if self.finished else self.tags.get(STATUS) or self.status
 
 
 class SweepRuns:
