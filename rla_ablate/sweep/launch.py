@@ -604,7 +604,7 @@ class _Runner:
         options = {"num_cpus": 1 if multi else res.cpus, "num_gpus": 0 if multi else gpus,
                    "name": f"{self.sweep.name}:{job.name}", **self.more_memory.get(job.job_id, {})}
         self.task_options[job.job_id] = options
-        cap = self._allocator_cap(job, placement, options) if not multi else None
+        cap = self._allocator_cap(placement, options) if not multi else None
         ref = remote_for(options["num_gpus"]).options(**options).remote(job.job, str(self.sdir.job_dir(job.job_id)),
                                                    job.job_id, self.services.tracking_uri, run_id, self.monitor,
                                                    res.cpus, self.source.watch if self.source else None, cap)
@@ -804,17 +804,16 @@ class _Runner:
             return {"num_gpus": twice if twice <= 0.5 and self.gpu_bytes is not None else 1.0}
         return None
 
-    def _allocator_cap(self, job: ResolvedJob, placement: Any, options: dict[str, Any]) -> float | None:
-        """The fraction of the device the job's allocator is capped at: its placement's, or for a rerun with a
-        larger share that share's (calibration.allocator_cap); None on a whole GPU (the device is the cap)."""
+    def _allocator_cap(self, placement: Any, options: dict[str, Any]) -> float | None:
+        """The fraction of the device a placed job's allocator is capped at: that of the share it asks Ray for
+        (`calibration.allocator_cap`, as `packing.place` computes it), so a rerun with a larger share gets the
+        larger cap; None on a whole GPU (the device is the cap) or where the GPU's size is unknown."""
         gpus = float(options.get("num_gpus") or 0.0)
-        if placement is None or not 0.0 < gpus < 1.0:
+        if placement is None or self.gpu_bytes is None or not 0.0 < gpus < 1.0:
             return None
-        if job.job_id in self.more_memory and self.gpu_bytes is not None:
-            from rla_ablate.sweep.calibration import allocator_cap
+        from rla_ablate.sweep.calibration import allocator_cap
 
-            return allocator_cap(gpus, self.gpu_bytes)
-        return placement.cap
+        return allocator_cap(gpus, self.gpu_bytes)
 
     def _oom_report(self, job: ResolvedJob, outcome: JobOutcome) -> str:
         """"out of memory: estimated X GiB, had Y GiB" plus the exception's line."""
