@@ -68,8 +68,9 @@ if [[ $what == train || $what == all ]]; then
 fi
 if [[ $what == train-profile ]]; then
     # every scale in one run (the proxies at the study's shapes: launch-bound steps), and where each family's
-    # training step spends its time (GPU kernels by kind, GPU idle); rows join the calibration table
-    python3 benchmarks/train_gpu.py --scale proxy-mqar proxy-lm 100m 1.5b --steps 6 --warmup 2 --profile 3 --calibrate \
+    # training step spends its time (GPU kernels by kind, GPU idle, the 25 costliest ops with their shapes); rows
+    # join the calibration table
+    python3 benchmarks/train_gpu.py --scale proxy-mqar proxy-lm 100m 1.5b --steps 6 --warmup 2 --profile 3 --top-ops 25 --calibrate \
         --json "$OUT/train-profile.json" \
         2>&1 | tee "$OUT/train-profile.log" || rc=1
 fi

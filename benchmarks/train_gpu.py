@@ -2,7 +2,7 @@
 
     python benchmarks/train_gpu.py [--scale 1.5b [100m ...]] [--families rla rdn sgla gdn transformer]
                                    [--batch B] [--seq-len T] [--steps 10] [--warmup 3] [--backend auto]
-                                   [--profile [STEPS]] [--json out.json] [--calibrate [TABLE]]
+                                   [--profile [STEPS] [--top-ops N]] [--json out.json] [--calibrate [TABLE]]
 
 Each family builds the preset `<scale>-<family>` (models/), trains --warmup untimed then --steps timed AdamW steps
 on random tokens (fp32 master weights, bf16 autocast and one host read per step, as the training job does on
@@ -12,7 +12,8 @@ that ran. A family that runs out of memory is reported as such. `--device cpu --
 Several scales run in one invocation, each at its batch shape (SHAPES; --batch / --seq-len override them all).
 `--profile` then runs a few more steps under torch.profiler and splits a step's time: the wall time, the GPU's
 busy time by kind of kernel (ours, FLA's, GEMMs, attention, PyTorch's elementwise and reductions, copies, the
-optimizer) and the time the GPU waited for the host (launch overhead, syncs) — on the CPU, the ops' self time.
+optimizer) and the time the GPU waited for the host (launch overhead, syncs) — on the CPU, the ops' self time;
+`--top-ops N` adds the N costliest PyTorch ops of each family with their input shapes.
 `--calibrate` merges each measured row (model config, batch shape, tokens/s, peak memory, warm-up) into the
 calibration table that `rla-sweep plan` and `resources.gpus: auto` read (rla_ablate/sweep/calibration/h200.json).
 """
@@ -83,14 +84,18 @@ def kind_of(name: str, ours: set[str]) -> str:
     return next((kind for kind, pattern in KINDS if pattern.search(name)), "other")
 
 
-def profile_steps(step, steps: int, device: torch.device) -> dict:
-    """ms per step: wall, GPU busy (CUDA) or ops' self time (CPU) by kind, and on CUDA the GPU's idle time."""
+def profile_steps(step, steps: int, device: torch.device, top: int = 0) -> dict:
+    """ms per step: wall, GPU busy (CUDA) or ops' self time (CPU) by kind, and on CUDA the GPU's idle time.
+
+    top > 0: also the `top` costliest PyTorch ops with their input shapes (`top_ops`), each with the GPU time of
+    the kernels it launched itself (CUDA) or its self time (CPU): which tensor of which layer the time goes to.
+    """
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=top > 0) as prof:
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
@@ -110,7 +115,24 @@ def profile_steps(step, steps: int, device: torch.device) -> dict:
     out = {"wall_ms": wall, "busy_ms": busy, "kinds_ms": dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))}
     if cuda:
         out["gpu_idle_ms"] = max(wall - busy, 0.0)
+    if top > 0:
+        out["top_ops"] = top_ops(prof, steps, cuda, top)
     return out
+
+
+def top_ops(prof, steps: int, cuda: bool, top: int) -> list[dict]:
+    """The `top` PyTorch ops (aten::, grouped by input shapes) by the time of what they ran themselves, per step."""
+    from torch.autograd import DeviceType
+
+    rows = []
+    for avg in prof.key_averages(group_by_input_shape=True):
+        if avg.device_type != DeviceType.CPU or not avg.key.startswith("aten::"):
+            continue
+        us = avg.self_device_time_total if cuda else avg.self_cpu_time_total
+        if us > 0:
+            rows.append({"op": avg.key, "shapes": str(avg.input_shapes), "ms": us / 1e3 / steps,
+                         "calls": avg.count / steps})
+    return sorted(rows, key=lambda r: -r["ms"])[:top]
 
 
 def measure(family: str, scale: str, args, device: torch.device) -> dict:
@@ -161,7 +183,7 @@ def measure(family: str, scale: str, args, device: torch.device) -> dict:
                backend=model.backend_used, kernel=model.kernel_used, warmup_s=warmup_s,
                peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
     if args.profile:
-        row["profile"] = profile_steps(step, args.profile, device)
+        row["profile"] = profile_steps(step, args.profile, device, args.top_ops)
     return row
 
 
@@ -179,6 +201,8 @@ def main():
     parser.add_argument("--json", default=None)
     parser.add_argument("--profile", type=int, nargs="?", const=3, default=0, metavar="STEPS",
                         help="profile this many more steps per family (default 3) and split the step's time")
+    parser.add_argument("--top-ops", type=int, default=0, metavar="N",
+                        help="with --profile: list the N costliest PyTorch ops per family with their input shapes")
     parser.add_argument("--calibrate", nargs="?", const=str(CALIBRATION), default=None, metavar="TABLE",
                         help="merge the rows into this calibration table (default: the package's H200 table)")
     args = parser.parse_args()
@@ -239,6 +263,8 @@ def print_profile(rows: list[dict], device: torch.device) -> None:
         parts = [f"{kind} {ms:.1f} ({ms / wall:.0%})" for kind, ms in prof["kinds_ms"].items() if ms >= 0.05]
         idle = f", idle {prof['gpu_idle_ms']:.1f} ({prof['gpu_idle_ms'] / wall:.0%})" if "gpu_idle_ms" in prof else ""
         print(f"{r['preset']:>18}: step {wall:.1f}{idle}: " + ", ".join(parts))
+        for op in prof.get("top_ops", []):
+            print(f"{'':>20}{op['ms']:7.2f} ms {op['calls']:5.0f}x {op['op']} {op['shapes']}")
 
 
 def calibrate(path: str, rows: list[dict], args, where: str) -> None:

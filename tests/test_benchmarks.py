@@ -16,7 +16,7 @@ def test_train_gpu_runs_tiny_presets_on_the_cpu(tmp_path):
     out = tmp_path / "train.json"
     proc = subprocess.run(
         [sys.executable, "benchmarks/train_gpu.py", "--device", "cpu", "--scale", "tiny", "--families", "rla", "sgla",
-         "--batch", "2", "--seq-len", "64", "--steps", "1", "--warmup", "1", "--profile", "1", "--json", str(out)],
+         "--batch", "2", "--seq-len", "64", "--steps", "1", "--warmup", "1", "--profile", "1", "--top-ops", "3", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["family"]: r for r in json.loads(out.read_text())["results"]}
@@ -32,6 +32,12 @@ def test_train_gpu_runs_tiny_presets_on_the_cpu(tmp_path):
         assert prof["wall_ms"] > 0 and prof["kinds_ms"]["GEMM"] > 0
         assert sum(prof["kinds_ms"].values()) == pytest.approx(prof["busy_ms"], rel=1e-12)
     assert "tiny-rla: step" in proc.stdout and "GEMM" in proc.stdout.split("tiny-rla: step")[-1]
+    # --top-ops: the costliest ops with their input shapes, costliest first, in the JSON and under each profile line
+    for r in rows.values():
+        top = r["profile"]["top_ops"]
+        assert len(top) == 3 and [t["ms"] for t in top] == sorted((t["ms"] for t in top), reverse=True)
+        assert all(t["op"].startswith("aten::") and t["shapes"].startswith("[") and t["calls"] > 0 for t in top)
+    assert f"x {rows['rla']['profile']['top_ops'][0]['op']} [" in proc.stdout
 
 
 def test_kernel_kinds():
