@@ -2,7 +2,8 @@
 
     python benchmarks/train_gpu.py [--scale 1.5b [100m ...]] [--families rla rdn sgla gdn transformer]
                                    [--batch B] [--seq-len T] [--steps 10] [--warmup 3] [--backend auto]
-                                   [--profile [STEPS] [--top-ops N]] [--json out.json] [--calibrate [TABLE]]
+                                   [--glue auto [torch]] [--profile [STEPS] [--top-ops N]] [--json out.json]
+                                   [--calibrate [TABLE]]
 
 Each family builds the preset `<scale>-<family>` (models/), trains --warmup untimed then --steps timed AdamW steps
 on random tokens (fp32 master weights, bf16 autocast and one host read per step, as the training job does on
@@ -13,7 +14,8 @@ Several scales run in one invocation, each at its batch shape (SHAPES; --batch /
 `--profile` then runs a few more steps under torch.profiler and splits a step's time: the wall time, the GPU's
 busy time by kind of kernel (ours, FLA's, GEMMs, attention, PyTorch's elementwise and reductions, copies, the
 optimizer) and the time the GPU waited for the host (launch overhead, syncs) — on the CPU, the ops' self time;
-`--top-ops N` adds the N costliest PyTorch ops of each family with their input shapes.
+`--top-ops N` adds the N costliest PyTorch ops of each family with their input shapes. `--glue auto torch` runs
+each linear family twice, with FLA's fused glue around the op and with the plain-torch glue, and gives the ratio.
 `--calibrate` merges each measured row (model config, batch shape, tokens/s, peak memory, warm-up) into the
 calibration table that `rla-sweep plan` and `resources.gpus: auto` read (rla_ablate/sweep/calibration/h200.json).
 """
@@ -135,7 +137,7 @@ def top_ops(prof, steps: int, cuda: bool, top: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["ms"])[:top]
 
 
-def measure(family: str, scale: str, args, device: torch.device) -> dict:
+def measure(family: str, scale: str, args, device: torch.device, glue: str = "auto") -> dict:
     batch, seq_len = args.batch or SHAPES[scale][0], args.seq_len or SHAPES[scale][1]
     cfg = load_preset(f"{scale}-{family}")
     if family != "transformer" and args.backend != "auto":
@@ -144,6 +146,9 @@ def measure(family: str, scale: str, args, device: torch.device) -> dict:
     t_build = time.perf_counter()
     with device:  # initialise on the device: a 1.5B model built on the CPU first takes longer than its timed steps
         model = build_model(cfg)
+    for layer in model.layers:
+        if hasattr(layer.attn, "glue"):
+            layer.attn.glue = glue
     say(f"{family}: built {count_params(cfg) / 1e6:.0f}M parameters in {time.perf_counter() - t_build:.1f} s")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=device.type == "cuda")
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
@@ -177,7 +182,7 @@ def measure(family: str, scale: str, args, device: torch.device) -> dict:
     seconds = time.perf_counter() - t0
     tok_s = batch * seq_len * args.steps / seconds
     peak = device_peak(device)
-    row = dict(family=family, scale=scale, preset=f"{scale}-{family}", model=cfg.model_dump(mode="json"),
+    row = dict(family=family, scale=scale, preset=f"{scale}-{family}", glue=glue, model=cfg.model_dump(mode="json"),
                batch=batch, seq_len=seq_len, params=count_params(cfg), tokens_per_s=tok_s,
                mfu=flops_per_token(cfg, seq_len) * tok_s / peak if peak else None, loss=loss,
                backend=model.backend_used, kernel=model.kernel_used, warmup_s=warmup_s,
@@ -201,6 +206,9 @@ def main():
     parser.add_argument("--json", default=None)
     parser.add_argument("--profile", type=int, nargs="?", const=3, default=0, metavar="STEPS",
                         help="profile this many more steps per family (default 3) and split the step's time")
+    parser.add_argument("--glue", nargs="+", default=["auto"], choices=["auto", "torch"],
+                        help="the linear layers' glue: auto (FLA's fused kernels on GPU backends) and/or torch (the "
+                             "plain-torch reference); both: each family twice, side by side")
     parser.add_argument("--top-ops", type=int, default=0, metavar="N",
                         help="with --profile: list the N costliest PyTorch ops per family with their input shapes")
     parser.add_argument("--calibrate", nargs="?", const=str(CALIBRATION), default=None, metavar="TABLE",
@@ -212,15 +220,16 @@ def main():
     device = torch.device(args.device)
     rows = []
     for scale in args.scale:
-        for family in args.families:
+        for family, glue in [(f, g) for f in args.families for g in (args.glue if f != "transformer" else ["auto"])]:
             try:
-                rows.append(measure(family, scale, args, device))
+                rows.append(measure(family, scale, args, device, glue))
             except torch.OutOfMemoryError:
-                rows.append(dict(family=family, scale=scale, preset=f"{scale}-{family}", error="out of memory"))
+                rows.append(dict(family=family, scale=scale, preset=f"{scale}-{family}", glue=glue,
+                                 error="out of memory"))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             print(json.dumps(rows[-1]), flush=True)
-            if args.calibrate:
+            if args.calibrate and glue == "auto":
                 # row by row: a run stopped at a time limit keeps what it measured
                 calibrate(args.calibrate, rows[-1:], args, torch.cuda.get_device_name(device))
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -235,19 +244,23 @@ def main():
 
 def print_table(rows: list[dict], where: str, args) -> None:
     base = {"rla": "sgla", "rdn": "gdn"}
-    by_family = {r["family"]: r for r in rows}
+    by_family = {(r["family"], r.get("glue", "auto")): r for r in rows}
     shape = next((f"batch {r['batch']} x {r['seq_len']} tokens" for r in rows if "batch" in r), "")
     print(f"\n{where} | {shape} | {args.steps} timed steps")
-    print(f"{'preset':>18} {'params':>8} {'tokens/s':>10} {'MFU':>6} {'vs base':>8} {'backend':>8}")
+    print(f"{'preset':>18} {'glue':>5} {'params':>8} {'tokens/s':>10} {'MFU':>6} {'vs base':>8} {'vs torch glue':>13} "
+          f"{'backend':>8}")
     for r in rows:
+        glue = r.get("glue", "auto")
         if "error" in r:
-            print(f"{r['preset']:>18} {r['error']}")
+            print(f"{r['preset']:>18} {glue:>5} {r['error']}")
             continue
-        b = by_family.get(base.get(r["family"], ""), {})
+        b = by_family.get((base.get(r["family"], ""), glue), {})
         ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if "tokens_per_s" in b else ""
+        t = by_family.get((r["family"], "torch"), {}) if glue != "torch" else {}
+        vs_torch = f"{r['tokens_per_s'] / t['tokens_per_s']:.2f}x" if "tokens_per_s" in t else ""
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-        print(f"{r['preset']:>18} {r['params'] / 1e6:7.0f}M {r['tokens_per_s']:10.0f} {mfu:>6} {ratio:>8} "
-              f"{str(r['backend']):>8}")
+        print(f"{r['preset']:>18} {glue:>5} {r['params'] / 1e6:7.0f}M {r['tokens_per_s']:10.0f} {mfu:>6} {ratio:>8} "
+              f"{vs_torch:>13} {str(r['backend']):>8}")
 
 
 def print_profile(rows: list[dict], device: torch.device) -> None:
@@ -262,7 +275,8 @@ def print_profile(rows: list[dict], device: torch.device) -> None:
         wall = prof["wall_ms"]
         parts = [f"{kind} {ms:.1f} ({ms / wall:.0%})" for kind, ms in prof["kinds_ms"].items() if ms >= 0.05]
         idle = f", idle {prof['gpu_idle_ms']:.1f} ({prof['gpu_idle_ms'] / wall:.0%})" if "gpu_idle_ms" in prof else ""
-        print(f"{r['preset']:>18}: step {wall:.1f}{idle}: " + ", ".join(parts))
+        label = r["preset"] + (" (torch glue)" if r.get("glue") == "torch" else "")
+        print(f"{label:>18}: step {wall:.1f}{idle}: " + ", ".join(parts))
         for op in prof.get("top_ops", []):
             print(f"{'':>20}{op['ms']:7.2f} ms {op['calls']:5.0f}x {op['op']} {op['shapes']}")
 

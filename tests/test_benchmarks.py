@@ -16,16 +16,20 @@ def test_train_gpu_runs_tiny_presets_on_the_cpu(tmp_path):
     out = tmp_path / "train.json"
     proc = subprocess.run(
         [sys.executable, "benchmarks/train_gpu.py", "--device", "cpu", "--scale", "tiny", "--families", "rla", "sgla",
-         "--batch", "2", "--seq-len", "64", "--steps", "1", "--warmup", "1", "--profile", "1", "--top-ops", "3", "--json", str(out)],
+         "--batch", "2", "--seq-len", "64", "--steps", "1", "--warmup", "1", "--profile", "1", "--top-ops", "3", "--glue", "auto", "torch",
+         "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {r["family"]: r for r in json.loads(out.read_text())["results"]}
-    assert set(rows) == {"rla", "sgla"}
+    results = json.loads(out.read_text())["results"]
+    # --glue auto torch: each linear family with either glue, side by side
+    assert sorted((r["family"], r["glue"]) for r in results) == [
+        ("rla", "auto"), ("rla", "torch"), ("sgla", "auto"), ("sgla", "torch")]
+    rows = {r["family"]: r for r in results if r["glue"] == "auto"}
     for r in rows.values():
         assert r["tokens_per_s"] > 0 and r["backend"] == "chunk" and r["warmup_s"] >= 0
     assert "rla: warm-up step 1/1" in proc.stderr  # progress for the minutes a fresh GPU node spends compiling
-    table_row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("tiny-rla "))
-    assert "x " in table_row  # the ratio column
+    table_row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("tiny-rla  auto"))
+    assert table_row.count("x ") == 2  # the ratio columns: vs base, vs torch glue
     # --profile: a step's time split by kind of op, the GEMMs among them
     for r in rows.values():
         prof = r["profile"]

@@ -405,3 +405,64 @@ def test_short_convolution_is_causal_streams_and_hands_on_rows():
     rest, _ = conv(x[:, 5:], c)
     torch.testing.assert_close(torch.cat([first, rest], dim=1), y)
     torch.testing.assert_close(cache, x[:, -3:])
+
+
+def _glue_with_flas_semantics():
+    """FLA's three glue functions as their docstrings and kernels define them, written in torch: the wiring test
+    below runs the fused-glue branch of the layer on the CPU with these in place of the Triton kernels."""
+    from rla_ablate.models.layers import FusedGlue
+
+    def conv(x, weight, activation=None):
+        D, W = weight.shape
+        y = F.conv1d(F.pad(x.transpose(1, 2), (W - 1, 0)), weight[:, None], groups=D).transpose(1, 2)
+        return (F.silu(y) if activation == "silu" else y), None
+
+    def l2norm(x, eps=1e-6):
+        return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + eps)
+
+    def norm_gate(x, g, weight, bias, activation="swish", eps=1e-5):
+        assert bias is None and activation == "swish"
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight * F.silu(g)
+
+    return FusedGlue(conv=conv, l2norm=l2norm, norm_gate=norm_gate)
+
+
+@pytest.mark.parametrize("variant", ["rla", "rdn", "sgla-learned-beta", "rdn-tanh-nogates-nonorm-ev", "gdn-noconv"])
+def test_fused_glue_branch_is_the_torch_glue(variant, monkeypatch):
+    """The layer hands FLA's glue the right tensors, weights and eps: with functions of FLA's semantics in their
+    place, outputs and every parameter's gradient equal the plain-torch glue's (float64). Decoding and packed
+    sequences keep the torch conv; the fused branch is taken only where the op runs on a GPU backend."""
+    import rla_ablate.models.layers as layers
+
+    torch.manual_seed(0)
+    ref = build_model(make(variant)).double().train()
+    fused = build_model(make(variant)).double().train()
+    fused.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, 50, (2, 11), generator=torch.Generator().manual_seed(5))
+    ref(ids).square().sum().backward()
+    assert all(layer.attn.glue == "auto" for layer in fused.layers)
+
+    calls = []
+    glue = _glue_with_flas_semantics()
+    counted = layers.FusedGlue(**{name: (lambda f, name=name: lambda *a, **k: calls.append(name) or f(*a, **k))(
+        getattr(glue, name)) for name in ("conv", "l2norm", "norm_gate")})
+    monkeypatch.setattr(layers, "fused_glue", lambda: counted)
+    monkeypatch.setattr(layers, "GPU_BACKENDS", ("chunk",))
+    fused(ids).square().sum().backward()
+    cfg = make(variant)
+    expected = {"norm_gate"} | ({"conv"} if cfg.use_short_conv else set()) | (
+        {"l2norm"} if cfg.qk_norm == "l2" else set())
+    assert set(calls) == expected, calls
+    with torch.no_grad():
+        assert_close(f"{variant} logits", ref(ids), fused(ids), ratio=1e-12)
+    for (name, a), (_, b) in zip(ref.named_parameters(), fused.named_parameters()):
+        assert b.grad is not None, name
+        assert_close(f"{variant} d{name}", a.grad, b.grad, ratio=1e-11)
+
+    # glue "torch" never takes the fused branch
+    calls.clear()
+    for layer in fused.layers:
+        layer.attn.glue = "torch"
+    with torch.no_grad():
+        fused(ids)
+    assert calls == []

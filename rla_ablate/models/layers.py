@@ -11,6 +11,12 @@ conv + SiLU, q/k norm, output RMSNorm * SiLU gate, o_proj. Only the gates differ
 
 so an ablation differs from its reference only where the paper says it does.
 
+Where the op runs on a GPU backend (`triton`, `fla`) and FLA is installed, the glue around it runs on FLA's fused
+kernels, as FLA's own layers do: the short conv with its SiLU (`causal_conv1d`), the q/k L2 norm (`l2norm`) and the
+output RMSNorm times the SiLU gate (`rms_norm_gated`), one kernel each way instead of a chain of PyTorch elementwise
+ops, casts and layout copies (docs/RESULTS.md, "Where a 100M training step's time goes"). Same equations, fp32
+inside; the plain-torch glue stays the reference and runs everywhere else (`ResidualAttention.glue`).
+
 Both mixers take and return a per-layer decoding state, so the same forward serves training (state None),
 prefill and one-token steps; its outputs are those of the parallel forward (tests/test_models.py).
 
@@ -22,8 +28,11 @@ from a zero state, softmax attention attends within it, with positions counted f
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -128,8 +137,39 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return (x32 * torch.rsqrt((x32 * x32).sum(-1, keepdim=True) + L2_EPS)).to(x.dtype)
 
 
+@dataclass(frozen=True)
+class FusedGlue:
+    """FLA's fused kernels for the glue around the op (fla.modules), each with its own backward."""
+
+    conv: Callable[..., Any]        # causal_conv1d(x [B, T, D], weight [D, W], activation="silu") -> (y, final state)
+    l2norm: Callable[..., Any]      # l2norm(x, eps) -> x / sqrt(sum x^2 + eps) over the last dim, fp32 inside
+    norm_gate: Callable[..., Any]   # rms_norm_gated(x, g, weight, bias, activation="swish", eps=) -> RMSNorm(x) * SiLU(g)
+
+
+@functools.cache
+def fused_glue() -> FusedGlue | None:
+    """FLA's glue kernels, or None where FLA is not installed (imported once)."""
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d
+        from fla.modules.norm.fused_norm_gate import rms_norm_gated
+        from fla.modules.norm.l2norm import l2norm
+    except ImportError:
+        return None
+    return FusedGlue(conv=causal_conv1d, l2norm=l2norm, norm_gate=rms_norm_gated)
+
+
+# The op backends that run on the GPU: the layers around them take FLA's fused glue.
+GPU_BACKENDS = ("triton", "fla")
+
+
 class ResidualAttention(nn.Module):
-    """The linear mixer of every linear family; `cfg.family` picks the gates and the residual path."""
+    """The linear mixer of every linear family; `cfg.family` picks the gates and the residual path.
+
+    `glue`: "auto" runs the short conv, the q/k norm and the output norm and gate on FLA's fused kernels where the
+    op's backend is a GPU one and FLA is installed, "torch" always in plain torch (the reference; tests compare).
+    """
+
+    glue = "auto"
 
     def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         super().__init__()
@@ -230,8 +270,14 @@ class ResidualAttention(nn.Module):
         if cu_seqlens is not None and state is not None:
             raise ValueError("packed sequences (cu_seqlens) run without a decoding state")
         q, k, v = self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD)
+        self.backend_used = select_backend(q.view(B, T, H, K), cfg.backend, self.rule)
+        glue = fused_glue() if self.glue == "auto" and self.backend_used in GPU_BACKENDS else None
         conv_state = None
-        if cfg.use_short_conv:
+        if cfg.use_short_conv and glue is not None and state is None and cu_seqlens is None:
+            # Training and evaluation forwards (no conv cache in or out): one fused kernel per conv and direction.
+            q, k, v = (glue.conv(t, conv.weight[:, 0], activation="silu")[0]
+                       for t, conv in ((q, self.q_conv1d), (k, self.k_conv1d), (v, self.v_conv1d)))
+        elif cfg.use_short_conv:
             cq, ck, cv = state.conv if state is not None and state.conv is not None else (None, None, None)
             q, cq = self.q_conv1d(q, cq, cu_seqlens)
             k, ck = self.k_conv1d(k, ck, cu_seqlens)
@@ -242,7 +288,10 @@ class ResidualAttention(nn.Module):
             q, k, v = F.silu(q), F.silu(k), F.silu(v)
         q_BTHK, k_BTHK, v_BTHV = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, V)
         if cfg.qk_norm == "l2":
-            q_BTHK, k_BTHK = _l2norm(q_BTHK), _l2norm(k_BTHK)
+            if glue is not None:
+                q_BTHK, k_BTHK = glue.l2norm(q_BTHK, L2_EPS), glue.l2norm(k_BTHK, L2_EPS)
+            else:
+                q_BTHK, k_BTHK = _l2norm(q_BTHK), _l2norm(k_BTHK)
 
         # Gates in at least float32, as FLA computes them, whatever the activation dtype.
         acc = torch.promote_types(x_BTD.dtype, torch.float32)
@@ -262,7 +311,6 @@ class ResidualAttention(nn.Module):
             gamma_BTH = torch.sigmoid(self.c_proj(x_BTD).to(acc))
 
         initial = (state.S, state.R) if state is not None and state.S is not None else None
-        self.backend_used = select_backend(q_BTHK, cfg.backend, self.rule)
         self.kernel_used = kernel_tag(self.backend_used, q_BTHK, v_BTHV, self.spec, cu_seqlens)
         clip = self._clip_radius(k_BTHK, v_BTHV, g_BTH, beta_BTH, initial[0] if initial is not None else None,
                                  cu_seqlens)
@@ -282,7 +330,11 @@ class ResidualAttention(nn.Module):
             )
 
         gate_BTHV = self.g_proj(x_BTD).view(B, T, H, V)
-        y = self.o_norm(o_BTHV.to(x_BTD.dtype)) * F.silu(gate_BTHV)
+        if glue is not None:
+            y = glue.norm_gate(o_BTHV, gate_BTHV, self.o_norm.weight, None,
+                               activation="swish", eps=self.o_norm.eps)
+        else:
+            y = self.o_norm(o_BTHV.to(x_BTD.dtype)) * F.silu(gate_BTHV)
         y_BTD = self.o_proj(y.reshape(B, T, H * V))
         new_state = None
         if state is not None:
