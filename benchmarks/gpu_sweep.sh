@@ -13,7 +13,10 @@
 # RLA_MPS=1 with start/resume runs the jobs under CUDA MPS (a control daemon started here, if the node has one):
 # kernels of the jobs packed on one GPU then run side by side instead of taking turns, which small jobs need.
 # A node is given back after ~30 s without a command, and its /tmp with it: `follow` brings the results back in
-# the same command that sees the launch end, so no call is needed after the last one.
+# the same command that sees the launch end, so no call is needed after the last one. A `wait` or `follow` that
+# runs out of time with the launch still running leaves a snapshot in $OUT (sweep.tgz, tracking.tgz: the sweep
+# folder first, then a consistent copy of the SQLite store), so a node lost before the next call costs only the
+# jobs that were running: `restore` the snapshot on a fresh node and `resume`.
 # Before the launch, the autotune results already on this node ($TRITON_CACHE_DIR, e.g. from gpu_check.sh) join
 # the shipped seeds (benchmarks/gpu-tuning), which the launch copies into the sweep's Triton cache.
 set -uo pipefail
@@ -25,6 +28,29 @@ CACHE=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 mkdir -p "$ROOT" "$OUT"
 export PYTHONUNBUFFERED=1
 repo=$PWD
+
+pack() {
+    # The sweep folder without checkpoints, then its tracking store without artifacts; the SQLite files through
+    # sqlite3's backup API, which copies a consistent state while a server may be writing. In this order a job
+    # the folder calls finished has its MLflow run complete in the copy.
+    tar -czf "$OUT/sweep.tgz" -C "$ROOT" --exclude='checkpoints' --exclude='triton-cache' --exclude='*.db' \
+        --exclude='mlflow' "$arg" $(cd "$ROOT" && ls *.log 2>/dev/null)
+    local tmp
+    tmp=$(mktemp -d)
+    mkdir -p "$tmp/$arg/mlflow"
+    (cd "$ROOT/$arg/mlflow" && find . -maxdepth 1 -type f ! -name '*.db' -exec cp {} "$tmp/$arg/mlflow/" \;)
+    for db in "$ROOT/$arg"/mlflow/*.db; do
+        [[ -f $db ]] || continue
+        python3 -c 'import sqlite3, sys
+src, dst = sqlite3.connect(sys.argv[1]), sqlite3.connect(sys.argv[2])
+src.backup(dst)
+dst.close()
+src.close()' "$db" "$tmp/$arg/mlflow/$(basename "$db")" || return 1
+    done
+    tar -czf "$OUT/tracking.tgz" -C "$tmp" "$arg/mlflow"
+    rm -rf "$tmp"
+}
+
 case $what in
 start|resume)
     if [[ -d $CACHE ]]; then
@@ -66,7 +92,10 @@ wait|follow)
         echo "[$(date +%T)] gpu ${gpu:-?} | ${line##*:}"
         sleep 30
     done
-    (( ended )) || echo "[$(date +%T)] still running after ${limit}s"
+    if (( ! ended )); then
+        echo "[$(date +%T)] still running after ${limit}s; snapshot for a lost node: $OUT/sweep.tgz, $OUT/tracking.tgz"
+        pack
+    fi
     if [[ $what == follow && $ended == 1 ]]; then
         shift $(( $# < 3 ? $# : 3 ))
         exec bash "$0" report "$arg" "$@"
@@ -86,10 +115,9 @@ report)
     python3 -m rla_ablate.cli status "$arg" --root "$ROOT" --json >"$OUT/status.json"
     python3 benchmarks/sweep_report.py "$arg" --root "$ROOT" --json "$OUT/report.json" | tee "$OUT/report.txt"
     python3 -m rla_ablate.cli dashboard "$arg" --root "$ROOT" "$@" 2>&1 | tail -n 20
-    tar -czf "$OUT/sweep.tgz" -C "$ROOT" --exclude='checkpoints' --exclude='triton-cache' --exclude='*.db' \
-        --exclude='mlflow' "$arg" $(cd "$ROOT" && ls *.log 2>/dev/null)
-    # The tracking store, so the dashboards can be rendered again elsewhere (`--root` at the unpacked folder).
-    tar -czf "$OUT/tracking.tgz" -C "$ROOT" --exclude='artifacts' "$arg/mlflow"
+    # The sweep and its tracking store, so the dashboards can be rendered again elsewhere (`--root` at the unpacked
+    # folder) and a sweep that did not finish goes on there (`restore`, then `resume`).
+    pack
     # The autotune results the sweep's jobs found (seeds for the next node: benchmarks/gpu-tuning/triton-cache).
     (cd "$ROOT/$arg/triton-cache" 2>/dev/null && find . -name '*.autotune.json' -print0 |
         tar -czf "$OUT/autotune.tgz" --null -T -)
