@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from rla_ablate.models import ABLATIONS, ModelConfig, build_model
+from glue_checks import counting, glue_with_flas_semantics
 from rla_ablate.ops.testing import assert_close
 
 # A large init std makes every path carry signal (at 0.006 the logits barely depend on the mixers).
@@ -407,26 +408,6 @@ def test_short_convolution_is_causal_streams_and_hands_on_rows():
     torch.testing.assert_close(cache, x[:, -3:])
 
 
-def _glue_with_flas_semantics():
-    """FLA's three glue functions as their docstrings and kernels define them, written in torch: the wiring test
-    below runs the fused-glue branch of the layer on the CPU with these in place of the Triton kernels."""
-    from rla_ablate.models.layers import FusedGlue
-
-    def conv(x, weight, activation=None):
-        D, W = weight.shape
-        y = F.conv1d(F.pad(x.transpose(1, 2), (W - 1, 0)), weight[:, None], groups=D).transpose(1, 2)
-        return (F.silu(y) if activation == "silu" else y), None
-
-    def l2norm(x, eps=1e-6):
-        return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + eps)
-
-    def norm_gate(x, g, weight, bias, activation="swish", eps=1e-5):
-        assert bias is None and activation == "swish"
-        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight * F.silu(g)
-
-    return FusedGlue(conv=conv, l2norm=l2norm, norm_gate=norm_gate)
-
-
 @pytest.mark.parametrize("variant", ["rla", "rdn", "sgla-learned-beta", "rdn-tanh-nogates-nonorm-ev", "gdn-noconv"])
 def test_fused_glue_branch_is_the_torch_glue(variant, monkeypatch):
     """The layer hands FLA's glue the right tensors, weights and eps: with functions of FLA's semantics in their
@@ -442,10 +423,8 @@ def test_fused_glue_branch_is_the_torch_glue(variant, monkeypatch):
     ref(ids).square().sum().backward()
     assert all(layer.attn.glue == "auto" for layer in fused.layers)
 
-    calls = []
-    glue = _glue_with_flas_semantics()
-    counted = layers.FusedGlue(**{name: (lambda f, name=name: lambda *a, **k: calls.append(name) or f(*a, **k))(
-        getattr(glue, name)) for name in ("conv", "l2norm", "norm_gate")})
+    calls: list[str] = []
+    counted = counting(glue_with_flas_semantics(), calls)
     monkeypatch.setattr(layers, "fused_glue", lambda: counted)
     monkeypatch.setattr(layers, "GPU_BACKENDS", ("chunk",))
     fused(ids).square().sum().backward()

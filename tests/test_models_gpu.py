@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from glue_checks import counting
 from rla_ablate.models import ModelConfig, build_model
 from rla_ablate.ops.testing import assert_close, rel_rms_error
 
@@ -113,15 +114,8 @@ def test_fused_glue_trains_as_exactly_as_the_torch_glue(family, packed, monkeypa
     real = layers.fused_glue()
     assert real is not None, "FLA is installed wherever the GPU tests run"
     calls: list[str] = []
-
-    def counting(name):
-        def call(*args, **kwargs):
-            calls.append(name)
-            return getattr(real, name)(*args, **kwargs)
-        return call
-
-    monkeypatch.setattr(layers, "fused_glue", lambda: layers.FusedGlue(
-        conv=counting("conv"), l2norm=counting("l2norm"), norm_gate=counting("norm_gate")))
+    counted = counting(real, calls)
+    monkeypatch.setattr(layers, "fused_glue", lambda: counted)
     torch.manual_seed(0)
     ref = build_model(make(family)).double().train()
     ids = torch.randint(0, 64, (2, 200), generator=torch.Generator().manual_seed(7))
