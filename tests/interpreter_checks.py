@@ -80,3 +80,11 @@ class Comparer:
             assert_close(f"{case} {name}", ref[name], got[name], ratio=self.ratio, atol=self.atol)
             self.worst = max(self.worst, rel_rms_error(ref[name], got[name]))
         print(f"ok {case}", flush=True)
+
+
+def first_config_autotune() -> None:
+    """Let FLA's autotuned kernels run under the interpreter: it has no device to time configurations on, so each
+    kernel takes its first configuration (every configuration computes the same result)."""
+    import triton.runtime.autotuner as autotuner
+
+    autotuner.Autotuner._bench = lambda self, *args, config=None, **kwargs: [1.0, 1.0, 1.0]
