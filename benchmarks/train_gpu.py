@@ -15,7 +15,8 @@ Several scales run in one invocation, each at its batch shape (SHAPES; --batch /
 busy time by kind of kernel (ours, FLA's, GEMMs, attention, PyTorch's elementwise and reductions, copies, the
 optimizer) and the time the GPU waited for the host (launch overhead, syncs) — on the CPU, the ops' self time;
 `--top-ops N` adds the N costliest PyTorch ops of each family with their input shapes. `--glue auto torch` runs
-each linear family twice, with FLA's fused glue around the op and with the plain-torch glue, and gives the ratio.
+each family twice, with FLA's fused glue (in the blocks, and around the op of the linear mixers:
+rla_ablate/models/fusion.py) and with the plain-torch glue, and gives the ratio.
 `--calibrate` merges each measured row (model config, batch shape, tokens/s, peak memory, warm-up) into the
 calibration table that `rla-sweep plan` and `resources.gpus: auto` read (rla_ablate/sweep/calibration/h200.json).
 """
@@ -146,9 +147,7 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
     t_build = time.perf_counter()
     with device:  # initialise on the device: a 1.5B model built on the CPU first takes longer than its timed steps
         model = build_model(cfg)
-    for layer in model.layers:
-        if hasattr(layer.attn, "glue"):
-            layer.attn.glue = glue
+    model.set_glue(glue)
     say(f"{family}: built {count_params(cfg) / 1e6:.0f}M parameters in {time.perf_counter() - t_build:.1f} s")
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=device.type == "cuda")
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
@@ -207,7 +206,7 @@ def main():
     parser.add_argument("--profile", type=int, nargs="?", const=3, default=0, metavar="STEPS",
                         help="profile this many more steps per family (default 3) and split the step's time")
     parser.add_argument("--glue", nargs="+", default=["auto"], choices=["auto", "torch"],
-                        help="the linear layers' glue: auto (FLA's fused kernels on GPU backends) and/or torch (the "
+                        help="the models' glue: auto (FLA's fused kernels on the GPU) and/or torch (the "
                              "plain-torch reference); both: each family twice, side by side")
     parser.add_argument("--top-ops", type=int, default=0, metavar="N",
                         help="with --profile: list the N costliest PyTorch ops per family with their input shapes")
@@ -220,7 +219,7 @@ def main():
     device = torch.device(args.device)
     rows = []
     for scale in args.scale:
-        for family, glue in [(f, g) for f in args.families for g in (args.glue if f != "transformer" else ["auto"])]:
+        for family, glue in [(f, g) for f in args.families for g in args.glue]:
             try:
                 rows.append(measure(family, scale, args, device, glue))
             except torch.OutOfMemoryError:

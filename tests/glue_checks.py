@@ -1,4 +1,4 @@
-"""FLA's fused glue in the linear layers' tests: the three functions with FLA's semantics written in torch (the CPU
+"""FLA's fused glue in the models' tests: the three functions with FLA's semantics written in torch (the CPU
 wiring test runs the fused branch with them), and a wrapper that records which of a glue's functions ran (the CPU
 and the GPU test alike)."""
 
@@ -9,13 +9,14 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from rla_ablate.models.layers import FusedGlue
+from rla_ablate.models.fusion import FusedGlue
 
-NAMES = ("conv", "l2norm", "norm_gate")
+NAMES = ("conv", "l2norm", "norm_gate", "rms_norm", "swiglu")
 
 
 def glue_with_flas_semantics() -> FusedGlue:
-    """FLA's `causal_conv1d`, `l2norm` and `rms_norm_gated` as their docstrings and kernels define them."""
+    """FLA's `causal_conv1d`, `l2norm`, `rms_norm_gated`, `rms_norm` and `swiglu` as their docstrings and kernels
+    define them."""
 
     def conv(x, weight, activation=None):
         D, W = weight.shape
@@ -29,7 +30,16 @@ def glue_with_flas_semantics() -> FusedGlue:
         assert bias is None and activation == "swish"
         return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight * F.silu(g)
 
-    return FusedGlue(conv=conv, l2norm=l2norm, norm_gate=norm_gate)
+    def rms_norm(x, weight, bias, residual=None, eps=1e-5, prenorm=False):
+        assert bias is None
+        stream = x if residual is None else x + residual
+        y = stream * torch.rsqrt(stream.square().mean(-1, keepdim=True) + eps) * weight
+        return (y, stream) if prenorm else y
+
+    def swiglu(x, y):
+        return F.silu(x) * y
+
+    return FusedGlue(conv=conv, l2norm=l2norm, norm_gate=norm_gate, rms_norm=rms_norm, swiglu=swiglu)
 
 
 def counting(glue: FusedGlue, calls: list[str]) -> FusedGlue:
@@ -60,3 +70,12 @@ def assert_no_worse(fused: dict[str, float], torch_glue: dict[str, float], label
     median_fused, median_torch = (statistics.median(e.values()) for e in (fused, torch_glue))
     assert median_fused <= factor * median_torch + floor, \
         f"{label}: median error fused glue {median_fused:.3e}, torch glue {median_torch:.3e}"
+
+
+def expected_calls(cfg, packed: bool = False) -> set[str]:
+    """The glue functions a training forward of a model of `cfg` runs where the fused glue applies."""
+    names = {"rms_norm", "swiglu"}
+    if cfg.family != "transformer":
+        names |= {"norm_gate"} | ({"l2norm"} if cfg.qk_norm == "l2" else set())
+        names |= {"conv"} if cfg.use_short_conv and not packed else set()
+    return names

@@ -1,9 +1,10 @@
-"""FLA's own glue kernels in the linear layers, on CPU through Triton's interpreter (TRITON_INTERPRET=1).
+"""FLA's own glue kernels in the models, on CPU through Triton's interpreter (TRITON_INTERPRET=1).
 
-test_models.py checks the layer's wiring with torch functions of FLA's semantics in place of the kernels; this file
-runs FLA's real `causal_conv1d`, `l2norm` and `rms_norm_gated` (forward and backward kernels) inside the model, so a
-misread of their arguments, layouts or dtypes fails here, before a GPU is involved. The op itself runs on `chunk`
-(FLA's glue is taken where the op's backend is listed in `GPU_BACKENDS`).
+test_models.py checks the wiring with torch functions of FLA's semantics in place of the kernels; this file runs
+FLA's real kernels (`causal_conv1d`, `l2norm`, `rms_norm_gated` in the mixers, `rms_norm` with the residual add and
+`swiglu` in the blocks; forward and backward) inside the model, so a misread of their arguments, layouts or dtypes
+fails here, before a GPU is involved. The op itself runs on `chunk`: `fusion.GPU_BACKENDS` and `fusion.DEVICES`
+are pointed at it and at the CPU.
 
 Each variant, logits and every parameter's gradient against the float64 model with the plain-torch glue:
 - float32: each tensor no further from float64 than the plain-torch glue's own float32 step (relative RMS error at
@@ -22,7 +23,7 @@ import pytest
 pytest.importorskip("triton")
 pytest.importorskip("fla")
 
-VARIANTS = ("rla", "rdn", "sgla-learned-beta", "rdn-tanh-nogates-nonorm-ev", "gdn-noconv")
+VARIANTS = ("rla", "rdn", "sgla-learned-beta", "rdn-tanh-nogates-nonorm-ev", "gdn-noconv", "transformer")
 # (factor, floor, per tensor) of the fused glue's allowed relative RMS error from float64, against the torch glue's in one dtype
 TOLERANCES = {"fp32": (2.0, 2e-5, True), "bf16": (1.5, 2e-3, False)}
 
@@ -33,22 +34,21 @@ def check_all() -> None:
     first_config_autotune()
     import torch
 
-    import rla_ablate.models.layers as layers
-    from glue_checks import assert_no_worse, counting
+    import rla_ablate.models.fusion as fusion
+    from glue_checks import assert_no_worse, counting, expected_calls
     from rla_ablate.models import build_model
     from rla_ablate.ops.testing import rel_rms_error
     from test_models import make
 
-    real = layers.fused_glue()
+    real = fusion.fused_glue()
     assert real is not None
     calls: list[str] = []
-    layers.fused_glue = lambda: counting(real, calls)
-    layers.GPU_BACKENDS = ("chunk",)
+    fusion.fused_glue = lambda: counting(real, calls)
+    fusion.GPU_BACKENDS, fusion.DEVICES = ("chunk",), ("cpu",)
     ids = torch.randint(0, 50, (2, 19), generator=torch.Generator().manual_seed(5))
 
     def step(model, glue, dtype, autocast=False):
-        for layer in model.layers:
-            layer.attn.glue = glue
+        model.set_glue(glue)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             logits = model(ids)
@@ -66,9 +66,7 @@ def check_all() -> None:
         for dtype in TOLERANCES:
             calls.clear()
             got = {glue: step(model, glue, torch.float32, autocast=dtype == "bf16") for glue in ("auto", "torch")}
-            expected = {"norm_gate"} | ({"conv"} if cfg.use_short_conv else set()) | (
-                {"l2norm"} if cfg.qk_norm == "l2" else set())
-            assert set(calls) == expected, (variant, calls)
+            assert set(calls) == expected_calls(cfg), (variant, calls)
             assert all(torch.isfinite(t).all() for t in got["auto"].values()), (variant, dtype)
             errors = {glue: {name: rel_rms_error(ref[name], got[glue][name]) for name in ref} for glue in got}
             assert_no_worse(errors["auto"], errors["torch"], f"{variant} {dtype}", *TOLERANCES[dtype])

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from rla_ablate.models import ABLATIONS, ModelConfig, build_model
-from glue_checks import counting, glue_with_flas_semantics
+from glue_checks import counting, expected_calls, glue_with_flas_semantics
 from rla_ablate.ops.testing import assert_close
 
 # A large init std makes every path carry signal (at 0.006 the logits barely depend on the mixers).
@@ -408,12 +408,14 @@ def test_short_convolution_is_causal_streams_and_hands_on_rows():
     torch.testing.assert_close(cache, x[:, -3:])
 
 
-@pytest.mark.parametrize("variant", ["rla", "rdn", "sgla-learned-beta", "rdn-tanh-nogates-nonorm-ev", "gdn-noconv"])
+@pytest.mark.parametrize("variant", ["rla", "rdn", "sgla-learned-beta", "rdn-tanh-nogates-nonorm-ev", "gdn-noconv",
+                                     "transformer"])
 def test_fused_glue_branch_is_the_torch_glue(variant, monkeypatch):
-    """The layer hands FLA's glue the right tensors, weights and eps: with functions of FLA's semantics in their
+    """The model hands FLA's glue the right tensors, weights and eps: with functions of FLA's semantics in their
     place, outputs and every parameter's gradient equal the plain-torch glue's (float64). Decoding and packed
-    sequences keep the torch conv; the fused branch is taken only where the op runs on a GPU backend."""
-    import rla_ablate.models.layers as layers
+    sequences keep the torch conv; mixers take the fused branch only where the op runs on a GPU backend, blocks
+    only on the devices of `fusion.DEVICES`."""
+    import rla_ablate.models.fusion as fusion
 
     torch.manual_seed(0)
     ref = build_model(make(variant)).double().train()
@@ -421,27 +423,30 @@ def test_fused_glue_branch_is_the_torch_glue(variant, monkeypatch):
     fused.load_state_dict(ref.state_dict())
     ids = torch.randint(0, 50, (2, 11), generator=torch.Generator().manual_seed(5))
     ref(ids).square().sum().backward()
-    assert all(layer.attn.glue == "auto" for layer in fused.layers)
+    assert fused.glue == "auto"
 
     calls: list[str] = []
     counted = counting(glue_with_flas_semantics(), calls)
-    monkeypatch.setattr(layers, "fused_glue", lambda: counted)
-    monkeypatch.setattr(layers, "GPU_BACKENDS", ("chunk",))
+    monkeypatch.setattr(fusion, "fused_glue", lambda: counted)
+    monkeypatch.setattr(fusion, "GPU_BACKENDS", ("chunk",))
+    with torch.no_grad():
+        fused(ids)
+    assert set(calls) == expected_calls(make(variant)) - {"rms_norm", "swiglu"}, "blocks take it only on CUDA"
+    calls.clear()
+    monkeypatch.setattr(fusion, "DEVICES", ("cpu",))
     fused(ids).square().sum().backward()
-    cfg = make(variant)
-    expected = {"norm_gate"} | ({"conv"} if cfg.use_short_conv else set()) | (
-        {"l2norm"} if cfg.qk_norm == "l2" else set())
-    assert set(calls) == expected, calls
+    assert set(calls) == expected_calls(make(variant)), calls
     with torch.no_grad():
         assert_close(f"{variant} logits", ref(ids), fused(ids), ratio=1e-12)
     for (name, a), (_, b) in zip(ref.named_parameters(), fused.named_parameters()):
         assert b.grad is not None, name
         assert_close(f"{variant} d{name}", a.grad, b.grad, ratio=1e-11)
 
-    # glue "torch" never takes the fused branch
+    # glue "torch" never takes the fused branch; a mode that is not one is refused
     calls.clear()
-    for layer in fused.layers:
-        layer.attn.glue = "torch"
+    fused.set_glue("torch")
     with torch.no_grad():
         fused(ids)
-    assert calls == []
+    assert calls == [] and fused.glue == "torch"
+    with pytest.raises(ValueError, match="glue must be one of"):
+        fused.set_glue("fused")

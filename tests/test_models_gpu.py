@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glue_checks import assert_no_worse, counting
+from glue_checks import assert_no_worse, counting, expected_calls
 from rla_ablate.models import ModelConfig, build_model
 from rla_ablate.ops.testing import assert_close, rel_rms_error
 
@@ -103,19 +103,20 @@ def test_a_training_step_after_the_hand_over_never_waits_for_the_gpu(preset):
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
-@pytest.mark.parametrize("family", ["sgla", "gdn", "rla", "rdn"])
+@pytest.mark.parametrize("family", ["sgla", "gdn", "rla", "rdn", "transformer"])
 def test_fused_glue_trains_as_exactly_as_the_torch_glue(family, packed, monkeypatch):
-    """FLA's fused glue (short conv, q/k L2 norm, output norm and gate) in a bf16-autocast training step: logits and
+    """FLA's fused glue (rla_ablate/models/fusion.py: the blocks' residual add + RMSNorm and SwiGLU, the mixers' short
+    conv, q/k L2 norm, output norm and gate) in a bf16-autocast training step: logits and
     every parameter's gradient against the float64 CPU model, no further from it than the plain-torch glue on the
     same GPU (median relative RMS error over the tensors at most 1.5x the torch glue's plus 2e-3: glue_checks.py),
     logits within 5e-2. Packed sequences keep the torch conv and take the fused norms."""
-    import rla_ablate.models.layers as layers
+    import rla_ablate.models.fusion as fusion
 
-    real = layers.fused_glue()
+    real = fusion.fused_glue()
     assert real is not None, "FLA is installed wherever the GPU tests run"
     calls: list[str] = []
     counted = counting(real, calls)
-    monkeypatch.setattr(layers, "fused_glue", lambda: counted)
+    monkeypatch.setattr(fusion, "fused_glue", lambda: counted)
     torch.manual_seed(0)
     ref = build_model(make(family)).double().train()
     ids = torch.randint(0, 64, (2, 200), generator=torch.Generator().manual_seed(7))
@@ -127,16 +128,15 @@ def test_fused_glue_trains_as_exactly_as_the_torch_glue(family, packed, monkeypa
     for glue in ("auto", "torch"):
         model = build_model(make(family)).cuda().train()
         model.load_state_dict(ref.state_dict())
-        for layer in model.layers:
-            layer.attn.glue = glue
+        model.set_glue(glue)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(ids.cuda(), cu_seqlens=None if cu is None else cu.cuda())
         logits.float().square().mean().backward()
-        assert model.backend_used in layers.GPU_BACKENDS
+        assert family == "transformer" or model.backend_used in fusion.GPU_BACKENDS
         errors[glue] = {"logits": rel_rms_error(ref_logits, logits.detach().double().cpu())}
         for (name, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
             assert b.grad is not None and torch.isfinite(b.grad).all(), name
             errors[glue][name] = rel_rms_error(a.grad, b.grad.double().cpu())
     assert errors["auto"]["logits"] <= 5e-2, errors["auto"]["logits"]
-    assert set(calls) == ({"l2norm", "norm_gate"} if packed else {"conv", "l2norm", "norm_gate"}), calls
+    assert set(calls) == expected_calls(make(family), packed), calls
     assert_no_worse(errors["auto"], errors["torch"], family, factor=1.5, floor=2e-3, per_tensor=False)

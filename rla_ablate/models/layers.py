@@ -12,10 +12,9 @@ conv + SiLU, q/k norm, output RMSNorm * SiLU gate, o_proj. Only the gates differ
 so an ablation differs from its reference only where the paper says it does.
 
 Where the op runs on a GPU backend (`triton`, `fla`) and FLA is installed, the glue around it runs on FLA's fused
-kernels, as FLA's own layers do: the short conv with its SiLU (`causal_conv1d`), the q/k L2 norm (`l2norm`) and the
-output RMSNorm times the SiLU gate (`rms_norm_gated`), one kernel each way instead of a chain of PyTorch elementwise
-ops, casts and layout copies (docs/RESULTS.md, "Where a 100M training step's time goes"). Same equations, fp32
-inside; the plain-torch glue stays the reference and runs everywhere else (`ResidualAttention.glue`).
+kernels, as FLA's own layers do (`rla_ablate.models.fusion`): the short conv with its SiLU, the q/k L2 norm and the
+output RMSNorm times the SiLU gate. The plain-torch glue stays the reference and runs everywhere else
+(`ResidualAttention.glue`).
 
 Both mixers take and return a per-layer decoding state, so the same forward serves training (state None),
 prefill and one-token steps; its outputs are those of the parallel forward (tests/test_models.py).
@@ -28,17 +27,15 @@ from a zero state, softmax attention attends within it, with positions counted f
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from rla_ablate.models.config import ModelConfig
+from rla_ablate.models import fusion
 from rla_ablate.models.diagnostics import mixer_diagnostics
 from rla_ablate.ops import ResidualSpec, kernel_tag, residual_attention, select_backend
 from rla_ablate.ops.chunk import chunk_base_reads
@@ -135,31 +132,6 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     """
     x32 = x.to(torch.promote_types(x.dtype, torch.float32))
     return (x32 * torch.rsqrt((x32 * x32).sum(-1, keepdim=True) + L2_EPS)).to(x.dtype)
-
-
-@dataclass(frozen=True)
-class FusedGlue:
-    """FLA's fused kernels for the glue around the op (fla.modules), each with its own backward."""
-
-    conv: Callable[..., Any]        # causal_conv1d(x [B, T, D], weight [D, W], activation="silu") -> (y, final state)
-    l2norm: Callable[..., Any]      # l2norm(x, eps) -> x / sqrt(sum x^2 + eps) over the last dim, fp32 inside
-    norm_gate: Callable[..., Any]   # rms_norm_gated(x, g, weight, bias, activation="swish", eps=) -> RMSNorm(x) * SiLU(g)
-
-
-@functools.cache
-def fused_glue() -> FusedGlue | None:
-    """FLA's glue kernels, or None where FLA is not installed (imported once)."""
-    try:
-        from fla.modules.causal_conv1d import causal_conv1d
-        from fla.modules.norm.fused_norm_gate import rms_norm_gated
-        from fla.modules.norm.l2norm import l2norm
-    except ImportError:
-        return None
-    return FusedGlue(conv=causal_conv1d, l2norm=l2norm, norm_gate=rms_norm_gated)
-
-
-# The op backends that run on the GPU: the layers around them take FLA's fused glue.
-GPU_BACKENDS = ("triton", "fla")
 
 
 class ResidualAttention(nn.Module):
@@ -271,7 +243,7 @@ class ResidualAttention(nn.Module):
             raise ValueError("packed sequences (cu_seqlens) run without a decoding state")
         q, k, v = self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD)
         self.backend_used = select_backend(q.view(B, T, H, K), cfg.backend, self.rule)
-        glue = fused_glue() if self.glue == "auto" and self.backend_used in GPU_BACKENDS else None
+        glue = fusion.fused_glue() if self.glue == "auto" and self.backend_used in fusion.GPU_BACKENDS else None
         conv_state = None
         if cfg.use_short_conv and glue is not None and state is None and cu_seqlens is None:
             # Training and evaluation forwards (no conv cache in or out): one fused kernel per conv and direction.

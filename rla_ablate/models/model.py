@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from rla_ablate.models import fusion
 from rla_ablate.models.config import ModelConfig
 from rla_ablate.models.layers import KVState, LinearState, ResidualAttention, ShortConvolution, build_mixer
 
@@ -35,11 +35,20 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, glue: fusion.FusedGlue | None = None) -> torch.Tensor:
+        return self.down_proj(fusion.swiglu(self.gate_proj(x), self.up_proj(x), glue))
 
 
 class Block(nn.Module):
+    """x + mixer(norm(x)), then + mlp(norm(.)); each residual add is fused into the norm after it (FLA's prenorm).
+
+    The block takes and returns the stream in two parts, the last sublayer's output h not yet added to the residual
+    stream before it: forward(h, residual) -> (mlp output, stream after the mixer), the stream being residual + h
+    (h alone where residual is None, in the first block). `glue`: as `ResidualAttention.glue` (`fusion`).
+    """
+
+    glue = "auto"
+
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.attn_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
@@ -47,10 +56,13 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x_BTD: torch.Tensor, state=None, cu_seqlens: torch.Tensor | None = None):
-        h, state = self.attn(self.attn_norm(x_BTD), state, cu_seqlens=cu_seqlens)
-        x_BTD = x_BTD + h
-        return x_BTD + self.mlp(self.mlp_norm(x_BTD)), state
+    def forward(self, h_BTD: torch.Tensor, residual_BTD: torch.Tensor | None = None, state=None,
+                cu_seqlens: torch.Tensor | None = None):
+        glue = fusion.block_glue(h_BTD, self.glue)
+        x_BTD, residual_BTD = fusion.add_and_norm(self.attn_norm, h_BTD, residual_BTD, glue)
+        h_BTD, state = self.attn(x_BTD, state, cu_seqlens=cu_seqlens)
+        x_BTD, residual_BTD = fusion.add_and_norm(self.mlp_norm, h_BTD, residual_BTD, glue)
+        return self.mlp(x_BTD, glue), residual_BTD, state
 
 
 class CausalLM(nn.Module):
@@ -84,6 +96,18 @@ class CausalLM(nn.Module):
                     module.weight.zero_()
                     module.weight[:, :, -1] = 1.0
 
+    @property
+    def glue(self) -> str:
+        """"auto": FLA's fused glue where it applies (`rla_ablate.models.fusion`); "torch": the plain-torch glue."""
+        return self.layers[0].glue if len(self.layers) else Block.glue
+
+    def set_glue(self, mode: str) -> None:
+        """Run the glue of every block and mixer as `mode` ("auto" or "torch"): the same model, other kernels."""
+        if mode not in fusion.GLUE_MODES:
+            raise ValueError(f"glue must be one of {list(fusion.GLUE_MODES)}; got {mode!r}")
+        for layer in self.layers:
+            layer.glue = layer.attn.glue = mode
+
     def new_cache(self) -> list:
         """Empty per-layer decoding states; pass the list to `forward(..., cache=)` / `step`, which update it."""
         return [KVState() if self.cfg.family == "transformer" else LinearState() for _ in self.layers]
@@ -98,12 +122,14 @@ class CausalLM(nn.Module):
             if cu_seqlens is None:
                 return self.forward(input_ids)
             input_ids = input_ids.reshape(1, B * T)
-        x_BTD = self.embed(input_ids)
+        h_BTD, residual_BTD = self.embed(input_ids), None
         for i, layer in enumerate(self.layers):
-            x_BTD, new_state = layer(x_BTD, None if cache is None else cache[i], cu_seqlens=cu_seqlens)
+            h_BTD, residual_BTD, new_state = layer(h_BTD, residual_BTD, None if cache is None else cache[i],
+                                                   cu_seqlens=cu_seqlens)
             if cache is not None:
                 cache[i] = new_state
-        return self.lm_head(self.norm(x_BTD)).view(B, T, -1)
+        x_BTD, _ = fusion.add_and_norm(self.norm, h_BTD, residual_BTD, fusion.block_glue(h_BTD, self.glue))
+        return self.lm_head(x_BTD).view(B, T, -1)
 
     def step(self, token_ids: torch.Tensor, cache: list) -> torch.Tensor:
         """One decoding step: token_ids [B] -> logits [B, vocab]; `cache` is updated in place."""

@@ -1,0 +1,79 @@
+"""FLA's fused kernels for the glue of the models: the elementwise work around the token mixers and in the blocks.
+
+On the GPU a 100M linear model spent most of its training step in PyTorch's elementwise kernels, casts and layout
+copies, not in the mixers or the GEMMs (docs/RESULTS.md, "Where a 100M training step's time goes"). Where FLA is
+installed, the models run that glue on FLA's fused kernels, as FLA's own models do, one kernel each way instead of a
+chain of ops:
+
+    in the linear mixers (where the op runs on a GPU backend)     in every block, all families (on CUDA)
+    short conv + SiLU          causal_conv1d                      residual add + RMSNorm    rms_norm(prenorm=True)
+    q/k L2 norm                l2norm                             SiLU(gate) * up           swiglu
+    output RMSNorm * SiLU(g)   rms_norm_gated
+
+Same equations, fp32 inside, every family the same glue (the transformer baseline's blocks too). The plain-torch
+glue is the reference and runs everywhere else: on the CPU, with the `chunk` and `naive` backends, for the conv of
+decoding and packed forwards, and wherever `CausalLM.set_glue("torch")` asks for it. tests/test_models.py checks
+the wiring, tests/test_fused_glue_interpreted.py FLA's kernels themselves on the CPU, tests/test_models_gpu.py a
+bf16 training step on the GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# The op backends that run on the GPU: the linear mixers around them take the fused glue.
+GPU_BACKENDS = ("triton", "fla")
+# The devices on which the blocks take it.
+DEVICES = ("cuda",)
+GLUE_MODES = ("auto", "torch")
+
+
+@dataclass(frozen=True)
+class FusedGlue:
+    """FLA's fused kernels (fla.modules), each with its own backward."""
+
+    conv: Callable[..., Any]        # causal_conv1d(x [B, T, D], weight [D, W], activation="silu") -> (y, final state)
+    l2norm: Callable[..., Any]      # l2norm(x, eps) -> x / sqrt(sum x^2 + eps) over the last dim, fp32 inside
+    norm_gate: Callable[..., Any]   # rms_norm_gated(x, g, weight, bias, activation="swish", eps=) -> RMSNorm(x) * SiLU(g)
+    rms_norm: Callable[..., Any]    # rms_norm(x, weight, bias, residual=, eps=, prenorm=True) -> (RMSNorm(s), s), s = x + residual
+    swiglu: Callable[..., Any]      # swiglu(x, y) -> SiLU(x) * y
+
+
+@functools.cache
+def fused_glue() -> FusedGlue | None:
+    """FLA's glue kernels, or None where FLA is not installed (imported once)."""
+    try:
+        from fla.modules.activations import swiglu
+        from fla.modules.causal_conv1d import causal_conv1d
+        from fla.modules.norm.fused_norm_gate import rms_norm_gated
+        from fla.modules.norm.l2norm import l2norm
+        from fla.modules.norm.layernorm import rms_norm
+    except ImportError:
+        return None
+    return FusedGlue(conv=causal_conv1d, l2norm=l2norm, norm_gate=rms_norm_gated, rms_norm=rms_norm, swiglu=swiglu)
+
+
+def block_glue(x: torch.Tensor, mode: str) -> FusedGlue | None:
+    """The fused glue a block runs on tensors like x with glue `mode`, or None for the torch glue."""
+    return fused_glue() if mode == "auto" and x.device.type in DEVICES else None
+
+
+def add_and_norm(norm: nn.RMSNorm, h: torch.Tensor, residual: torch.Tensor | None,
+                 glue: FusedGlue | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(s), s) with s = residual + h, the residual stream after a sublayer; residual None: s = h."""
+    if glue is None:
+        stream = h if residual is None else residual + h
+        return norm(stream), stream
+    return glue.rms_norm(h, norm.weight, None, residual=residual, eps=norm.eps, prenorm=True)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, glue: FusedGlue | None) -> torch.Tensor:
+    """SiLU(gate) * up."""
+    return F.silu(gate) * up if glue is None else glue.swiglu(gate, up)
