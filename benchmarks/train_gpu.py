@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from rla_ablate.models import build_model, load_preset
+from rla_ablate.models import build_model, fusion, load_preset
 from rla_ablate.models.accounting import count_params, flops_per_token
+from rla_ablate.sweep.calibration import row_glue
 from rla_ablate.train.loop import PEAK_BF16_FLOPS
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "rla_ablate" / "sweep" / "calibration" / "h200.json"
@@ -154,9 +154,9 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     def step():
+        # the training loop's step: the model computes its loss (rla_ablate.models.fusion.lm_loss)
         with autocast:
-            logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+            loss = model(tokens[:, :-1], labels=tokens[:, 1:]) / (batch * seq_len)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         # One host read per step, as the training loop makes (with the relative clip's hand-over)
@@ -181,7 +181,9 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
     seconds = time.perf_counter() - t0
     tok_s = batch * seq_len * args.steps / seconds
     peak = device_peak(device)
-    row = dict(family=family, scale=scale, preset=f"{scale}-{family}", glue=glue, model=cfg.model_dump(mode="json"),
+    glue_ran = "fused" if fusion.block_glue(tokens, glue) is not None else "torch"
+    row = dict(family=family, scale=scale, preset=f"{scale}-{family}", glue=glue, glue_ran=glue_ran,
+               model=cfg.model_dump(mode="json"),
                batch=batch, seq_len=seq_len, params=count_params(cfg), tokens_per_s=tok_s,
                mfu=flops_per_token(cfg, seq_len) * tok_s / peak if peak else None, loss=loss,
                backend=model.backend_used, kernel=model.kernel_used, warmup_s=warmup_s,
@@ -281,7 +283,8 @@ def print_profile(rows: list[dict], device: torch.device) -> None:
 
 
 def calibrate(path: str, rows: list[dict], args, where: str) -> None:
-    """Merge measured rows into the calibration table, replacing a row of the same preset, shape and backend."""
+    """Merge measured rows into the calibration table, replacing a row of the same preset, shape, backend and glue
+    (the glue that ran: "fused" or "torch", rla_ablate.sweep.calibration)."""
     import datetime
 
     import fla
@@ -300,10 +303,13 @@ def calibrate(path: str, rows: list[dict], args, where: str) -> None:
                   f"--seq-len {r['seq_len']} --steps {args.steps} --warmup {args.warmup} --calibrate"
         new = {"preset": r["preset"], "model": r["model"], "micro_batch_size": r["batch"], "seq_len": r["seq_len"],
                "tokens_per_s": round(r["tokens_per_s"]), "peak_gib": round(r["peak_mem_gib"], 2),
-               "backend": r["backend"], "warmup_s": round(r["warmup_s"], 1), "measured": stamp, "command": command}
-        key = (new["preset"], new["micro_batch_size"], new["seq_len"], new["backend"])
-        table["rows"] = [x for x in table["rows"]
-                         if (x["preset"], x["micro_batch_size"], x["seq_len"], x["backend"]) != key] + [new]
+               "backend": r["backend"], "glue": r["glue_ran"], "warmup_s": round(r["warmup_s"], 1),
+               "measured": stamp, "command": command}
+
+        def key(x):
+            return x["preset"], x["micro_batch_size"], x["seq_len"], x["backend"], row_glue(x)
+
+        table["rows"] = [x for x in table["rows"] if key(x) != key(new)] + [new]
     Path(path).write_text(json.dumps(table, indent=1) + "\n")
     say(f"calibration: {len(rows)} rows merged into {path}")
 

@@ -11,12 +11,12 @@ import torch.nn.functional as F
 
 from rla_ablate.models.fusion import FusedGlue
 
-NAMES = ("conv", "l2norm", "norm_gate", "rms_norm", "swiglu")
+NAMES = ("conv", "l2norm", "norm_gate", "rms_norm", "swiglu", "linear_cross_entropy")
 
 
 def glue_with_flas_semantics() -> FusedGlue:
-    """FLA's `causal_conv1d`, `l2norm`, `rms_norm_gated`, `rms_norm` and `swiglu` as their docstrings and kernels
-    define them."""
+    """FLA's `causal_conv1d`, `l2norm`, `rms_norm_gated`, `rms_norm`, `swiglu` and `fused_linear_cross_entropy_loss`
+    as their docstrings and kernels define them."""
 
     def conv(x, weight, activation=None):
         D, W = weight.shape
@@ -39,7 +39,15 @@ def glue_with_flas_semantics() -> FusedGlue:
     def swiglu(x, y):
         return F.silu(x) * y
 
-    return FusedGlue(conv=conv, l2norm=l2norm, norm_gate=norm_gate, rms_norm=rms_norm, swiglu=swiglu)
+    def linear_cross_entropy(x, target, weight, bias, ignore_index=-100, reduction="mean", num_chunks=8,
+                             accumulate_grad_in_fp32=True):
+        assert bias is None and reduction == "sum"
+        logits = F.linear(x, weight)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum")
+
+    return FusedGlue(conv=conv, l2norm=l2norm, norm_gate=norm_gate, rms_norm=rms_norm, swiglu=swiglu,
+                     linear_cross_entropy=linear_cross_entropy)
 
 
 def counting(glue: FusedGlue, calls: list[str]) -> FusedGlue:
@@ -72,9 +80,9 @@ def assert_no_worse(fused: dict[str, float], torch_glue: dict[str, float], label
         f"{label}: median error fused glue {median_fused:.3e}, torch glue {median_torch:.3e}"
 
 
-def expected_calls(cfg, packed: bool = False) -> set[str]:
-    """The glue functions a training forward of a model of `cfg` runs where the fused glue applies."""
-    names = {"rms_norm", "swiglu"}
+def expected_calls(cfg, packed: bool = False, loss: bool = False) -> set[str]:
+    """The glue functions a forward of a model of `cfg` runs where the fused glue applies (`loss`: with labels)."""
+    names = {"rms_norm", "swiglu"} | ({"linear_cross_entropy"} if loss else set())
     if cfg.family != "transformer":
         names |= {"norm_gate"} | ({"l2norm"} if cfg.qk_norm == "l2" else set())
         names |= {"conv"} if cfg.use_short_conv and not packed else set()

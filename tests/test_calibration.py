@@ -55,7 +55,23 @@ def test_a_calibration_row_is_reproduced_exactly(table):
     P = count_params(load_preset("100m-rla"))
     # fp32 weights, gradients, AdamW's two moments and autocast's bf16 copies
     assert (est.weights, est.grads, est.optimizer, est.autocast_copies) == (4 * P, 4 * P, 8 * P, 2 * P)
-    assert est.loss == 16 * 2048 * C.LOSS_BYTES * 32000
+    assert est.loss == 16 * 2048 * C.GLUE_BYTES["torch"][1] * 32000 and est.glue == "torch"
+
+
+def test_a_family_with_fused_glue_rows_is_estimated_from_them_alone(table):
+    """Rows measured with FLA's fused glue (smaller MLP and loss terms) replace the family's plain-torch rows, for
+    memory and speed alike; another family keeps its torch rows."""
+    table.append(row("100m-rla", peak=44.6, tok_s=165_000))
+    table.append(row("100m-sgla", peak=38.9, tok_s=181_000))
+    table.append(row("100m-rla", peak=31.0, tok_s=230_000) | {"glue": "fused"})
+    est = C.estimate_memory(job("100m-rla"))
+    assert est.gib == pytest.approx(31.0, rel=1e-6) and est.glue == "fused"
+    assert est.loss == 16 * 2048 * C.GLUE_BYTES["fused"][1] * 32000
+    assert C.estimate_speed(job("100m-rla"), 400).tokens_per_s == pytest.approx(230_000)
+    # read with the torch glue's bytes, the same peak leaves less to the activations: a_f depends on the row's glue
+    assert C.row_a_f(table[2], load_preset("100m-rla")) > C.row_a_f(table[2] | {"glue": "torch"}, load_preset("100m-rla"))
+    assert C.estimate_memory(job("100m-sgla")).glue == "torch"
+    assert C.estimate_memory(job("100m-sgla")).gib == pytest.approx(38.9, rel=1e-6)
 
 
 def test_activations_scale_with_the_micro_batch_and_fsdp_shards_the_static_part(table):

@@ -2,15 +2,17 @@
 
 test_models.py checks the wiring with torch functions of FLA's semantics in place of the kernels; this file runs
 FLA's real kernels (`causal_conv1d`, `l2norm`, `rms_norm_gated` in the mixers, `rms_norm` with the residual add and
-`swiglu` in the blocks; forward and backward) inside the model, so a misread of their arguments, layouts or dtypes
+`swiglu` in the blocks, `fused_linear_cross_entropy_loss` for the training loss; forward and backward) inside the model, so a misread of their arguments, layouts or dtypes
 fails here, before a GPU is involved. The op itself runs on `chunk`: `fusion.GPU_BACKENDS` and `fusion.DEVICES`
 are pointed at it and at the CPU.
 
-Each variant, logits and every parameter's gradient against the float64 model with the plain-torch glue:
+Each variant, logits, the training loss and every parameter's gradient (of the two together) against the float64 model with the plain-torch glue:
 - float32: each tensor no further from float64 than the plain-torch glue's own float32 step (relative RMS error at
   most 2x its error plus 2e-5; float32 rounding is ~1e-5 in the summed gradients, a misread argument is of order 1);
-- bf16 autocast: the median error over the tensors at most 1.5x the torch glue's plus 2e-3 (glue_checks.py says why
-  not each tensor), as in the GPU test.
+- bf16 autocast: the median error over the tensors at most 3x the torch glue's plus 2e-3 (glue_checks.py says why
+  not each tensor). The GPU test asks 1.5x; here Triton's interpreter rounds fp32 to bf16 by truncation, twice the
+  error of the GPU's round-to-nearest (measured on 1,024 normal values), and FLA's kernels round in Triton while
+  the torch glue rounds in torch: their median errors measured 0.7-2.2x the torch glue's.
 
 The interpreter must be chosen before any kernel is defined, so the checks run in a fresh process (this file as a
 script).
@@ -25,13 +27,15 @@ pytest.importorskip("fla")
 
 VARIANTS = ("rla", "rdn", "sgla-learned-beta", "rdn-tanh-nogates-nonorm-ev", "gdn-noconv", "transformer")
 # (factor, floor, per tensor) of the fused glue's allowed relative RMS error from float64, against the torch glue's in one dtype
-TOLERANCES = {"fp32": (2.0, 2e-5, True), "bf16": (1.5, 2e-3, False)}
+TOLERANCES = {"fp32": (2.0, 2e-5, True), "bf16": (3.0, 2e-3, False)}
 
 
 def check_all() -> None:
     from interpreter_checks import first_config_autotune
 
     first_config_autotune()
+    import statistics
+
     import torch
 
     import rla_ablate.models.fusion as fusion
@@ -46,14 +50,17 @@ def check_all() -> None:
     fusion.fused_glue = lambda: counting(real, calls)
     fusion.GPU_BACKENDS, fusion.DEVICES = ("chunk",), ("cpu",)
     ids = torch.randint(0, 50, (2, 19), generator=torch.Generator().manual_seed(5))
+    labels = ids.roll(-1, dims=1)
+    labels[:, -1] = labels[0, 3] = fusion.IGNORE_INDEX
 
     def step(model, glue, dtype, autocast=False):
+        """Logits, the training loss and the gradients of both (the loss through the fused head + cross-entropy)."""
         model.set_glue(glue)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits = model(ids)
-        logits.to(dtype).square().mean().backward()
-        return {"logits": logits.detach().double()} | {
+            logits, loss = model(ids), model(ids, labels=labels)
+        (logits.to(dtype).square().mean() + loss.to(dtype) / ids.numel()).backward()
+        return {"logits": logits.detach().double(), "loss": loss.detach().double()} | {
             name: p.grad.double() for name, p in model.named_parameters()}
 
     for variant in VARIANTS:
@@ -66,11 +73,13 @@ def check_all() -> None:
         for dtype in TOLERANCES:
             calls.clear()
             got = {glue: step(model, glue, torch.float32, autocast=dtype == "bf16") for glue in ("auto", "torch")}
-            assert set(calls) == expected_calls(cfg), (variant, calls)
+            assert set(calls) == expected_calls(cfg, loss=True), (variant, calls)
             assert all(torch.isfinite(t).all() for t in got["auto"].values()), (variant, dtype)
             errors = {glue: {name: rel_rms_error(ref[name], got[glue][name]) for name in ref} for glue in got}
             assert_no_worse(errors["auto"], errors["torch"], f"{variant} {dtype}", *TOLERANCES[dtype])
-            print(f"ok {dtype} {variant}", flush=True)
+            medians = [statistics.median(errors[glue].values()) for glue in ("auto", "torch")]
+            print(f"ok {dtype} {variant}: median error fused glue {medians[0]:.2e}, torch glue {medians[1]:.2e}",
+                  flush=True)
 
 
 def test_flas_glue_kernels_in_the_layer_match_the_torch_glue_under_the_interpreter():

@@ -442,6 +442,20 @@ def test_fused_glue_branch_is_the_torch_glue(variant, monkeypatch):
         assert b.grad is not None, name
         assert_close(f"{variant} d{name}", a.grad, b.grad, ratio=1e-11)
 
+    # the training loss (labels given): the fused head + cross-entropy, some labels not scored
+    labels = ids.roll(-1, dims=1)
+    labels[:, -1] = labels[0, 3] = fusion.IGNORE_INDEX
+    calls.clear()
+    for model in (ref, fused):
+        model.zero_grad()
+        model(ids, labels=labels).backward()
+    assert set(calls) == expected_calls(make(variant), loss=True), calls
+    with torch.no_grad():
+        plain = F.cross_entropy(ref(ids).flatten(0, 1), labels.flatten(), reduction="sum")
+        assert_close(f"{variant} loss", plain, fused(ids, labels=labels), ratio=1e-12)
+    for (name, a), (_, b) in zip(ref.named_parameters(), fused.named_parameters()):
+        assert_close(f"{variant} loss d{name}", a.grad, b.grad, ratio=1e-11)
+
     # glue "torch" never takes the fused branch; a mode that is not one is refused
     calls.clear()
     fused.set_glue("torch")

@@ -106,10 +106,10 @@ def test_a_training_step_after_the_hand_over_never_waits_for_the_gpu(preset):
 @pytest.mark.parametrize("family", ["sgla", "gdn", "rla", "rdn", "transformer"])
 def test_fused_glue_trains_as_exactly_as_the_torch_glue(family, packed, monkeypatch):
     """FLA's fused glue (rla_ablate/models/fusion.py: the blocks' residual add + RMSNorm and SwiGLU, the mixers' short
-    conv, q/k L2 norm, output norm and gate) in a bf16-autocast training step: logits and
-    every parameter's gradient against the float64 CPU model, no further from it than the plain-torch glue on the
-    same GPU (median relative RMS error over the tensors at most 1.5x the torch glue's plus 2e-3: glue_checks.py),
-    logits within 5e-2. Packed sequences keep the torch conv and take the fused norms."""
+    conv, q/k L2 norm, output norm and gate; the fused head + cross-entropy of the training loss) in a bf16-autocast
+    training step: logits, loss and every parameter's gradient against the float64 CPU model, no further from it
+    than the plain-torch glue on the same GPU (median relative RMS error over the tensors at most 1.5x the torch
+    glue's plus 2e-3: glue_checks.py), logits within 5e-2. Packed sequences keep the torch conv and take the rest."""
     import rla_ablate.models.fusion as fusion
 
     real = fusion.fused_glue()
@@ -118,25 +118,30 @@ def test_fused_glue_trains_as_exactly_as_the_torch_glue(family, packed, monkeypa
     counted = counting(real, calls)
     monkeypatch.setattr(fusion, "fused_glue", lambda: counted)
     torch.manual_seed(0)
-    ref = build_model(make(family)).double().train()
+    ref_model = build_model(make(family)).double().train()
     ids = torch.randint(0, 64, (2, 200), generator=torch.Generator().manual_seed(7))
     cu = torch.tensor([0, 70, 200, 333, 400]) if packed else None
-    ref_logits = ref(ids, cu_seqlens=cu)
-    ref_logits.square().mean().backward()
-    ref_logits = ref_logits.detach()
+    labels = ids.roll(-1, dims=1)
+    labels[:, -1] = labels[0, 3] = fusion.IGNORE_INDEX
+
+    def step(model, ids, labels, cu, autocast):
+        """Logits, the training loss and the gradients of both (the loss through the fused head + cross-entropy)."""
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            logits, loss = model(ids, cu_seqlens=cu), model(ids, cu_seqlens=cu, labels=labels)
+        (logits.double().square().mean() + loss.double() / ids.numel()).backward()
+        return {"logits": logits.detach().double().cpu(), "loss": loss.detach().double().cpu()} | {
+            name: p.grad.double().cpu() for name, p in model.named_parameters()}
+
+    ref = step(ref_model, ids, labels, cu, autocast=False)
     errors = {}
     for glue in ("auto", "torch"):
         model = build_model(make(family)).cuda().train()
-        model.load_state_dict(ref.state_dict())
+        model.load_state_dict(ref_model.state_dict())
         model.set_glue(glue)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(ids.cuda(), cu_seqlens=None if cu is None else cu.cuda())
-        logits.float().square().mean().backward()
+        got = step(model, ids.cuda(), labels.cuda(), None if cu is None else cu.cuda(), autocast=True)
         assert family == "transformer" or model.backend_used in fusion.GPU_BACKENDS
-        errors[glue] = {"logits": rel_rms_error(ref_logits, logits.detach().double().cpu())}
-        for (name, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
-            assert b.grad is not None and torch.isfinite(b.grad).all(), name
-            errors[glue][name] = rel_rms_error(a.grad, b.grad.double().cpu())
+        assert all(torch.isfinite(t).all() for t in got.values()), (family, glue)
+        errors[glue] = {name: rel_rms_error(ref[name], got[name]) for name in ref}
     assert errors["auto"]["logits"] <= 5e-2, errors["auto"]["logits"]
-    assert set(calls) == expected_calls(make(family), packed), calls
+    assert set(calls) == expected_calls(make(family), packed, loss=True), calls
     assert_no_worse(errors["auto"], errors["torch"], family, factor=1.5, floor=2e-3, per_tensor=False)

@@ -6,6 +6,7 @@
     logits_BTV = model(prompt_BT, cache=cache)       # prefill; cache now holds the states after the prompt
     logits_BV = model.step(next_token_B, cache)      # one token; equals the parallel forward's last position
     logits_BTV = model(input_ids_BT, cu_seqlens=cu)  # packed documents (below)
+    nll = model(input_ids_BT, labels=labels_BT)      # training: the summed cross-entropy (fusion.lm_loss)
 
 With `cu_seqlens` (int offsets [N + 1] into the batch flattened to one row of B·T tokens, from 0 to B·T and
 including every row's start, FLA's convention) the batch runs as one row of N documents, each as if alone: every
@@ -113,14 +114,16 @@ class CausalLM(nn.Module):
         return [KVState() if self.cfg.family == "transformer" else LinearState() for _ in self.layers]
 
     def forward(self, input_ids: torch.Tensor, cache: list | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+                cu_seqlens: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab]; with `labels` [B, T] the summed cross-entropy over the scored labels instead (those
+        not `fusion.IGNORE_INDEX`), an fp32 scalar: the training loss, on FLA's fused kernel where the glue is."""
         B, T = input_ids.shape
         if cu_seqlens is not None:
             if cache is not None:
                 raise ValueError("packed documents (cu_seqlens) run without a decoding cache")
             cu_seqlens = _packed_offsets(cu_seqlens, B, T)
             if cu_seqlens is None:
-                return self.forward(input_ids)
+                return self.forward(input_ids, labels=labels)
             input_ids = input_ids.reshape(1, B * T)
         h_BTD, residual_BTD = self.embed(input_ids), None
         for i, layer in enumerate(self.layers):
@@ -128,7 +131,10 @@ class CausalLM(nn.Module):
                                                    cu_seqlens=cu_seqlens)
             if cache is not None:
                 cache[i] = new_state
-        x_BTD, _ = fusion.add_and_norm(self.norm, h_BTD, residual_BTD, fusion.block_glue(h_BTD, self.glue))
+        glue = fusion.block_glue(h_BTD, self.glue)
+        x_BTD, _ = fusion.add_and_norm(self.norm, h_BTD, residual_BTD, glue)
+        if labels is not None:
+            return fusion.lm_loss(x_BTD, self.lm_head.weight, labels, glue)
         return self.lm_head(x_BTD).view(B, T, -1)
 
     def step(self, token_ids: torch.Tensor, cache: list) -> torch.Tensor:

@@ -4,16 +4,21 @@ Peak memory of one training worker (bf16 autocast, fp32 master weights, AdamW, t
 
     static      = 4 P (weights) + 4 P (gradients) + 8 P (AdamW's two moments), divided by the workers under FSDP,
                   + 2 P (autocast's bf16 copies of the weights, alive through forward and backward)
-    activations = N [ L (a_f * W_mix + 8 I) + 12 vocab ]             N = micro_batch_size * seq_len tokens
-      8 I       the SwiGLU MLP keeps four bf16 tensors of the intermediate width per token (gate, up, silu, product)
-      12 vocab  the loss: fp32 logits' log-softmax kept for backward plus its fp32 and bf16 gradients at the peak
+    activations = N [ L (a_f * W_mix + m I) + l vocab ]               N = micro_batch_size * seq_len tokens
+      m I       the SwiGLU MLP's bf16 tensors of the intermediate width per token: four (gate, up, silu, product;
+                m = 8) with the plain-torch glue, three with FLA's fused SwiGLU (m = 6)
+      l vocab   the loss: with the plain-torch glue the fp32 logits' log-softmax kept for backward plus its fp32 and
+                bf16 gradients at the peak (l = 12); with FLA's fused head + cross-entropy the bf16 logits alone,
+                turned into their gradient in place (l = 2; rla_ablate.models.fusion)
       W_mix     the mixer's width, (2 H dk + 3 H dv) / 5 for the linear families (q, k; v, gate, output), which is
                 the hidden size for every committed preset and grows with the matched-state controls; H * head_dim
                 for the transformer
       a_f       bytes per token, layer and unit of W_mix for the rest (mixer internals, norms, residual stream): the
                 only calibrated number. Each measured row of the calibration table gives one a_f for its family
-                and width; a job takes its family's, interpolated in log W_mix between calibrated widths (clamped
-                outside them).
+                and width (with m and l of the glue the row ran, its `glue`: torch where the row does not say); a
+                job takes its family's, interpolated in log W_mix between calibrated widths (clamped outside them).
+                Where a family has rows measured with the fused glue, its jobs are estimated from those alone, with
+                the fused glue's m and l (what a GPU with FLA runs); else from its plain-torch rows.
 
 `plan` shows the estimate; `resources.gpus: auto` packs jobs on a GPU by it and each worker caps its allocator at
 its share (rla_ablate.sweep.worker). The table (calibration/h200.json, written by `benchmarks/train_gpu.py
@@ -32,8 +37,8 @@ from importlib import resources
 from typing import Any
 
 GiB = 2**30
-# Bytes per token of the MLP (per unit of intermediate width) and of the loss (per vocabulary entry): see above.
-MLP_BYTES, LOSS_BYTES = 8, 12
+# Per glue: bytes per token of the MLP (per unit of intermediate width) and of the loss (per vocabulary entry).
+GLUE_BYTES = {"torch": (8, 12), "fused": (6, 2)}
 # Allocations outside the caching allocator's cap (CUDA context, loaded kernels): ~0.73 GiB per process measured
 # on an H200 (a packed job's CUDA out-of-memory report), rounded up.
 CONTEXT_BYTES = int(1.0 * GiB)
@@ -56,6 +61,8 @@ class MemoryEstimate:
     """The calibrated activation coefficient used (bytes per token, layer and unit of mixer width)."""
     source: str
     """Which calibration rows gave a_f."""
+    glue: str
+    """The glue the estimate is for: "fused" (FLA's kernels) or "torch" (module docstring)."""
 
     @property
     def total(self) -> int:
@@ -106,16 +113,21 @@ def _static_bytes(model: Any, train: Any) -> tuple[int, int, int, int]:
     return 4 * P // shards, 4 * P // shards, 8 * P // shards, 2 * P
 
 
-def _per_token_other(model: Any) -> tuple[float, float]:
-    """(MLP bytes per token over all layers, loss bytes per token)."""
-    return float(model.num_layers * MLP_BYTES * model.intermediate_size), float(LOSS_BYTES * model.vocab_size)
+def _per_token_other(model: Any, glue: str) -> tuple[float, float]:
+    """(MLP bytes per token over all layers, loss bytes per token) with `glue`."""
+    mlp, loss = GLUE_BYTES[glue]
+    return float(model.num_layers * mlp * model.intermediate_size), float(loss * model.vocab_size)
+
+
+def row_glue(row: dict[str, Any]) -> str:
+    return row.get("glue", "torch")
 
 
 def row_a_f(row: dict[str, Any], model: Any) -> float:
     """The activation coefficient one measured row implies (see the module docstring)."""
     train = _Shape(row["micro_batch_size"], row["seq_len"])
     static = sum(_static_bytes(model, train))
-    mlp, loss = _per_token_other(model)
+    mlp, loss = _per_token_other(model, row_glue(row))
     n = train.micro_batch_size * train.seq_len
     rest = row["peak_gib"] * GiB - static - n * (mlp + loss)
     return rest / (n * model.num_layers * mixer_width(model))
@@ -130,51 +142,55 @@ class _Shape:
 
 
 @functools.lru_cache(maxsize=8)
-def _coefficients(name: str = TABLE) -> dict[str, list[tuple[float, float, str]]]:
-    """family -> sorted [(log width, the largest a_f of that width's rows, presets)]. The largest: jobs of one shape
-    peak up to ~10% apart (which FLA kernel configuration a process tuned, cuBLAS workspaces), and a packed job
-    must fit at its worst."""
+def _coefficients(name: str = TABLE) -> dict[str, tuple[str, list[tuple[float, float, str]]]]:
+    """family -> (glue, sorted [(log width, the largest a_f of that width's rows, presets)]): the family's rows of
+    the fused glue where it has any, else of the torch glue. The largest: jobs of one shape peak up to ~10% apart
+    (which FLA kernel configuration a process tuned, cuBLAS workspaces), and a packed job must fit at its worst."""
+    measured = [(row, model) for row, model in _rows(name) if row.get("peak_gib") is not None]
+    fused = {model.family for row, model in measured if row_glue(row) == "fused"}
     by: dict[str, dict[float, list[tuple[float, str]]]] = {}
-    for row, model in _rows(name):
-        if row.get("peak_gib") is None:
+    for row, model in measured:
+        if row_glue(row) != ("fused" if model.family in fused else "torch"):
             continue
         by.setdefault(model.family, {}).setdefault(mixer_width(model), []).append((row_a_f(row, model), row["preset"]))
     out = {}
     for fam, widths in by.items():
-        out[fam] = sorted((math.log(w), max(a for a, _ in v), max(v)[1])
-                          for w, v in widths.items())
+        out[fam] = ("fused" if fam in fused else "torch",
+                    sorted((math.log(w), max(a for a, _ in v), max(v)[1]) for w, v in widths.items()))
     return out
 
 
-def _a_f(model: Any, name: str = TABLE) -> tuple[float, str]:
+def _a_f(model: Any, name: str = TABLE) -> tuple[float, str, str]:
+    """(a_f, which rows gave it, the glue of those rows) for `model`."""
     coeffs = _coefficients(name)
-    pts = coeffs.get(model.family)
-    if not pts:
-        # An uncalibrated family takes the largest coefficient of the calibrated ones: the estimate errs high.
-        best = max((p for ps in coeffs.values() for p in ps), key=lambda p: p[1])
-        return best[1], f"uncalibrated family; the largest coefficient ({best[2]})"
+    if model.family not in coeffs:
+        # An uncalibrated family takes the largest coefficient of the calibrated ones with the torch glue's bytes:
+        # the estimate errs high.
+        best = max((p for _, ps in coeffs.values() for p in ps), key=lambda p: p[1])
+        return best[1], f"uncalibrated family; the largest coefficient ({best[2]})", "torch"
+    glue, pts = coeffs[model.family]
     x = math.log(mixer_width(model))
     xs = [p[0] for p in pts]
     i = bisect.bisect_left(xs, x)
     if i == 0:
-        return pts[0][1], pts[0][2]
+        return pts[0][1], pts[0][2], glue
     if i == len(pts):
-        return pts[-1][1], pts[-1][2]
+        return pts[-1][1], pts[-1][2], glue
     (x0, a0, s0), (x1, a1, s1) = pts[i - 1], pts[i]
     t = (x - x0) / (x1 - x0)
-    return a0 + t * (a1 - a0), f"{s0} .. {s1}"
+    return a0 + t * (a1 - a0), f"{s0} .. {s1}", glue
 
 
 def estimate_memory(job: Any, name: str = TABLE) -> MemoryEstimate:
     """Peak memory of one training worker of `job` (a JobConfig) on a GPU."""
     model, train = job.model, job.train
     weights, grads, optimizer, copies = _static_bytes(model, train)
-    mlp, loss = _per_token_other(model)
-    a_f, source = _a_f(model, name)
+    a_f, source, glue = _a_f(model, name)
+    mlp, loss = _per_token_other(model, glue)
     n = train.micro_batch_size * train.seq_len
     acts = n * (model.num_layers * a_f * mixer_width(model) + mlp)
     return MemoryEstimate(weights=weights, grads=grads, optimizer=optimizer, autocast_copies=copies,
-                          activations=int(acts), loss=int(n * loss), a_f=a_f, source=source)
+                          activations=int(acts), loss=int(n * loss), a_f=a_f, source=source, glue=glue)
 
 
 def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedEstimate:
@@ -188,6 +204,8 @@ def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedE
     model, train = job.model, job.train
     flops = flops_per_token(model, train.seq_len)
     rows = [(r, m) for r, m in _rows(name) if r.get("tokens_per_s") and m.family == model.family]
+    if any(row_glue(r) == "fused" for r, _ in rows):  # as for memory: the fused glue's rows where there are any
+        rows = [(r, m) for r, m in rows if row_glue(r) == "fused"]
     if not rows:
         return SpeedEstimate(assumed_tflops * 1e12 / flops, f"assumed {assumed_tflops:g} TFLOP/s")
     best: dict[float, tuple] = {}

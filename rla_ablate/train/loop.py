@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from rla_ablate import __version__
 from rla_ablate.data import make_eval_batches, make_train_stream, vocab_size
 from rla_ablate.errors import UserError
-from rla_ablate.models import aggregate_diagnostics, build_model, flops_per_token
+from rla_ablate.models import aggregate_diagnostics, build_model, flops_per_token, fusion
 from rla_ablate.outcome import Status
 from rla_ablate.train.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
 from rla_ablate.train.guard import DivergenceGuard
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from rla_ablate.models.model import CausalLM
     from rla_ablate.data.stream import Batch
 
-IGNORE_INDEX = -100
+IGNORE_INDEX = fusion.IGNORE_INDEX
 
 # Dense bf16 peak FLOP/s per device, for MFU when `peak_flops` is not set (vendor datasheets). The first
 # name contained in torch's device name wins, so the PCIe part comes before the SXM one.
@@ -243,17 +243,17 @@ class Trainer:
         return lr_at(tokens, lr=cfg.lr, min_lr=cfg.min_lr, warmup_tokens=cfg.resolved_warmup_tokens,
                      total_tokens=cfg.total_tokens)
 
-    def _logits(self, batch) -> torch.Tensor:
-        """The model's logits for a batch; with reset_state_at_documents, its documents as packed sequences."""
+    def _logits(self, batch, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """The model's logits for a batch, or with `labels` its summed loss; with reset_state_at_documents, its
+        documents as packed sequences."""
         if self.cfg.reset_state_at_documents:
-            return self.model(batch.input_ids, cu_seqlens=batch.cu_seqlens())
-        return self.model(batch.input_ids)
+            return self.model(batch.input_ids, cu_seqlens=batch.cu_seqlens(), labels=labels)
+        return self.model(batch.input_ids, labels=labels)
 
     def _forward_loss(self, batch) -> torch.Tensor:
+        """The summed cross-entropy of a micro batch, computed by the model (fused with its head on the GPU)."""
         with _autocast(self.device, self.cfg.precision):
-            logits_BTV = self._logits(batch)
-        return F.cross_entropy(logits_BTV.float().flatten(0, 1), batch.labels.flatten(),
-                               ignore_index=IGNORE_INDEX, reduction="sum")
+            return self._logits(batch, labels=batch.labels)
 
     def train_step(self) -> tuple[float, float]:
         """Forward/backward over the step's micro batches and clipping; returns (loss, grad norm)."""
