@@ -73,7 +73,7 @@ def test_runs_are_idempotent_and_status_is_mirrored(server, caplog):
     logger = MLflowLogger(server.uri, run_id, flush_interval_s=0.1, system_metrics_interval_s=0.0)
     logger.log({"train/loss": 2.5, "lr": 1e-4}, step=1024)
     logger.log({"train/loss": float("nan")}, step=2048)
-    logger.event("backend", 0, {"backend": "chunk"})
+    logger.event("backend", 0, {"backend": "chunk", "glue": "torch"})
     # More than one request holds (MLflow caps a batch at 1000 metrics and tags together), sent while tags wait.
     logger.log({f"layer_{i:04d}/S_norm": float(i) for i in range(1500)}, step=1024)
     assert logger.flush(timeout=60)
@@ -85,7 +85,7 @@ def test_runs_are_idempotent_and_status_is_mirrored(server, caplog):
     assert run.info.status == "KILLED"
     assert run.data.tags["rla.status"] == "cancelled"
     assert run.data.tags["rla.status_reason"] == "SIGTERM from rla-sweep cancel"
-    assert run.data.tags["kernel_backend"] == "chunk" and run.data.tags["host"]
+    assert run.data.tags["kernel_backend"] == "chunk" and run.data.tags["glue"] == "torch" and run.data.tags["host"]
     losses = history(client, run_id, "train/loss")
     assert losses[0] == (1024, 2.5) and losses[1][0] == 2048 and losses[1][1] != losses[1][1]
     assert "system/cpu_percent" in run.data.metrics and "system/process_rss_gb" in run.data.metrics

@@ -72,6 +72,7 @@ def test_finishes_with_every_metric(straight):
     assert logged == set(tiny_job().logged_metrics()) - {"train/mfu", "train/peak_mem_gib"}
     events = {r["name"]: r for r in records if r["type"] == "event"}
     assert events["info"]["detail"]["backend"] == "chunk"
+    assert events["info"]["detail"]["glue"] == "torch"  # FLA's fused glue runs on CUDA only
     assert events["start"]["detail"]["tokens_total"] == 12288
     assert records[-1] == {**records[-1], "type": "close", "status": "finished"}
     c = curves(out)

@@ -23,8 +23,8 @@ from rla_ablate.errors import UserError, did_you_mean
 KINDS = ("curve", "layers", "gains", "table", "scatter", "validity")
 # Tags a spec may filter or group by (set by rla_ablate.tracking for every job run, the identity tags by the
 # launcher, version by the dashboard: current or older).
-TAGS = ("family", "ablations", "seed", "sweep", "job_id", "kernel_backend", "host", "git_commit", "arm", "preset",
-        "control", "series", "version")
+TAGS = ("family", "ablations", "seed", "sweep", "job_id", "kernel_backend", "glue", "host", "git_commit", "arm",
+        "preset", "control", "series", "version")
 CONFIG_SECTIONS = ("model", "train", "data", "eval")
 Scalar = Union[str, bool, int, float, None]
 KEY_HELP = (f"allowed: {', '.join(TAGS)}, point.<grid/zip key> (point.model.clip), or a resolved config key "

@@ -74,6 +74,8 @@ class CausalLM(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # The glue the last forward ran in its blocks and loss: "fused" (FLA's kernels) or "torch"; runs log it.
+        self.glue_used: str | None = None
         self.reset_parameters()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -132,6 +134,7 @@ class CausalLM(nn.Module):
             if cache is not None:
                 cache[i] = new_state
         glue = fusion.block_glue(h_BTD, self.glue)
+        self.glue_used = "torch" if glue is None else "fused"
         x_BTD, _ = fusion.add_and_norm(self.norm, h_BTD, residual_BTD, glue)
         if labels is not None:
             return fusion.lm_loss(x_BTD, self.lm_head.weight, labels, glue)

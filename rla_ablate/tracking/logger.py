@@ -28,7 +28,7 @@ from typing import Any
 import requests
 
 from rla_ablate.outcome import Status
-from rla_ablate.tracking.runs import BACKEND, HOST, RUN_STATUS, STATUS, STATUS_REASON, json_float
+from rla_ablate.tracking.runs import BACKEND, GLUE, HOST, RUN_STATUS, STATUS, STATUS_REASON, json_float
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,8 @@ class MLflowLogger:
             self._pending_tags[f"event.{name}"] = str(step)
             if "backend" in detail:
                 self._pending_tags[BACKEND] = str(detail["backend"])
+            if "glue" in detail:
+                self._pending_tags[GLUE] = str(detail["glue"])
         self._wake.set()
 
     def set_tags(self, tags: dict[str, Any]) -> None:

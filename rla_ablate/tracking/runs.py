@@ -22,7 +22,7 @@ from rla_ablate.outcome import Status
 # Tag keys shared by the launcher, the jobs and the dashboards.
 ROLE, SWEEP, JOB_ID = "rla.role", "sweep", "job_id"
 FAMILY, ABLATIONS, SEED = "family", "ablations", "seed"
-GIT_COMMIT, BACKEND, HOST = "git_commit", "kernel_backend", "host"
+GIT_COMMIT, BACKEND, GLUE, HOST = "git_commit", "kernel_backend", "glue", "host"
 STATUS, STATUS_REASON = "rla.status", "rla.status_reason"
 NO_ABLATION = "none"
 CONFIG_ARTIFACT = "config.json"

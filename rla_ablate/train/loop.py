@@ -417,6 +417,7 @@ class Trainer:
             if not backend_reported:
                 # the first step of a process pays for compiling and autotuning its kernels: its wall time says so
                 self.logger.event("info", self.tokens, {"backend": self.raw_model.kernel_used,
+                                                        "glue": self.raw_model.glue_used,
                                                         "first_step_s": round(time.perf_counter() - started, 3)})
                 backend_reported = True
             if verdict.skip:
