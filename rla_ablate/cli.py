@@ -15,7 +15,7 @@ import os
 import pkgutil
 import sys
 
-from rla_ablate import __version__
+from rla_ablate import __version__, environment
 from rla_ablate.errors import JobFailed, UserError
 
 
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        environment.check()
         code = int(args.func(args) or 0)
         # What is still buffered is written here, where a closed stdout is handled like one closed mid-command.
         sys.stdout.flush()

@@ -112,3 +112,20 @@ def test_a_closed_stdout_ends_quietly_with_141(args):
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 141, err
     assert err == ""
+
+
+def test_a_bad_glue_setting_is_refused_before_anything_starts(tmp_path, capsys, monkeypatch):
+    """RLA_GLUE (rla_ablate.environment) names a mode or every command exits 2 naming the variable; a good one
+    reaches every model a process builds."""
+    from rla_ablate.models import build_model, load_preset
+
+    path = sweep_file(tmp_path / "s.yaml", "glue", 512)
+    monkeypatch.setenv("RLA_GLUE", "fused")
+    assert main(["launch", str(path), "--root", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "RLA_GLUE: 'fused' is not a glue mode; allowed: auto, torch" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+    monkeypatch.setenv("RLA_GLUE", "torch")
+    assert build_model(load_preset("tiny-rla")).glue == "torch"
+    monkeypatch.delenv("RLA_GLUE")
+    assert build_model(load_preset("tiny-rla")).glue == "auto"

@@ -18,9 +18,11 @@ weight's gradient is one bf16 GEMM, rounded once as the plain loss's is.
 
 Same equations, fp32 inside, every family the same glue (the transformer baseline's blocks too). The plain-torch
 glue is the reference and runs everywhere else: on the CPU, with the `chunk` and `naive` backends, for the conv of
-decoding and packed forwards, and wherever `CausalLM.set_glue("torch")` asks for it. tests/test_models.py checks
-the wiring, tests/test_fused_glue_interpreted.py FLA's kernels themselves on the CPU, tests/test_models_gpu.py a
-bf16 training step on the GPU.
+decoding and packed forwards, and wherever `CausalLM.set_glue("torch")` asks for it, or the environment does
+(`RLA_GLUE=torch`, rla_ablate.environment: every model built in the process, e.g. every job of a launch; runs
+record the glue they ran as the tag `glue`). tests/test_models.py checks the wiring,
+tests/test_fused_glue_interpreted.py FLA's kernels themselves on the CPU, tests/test_models_gpu.py a bf16 training
+step on the GPU.
 """
 
 from __future__ import annotations
@@ -34,11 +36,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from rla_ablate import environment
+
 # The op backends that run on the GPU: the linear mixers around them take the fused glue.
 GPU_BACKENDS = ("triton", "fla")
 # The devices on which the blocks take it.
 DEVICES = ("cuda",)
-GLUE_MODES = ("auto", "torch")
+GLUE_MODES = environment.GLUE_MODES
 # Labels that are not scored (padding, the positions before a document's first token), as torch's cross_entropy.
 IGNORE_INDEX = -100
 

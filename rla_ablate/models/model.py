@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from rla_ablate import environment
 from rla_ablate.models import fusion
 from rla_ablate.models.config import ModelConfig
 from rla_ablate.models.layers import KVState, LinearState, ResidualAttention, ShortConvolution, build_mixer
@@ -76,6 +77,7 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # The glue the last forward ran in its blocks and loss: "fused" (FLA's kernels) or "torch"; runs log it.
         self.glue_used: str | None = None
+        self.set_glue(environment.glue_mode())
         self.reset_parameters()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight

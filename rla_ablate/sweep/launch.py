@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+from rla_ablate import environment
 from rla_ablate.errors import UserError
 from rla_ablate.outcome import ENDED, Cause, JobOutcome, Status
 from rla_ablate.ray_local import init_local_ray
@@ -142,7 +143,7 @@ class _Services:
                "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")}
         # Local workers inherit the driver's environment; remote nodes get it through the runtime env.
         os.environ.update(env)
-        passthrough = {k: v for k, v in os.environ.items() if k.startswith("RLA_SWEEP_")}
+        passthrough = {k: v for k, v in os.environ.items() if k.startswith("RLA_SWEEP_") or k in environment.FORWARDED}
         kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
                                       configure_logging=True)
         if self.opts.address:
