@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point on the GPU node, after the bundle is installed (PYTHONPATH=/tmp/site:$PWD):
-#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|train-step|calibrate|bench|profile|tune|train|train-profile|save-tuning|all]
+#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|glue|train-step|calibrate|bench|profile|tune|train|train-profile|save-tuning|all]
 #                                [pytest -k expr]
 # GPU tests write a junit file, a log and every measured error to $OUT; the kernel table prints last.
 #
@@ -43,6 +43,16 @@ if [[ $what == models || $what == all ]]; then
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_models_gpu.py --junitxml="$OUT/junit-models.xml" \
         >"$OUT/tests-models.log" 2>&1 || rc=1
     tail -n 25 "$OUT/tests-models.log"
+fi
+if [[ $what == glue ]]; then
+    # FLA's fused glue (rla_ablate/models/fusion.py): its GPU test, then each 100m family's step with the fused and
+    # the plain-torch glue side by side, profiled (where the time goes, the 25 costliest ops), rows calibrated
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_models_gpu.py -k fused_glue \
+        --junitxml="$OUT/junit-glue.xml" >"$OUT/tests-glue.log" 2>&1 || rc=1
+    tail -n 25 "$OUT/tests-glue.log"
+    python3 benchmarks/train_gpu.py --scale 100m --glue auto torch --steps 6 --warmup 2 --profile 3 --top-ops 25 \
+        --calibrate --json "$OUT/glue-100m.json" 2>&1 | tee "$OUT/glue-100m.log" || rc=1
+    cp rla_ablate/sweep/calibration/h200.json "$OUT/h200.json"
 fi
 if [[ $what == train-step || $what == all ]]; then
     # the real training step (run_job: bf16 autocast, backend auto, AdamW, eval, checkpoint) of every job a sweep
