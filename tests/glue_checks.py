@@ -11,12 +11,12 @@ import torch.nn.functional as F
 
 from rla_ablate.models.fusion import FusedGlue
 
-NAMES = ("conv", "l2norm", "norm_gate", "rms_norm", "swiglu", "linear_cross_entropy")
+NAMES = ("conv", "l2norm", "norm_gate", "add_rms_norm", "swiglu", "linear_cross_entropy")
 
 
 def glue_with_flas_semantics() -> FusedGlue:
-    """FLA's `causal_conv1d`, `l2norm`, `rms_norm_gated`, `rms_norm`, `swiglu` and `fused_linear_cross_entropy_loss`
-    as their docstrings and kernels define them."""
+    """FLA's `causal_conv1d`, `l2norm`, `rms_norm_gated`, `swiglu` and `fused_linear_cross_entropy_loss` as their
+    docstrings and kernels define them, and the residual add + RMSNorm of `fusion.AddRMSNorm`."""
 
     def conv(x, weight, activation=None):
         D, W = weight.shape
@@ -30,11 +30,9 @@ def glue_with_flas_semantics() -> FusedGlue:
         assert bias is None and activation == "swish"
         return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps) * weight * F.silu(g)
 
-    def rms_norm(x, weight, bias, residual=None, eps=1e-5, prenorm=False):
-        assert bias is None
-        stream = x if residual is None else x + residual
-        y = stream * torch.rsqrt(stream.square().mean(-1, keepdim=True) + eps) * weight
-        return (y, stream) if prenorm else y
+    def add_rms_norm(h, weight, residual, eps):
+        stream = residual + h
+        return stream * torch.rsqrt(stream.square().mean(-1, keepdim=True) + eps) * weight, stream
 
     def swiglu(x, y):
         return F.silu(x) * y
@@ -46,7 +44,7 @@ def glue_with_flas_semantics() -> FusedGlue:
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction="sum")
 
-    return FusedGlue(conv=conv, l2norm=l2norm, norm_gate=norm_gate, rms_norm=rms_norm, swiglu=swiglu,
+    return FusedGlue(conv=conv, l2norm=l2norm, norm_gate=norm_gate, add_rms_norm=add_rms_norm, swiglu=swiglu,
                      linear_cross_entropy=linear_cross_entropy)
 
 
@@ -82,7 +80,7 @@ def assert_no_worse(fused: dict[str, float], torch_glue: dict[str, float], label
 
 def expected_calls(cfg, packed: bool = False, loss: bool = False) -> set[str]:
     """The glue functions a forward of a model of `cfg` runs where the fused glue applies (`loss`: with labels)."""
-    names = {"rms_norm", "swiglu"} | ({"linear_cross_entropy"} if loss else set())
+    names = {"add_rms_norm", "swiglu"} | ({"linear_cross_entropy"} if loss else set())
     if cfg.family != "transformer":
         names |= {"norm_gate"} | ({"l2norm"} if cfg.qk_norm == "l2" else set())
         names |= {"conv"} if cfg.use_short_conv and not packed else set()

@@ -82,10 +82,31 @@ def check_all() -> None:
                   flush=True)
 
 
+    # The residual add + RMSNorm with a bf16 sublayer output and the fp32 stream, as under autocast, on both of FLA's
+    # kernels (rows of up to 512 in tiles, wider rows one by one): the stream's gradient stays fp32-exact.
+    for D in (384, 768):
+        gen = torch.Generator().manual_seed(D)
+        h = torch.randn(2, 9, D, generator=gen).bfloat16().requires_grad_()
+        residual = torch.randn(2, 9, D, generator=gen, dtype=torch.float32).requires_grad_()
+        weight = (1 + 0.1 * torch.randn(D, generator=gen)).requires_grad_()
+        dy, ds = torch.randn(2, 9, D, generator=gen), torch.randn(2, 9, D, generator=gen)
+        y, stream = real.add_rms_norm(h, weight, residual, 1e-6)
+        assert (y.dtype, stream.dtype) == (torch.bfloat16, torch.float32)
+        torch.autograd.backward([y, stream], [dy.bfloat16(), ds])
+        h64, r64, w64 = (t.detach().double().requires_grad_() for t in (h, residual, weight))
+        s64 = r64 + h64
+        y64 = s64 * torch.rsqrt(s64.square().mean(-1, keepdim=True) + 1e-6) * w64
+        torch.autograd.backward([y64, s64], [dy.bfloat16().double(), ds.double()])
+        assert rel_rms_error(r64.grad, residual.grad) <= 1e-5, rel_rms_error(r64.grad, residual.grad)
+        assert rel_rms_error(w64.grad, weight.grad) <= 1e-5, rel_rms_error(w64.grad, weight.grad)
+        assert rel_rms_error(s64.detach(), stream.detach()) <= 1e-6 and rel_rms_error(r64.grad, h.grad) <= 1e-2
+        print(f"ok stream gradient D={D}", flush=True)
+
+
 def test_flas_glue_kernels_in_the_layer_match_the_torch_glue_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=2 * len(VARIANTS), timeout=900)
+    run_interpreted(__file__, checks=2 * len(VARIANTS) + 2, timeout=900)
 
 
 if __name__ == "__main__":

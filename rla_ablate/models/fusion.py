@@ -6,7 +6,7 @@ installed, the models run that glue on FLA's fused kernels, as FLA's own models 
 chain of ops:
 
     in the linear mixers (where the op runs on a GPU backend)     in every block, all families (on CUDA)
-    short conv + SiLU          causal_conv1d                      residual add + RMSNorm    rms_norm(prenorm=True)
+    short conv + SiLU          causal_conv1d                      residual add + RMSNorm    layer_norm_fwd/_bwd
     q/k L2 norm                l2norm                             SiLU(gate) * up           swiglu
     output RMSNorm * SiLU(g)   rms_norm_gated                   the training loss (on CUDA)
                                                                   head + cross-entropy      fused_linear_cross_entropy
@@ -14,7 +14,8 @@ chain of ops:
 The loss takes the head's bf16 logits and turns them into their own gradient in place (one Triton kernel), with the
 head's input and weight gradients computed in the forward: no fp32 copy of the logits, no log-softmax kept for the
 backward (at 100M, 32K tokens x 32K vocabulary: 2 GiB held where the plain loss holds about 12). One chunk: the
-weight's gradient is one bf16 GEMM, rounded once as the plain loss's is.
+weight's gradient is one bf16 GEMM, as the plain loss's, then scaled in bf16 by the loss's own gradient (a second
+rounding the plain loss does not make). It runs where gradients are taken; elsewhere the plain loss does.
 
 Same equations, fp32 inside, every family the same glue (the transformer baseline's blocks too). The plain-torch
 glue is the reference and runs everywhere else: on the CPU, with the `chunk` and `naive` backends, for the conv of
@@ -27,6 +28,7 @@ step on the GPU.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,7 +56,7 @@ class FusedGlue:
     conv: Callable[..., Any]        # causal_conv1d(x [B, T, D], weight [D, W], activation="silu") -> (y, final state)
     l2norm: Callable[..., Any]      # l2norm(x, eps) -> x / sqrt(sum x^2 + eps) over the last dim, fp32 inside
     norm_gate: Callable[..., Any]   # rms_norm_gated(x, g, weight, bias, activation="swish", eps=) -> RMSNorm(x) * SiLU(g)
-    rms_norm: Callable[..., Any]    # rms_norm(x, weight, bias, residual=, eps=, prenorm=True) -> (RMSNorm(s), s), s = x + residual
+    add_rms_norm: Callable[..., Any]  # add_rms_norm(h, weight, residual, eps) -> (RMSNorm(s), s), s = h + residual
     swiglu: Callable[..., Any]      # swiglu(x, y) -> SiLU(x) * y
     linear_cross_entropy: Callable[..., Any]  # (x [N, D], target [N], weight [V, D], bias, ignore_index=,
     #                                           reduction=, num_chunks=, accumulate_grad_in_fp32=) -> loss
@@ -69,11 +71,54 @@ def fused_glue() -> FusedGlue | None:
         from fla.modules.fused_linear_cross_entropy import fused_linear_cross_entropy_loss
         from fla.modules.norm.fused_norm_gate import rms_norm_gated
         from fla.modules.norm.l2norm import l2norm
-        from fla.modules.norm.layernorm import rms_norm
+        from fla.modules.norm.layernorm import layer_norm_bwd, layer_norm_fwd
     except ImportError:
         return None
-    return FusedGlue(conv=causal_conv1d, l2norm=l2norm, norm_gate=rms_norm_gated, rms_norm=rms_norm, swiglu=swiglu,
-                     linear_cross_entropy=fused_linear_cross_entropy_loss)
+
+    def add_rms_norm(h, weight, residual, eps):
+        return AddRMSNorm.apply(h, weight, residual, eps, layer_norm_fwd, layer_norm_bwd)
+
+    return FusedGlue(conv=causal_conv1d, l2norm=l2norm, norm_gate=rms_norm_gated, add_rms_norm=add_rms_norm,
+                     swiglu=swiglu, linear_cross_entropy=fused_linear_cross_entropy_loss)
+
+
+class AddRMSNorm(torch.autograd.Function):
+    """(RMSNorm(s), s) with s = residual + h, on FLA's fused kernels (`layer_norm_fwd` / `layer_norm_bwd` of
+    fla.modules.norm.layernorm), the stream's gradient kept in the stream's dtype.
+
+    FLA's own autograd function (`rms_norm(..., prenorm=True)`) takes the gradient in h's dtype, and at hidden
+    sizes over 512 its row kernel rounds the stream's fp32 gradient to that dtype as well (bf16 under autocast): at
+    every norm, where the plain-torch glue keeps it fp32. Here the backward runs in the stream's dtype and only h's
+    own gradient is cast to h's dtype."""
+
+    @staticmethod
+    def forward(ctx, h, weight, residual, eps, fwd, bwd):
+        shape, D = h.shape, h.shape[-1]
+        with _on(h):
+            y, _, rstd, stream = fwd(x=h.reshape(-1, D).contiguous(), weight=weight, bias=None, eps=eps,
+                                     residual=residual.reshape(-1, D).contiguous(), is_rms_norm=True)
+        ctx.save_for_backward(stream, weight, rstd)
+        ctx.h_dtype, ctx.bwd = h.dtype, bwd
+        ctx.set_materialize_grads(False)  # the final norm's stream goes unused: no zero gradient to read
+        return y.view(shape), stream.view(shape)
+
+    @staticmethod
+    def backward(ctx, dy, dstream):
+        stream, weight, rstd = ctx.saved_tensors
+        D = stream.shape[-1]
+        if dy is None:
+            dy = torch.zeros_like(stream, dtype=weight.dtype)
+        with _on(stream):
+            ds, dw, _, _ = ctx.bwd(dy=dy.reshape(-1, D).contiguous(), x=stream, weight=weight, bias=None, rstd=rstd,
+                                   dres=None if dstream is None else dstream.reshape(-1, D).contiguous(),
+                                   has_residual=True, is_rms_norm=True, x_dtype=stream.dtype)
+        ds = ds.view(dy.shape)
+        return ds.to(ctx.h_dtype), dw, ds, None, None, None
+
+
+def _on(t: torch.Tensor):
+    """The CUDA device of t as the current one while FLA launches kernels on it (as FLA's input_guard)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def block_glue(x: torch.Tensor, mode: str) -> FusedGlue | None:
@@ -84,10 +129,11 @@ def block_glue(x: torch.Tensor, mode: str) -> FusedGlue | None:
 def add_and_norm(norm: nn.RMSNorm, h: torch.Tensor, residual: torch.Tensor | None,
                  glue: FusedGlue | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(s), s) with s = residual + h, the residual stream after a sublayer; residual None: s = h."""
-    if glue is None:
+    if glue is None or residual is None:
+        # the first block's norm has no add to fuse (and its input, the embedding, is fp32): the plain norm
         stream = h if residual is None else residual + h
         return norm(stream), stream
-    return glue.rms_norm(h, norm.weight, None, residual=residual, eps=norm.eps, prenorm=True)
+    return glue.add_rms_norm(h, norm.weight, residual, norm.eps)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor, glue: FusedGlue | None) -> torch.Tensor:
@@ -101,7 +147,8 @@ def lm_loss(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, glue: F
     x [..., D], weight [V, D], labels [...] of x's leading shape. The plain loss takes the logits in at least fp32,
     as the reference; the fused one takes them in the autocast dtype (the dtype the head's GEMM gives the plain loss)."""
     x_ND, labels_N = x.reshape(-1, x.shape[-1]), labels.reshape(-1)
-    if glue is None:
+    if glue is None or not torch.is_grad_enabled():
+        # the fused loss computes its gradients in the forward: without a backward to come, the plain one
         logits = F.linear(x_ND, weight)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         return F.cross_entropy(logits, labels_N, ignore_index=IGNORE_INDEX, reduction="sum")
