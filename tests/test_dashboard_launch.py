@@ -46,6 +46,8 @@ def test_launched_clip_sweep_gives_one_series_per_clip_value(tmp_path, capsys, m
     assert main(["results", "clip-e2e", "--root", str(root), "--tracking-uri", store, "--csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert len(rows) == 6 and {r["status"] for r in rows} == {"finished"}
+    # what ran, beside the numbers
+    assert {(r["kernel_backend"], r["glue"]) for r in rows} == {("chunk", "torch")}
     by_clip: dict[str, list[dict]] = {}
     for r in rows:
         by_clip.setdefault(r["point.model.clip"], []).append(r)

@@ -129,3 +129,17 @@ def test_a_bad_glue_setting_is_refused_before_anything_starts(tmp_path, capsys, 
     assert build_model(load_preset("tiny-rla")).glue == "torch"
     monkeypatch.delenv("RLA_GLUE")
     assert build_model(load_preset("tiny-rla")).glue == "auto"
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without CUDA")
+def test_a_cuda_sweep_without_a_gpu_is_refused_before_anything_starts(tmp_path, capsys):
+    path = sweep_file(tmp_path / "s.yaml", "gpu", 512)
+    data = yaml.safe_load(path.read_text())
+    data["base"]["train"]["device"] = "cuda"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["launch", str(path), "--root", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "device: cuda" in text)
+    assert f"s.yaml:{line}: train.device: 2 job(s) train with device cuda" in err, err
+    assert "allowed here: train.device auto or cpu" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()

@@ -76,3 +76,11 @@ def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
     assert main(["train", "tiny-rla", "--out", str(tmp_path / "other"), "--profile", "cpu",
                  "--set", "model.vocab_size=256"]) == 2
     assert "model.vocab_size=257" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without CUDA")
+def test_cuda_without_a_gpu_is_refused_before_the_folder_is_made(tmp_path, capsys):
+    sets = [arg for kv in SMALL + ["train.device=cuda"] for arg in ("--set", kv)]
+    assert main(["train", "tiny-rla", "--out", str(tmp_path / "o"), *sets]) == 2
+    assert "train.device: device cuda asked for but CUDA is not available here" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -65,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
                           soft_wrap=True)
     console.print(f"page: [bold]{dash.page.resolve()}[/]", highlight=False, soft_wrap=True)
     if dash.logged_to:
-        console.print(f"logged to MLflow run {dash.logged_to} (artifacts/dashboard/) in {dash.tracking_uri}",
+        # without --tracking-uri the server was the sweep's own store, started for this command (or a launch's)
+        where = (f"in {dash.tracking_uri}" if args.tracking_uri else
+                 f"in the sweep's store: `rla-sweep ui {args.name} --root {args.root}` serves it")
+        console.print(f"logged to MLflow run {dash.logged_to} (artifacts/dashboard/) {where}",
                       highlight=False, soft_wrap=True)
     return 0

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     import contextlib
 
     from rla_ablate.dashboard.build import open_sweep_dir, open_tracking, read_runs
-    from rla_ablate.dashboard.results import result_rows
+    from rla_ablate.dashboard.results import PROVENANCE, result_rows
     from rla_ablate.sweep.status import resolve_name
 
     name = resolve_name(args.name)
@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
 
         from rla_ablate.terminal import stdout_console
 
-        shown = [c for c in columns if c not in ("run_id", "job_id") and any(r[c] is not None for r in rows)]
+        # what ran (kernels, glue) is in --csv and --json; the table keeps to what is compared
+        hidden = ("run_id", "job_id", *PROVENANCE)
+        shown = [c for c in columns if c not in hidden and any(r[c] is not None for r in rows)]
         table = Table(title=f"sweep {name}: {len(rows)} jobs", caption="; ".join(selection.notes()) or None)
         for c in shown:
             table.add_column(c, overflow="fold")

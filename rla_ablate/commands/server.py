@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UserError(f"{args.port} is not a port; give one in 1-65535", key="--port")
     if args.workers < 1:
-        raise UserError("--workers must be at least 1", key="--workers")
+        raise UserError(f"must be at least 1; got {args.workers}", key="--workers")
     root = Path(args.root)
     check_root(root, write=True)
     store = None if args.backend_store_uri is None else check_store_uri(args.backend_store_uri)

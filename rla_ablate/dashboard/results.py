@@ -12,6 +12,7 @@ import math
 from rla_ablate.dashboard.selection import VERSION
 from rla_ablate.sweep.identity import ARM, CONTROL, POINT_PREFIX, PRESET, SERIES
 from rla_ablate.tracking.read import RunRecord
+from rla_ablate.tracking.runs import BACKEND, GLUE
 
 IDENTITY_COLUMNS = ("job_id", "name", "status", VERSION, "family", ARM, PRESET, "ablations", CONTROL)
 METRIC_PATTERNS = ("eval/*/loss", "eval/*/ppl", "eval/*/acc", "train/loss", "diag/*")
@@ -24,16 +25,21 @@ def _seed(value: str | None):
         return value
 
 
+# Tags of what ran, beside the numbers: two runs of one config can differ here (rla_ablate.tracking.runs).
+PROVENANCE = (BACKEND, GLUE)
+
+
 def result_rows(jobs: list[RunRecord]) -> tuple[list[str], list[dict]]:
-    """(columns, rows): identity columns, the grid/zip keys, seed, series, tokens, then every final metric."""
+    """(columns, rows): identity columns, the grid/zip keys, seed, series, tokens, every final metric, then what ran
+    (the kernels' tag and the glue: `PROVENANCE`) and the run id."""
     points = sorted({k for r in jobs for k in r.tags if k.startswith(POINT_PREFIX)})
     metrics = []
     for pattern in METRIC_PATTERNS:
         metrics += sorted({k for r in jobs for k in r.metrics if fnmatch.fnmatchcase(k, pattern)} - set(metrics))
-    columns = [*IDENTITY_COLUMNS, *points, "seed", SERIES, "tokens", *metrics, "run_id"]
+    columns = [*IDENTITY_COLUMNS, *points, "seed", SERIES, "tokens", *metrics, *PROVENANCE, "run_id"]
     rows = []
     for r in jobs:
-        row: dict = {c: r.tags.get(c) for c in (*IDENTITY_COLUMNS, *points, SERIES)}
+        row: dict = {c: r.tags.get(c) for c in (*IDENTITY_COLUMNS, *points, SERIES, *PROVENANCE)}
         row["name"] = r.tags.get("name") or r.name
         row["status"] = r.status
         row["seed"] = _seed(r.tags.get("seed"))

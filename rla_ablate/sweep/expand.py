@@ -99,7 +99,7 @@ def count_jobs(cfg: SweepConfig) -> tuple[int, list[tuple[str, int]]]:
     if cfg.zip:
         factors.append((f"zip ({', '.join(cfg.zip)})", min(len(v) for v in cfg.zip.values())))
     variants = 1 + len(cfg.ablations) + len(cfg.controls)
-    factors += [("1 + ablations + controls", variants), ("seeds", len(cfg.seeds))]
+    factors += [("variants (1 + ablations + controls)", variants), ("seeds", len(cfg.seeds))]
     total = 1
     for _, n in factors:
         total *= n
@@ -111,7 +111,7 @@ def check_job_count(cfg: SweepConfig, located: LocatedYAML) -> None:
     if total > MAX_JOBS:
         big = max(factors, key=lambda f: f[1])[0]
         path = (("grid", big[len("grid."):]) if big.startswith("grid.") else ("zip",) if big.startswith("zip")
-                else ("ablations",) if big.startswith("1 +") else (big,))
+                else ("ablations",) if big.startswith("variants") else (big,))
         product = " x ".join(f"{n:,} {key}" for key, n in factors if n != 1)
         raise _err(located, path,
                    f"the sweep expands to up to {total:,} jobs ({product}), more than {MAX_JOBS:,}; shrink the "

@@ -84,6 +84,12 @@ def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[s
     if res.cpus > have_cpus:
         raise UserError(f"each job asks for {res.cpus:g} CPUs but the Ray cluster has {have_cpus:g}",
                         file=sweep.source.file, line=line, key="resources.cpus")
+    on_cuda = [job for job in sweep.jobs if job.job.train.device == "cuda"]
+    if on_cuda and not have_gpus:
+        # Each of them would start, open its run and fail at its first line (CUDA is not available).
+        raise UserError(f"{len(on_cuda)} job(s) train with device cuda ({on_cuda[0].name}, ...) but the Ray cluster "
+                        "has no GPU; allowed here: train.device auto or cpu", file=sweep.source.file,
+                        line=sweep.source.line(("base", "train", "device")), key="train.device")
 
 
 def _local_resources() -> dict[str, float]:
@@ -233,7 +239,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
 
     sdir = SweepDir(opts.root, sweep.name)
     if opts.max_concurrent is not None and opts.max_concurrent < 1:
-        raise UserError("--max-concurrent must be at least 1", key="--max-concurrent")
+        raise UserError(f"must be at least 1; got {opts.max_concurrent}", key="--max-concurrent")
     source = source_for(sweep, sdir)
     # The data dry run: every data config and eval set a job will read opens and yields a batch, before anything
     # is created.
