@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from rla_ablate.cli import main
+from rla_ablate.errors import UserError
 from rla_ablate.sweep.expand import load_sweep
 from rla_ablate.sweep.ids import job_id
 
@@ -107,6 +108,29 @@ def test_arm_base_rejects_unknown_sections(tmp_path):
     f.write_text("name: s\nmodels:\n  - {preset: tiny-rla, base: {model: {}}}\n")
     with pytest.raises(Exception, match="allowed: train, data, eval"):
         load_sweep(f)
+
+
+@pytest.mark.parametrize("train, message", [
+    ("{seqlen: 64}", ":6: models.0.base.train.seqlen: unknown key 'models.0.base.train.seqlen' (did you mean 'seq_len'?)"),
+    ("{seq_len: fast}", ":6: models.0.base.train.seq_len: Input should be a valid integer"),
+])
+def test_an_error_in_an_arms_own_base_points_at_the_arm(tmp_path, train, message):
+    """Not at the sweep's base, whose line and key say nothing of the arm's typo."""
+    f = tmp_path / "s.yaml"
+    f.write_text(f"""name: s
+models:
+  - preset: tiny-rla
+    overrides: {{vocab_size: 257}}
+    base:
+      train: {train}
+  - preset: tiny-gdn
+base:
+  train: {{tokens: 8192, seq_len: 64, batch_tokens: 512, micro_batch_size: 4}}
+  data: {{kind: stdlib}}
+""")
+    with pytest.raises(UserError) as err:
+        load_sweep(f)
+    assert message in str(err.value)
 
 
 def test_expansion_is_deterministic_and_ids_ignore_key_order(tmp_path):

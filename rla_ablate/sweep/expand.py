@@ -308,7 +308,7 @@ class _Resolver:
         try:
             return self.JobConfig.model_validate(data)
         except ValidationError as exc:
-            raise self._job_error(exc) from None
+            raise self._job_error(exc, arm) from None
 
     def _key_path(self, key: str) -> tuple:
         """Where a swept key sits in the sweep file."""
@@ -318,14 +318,26 @@ class _Resolver:
             return ("zip", key)
         return ("search", "params", key)
 
-    def _job_error(self, exc: ValidationError) -> UserError:
-        """Point at the sweep line the bad value came from: a grid/zip key, or the base section."""
+    def _job_error(self, exc: ValidationError, arm: int | None = None) -> UserError:
+        """Point at the sweep line the bad value came from: a grid/zip key, the arm's own base, or the base."""
         loc = user_loc(exc.errors()[0], self.JobConfig)
         dotted = ".".join(str(p) for p in loc)
         for key in itertools.chain(self.cfg.grid, self.cfg.zip, (self.cfg.search.params if self.cfg.search else {})):
             if dotted.startswith(key):
                 return _err(self.located, self._key_path(key), validation_message(exc, self.JobConfig, at=key))
-        return _err(self.located, ("base",) + loc, validation_message(exc, self.JobConfig, "base.", at="base." + dotted))
+        where: tuple = ("base",)
+        if arm is not None and self._arm_sets(arm, loc):
+            where = ("models", arm, "base")
+        prefix = ".".join(str(p) for p in where) + "."
+        return _err(self.located, where + loc, validation_message(exc, self.JobConfig, prefix, at=prefix + dotted))
+
+    def _arm_sets(self, arm: int, loc: tuple) -> bool:
+        """Whether the value at `loc` of an arm's jobs comes from the arm's own `base:` (whose `train` keys join the
+        sweep's base train section, and whose other sections replace the base's)."""
+        own = self.cfg.models[arm].base or {}
+        if not loc or loc[0] not in own:
+            return False
+        return loc[0] != "train" or (len(loc) > 1 and loc[1] in (own.get("train") or {}))
 
 
 def _ablation_refs(cfg: SweepConfig) -> list[AblationRef]:
