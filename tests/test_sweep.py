@@ -111,7 +111,8 @@ def test_arm_base_rejects_unknown_sections(tmp_path):
 
 
 @pytest.mark.parametrize("train, message", [
-    ("{seqlen: 64}", ":6: models.0.base.train.seqlen: unknown key 'models.0.base.train.seqlen' (did you mean 'seq_len'?)"),
+    ("{seqlen: 64}", ":6: models.0.base.train.seqlen: unknown key 'models.0.base.train.seqlen' "
+                     "(did you mean 'models.0.base.train.seq_len'?)"),
     ("{seq_len: fast}", ":6: models.0.base.train.seq_len: Input should be a valid integer"),
 ])
 def test_an_error_in_an_arms_own_base_points_at_the_arm(tmp_path, train, message):
@@ -239,7 +240,7 @@ BAD = {
     # the '[' that is never closed, not the line where PyYAML notices
     "malformed": ("name: x\nmodels: [{preset: tiny-rla}\nseeds: [0]\n", 2, "models: malformed YAML"),
     "bad_grid_key": ("name: x\nmodels: [{preset: tiny-rla}]\nbase: {data: {kind: stdlib}}\n"
-                     "grid:\n  train.lrr: [0.1]\n", 5, "did you mean 'lr'"),
+                     "grid:\n  train.lrr: [0.1]\n", 5, "did you mean 'train.lr'"),
     "bad_override": ("name: x\nmodels:\n  - preset: tiny-rla\n    overrides: {num_layer: 3}\n", 4,
                      "did you mean 'num_layers'"),
     "zip_lengths": ("name: x\nmodels: [{preset: tiny-rla}]\nzip:\n  train.lr: [0.1, 0.2]\n"
@@ -249,7 +250,7 @@ BAD = {
                       "  metric: eval/vall/loss\n", 7, "did you mean 'eval/val/loss'"),
     "search_key": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                    "    train.lrr: {type: float, low: 1.0e-4, high: 1.0e-2}\n  n_trials: 2\n", 5,
-                   "did you mean 'lr'"),
+                   "did you mean 'train.lr'"),
     "search_choice": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                       "    model.target: {type: categorical, choices: [clip, tanhh, tanh]}\n  n_trials: 2\n", 5,
                       "model.target"),

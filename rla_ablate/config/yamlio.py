@@ -246,7 +246,9 @@ def _describe(err: dict, model: type[BaseModel], loc: tuple, name: str | None = 
     if err["type"] == "extra_forbidden":
         owner = _model_at(model, loc)
         allowed = sorted(owner.model_fields) if owner else []
-        msg = f"unknown key '{loc[-1] if name is None else name}'{did_you_mean(str(loc[-1]), allowed)}"
+        shown = str(loc[-1]) if name is None else name
+        # the suggestion is written as the key is: with the same path before it
+        msg = f"unknown key '{shown}'{did_you_mean(str(loc[-1]), allowed, prefix=shown[:-len(str(loc[-1]))])}"
         return msg + (f"; allowed: {', '.join(allowed)}" if allowed and list_allowed else "")
     if err["type"] in ("literal_error", "enum"):
         choices = _choices(err)
