@@ -45,7 +45,10 @@ SHAPES = {"tiny": (4, 128), "proxy-mqar": (16, 64), "proxy-lm": (32, 512), "100m
 KINDS = (
     ("attention", re.compile(r"flash|fmha|attention|sdpa", re.I)),
     ("GEMM", re.compile(r"gemm|cutlass|cublas|nvjet|xmma|sm90_|sm80_|aten::(mm|addmm|bmm|matmul|linear)\b", re.I)),
-    ("FLA", re.compile(r"chunk_|fused_recurrent|l2norm|causal_conv|wy_|solve_tril|merge_16x16|kkt|recompute_w", re.I)),
+    # FLA's fused glue (rla_ablate/models/fusion.py) apart from its mixer kernels
+    ("FLA glue", re.compile(r"l2norm|causal_conv|layer_norm|swiglu|cross_entropy_(fwd|bwd)|logsumexp_fwd|"
+                            r"elementwise_mul_kernel", re.I)),
+    ("FLA", re.compile(r"chunk_|fused_recurrent|wy_|solve_tril|merge_16x16|kkt|recompute_w", re.I)),
     ("optimizer", re.compile(r"multi_tensor|adam|foreach", re.I)),
     ("copies, casts", re.compile(r"copy|aten::cat\b|CatArray|contiguous|clone|aten::to\b|fill_|zero_", re.I)),
     ("norms", re.compile(r"norm", re.I)),
