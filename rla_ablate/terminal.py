@@ -7,6 +7,9 @@ import sys
 
 from rich.console import Console
 
+# The width a free-text column (fit_columns' `fold`) is given at the least: it wraps within it.
+FOLD_WIDTH = 30
+
 
 class _StdoutConsole(Console):
     def on_broken_pipe(self) -> None:
@@ -20,3 +23,28 @@ def stdout_console(pipe_width: int = 200) -> Console:
     """A console on stdout: a terminal's own width; a pipe or a file gets `pipe_width` columns rather than rich's
     default 80, so that a table is printed whole (`rla-sweep models | less`), not with its columns cut."""
     return _StdoutConsole(width=None if sys.stdout.isatty() else pipe_width)
+
+
+def fit_columns(console: Console, columns: list[str], rows: list[list[str]], keep: int,
+                drop_order: list[str] | None = None, fold: tuple[str, ...] = ()) -> tuple[list[int], list[str]]:
+    """Which columns of a table fit the console's width: (indices kept, names left out).
+
+    A table squeezed into a narrow terminal cuts every cell to a few letters ("tiny-…"), its names and ids
+    unreadable; instead, whole columns are left out until the rest fits at their natural widths. The first `keep`
+    columns (what names a row) always stay; the others leave in `drop_order` (default: from the last). Columns in
+    `fold` (free text, e.g. an error) count as at most `FOLD_WIDTH` wide: they wrap. Markup counts as printed."""
+    from rich.text import Text
+
+    def width(cell: str) -> int:
+        return max((len(line) for line in Text.from_markup(cell).plain.splitlines()), default=0)
+
+    natural = [min(max([len(name)] + [width(r[i]) for r in rows]), FOLD_WIDTH if name in fold else 10**6) + 3
+               for i, name in enumerate(columns)]
+    kept = list(range(len(columns)))
+    order = [columns.index(c) for c in drop_order] if drop_order else list(range(len(columns) - 1, keep - 1, -1))
+    for i in order:
+        if sum(natural[j] for j in kept) + 1 <= console.width:
+            break
+        if i >= keep:
+            kept.remove(i)
+    return kept, [columns[i] for i in range(len(columns)) if i not in kept]

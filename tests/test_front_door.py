@@ -229,3 +229,23 @@ def test_validator_messages_have_no_pydantic_prefix(tmp_path, capsys):
     path = tiny_sweep(tmp_path / "s.yaml", seeds=[3, 1, 3])
     code, err = run_cli(capsys, "plan", str(path))
     assert code == 2 and err.endswith(": seeds: seed 3 listed more than once; each seed runs once per job\n"), err
+
+
+def test_a_narrow_terminal_leaves_out_whole_columns_not_letters():
+    """`plan`, `status` and `results` keep the columns that name a row and drop others whole, in the given order,
+    until the rest fits; free text folds; markup counts as printed."""
+    from rich.console import Console
+
+    from rla_ablate.terminal import fit_columns
+
+    columns = ["job", "status", "id", "tokens", "error"]
+    rows = [["tiny-rla/no_fitting/seed0", "[green]finished[/]", "f0cf3c6c", "16.4k/16.4k", "x" * 150]]
+    wide, none = fit_columns(Console(width=300), columns, rows, keep=2)
+    assert wide == [0, 1, 2, 3, 4] and none == []
+    kept, left_out = fit_columns(Console(width=60), columns, rows, keep=2, fold=("error",),
+                                 drop_order=["id", "tokens", "error"])
+    # job 25 + status 8 + error folded to 30, each with 3 of padding and border, and 1: 75 > 60
+    assert [columns[i] for i in kept] == ["job", "status"] and left_out == ["id", "tokens", "error"]
+    kept, left_out = fit_columns(Console(width=80), columns, rows, keep=2, fold=("error",),
+                                 drop_order=["id", "tokens", "error"])
+    assert [columns[i] for i in kept] == ["job", "status", "error"] and left_out == ["id", "tokens"]

@@ -42,9 +42,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
+    from rich.markup import escape
     from rich.table import Table
 
-    from rla_ablate.terminal import stdout_console
+    from rla_ablate.terminal import fit_columns, stdout_console
 
     t = doc["totals"]
     packing = f", {t['jobs_per_gpu']:g} jobs per GPU" if t["jobs_per_gpu"] else ""
@@ -55,20 +56,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         title = (f"sweep {t['sweep']}: {t['jobs']} jobs, {_h(t['tokens'])} tokens, {t['gpu_hours']:,.2f} GPU-hours; "
                  f"peak memory up to {t['max_mem_gib']:.1f} GiB of {t['gpu_memory_gib']:g} ({t['gpu']}){packing}")
+    columns = ["job", "id", "family", "ablations", "params", "state/layer", "FLOPs/tok", "tokens", "mem GiB",
+               "GPU share", "tok/s", "GPU-h"]
+    rows = [[escape(r["name"]), r["job_id"][:8], r["family"], escape("+".join(r["ablations"]) or "-"),
+             _h(r["params"]), _h(r["state_elements"]), _h(r["flops_per_token"]), _h(r["tokens"]),
+             f"{r['mem_gib']:.1f}", f"{r['gpu_share']:.2f}" if r["gpu_share"] else "-", _h(r["tokens_per_s"]),
+             f"{r['gpu_hours']:,.2f}"] for r in doc["jobs"]]
+    console = stdout_console()
+    # a narrow terminal loses the columns least needed to choose what to run first
+    kept, left_out = fit_columns(console, columns, rows, keep=1,
+                                 drop_order=["FLOPs/tok", "state/layer", "id", "params", "tok/s", "GPU share",
+                                             "tokens", "family", "mem GiB", "GPU-h", "ablations"])
     table = Table(title=title)
-    for col, justify in (("job", "left"), ("id", "left"), ("family", "left"), ("ablations", "left"),
-                         ("params", "right"), ("state/layer", "right"), ("FLOPs/tok", "right"),
-                         ("tokens", "right"), ("mem GiB", "right"), ("GPU share", "right"), ("tok/s", "right"),
-                         ("GPU-h", "right")):
-        table.add_column(col, justify=justify)
+    for i in kept:
+        table.add_column(columns[i], justify="left" if i < 4 else "right", overflow="fold")
+    for row in rows:
+        table.add_row(*(row[i] for i in kept))
     sources = sorted({r["cost_source"] for r in doc["jobs"]})
-    for r in doc["jobs"]:
-        share = f"{r['gpu_share']:.2f}" if r["gpu_share"] else "-"
-        table.add_row(r["name"], r["job_id"][:8], r["family"], "+".join(r["ablations"]) or "-", _h(r["params"]),
-                      _h(r["state_elements"]), _h(r["flops_per_token"]), _h(r["tokens"]), f"{r['mem_gib']:.1f}",
-                      share, _h(r["tokens_per_s"]), f"{r['gpu_hours']:,.2f}")
     table.caption = "tok/s alone on one GPU from: " + "; ".join(sources) + "\n" + checked.line()
+    if left_out:
+        table.caption += f"\nleft out for the terminal's width: {', '.join(left_out)} (--json has every column)"
     if "search_trials" in t:
         table.caption += f"\nOptuna search: the base job above runs as {t['search_trials']} trials (totals include them)"
-    stdout_console().print(table)
+    console.print(table)
     return 0

@@ -30,25 +30,34 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from rla_ablate.terminal import stdout_console
+    from rla_ablate.terminal import fit_columns, stdout_console
 
     counts: dict[str, int] = {}
     for j in doc["jobs"]:
         counts[j["status"]] = counts.get(j["status"], 0) + 1
     # Before any launch started MLflow the sweep has no store to name.
     store = doc["tracking_uri"] or "none yet (no launch of this sweep has started MLflow)"
-    table = Table(title=f"sweep {doc['sweep']}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
-                  caption=f"runs: {escape(store)}")
-    for col in ("job", "id", "ablations", "status", "tokens", "MLflow run", "cause", "error"):
-        table.add_column(col, overflow="fold")
+    columns = ["job", "status", "id", "ablations", "tokens", "MLflow run", "cause", "error"]
+    rows = []
     for j in doc["jobs"]:
         # The error is one line ("Type: message"); the traceback is in the job's error.log and in --json.
         error = (j["error"] or "").strip().splitlines()
-        table.add_row(escape(j["name"]), j["job_id"][:8], escape("+".join(j["ablations"]) or "-"),
-                      f"[{STYLE.get(j['status'], '')}]{j['status']}[/]",
-                      f"{fmt_tokens(j['tokens_done'])}/{fmt_tokens(j['tokens_target'])}",
-                      (j["mlflow_run_id"] or "")[:12], j["cause"] or "", escape(error[0][:160]) if error else "")
+        rows.append([escape(j["name"]), f"[{STYLE.get(j['status'], '')}]{j['status']}[/]", j["job_id"][:8],
+                     escape("+".join(j["ablations"]) or "-"),
+                     f"{fmt_tokens(j['tokens_done'])}/{fmt_tokens(j['tokens_target'])}",
+                     (j["mlflow_run_id"] or "")[:12], j["cause"] or "", escape(error[0][:160]) if error else ""])
     console = stdout_console()
+    kept, left_out = fit_columns(console, columns, rows, keep=2, fold=("error",),
+                                 drop_order=["MLflow run", "id", "ablations", "cause", "tokens", "error"])
+    caption = f"runs: {escape(store)}"
+    if left_out:
+        caption += f"\nleft out for the terminal's width: {', '.join(left_out)} (--json has every column)"
+    table = Table(title=f"sweep {doc['sweep']}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
+                  caption=caption)
+    for i in kept:
+        table.add_column(columns[i], overflow="fold")
+    for row in rows:
+        table.add_row(*(row[i] for i in kept))
     console.print(table)
     for j in doc["jobs"]:
         if j["status"] == "failed" and j["error_log"]:
