@@ -191,6 +191,11 @@ def test_a_folder_given_for_the_sweep_file(tmp_path, capsys):
         assert code == 2 and f"{folder}: is a folder, not a file; expected a sweep file (YAML)" in err
         assert "(it holds s.yaml)" in err
     assert not (tmp_path / "runs").exists()
+    # something that exists without being a file, and nothing at all
+    assert run_cli(capsys, "plan", "/dev/null") == (
+        2, "rla-sweep: error: /dev/null: not a regular file; expected a sweep file (YAML), e.g. sweeps/smoke.yaml\n")
+    code, err = run_cli(capsys, "plan", str(tmp_path / "nope.yaml"))
+    assert code == 2 and err.endswith("nope.yaml: no such file\n")
 
 
 def test_data_show_of_a_shard_folder_says_what_it_reads(tmp_path, capsys):

@@ -154,7 +154,8 @@ def check_file(path: str | Path, what: str = "a YAML file") -> None:
         listing = f" (it holds {', '.join(inside[:5])}{', ...' if len(inside) > 5 else ''})" if inside else ""
         raise UserError(f"is a folder, not a file; expected {what}{listing}", file=str(path))
     if not path.is_file():
-        raise UserError("no such file", file=str(path))
+        # a device, a pipe or a socket exists without being a file to read a config from
+        raise UserError(f"not a regular file; expected {what}" if path.exists() else "no such file", file=str(path))
 
 
 def load_yaml(path: str | Path) -> LocatedYAML:
