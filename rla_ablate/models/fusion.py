@@ -98,7 +98,7 @@ class AddRMSNorm(torch.autograd.Function):
             y, _, rstd, stream = fwd(x=h.reshape(-1, D).contiguous(), weight=weight, bias=None, eps=eps,
                                      residual=residual.reshape(-1, D).contiguous(), is_rms_norm=True)
         ctx.save_for_backward(stream, weight, rstd)
-        ctx.h_dtype, ctx.bwd = h.dtype, bwd
+        ctx.h_dtype, ctx.shape, ctx.bwd = h.dtype, shape, bwd
         ctx.set_materialize_grads(False)  # the final norm's stream goes unused: no zero gradient to read
         return y.view(shape), stream.view(shape)
 
@@ -112,7 +112,7 @@ class AddRMSNorm(torch.autograd.Function):
             ds, dw, _, _ = ctx.bwd(dy=dy.reshape(-1, D).contiguous(), x=stream, weight=weight, bias=None, rstd=rstd,
                                    dres=None if dstream is None else dstream.reshape(-1, D).contiguous(),
                                    has_residual=True, is_rms_norm=True, x_dtype=stream.dtype)
-        ds = ds.view(dy.shape)
+        ds = ds.view(ctx.shape)
         return ds.to(ctx.h_dtype), dw, ds, None, None, None
 
 
