@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from rla_ablate.models import build_model, fusion, load_preset
+from rla_ablate.models import build_model, load_preset
 from rla_ablate.models.accounting import count_params, flops_per_token
 from rla_ablate.sweep.calibration import row_glue
 from rla_ablate.train.loop import PEAK_BF16_FLOPS
@@ -184,8 +184,7 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
     seconds = time.perf_counter() - t0
     tok_s = batch * seq_len * args.steps / seconds
     peak = device_peak(device)
-    glue_ran = "fused" if fusion.block_glue(tokens, glue) is not None else "torch"
-    row = dict(family=family, scale=scale, preset=f"{scale}-{family}", glue=glue, glue_ran=glue_ran,
+    row = dict(family=family, scale=scale, preset=f"{scale}-{family}", glue=glue, glue_ran=model.glue_used,
                model=cfg.model_dump(mode="json"),
                batch=batch, seq_len=seq_len, params=count_params(cfg), tokens_per_s=tok_s,
                mfu=flops_per_token(cfg, seq_len) * tok_s / peak if peak else None, loss=loss,

@@ -48,3 +48,21 @@ def fit_columns(console: Console, columns: list[str], rows: list[list[str]], kee
         if i >= keep:
             kept.remove(i)
     return kept, [columns[i] for i in range(len(columns)) if i not in kept]
+
+
+def fitted_table(console: Console, title: str, columns: list[str], rows: list[list[str]], *, keep: int,
+                 drop_order: list[str] | None = None, fold: tuple[str, ...] = (), right: tuple[str, ...] = (),
+                 captions: tuple[str, ...] | list[str] = (), whole: str = "--json"):
+    """A table of the `columns` that fit the console (`fit_columns`), with `captions` under it and, when columns
+    were left out, a line naming them and the option (`whole`) that prints every column."""
+    from rich.table import Table
+
+    kept, left_out = fit_columns(console, columns, rows, keep, drop_order, fold)
+    notes = list(captions) + ([f"left out for the terminal's width: {', '.join(left_out)} ({whole} has every "
+                               "column)"] if left_out else [])
+    table = Table(title=title, caption="\n".join(notes) or None)
+    for i in kept:
+        table.add_column(columns[i], justify="right" if columns[i] in right else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(row[i] for i in kept))
+    return table

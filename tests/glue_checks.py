@@ -1,4 +1,4 @@
-"""FLA's fused glue in the models' tests: the three functions with FLA's semantics written in torch (the CPU
+"""FLA's fused glue in the models' tests: its functions with FLA's semantics written in torch (the CPU
 wiring test runs the fused branch with them), and a wrapper that records which of a glue's functions ran (the CPU
 and the GPU test alike)."""
 

@@ -74,6 +74,20 @@ def test_a_family_with_fused_glue_rows_is_estimated_from_them_alone(table):
     assert C.estimate_memory(job("100m-sgla")).gib == pytest.approx(38.9, rel=1e-6)
 
 
+def test_jobs_told_to_run_the_torch_glue_are_estimated_from_its_rows(table, monkeypatch):
+    """RLA_GLUE=torch: the plain loss holds ~6x the fused one's bytes; its rows, or the fused rows' coefficients
+    with the torch glue's bytes, estimate the job (a packed job's cap is its estimate)."""
+    table.append(row("100m-rla", peak=44.6, tok_s=165_000))
+    table.append(row("100m-rla", peak=31.0, tok_s=230_000) | {"glue": "fused"})
+    table.append(row("100m-sgla", peak=27.0, tok_s=250_000) | {"glue": "fused"})
+    monkeypatch.setenv("RLA_GLUE", "torch")
+    est = C.estimate_memory(job("100m-rla"))
+    assert est.glue == "torch" and est.gib == pytest.approx(44.6, rel=1e-6)
+    assert C.estimate_speed(job("100m-rla"), 400).tokens_per_s == pytest.approx(165_000)
+    only_fused = C.estimate_memory(job("100m-sgla"))
+    assert only_fused.glue == "torch" and only_fused.gib > 27.0 + 9  # + (12 - 2) x 32K tokens x 32K vocab
+
+
 def test_activations_scale_with_the_micro_batch_and_fsdp_shards_the_static_part(table):
     table.append(row("100m-rla", peak=44.6, tok_s=165_000))
     one, four = C.estimate_memory(job("100m-rla", mb=4)), C.estimate_memory(job("100m-rla", mb=16))

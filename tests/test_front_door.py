@@ -249,7 +249,7 @@ def test_a_narrow_terminal_leaves_out_whole_columns_not_letters():
     assert wide == [0, 1, 2, 3, 4] and none == []
     kept, left_out = fit_columns(Console(width=60), columns, rows, keep=2, fold=("error",),
                                  drop_order=["id", "tokens", "error"])
-    # job 25 + status 8 + error folded to 30, each with 3 of padding and border, and 1: 75 > 60
+    # job 25 + status 8 + error folded to 30, each with 3 of padding and border, and 1: 73 > 60
     assert [columns[i] for i in kept] == ["job", "status"] and left_out == ["id", "tokens", "error"]
     kept, left_out = fit_columns(Console(width=80), columns, rows, keep=2, fold=("error",),
                                  drop_order=["id", "tokens", "error"])

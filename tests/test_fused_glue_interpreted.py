@@ -1,8 +1,9 @@
 """FLA's own glue kernels in the models, on CPU through Triton's interpreter (TRITON_INTERPRET=1).
 
 test_models.py checks the wiring with torch functions of FLA's semantics in place of the kernels; this file runs
-FLA's real kernels (`causal_conv1d`, `l2norm`, `rms_norm_gated` in the mixers, `rms_norm` with the residual add and
-`swiglu` in the blocks, `fused_linear_cross_entropy_loss` for the training loss; forward and backward) inside the model, so a misread of their arguments, layouts or dtypes
+FLA's real kernels (`causal_conv1d`, `l2norm`, `rms_norm_gated` in the mixers; the residual add + RMSNorm of
+`fusion.AddRMSNorm` on `layer_norm_fwd`/`layer_norm_bwd` and `swiglu` in the blocks; `fused_linear_cross_entropy_loss`
+for the training loss; forward and backward) inside the model, so a misread of their arguments, layouts or dtypes
 fails here, before a GPU is involved. The op itself runs on `chunk`: `fusion.GPU_BACKENDS` and `fusion.DEVICES`
 are pointed at it and at the CPU.
 
@@ -100,10 +101,14 @@ def check_all() -> None:
         assert rel_rms_error(r64.grad, residual.grad) <= 1e-5, rel_rms_error(r64.grad, residual.grad)
         assert rel_rms_error(w64.grad, weight.grad) <= 1e-5, rel_rms_error(w64.grad, weight.grad)
         assert rel_rms_error(s64.detach(), stream.detach()) <= 1e-6 and rel_rms_error(r64.grad, h.grad) <= 1e-2
+        # the stream alone carried on (no gradient reaches the norm's output): the gradient is the stream's own
+        h.grad = residual.grad = None
+        real.add_rms_norm(h, weight, residual, 1e-6)[1].backward(ds)
+        assert torch.equal(residual.grad, ds) and torch.equal(h.grad, ds.bfloat16())
         print(f"ok stream gradient D={D}", flush=True)
 
 
-def test_flas_glue_kernels_in_the_layer_match_the_torch_glue_under_the_interpreter():
+def test_flas_glue_kernels_in_the_model_match_the_torch_glue_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
     run_interpreted(__file__, checks=2 * len(VARIANTS) + 2, timeout=900)

@@ -22,7 +22,7 @@ from rla_ablate.sweep.ids import job_id
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 JOB_KEYS = {"job_id", "name", "family", "ablations", "params", "state_elements", "flops_per_token", "tokens",
-            "gpu_hours", "mem_gib", "gpu_share", "tokens_per_s", "cost_source"}
+            "gpu_hours", "mem_gib", "mem_glue", "gpu_share", "tokens_per_s", "cost_source"}
 
 
 def test_committed_sweeps_exist():

@@ -17,7 +17,8 @@ def register(subparsers) -> None:
     parser.add_argument("file", help="the sweep file (YAML)")
     parser.add_argument("--json", action="store_true",
                         help='print {"jobs": [{job_id, name, family, ablations, params, state_elements, '
-                             'flops_per_token, tokens, mem_gib, gpu_share, tokens_per_s, gpu_hours, cost_source}], '
+                             'flops_per_token, tokens, mem_gib, mem_glue, gpu_share, tokens_per_s, gpu_hours, '
+                             'cost_source}], '
                              '"totals": {...}}')
     parser.set_defaults(func=run)
 
@@ -43,9 +44,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
         return 0
     from rich.markup import escape
-    from rich.table import Table
 
-    from rla_ablate.terminal import fit_columns, stdout_console
+    from rla_ablate.terminal import fitted_table, stdout_console
 
     t = doc["totals"]
     packing = f", {t['jobs_per_gpu']:g} jobs per GPU" if t["jobs_per_gpu"] else ""
@@ -62,21 +62,13 @@ def run(args: argparse.Namespace) -> int:
              _h(r["params"]), _h(r["state_elements"]), _h(r["flops_per_token"]), _h(r["tokens"]),
              f"{r['mem_gib']:.1f}", f"{r['gpu_share']:.2f}" if r["gpu_share"] else "-", _h(r["tokens_per_s"]),
              f"{r['gpu_hours']:,.2f}"] for r in doc["jobs"]]
+    sources = sorted({r["cost_source"] for r in doc["jobs"]})
+    captions = ["tok/s alone on one GPU from: " + "; ".join(sources), checked.line()]
+    if "search_trials" in t:
+        captions.append(f"Optuna search: the base job above runs as {t['search_trials']} trials (totals include them)")
     console = stdout_console()
     # a narrow terminal loses the columns least needed to choose what to run first
-    kept, left_out = fit_columns(console, columns, rows, keep=1,
-                                 drop_order=["FLOPs/tok", "state/layer", "id", "params", "tok/s", "GPU share",
-                                             "tokens", "family", "mem GiB", "GPU-h", "ablations"])
-    table = Table(title=title)
-    for i in kept:
-        table.add_column(columns[i], justify="left" if i < 4 else "right", overflow="fold")
-    for row in rows:
-        table.add_row(*(row[i] for i in kept))
-    sources = sorted({r["cost_source"] for r in doc["jobs"]})
-    table.caption = "tok/s alone on one GPU from: " + "; ".join(sources) + "\n" + checked.line()
-    if left_out:
-        table.caption += f"\nleft out for the terminal's width: {', '.join(left_out)} (--json has every column)"
-    if "search_trials" in t:
-        table.caption += f"\nOptuna search: the base job above runs as {t['search_trials']} trials (totals include them)"
-    console.print(table)
+    console.print(fitted_table(console, title, columns, rows, keep=1, right=tuple(columns[4:]), captions=captions,
+                               drop_order=["FLOPs/tok", "state/layer", "id", "params", "tok/s", "GPU share",
+                                           "tokens", "family", "mem GiB", "GPU-h", "ablations"]))
     return 0

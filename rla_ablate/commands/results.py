@@ -58,29 +58,22 @@ def run(args: argparse.Namespace) -> int:
         writer.writeheader()
         writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
     else:
-        from rich.table import Table
+        from rich.markup import escape
 
-        from rla_ablate.terminal import fit_columns, stdout_console
+        from rla_ablate.terminal import fitted_table, stdout_console
 
         # what ran (kernels, glue) is in --csv and --json; the table keeps to what is compared
         hidden = ("run_id", "job_id", *PROVENANCE)
         shown = [c for c in columns if c not in hidden and any(r[c] is not None for r in rows)]
-        cells = [[_text(r[c]) for c in shown] for r in rows]
+        cells = [[escape(_text(r[c])) for c in shown] for r in rows]
         console = stdout_console(pipe_width=400)
         # a narrow terminal keeps the names, what tells the runs apart and the first metrics; the rest is in --csv
         first = [c for c in ("version", "preset", "series", "arm", "control", "tokens") if c in shown]
         rest = [c for c in reversed(shown[2:]) if c not in first]
         metrics = [c for c in rest if "/" in c]
-        kept, left_out = fit_columns(console, shown, cells, keep=2,
-                                     drop_order=first + metrics + [c for c in rest if c not in metrics])
-        notes = selection.notes() + ([f"left out for the terminal's width: {', '.join(left_out)} (--csv has every "
-                                      "column)"] if left_out else [])
-        table = Table(title=f"sweep {name}: {len(rows)} jobs", caption="; ".join(notes) or None)
-        for i in kept:
-            table.add_column(shown[i], overflow="fold")
-        for row in cells:
-            table.add_row(*(row[i] for i in kept))
-        console.print(table)
+        console.print(fitted_table(console, f"sweep {name}: {len(rows)} jobs", shown, cells, keep=2,
+                                   drop_order=first + metrics + [c for c in rest if c not in metrics],
+                                   captions=selection.notes(), whole="--csv"))
     for note in selection.notes() if (args.csv or args.json) else ():
         print(note, file=sys.stderr)
     return 0

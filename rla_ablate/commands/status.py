@@ -28,9 +28,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=1))
         return 0
     from rich.markup import escape
-    from rich.table import Table
 
-    from rla_ablate.terminal import fit_columns, stdout_console
+    from rla_ablate.terminal import fitted_table, stdout_console
 
     counts: dict[str, int] = {}
     for j in doc["jobs"]:
@@ -47,18 +46,10 @@ def run(args: argparse.Namespace) -> int:
                      f"{fmt_tokens(j['tokens_done'])}/{fmt_tokens(j['tokens_target'])}",
                      (j["mlflow_run_id"] or "")[:12], j["cause"] or "", escape(error[0][:160]) if error else ""])
     console = stdout_console()
-    kept, left_out = fit_columns(console, columns, rows, keep=2, fold=("error",),
-                                 drop_order=["MLflow run", "id", "ablations", "cause", "tokens", "error"])
-    caption = f"runs: {escape(store)}"
-    if left_out:
-        caption += f"\nleft out for the terminal's width: {', '.join(left_out)} (--json has every column)"
-    table = Table(title=f"sweep {doc['sweep']}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())),
-                  caption=caption)
-    for i in kept:
-        table.add_column(columns[i], overflow="fold")
-    for row in rows:
-        table.add_row(*(row[i] for i in kept))
-    console.print(table)
+    title = f"sweep {doc['sweep']}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    console.print(fitted_table(console, title, columns, rows, keep=2, fold=("error",),
+                               captions=[f"runs: {escape(store)}"],
+                               drop_order=["MLflow run", "id", "ablations", "cause", "tokens", "error"]))
     for j in doc["jobs"]:
         if j["status"] == "failed" and j["error_log"]:
             console.print(f"{escape(j['name'])} ({j['job_id'][:8]}) tracebacks: {escape(j['error_log'])}",

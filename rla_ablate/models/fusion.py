@@ -15,11 +15,11 @@ The loss takes the head's bf16 logits and turns them into their own gradient in 
 head's input and weight gradients computed in the forward: no fp32 copy of the logits, no log-softmax kept for the
 backward (at 100M, 32K tokens x 32K vocabulary: 2 GiB held where the plain loss holds about 12). One chunk: the
 weight's gradient is one bf16 GEMM, as the plain loss's, then scaled in bf16 by the loss's own gradient (a second
-rounding the plain loss does not make). It runs where gradients are taken; elsewhere the plain loss does.
+rounding the plain loss does not make). It runs where gradients will be taken; elsewhere the plain loss does.
 
 Same equations, fp32 inside, every family the same glue (the transformer baseline's blocks too). The plain-torch
-glue is the reference and runs everywhere else: on the CPU, with the `chunk` and `naive` backends, for the conv of
-decoding and packed forwards, and wherever `CausalLM.set_glue("torch")` asks for it, or the environment does
+glue is the reference and runs everywhere else: on the CPU, in the mixers whose op runs on the `chunk` or `naive`
+backend (their blocks and loss on CUDA take the fused glue still), for the conv of decoding and packed forwards, and wherever `CausalLM.set_glue("torch")` asks for it, or the environment does
 (`RLA_GLUE=torch`, rla_ablate.environment: every model built in the process, e.g. every job of a launch; runs
 record the glue they ran as the tag `glue`). tests/test_models.py checks the wiring,
 tests/test_fused_glue_interpreted.py FLA's kernels themselves on the CPU, tests/test_models_gpu.py a bf16 training
@@ -147,7 +147,7 @@ def lm_loss(x: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, glue: F
     x [..., D], weight [V, D], labels [...] of x's leading shape. The plain loss takes the logits in at least fp32,
     as the reference; the fused one takes them in the autocast dtype (the dtype the head's GEMM gives the plain loss)."""
     x_ND, labels_N = x.reshape(-1, x.shape[-1]), labels.reshape(-1)
-    if glue is None or not torch.is_grad_enabled():
+    if glue is None or not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         # the fused loss computes its gradients in the forward: without a backward to come, the plain one
         logits = F.linear(x_ND, weight)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))

@@ -45,8 +45,9 @@ class Block(nn.Module):
     """x + mixer(norm(x)), then + mlp(norm(.)); each residual add is fused into the norm after it (FLA's prenorm).
 
     The block takes and returns the stream in two parts, the last sublayer's output h not yet added to the residual
-    stream before it: forward(h, residual) -> (mlp output, stream after the mixer), the stream being residual + h
-    (h alone where residual is None, in the first block). `glue`: as `ResidualAttention.glue` (`fusion`).
+    stream before it: forward(h, residual, state) -> (mlp output, stream after the mixer, the new decoding state),
+    the stream being residual + h (h alone where residual is None, in the first block). `glue`: as
+    `ResidualAttention.glue` (`fusion`).
     """
 
     glue = "auto"

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any
 
+from rla_ablate import environment
+
 GiB = 2**30
 # Per glue: bytes per token of the MLP (per unit of intermediate width) and of the loss (per vocabulary entry).
 GLUE_BYTES = {"torch": (8, 12), "fused": (6, 2)}
@@ -141,28 +143,39 @@ class _Shape:
     fsdp: bool = False
 
 
+def _of_glue(rows: list[tuple[dict[str, Any], Any]], glue: str) -> tuple[str, list[tuple[dict[str, Any], Any]]]:
+    """(the glue, the rows) a family's estimate takes: with the jobs' glue "auto", the family's rows measured with
+    the fused glue where it has any, else its torch rows; with "torch" (RLA_GLUE), the torch rows alone (a family
+    measured with the fused glue only then takes those rows' coefficients with the torch glue's bytes)."""
+    fused = [r for r in rows if row_glue(r[0]) == "fused"]
+    if glue == "auto" and fused:
+        return "fused", fused
+    return "torch", [r for r in rows if row_glue(r[0]) == "torch"] or fused
+
+
 @functools.lru_cache(maxsize=8)
-def _coefficients(name: str = TABLE) -> dict[str, tuple[str, list[tuple[float, float, str]]]]:
-    """family -> (glue, sorted [(log width, the largest a_f of that width's rows, presets)]): the family's rows of
-    the fused glue where it has any, else of the torch glue. The largest: jobs of one shape peak up to ~10% apart
-    (which FLA kernel configuration a process tuned, cuBLAS workspaces), and a packed job must fit at its worst."""
-    measured = [(row, model) for row, model in _rows(name) if row.get("peak_gib") is not None]
-    fused = {model.family for row, model in measured if row_glue(row) == "fused"}
-    by: dict[str, dict[float, list[tuple[float, str]]]] = {}
-    for row, model in measured:
-        if row_glue(row) != ("fused" if model.family in fused else "torch"):
-            continue
-        by.setdefault(model.family, {}).setdefault(mixer_width(model), []).append((row_a_f(row, model), row["preset"]))
+def _coefficients(name: str = TABLE, glue: str = "auto") -> dict[str, tuple[str, list[tuple[float, float, str]]]]:
+    """family -> (glue, sorted [(log width, the largest a_f of that width's rows, presets)]) for jobs of `glue`
+    (`_of_glue`). The largest: jobs of one shape peak up to ~10% apart (which FLA kernel configuration a process
+    tuned, cuBLAS workspaces), and a packed job must fit at its worst."""
+    families: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+    for row, model in _rows(name):
+        if row.get("peak_gib") is not None:
+            families.setdefault(model.family, []).append((row, model))
     out = {}
-    for fam, widths in by.items():
-        out[fam] = ("fused" if fam in fused else "torch",
-                    sorted((math.log(w), max(a for a, _ in v), max(v)[1]) for w, v in widths.items()))
+    for fam, rows in families.items():
+        used, chosen = _of_glue(rows, glue)
+        widths: dict[float, list[tuple[float, str]]] = {}
+        for row, model in chosen:
+            widths.setdefault(mixer_width(model), []).append((row_a_f(row, model), row["preset"]))
+        out[fam] = (used, sorted((math.log(w), max(a for a, _ in v), max(v)[1]) for w, v in widths.items()))
     return out
 
 
 def _a_f(model: Any, name: str = TABLE) -> tuple[float, str, str]:
-    """(a_f, which rows gave it, the glue of those rows) for `model`."""
-    coeffs = _coefficients(name)
+    """(a_f, which rows gave it, the glue the estimate is for) for `model`, its jobs running the glue RLA_GLUE
+    asks for (rla_ablate.environment)."""
+    coeffs = _coefficients(name, environment.glue_mode())
     if model.family not in coeffs:
         # An uncalibrated family takes the largest coefficient of the calibrated ones with the torch glue's bytes:
         # the estimate errs high.
@@ -204,8 +217,7 @@ def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedE
     model, train = job.model, job.train
     flops = flops_per_token(model, train.seq_len)
     rows = [(r, m) for r, m in _rows(name) if r.get("tokens_per_s") and m.family == model.family]
-    if any(row_glue(r) == "fused" for r, _ in rows):  # as for memory: the fused glue's rows where there are any
-        rows = [(r, m) for r, m in rows if row_glue(r) == "fused"]
+    _, rows = _of_glue(rows, environment.glue_mode())  # the rows of the jobs' glue, as for memory
     if not rows:
         return SpeedEstimate(assumed_tflops * 1e12 / flops, f"assumed {assumed_tflops:g} TFLOP/s")
     best: dict[float, tuple] = {}

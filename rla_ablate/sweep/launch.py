@@ -87,8 +87,9 @@ def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[s
     on_cuda = [job for job in sweep.jobs if job.job.train.device == "cuda"]
     if on_cuda and not have_gpus:
         # Each of them would start, open its run and fail at its first line (CUDA is not available).
-        raise UserError(f"{len(on_cuda)} job(s) train with device cuda ({on_cuda[0].name}, ...) but the Ray cluster "
-                        "has no GPU; allowed here: train.device auto or cpu", file=sweep.source.file,
+        which = on_cuda[0].name + (", ..." if len(on_cuda) > 1 else "")
+        raise UserError(f"{len(on_cuda)} job(s) train with device cuda ({which}) but the Ray cluster has no GPU; "
+                        "allowed here: train.device auto or cpu", file=sweep.source.file,
                         line=sweep.source.line(("base", "train", "device")), key="train.device")
 
 

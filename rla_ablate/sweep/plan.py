@@ -31,12 +31,12 @@ def plan_rows(sweep: Sweep, gpu_bytes: int | None = None) -> list[dict[str, Any]
             if gpu_bytes and (res.auto or 0 < float(res.gpus) < 1):
                 share = gpu_share(mem, gpu_bytes, res.memory_margin)
             cache[key] = (count_params(model), state_elements_per_layer(model), flops_per_token(model, train.seq_len),
-                          mem.gib, share, speed)
-        params, state, flops, mem_gib, share, speed = cache[key]
+                          mem, share, speed)
+        params, state, flops, mem, share, speed = cache[key]
         rows.append({
             "job_id": job.job_id, "name": job.name, "family": job.family, "ablations": list(job.ablations),
             "params": int(params), "state_elements": int(state), "flops_per_token": float(flops),
-            "tokens": int(train.tokens), "mem_gib": round(mem_gib, 2), "gpu_share": share,
+            "tokens": int(train.tokens), "mem_gib": round(mem.gib, 2), "mem_glue": mem.glue, "gpu_share": share,
             "tokens_per_s": round(speed.tokens_per_s), "gpu_hours": train.tokens / speed.tokens_per_s / 3600.0,
             "cost_source": speed.source,
         })

@@ -243,7 +243,7 @@ class Trainer:
         return lr_at(tokens, lr=cfg.lr, min_lr=cfg.min_lr, warmup_tokens=cfg.resolved_warmup_tokens,
                      total_tokens=cfg.total_tokens)
 
-    def _logits(self, batch, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward(self, batch, labels: torch.Tensor | None = None) -> torch.Tensor:
         """The model's logits for a batch, or with `labels` its summed loss; with reset_state_at_documents, its
         documents as packed sequences."""
         if self.cfg.reset_state_at_documents:
@@ -253,7 +253,7 @@ class Trainer:
     def _forward_loss(self, batch) -> torch.Tensor:
         """The summed cross-entropy of a micro batch, computed by the model (fused with its head on the GPU)."""
         with _autocast(self.device, self.cfg.precision):
-            return self._logits(batch, labels=batch.labels)
+            return self._forward(batch, labels=batch.labels)
 
     def train_step(self) -> tuple[float, float]:
         """Forward/backward over the step's micro batches and clipping; returns (loss, grad norm)."""
@@ -291,7 +291,7 @@ class Trainer:
         self.raw_model.track_stats(True)
         try:
             with _autocast(self.device, self.cfg.precision):
-                logits_BTV = self._logits(batch)
+                logits_BTV = self._forward(batch)
             stats = self.raw_model.layer_stats()
         finally:
             self.raw_model.track_stats(False)
@@ -330,7 +330,7 @@ class Trainer:
                     stats_pending = False
                 else:
                     with _autocast(self.device, self.cfg.precision):
-                        logits_BTV = self._logits(batch)
+                        logits_BTV = self._forward(batch)
                 logits_BTV = logits_BTV.float()
                 mask = batch.labels != IGNORE_INDEX
                 nll += float(F.cross_entropy(logits_BTV.flatten(0, 1), batch.labels.flatten(),
