@@ -298,6 +298,10 @@ def calibrate(path: str, rows: list[dict], args, where: str) -> None:
         return
     stamp = (f"{datetime.date.today()}, torch {torch.__version__}, triton {triton.__version__}, "
              f"FLA {getattr(fla, '__version__', '?')}")
+
+    def key(x):
+        return x["preset"], x["micro_batch_size"], x["seq_len"], x["backend"], row_glue(x)
+
     for r in rows:
         if "error" in r:
             continue
@@ -307,10 +311,6 @@ def calibrate(path: str, rows: list[dict], args, where: str) -> None:
                "tokens_per_s": round(r["tokens_per_s"]), "peak_gib": round(r["peak_mem_gib"], 2),
                "backend": r["backend"], "glue": r["glue_ran"], "warmup_s": round(r["warmup_s"], 1),
                "measured": stamp, "command": command}
-
-        def key(x):
-            return x["preset"], x["micro_batch_size"], x["seq_len"], x["backend"], row_glue(x)
-
         table["rows"] = [x for x in table["rows"] if key(x) != key(new)] + [new]
     Path(path).write_text(json.dumps(table, indent=1) + "\n")
     say(f"calibration: {len(rows)} rows merged into {path}")

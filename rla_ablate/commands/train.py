@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.outcome import Status
     from rla_ablate.train import ProgressLogger, run_job
     from rla_ablate.train.checkpoint import list_checkpoints
+    from rla_ablate.train.loop import check_device
 
     profile = args.profile
     if profile == "auto":
@@ -114,11 +115,7 @@ def run(args: argparse.Namespace) -> int:
 
         raise UserError(f"{out} is a file; --out is the job's folder (checkpoints, metrics.jsonl)", key="--out")
     job = build_job(args.model, args.sets, args.data, profile)
-    if job.train.device == "cuda" and not torch.cuda.is_available():
-        from rla_ablate.errors import UserError
-
-        raise UserError("device cuda asked for but CUDA is not available here; allowed here: auto or cpu",
-                        key="train.device")
+    check_device(job.train)
     console = Console(stderr=True)
     t = job.train
     console.print(f"[bold]{job.model.family}[/] {args.model}: {count_params(job.model):,} params; profile {profile}"

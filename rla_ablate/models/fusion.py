@@ -121,6 +121,11 @@ def _on(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
+def mixer_glue(backend: str, mode: str) -> FusedGlue | None:
+    """The fused glue a linear mixer runs around an op on `backend` with glue `mode`, or None for the torch glue."""
+    return fused_glue() if mode == "auto" and backend in GPU_BACKENDS else None
+
+
 def block_glue(x: torch.Tensor, mode: str) -> FusedGlue | None:
     """The fused glue a block runs on tensors like x with glue `mode`, or None for the torch glue."""
     return fused_glue() if mode == "auto" and x.device.type in DEVICES else None

@@ -243,7 +243,7 @@ class ResidualAttention(nn.Module):
             raise ValueError("packed sequences (cu_seqlens) run without a decoding state")
         q, k, v = self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD)
         self.backend_used = select_backend(q.view(B, T, H, K), cfg.backend, self.rule)
-        glue = fusion.fused_glue() if self.glue == "auto" and self.backend_used in fusion.GPU_BACKENDS else None
+        glue = fusion.mixer_glue(self.backend_used, self.glue)
         conv_state = None
         if cfg.use_short_conv and glue is not None and state is None and cu_seqlens is None:
             # Training and evaluation forwards (no conv cache in or out): one fused kernel per conv and direction.

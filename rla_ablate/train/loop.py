@@ -52,12 +52,19 @@ def check_job(job: JobConfig) -> None:
                         f"(e.g. bytes + end-of-document = 257); set model.vocab_size={need}", key="model.vocab_size")
 
 
+def check_device(train: Any) -> None:
+    """A UserError where the job asks for CUDA and this process has none (the `train` command checks before it
+    makes the job's folder, a job before it builds anything)."""
+    if train.device == "cuda" and not torch.cuda.is_available():
+        raise UserError("device cuda asked for but CUDA is not available here; allowed here: auto or cpu",
+                        key="train.device")
+
+
 def _resolve_device(job: JobConfig, ctx: WorkerContext) -> torch.device:
     if ctx.device is not None:
         return ctx.device
+    check_device(job.train)
     want = job.train.device
-    if want == "cuda" and not torch.cuda.is_available():
-        raise UserError("device 'cuda' requested but CUDA is not available", key="train.device")
     if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
