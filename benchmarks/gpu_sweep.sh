@@ -62,7 +62,7 @@ start|resume)
         export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/mps-pipe}
         export CUDA_MPS_LOG_DIRECTORY=${CUDA_MPS_LOG_DIRECTORY:-/tmp/mps-log}
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-        if pgrep -x nvidia-cuda-mps-control >/dev/null; then
+        if pgrep -f nvidia-cuda-mps-control >/dev/null; then
             echo "MPS: control daemon already running"
         elif nvidia-cuda-mps-control -d; then
             echo "MPS: control daemon started (pipes in $CUDA_MPS_PIPE_DIRECTORY)"

@@ -306,7 +306,7 @@ def calibrate(path: str, rows: list[dict], args, where: str) -> None:
         if "error" in r:
             continue
         command = f"python3 benchmarks/train_gpu.py --scale {r['scale']} --batch {r['batch']} " \
-                  f"--seq-len {r['seq_len']} --steps {args.steps} --warmup {args.warmup} --calibrate"
+                  f"--seq-len {r['seq_len']} --glue {r['glue']} --steps {args.steps} --warmup {args.warmup} --calibrate"
         new = {"preset": r["preset"], "model": r["model"], "micro_batch_size": r["batch"], "seq_len": r["seq_len"],
                "tokens_per_s": round(r["tokens_per_s"]), "peak_gib": round(r["peak_mem_gib"], 2),
                "backend": r["backend"], "glue": r["glue_ran"], "warmup_s": round(r["warmup_s"], 1),

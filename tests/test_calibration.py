@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from rla_ablate import environment
 from rla_ablate.errors import UserError
 from rla_ablate.models import count_params, load_preset
 from rla_ablate.sweep import calibration as C
@@ -72,6 +73,24 @@ def test_a_family_with_fused_glue_rows_is_estimated_from_them_alone(table):
     assert C.row_a_f(table[2], load_preset("100m-rla")) > C.row_a_f(table[2] | {"glue": "torch"}, load_preset("100m-rla"))
     assert C.estimate_memory(job("100m-sgla")).glue == "torch"
     assert C.estimate_memory(job("100m-sgla")).gib == pytest.approx(38.9, rel=1e-6)
+
+
+def test_a_width_never_measured_with_the_fused_glue_keeps_its_torch_coefficient(table):
+    """A family measured fused at 100m only: a 1.5B job takes the 1.5B plain-torch row's a_f (with the fused glue's
+    MLP and loss bytes), not the narrower width's smaller fused a_f; between the widths it interpolates."""
+    table.append(row("1.5b-rla", peak=98.7, tok_s=33_000, mb=4, seq=4096))
+    table.append(row("100m-rla", peak=44.6, tok_s=165_000))
+    table.append(row("100m-rla", peak=21.7, tok_s=255_000) | {"glue": "fused"})
+    big, small = load_preset("1.5b-rla"), load_preset("100m-rla")
+    est = C.estimate_memory(job("1.5b-rla", mb=4, seq=4096))
+    assert est.glue == "fused" and est.a_f == pytest.approx(C.row_a_f(table[0], big))
+    assert est.source == "1.5b-rla (torch glue)"
+    # under the torch row's peak by the fused glue's MLP and loss savings alone
+    saved = 4 * 4096 * (big.num_layers * 2 * big.intermediate_size + 10 * big.vocab_size)
+    assert est.total == pytest.approx(98.7 * C.GiB - saved, rel=1e-6)
+    assert C.estimate_memory(job("100m-rla")).gib == pytest.approx(21.7, rel=1e-6)
+    mid = C.estimate_memory(job("100m-rla", hidden_size=1024, num_heads=8))
+    assert C.row_a_f(table[2], small) < mid.a_f < C.row_a_f(table[0], big) and " .. " in mid.source
 
 
 def test_jobs_told_to_run_the_torch_glue_are_estimated_from_its_rows(table, monkeypatch):
@@ -198,6 +217,9 @@ def test_the_shipped_table_is_valid():
     assert {m.family for r, m in rows if r["tokens_per_s"]} == families
     # Every measured shape is estimated at or above its peak: a width's largest coefficient wins, so the job that
     # peaked highest of its shape fits its share (a packed job's cap is its share).
+    # Each row against the estimate for jobs of its glue (a plain-torch row under RLA_GLUE=torch).
     for r, m in rows:
         shape = job("tiny-rla", mb=r["micro_batch_size"], seq=r["seq_len"]).model_copy(update={"model": m})
-        assert C.estimate_memory(shape).total >= r["peak_gib"] * C.GiB * (1 - 1e-9), r["preset"]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(environment.GLUE_ENV, "torch" if C.row_glue(r) == "torch" else "auto")
+            assert C.estimate_memory(shape).total >= r["peak_gib"] * C.GiB * (1 - 1e-9), (r["preset"], r.get("glue"))

@@ -17,8 +17,9 @@ Peak memory of one training worker (bf16 autocast, fp32 master weights, AdamW, t
                 only calibrated number. Each measured row of the calibration table gives one a_f for its family
                 and width (with m and l of the glue the row ran, its `glue`: torch where the row does not say); a
                 job takes its family's, interpolated in log W_mix between calibrated widths (clamped outside them).
-                Where a family has rows measured with the fused glue, its jobs are estimated from those alone, with
-                the fused glue's m and l (what a GPU with FLA runs); else from its plain-torch rows.
+                Where a family has rows measured with the fused glue, its jobs are estimated from those, with the
+                fused glue's m and l (what a GPU with FLA runs), and from its plain-torch rows at widths never
+                measured fused (their a_f, higher: the estimate errs high); else from its plain-torch rows.
 
 `plan` shows the estimate; `resources.gpus: auto` packs jobs on a GPU by it and each worker caps its allocator at
 its share (rla_ablate.sweep.worker). The table (calibration/h200.json, written by `benchmarks/train_gpu.py
@@ -145,7 +146,8 @@ class _Shape:
 
 def _of_glue(rows: list[tuple[dict[str, Any], Any]], glue: str) -> tuple[str, list[tuple[dict[str, Any], Any]]]:
     """(the glue, the rows) a family's estimate takes: with the jobs' glue "auto", the family's rows measured with
-    the fused glue where it has any, else its torch rows; with "torch" (RLA_GLUE), the torch rows alone (a family
+    the fused glue where it has any (`_coefficients` adds torch rows at widths never measured fused), else its torch
+    rows; with "torch" (RLA_GLUE), the torch rows alone (a family
     measured with the fused glue only then takes those rows' coefficients with the torch glue's bytes)."""
     fused = [r for r in rows if row_glue(r[0]) == "fused"]
     if glue == "auto" and fused:
@@ -168,6 +170,13 @@ def _coefficients(name: str = TABLE, glue: str = "auto") -> dict[str, tuple[str,
         widths: dict[float, list[tuple[float, str]]] = {}
         for row, model in chosen:
             widths.setdefault(mixer_width(model), []).append((row_a_f(row, model), row["preset"]))
+        if used == "fused":
+            # A width measured with the plain-torch glue alone keeps that coefficient (the fused glue's smaller MLP
+            # and loss bytes still apply): the fused block glue saves more than that (100m: a_f 47 against 89),
+            # so the estimate errs high there instead of stretching a narrower width's fused coefficient.
+            torch_only = [(r, m) for r, m in rows if row_glue(r) == "torch" and mixer_width(m) not in widths]
+            for row, model in torch_only:
+                widths.setdefault(mixer_width(model), []).append((row_a_f(row, model), f"{row['preset']} (torch glue)"))
         out[fam] = (used, sorted((math.log(w), max(a for a, _ in v), max(v)[1]) for w, v in widths.items()))
     return out
 
@@ -185,6 +194,8 @@ def _a_f(model: Any, name: str = TABLE) -> tuple[float, str, str]:
     x = math.log(mixer_width(model))
     xs = [p[0] for p in pts]
     i = bisect.bisect_left(xs, x)
+    if i < len(pts) and math.isclose(xs[i], x):
+        return pts[i][1], pts[i][2], glue
     if i == 0:
         return pts[0][1], pts[0][2], glue
     if i == len(pts):
