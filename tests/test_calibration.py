@@ -5,6 +5,7 @@ hold its job (file, line, key)."""
 from __future__ import annotations
 
 import math
+from collections import deque
 import textwrap
 
 import pytest
@@ -91,6 +92,8 @@ def test_a_width_never_measured_with_the_fused_glue_keeps_its_torch_coefficient(
     assert C.estimate_memory(job("100m-rla")).gib == pytest.approx(21.7, rel=1e-6)
     mid = C.estimate_memory(job("100m-rla", hidden_size=1024, num_heads=8))
     assert C.row_a_f(table[2], small) < mid.a_f < C.row_a_f(table[0], big) and " .. " in mid.source
+    # speeds alike: the 1.5B job's from its torch row (the families' ratio there, as wall-clock controls need)
+    assert C.estimate_speed(job("1.5b-rla", mb=4, seq=4096), 400).tokens_per_s == pytest.approx(33_000)
 
 
 def test_jobs_told_to_run_the_torch_glue_are_estimated_from_its_rows(table, monkeypatch):
@@ -223,3 +226,35 @@ def test_the_shipped_table_is_valid():
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(environment.GLUE_ENV, "torch" if C.row_glue(r) == "torch" else "auto")
             assert C.estimate_memory(shape).total >= r["peak_gib"] * C.GiB * (1 - 1e-9), (r["preset"], r.get("glue"))
+
+
+def test_on_gpus_a_fixed_sweep_starts_its_longest_jobs_first(tmp_path, table):
+    """Tokens left over the estimated tokens/s: the slower family first, a job half done after a fresh one; on the
+    CPU (no GPU share) the expansion order stays."""
+    from rla_ablate.sweep.launch import order_longest_first
+    from rla_ablate.sweep.sources import GridSource
+    from rla_ablate.sweep.state import SweepDir
+
+    table.append(row("100m-rla", peak=44.6, tok_s=165_000))
+    table.append(row("100m-sgla", peak=38.9, tok_s=100_000))
+    sweep = write_sweep(tmp_path, "{gpus: auto}")
+    sdir = SweepDir(tmp_path / "runs", sweep.name)
+
+    class Notes:
+        said: list[str] = []
+
+        def note(self, text):
+            self.said.append(text)
+
+    def queued(placements):
+        source = GridSource(sweep, sdir)
+        source.queue = deque(source.jobs)
+        order_longest_first(sweep, sdir, source, placements, Notes())
+        return [j.name.split("/")[0] for j in source.queue]
+
+    assert queued(place(sweep, None)) == ["100m-rla", "100m-sgla"] and not Notes.said
+    assert queued(place(sweep, GPU)) == ["100m-sgla", "100m-rla"] and "longest first" in Notes.said[0]
+    sgla = next(j for j in sweep.jobs if j.name.startswith("100m-sgla"))
+    sdir.job_dir(sgla.job_id).mkdir(parents=True)
+    sdir.set_status(sgla.job_id, tokens_done=600_000)  # 0.4M left at 100K/s against 1M at 165K/s
+    assert queued(place(sweep, GPU)) == ["100m-rla", "100m-sgla"]

@@ -599,3 +599,24 @@ def test_a_baseline_against_a_residual_model_is_judged_by_its_mixers_not_by_two_
     assert V.comparison(index, series["rla-r4"], series["rla"])[0] == V.ENGAGED
     state, detail = V.comparison(index, series["rla-r8"], series["rla-r4"])
     assert state == V.OFF and "target_engaged" in detail, detail
+
+
+def test_a_missing_claim_names_the_arms_it_needs_on_both_sides():
+    """A sweep of rla and sgla with matched_state controls: RDN's claims ask for an rdn arm (which derives the gdn
+    control, already in controls:) and, for the main comparison, for the gdn and rdn arms alike."""
+    from types import SimpleNamespace
+
+    from rla_ablate.dashboard.coverage import for_claim
+
+    spec = SimpleNamespace(name="table_matched_state")
+    families, present = {"rla", "sgla"}, {"none", "matched_state"}
+    at_state = SimpleNamespace(claim="RDN beats GDN at matched state", treatment={"family": "gdn",
+                               "ablations": "matched_state"}, reference={"family": "rdn", "ablations": "none"})
+    assert for_claim(spec, at_state, True, families, present).hint == (
+        "add a rdn arm to models: (matched_state derives gdn from it)")
+    base = SimpleNamespace(claim="RDN beats its base GDN", treatment={"family": "gdn", "ablations": "none"},
+                           reference={"family": "rdn", "ablations": "none"})
+    assert for_claim(spec, base, True, families, present).hint == (
+        "add a gdn arm to models:; add a rdn arm to models:")
+    # without the control in any run, it is asked for too
+    assert "add matched_state to controls:" in for_claim(spec, at_state, True, families, {"none"}).hint

@@ -131,11 +131,36 @@ def test_a_bad_glue_setting_is_refused_before_anything_starts(tmp_path, capsys, 
     assert build_model(load_preset("tiny-rla")).glue == "auto"
 
 
+def test_a_launch_on_gpus_notes_a_glue_mode_other_than_the_sweeps_last(tmp_path, monkeypatch):
+    from rla_ablate.sweep.launch import _glue_change
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(tmp_path, "s")
+    sdir.path.mkdir()
+    monkeypatch.delenv("RLA_GLUE", raising=False)
+    assert _glue_change(sdir, True) is None and sdir.meta()["glue_mode"] == "auto"
+    monkeypatch.setenv("RLA_GLUE", "torch")
+    assert _glue_change(sdir, False) is None and sdir.meta()["glue_mode"] == "auto"  # the CPU runs one glue
+    note = _glue_change(sdir, True)
+    assert note.startswith("an earlier launch of this sweep ran with RLA_GLUE=auto, this one with torch")
+    assert sdir.meta()["glue_mode"] == "torch"
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without CUDA")
 def test_a_cuda_sweep_without_a_gpu_is_refused_before_anything_starts(tmp_path, capsys):
     path = sweep_file(tmp_path / "s.yaml", "gpu", 512)
     data = yaml.safe_load(path.read_text())
     data["base"]["train"]["device"] = "cuda"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    # with resources.gpus 0 (the default) no task would hold a GPU: refused wherever the sweep is read
+    for command in ("plan", "launch"):
+        assert main([command, str(path)] + (["--root", str(tmp_path / "runs")] if command == "launch" else [])) == 2
+        err = capsys.readouterr().err
+        line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "device: cuda" in text)
+        assert f"s.yaml:{line}: train.device: 2 job(s) train with device cuda (tiny-rla/seed0, ...) but " \
+               "resources.gpus is 0" in err, err
+        assert "allowed: resources.gpus auto or above 0, or train.device auto or cpu" in err
+    data["resources"]["gpus"] = "auto"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     assert main(["launch", str(path), "--root", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
@@ -143,3 +168,11 @@ def test_a_cuda_sweep_without_a_gpu_is_refused_before_anything_starts(tmp_path, 
     assert f"s.yaml:{line}: train.device: 2 job(s) train with device cuda" in err, err
     assert "allowed here: train.device auto or cpu" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()
+    # set by a grid instead of the base: the error points there
+    del data["base"]["train"]["device"]
+    data["grid"] = {"train.device": ["cpu", "cuda"]}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["launch", str(path), "--root", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "train.device:" in text)
+    assert f"s.yaml:{line}: train.device: 2 job(s) train with device cuda" in err, err

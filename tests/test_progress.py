@@ -124,3 +124,17 @@ def test_pending_jobs_count_in_the_sweep_eta_not_in_the_rate():
     assert progress.sweep_eta() == pytest.approx((5_000 + 10_000) / 1000.0)
     progress.update(a, Status.FAILED, 4_000)
     assert progress.sweep_rate() is None and progress.sweep_eta() is None
+
+
+def test_line_mode_lists_no_job_an_earlier_launch_ended():
+    """A relaunch lists finished jobs and queued ones silently; what this launch does to them prints."""
+    clock, out = Clock(), io.StringIO()
+    progress = Progress("s", console=Console(file=out, width=200), interactive=False, clock=clock)
+    done, queued = job("aaaaaaaa1111", "rla/seed0", 4096), job("bbbbbbbb2222", "sgla/seed0", 4096)
+    progress.update(done, Status.FINISHED, 4096)
+    progress.update(queued, Status.PENDING, 0)
+    assert out.getvalue() == ""
+    progress.update(queued, Status.RUNNING, 0)
+    progress.update(queued, Status.FINISHED, 4096)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and "sgla/seed0 (bbbbbbbb): running" in lines[0] and "finished 4.1k/4.1k" in lines[1]

@@ -4,6 +4,7 @@ and the mechanism diagnostics of the proxy options."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -39,10 +40,16 @@ def test_tiny_proxy_study_launches_and_engages_the_mechanisms(tmp_path):
     for name in ("mqar-rla/seed0", "lm-rla/seed0"):
         assert metrics[name]["diag/target_engaged"] > 1e-3, name
         assert metrics[name]["diag/mixer_rms_over_sqrt_eps"] >= 1.0, name
-    # The wall-clock control trains the baseline longer: its tokens are the residual job's times the speed ratio.
+    # The wall-clock control trains the baseline for the residual job's estimated time: its tokens are the residual
+    # job's times the speed ratio, rounded up to whole batches.
+    from rla_ablate.sweep.expand import load_sweep
+
+    planned = {j.name: j for j in load_sweep(REPO / "sweeps" / "proxy-study-tiny.yaml").jobs}
     for arm in ("mqar-rla", "lm-rla"):
-        control = jobs[f"sgla~matched_wallclock({arm})/seed0"]
-        assert control["tokens_done"] > jobs[f"{arm}/seed0"]["tokens_done"]
+        name = f"sgla~matched_wallclock({arm})/seed0"
+        report, train = planned[name].control_report, planned[name].job.train
+        assert report["tokens"] == train.tokens == math.ceil(report["reference_tokens"] * report["speed_ratio"])
+        assert jobs[name]["tokens_done"] == train.total_tokens
     # The control is the plain baseline: no gamma (no R), beta fixed at 1.
     control = metrics["sgla~matched_wallclock(mqar-rla)/seed0"]
     assert control["diag/beta_mean"] == 1.0 and "diag/gamma_mean" not in control

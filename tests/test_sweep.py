@@ -99,8 +99,10 @@ def test_proxy_study_arms_tasks_and_controls():
         ref = jobs[f"{arm}/seed0"].job
         assert control.job.data == ref.data and control.job.model.family == base
         ratio = (estimate_speed(control.job, 400.0).tokens_per_s / estimate_speed(ref, 400.0).tokens_per_s)
-        assert control.job.train.tokens == math.ceil(ref.train.tokens * ratio) > ref.train.tokens
+        assert control.job.train.tokens == math.ceil(ref.train.tokens * ratio)
         assert control.control_report["speed_ratio"] == pytest.approx(ratio)
+    # RDN is estimated slower than GDN: its control trains longer
+    assert jobs["gdn~matched_wallclock(lm-rdn)/seed0"].job.train.tokens > jobs["lm-rdn/seed0"].job.train.tokens
 
 
 def test_arm_base_rejects_unknown_sections(tmp_path):
@@ -378,3 +380,12 @@ def test_a_file_sharing_a_sweeps_name_but_none_of_its_jobs_is_refused(tmp_path, 
     assert _check_version(load_sweep(moved), sdir, LaunchOptions(root=root)).startswith("1 job(s)")
     # `resume` launches the folder's own copy.
     assert _check_version(load_sweep(sdir.path / "sweep.yaml"), sdir, LaunchOptions(root=root)) is None
+
+
+def test_the_plan_counts_the_tokens_a_job_trains_on(capsys):
+    """train.tokens rounded up to whole batches, as the training loop runs them: gpu-100m's 10M tokens are 153
+    batches of 65,536."""
+    assert main(["plan", str(REPO / "sweeps" / "gpu-100m.yaml"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {r["tokens"] for r in doc["jobs"]} == {153 * 65536}
+    assert doc["totals"]["tokens"] == 19 * 153 * 65536

@@ -42,6 +42,7 @@ def _sweep_jobs():
         "ablations": list(ABLATIONS),
         "controls": ["matched_state", "matched_params"],
         "seeds": [0],
+        "resources": {"gpus": "auto"},  # device cuda needs a GPU share
     }
     f = Path(tempfile.mkdtemp(prefix="gpu-every-job")) / "sweep.yaml"
     f.write_text(yaml.safe_dump(sweep))

@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
              f"{r['gpu_hours']:,.2f}"] for r in doc["jobs"]]
     sources = sorted({r["cost_source"] for r in doc["jobs"]})
     captions = ["tok/s alone on one GPU from: " + "; ".join(sources), checked.line()]
+    if t["runs_on"] != "cpu":
+        captions.insert(1, _glue_caption(doc["jobs"]))
     if "search_trials" in t:
         captions.append(f"Optuna search: the base job above runs as {t['search_trials']} trials (totals include them)")
     console = stdout_console()
@@ -72,3 +74,16 @@ def run(args: argparse.Namespace) -> int:
                                drop_order=["FLOPs/tok", "state/layer", "id", "params", "tok/s", "GPU share",
                                            "tokens", "family", "mem GiB", "GPU-h", "ablations"]))
     return 0
+
+
+def _glue_caption(jobs: list[dict]) -> str:
+    """Which glue the memory estimates assume (plan --json: mem_glue), and how to ask for the other."""
+    from rla_ablate import environment
+
+    glues = sorted({r["mem_glue"] for r in jobs})
+    what = {"fused": "FLA's fused glue", "torch": "the plain-torch glue"}
+    said = " and ".join(f"{what[g]} ({sum(r['mem_glue'] == g for r in jobs)} jobs)" for g in glues)
+    other = ("" if environment.glue_mode() == "torch"
+             else f"; {environment.GLUE_ENV}=torch estimates the plain-torch glue")
+    return f"memory estimated for {said}{other}"
+

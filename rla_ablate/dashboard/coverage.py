@@ -17,33 +17,41 @@ from rla_ablate.dashboard import data as D
 NOT_TESTED = "not tested"
 
 
-def _values(v) -> list:
+def as_list(v) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
 def filters_text(filters: dict) -> str:
     """{family: rla, ablations: [no_clip, no_norm]} -> 'family=rla, ablations=no_clip|no_norm'."""
-    return ", ".join(f"{k}={'|'.join(D.spelled(x) for x in _values(v))}" for k, v in filters.items())
+    return ", ".join(f"{k}={'|'.join(D.spelled(x) for x in as_list(v))}" for k, v in filters.items())
 
 
-def sweep_file_hint(filters: dict, families: set[str] | None = None) -> str:
+def sweep_file_hint(filters: dict, families: set[str] | None = None, present: set[str] | None = None) -> str:
     """What a sweep file adds to produce such runs, in words ('add logcosh to ablations:'; no brackets, so that the
     line prints as it is through rich markup). A family is named when none of its values is among `families`
-    (those the sweep has; None: never)."""
+    (those the sweep has; None: never); a control's family by the residual arm it is derived from. A control
+    among `present` (the ablations and controls the sweep's runs have) is not asked for again."""
     from rla_ablate.models.ablations import CONTROL_NAMES
+    from rla_ablate.models.config import BASELINE_OF
 
     parts, config = [], []
     for key, v in filters.items():
-        values = [D.spelled(x) for x in _values(v) if D.spelled(x) != "none"]
+        values = [D.spelled(x) for x in as_list(v) if D.spelled(x) != "none"]
         if not values:
             continue
         if key == "family":
-            derived = {D.spelled(x) for x in _values(filters.get("ablations", []))} & set(CONTROL_NAMES)
-            if families is not None and not set(values) & families and not derived:   # a control: no arm of it
+            derived = {D.spelled(x) for x in as_list(filters.get("ablations", []))} & set(CONTROL_NAMES)
+            if families is not None and not set(values) & families and not derived:
                 parts.append(f"add a {' or '.join(values)} arm to models:")
+            elif families is not None and derived:
+                # a control's runs come from a residual arm: without one of those, no control of this family
+                residual = sorted(r for r, base in BASELINE_OF.items() if base in values)
+                if residual and not set(residual) & families:
+                    parts.append(f"add a {' or '.join(residual)} arm to models: ({' or '.join(sorted(derived))} "
+                                 f"derives {' or '.join(values)} from it)")
         elif key == "ablations":
             ablations = [a for a in values if a not in CONTROL_NAMES]
-            controls = [a for a in values if a in CONTROL_NAMES]
+            controls = [a for a in values if a in CONTROL_NAMES and (present is None or a not in present)]
             if ablations:
                 parts.append(f"add {' or '.join(ablations)} to ablations:")
             if controls:
@@ -87,10 +95,17 @@ class Untested:
                 "reason": f"no run with {self.needs} in this sweep"}
 
 
-def for_claim(spec, claim, drawn: bool = True, families: set[str] | None = None) -> Untested:
-    """The line of a claim whose treatment no run of the sweep matches (`families`: those the sweep has)."""
+def for_claim(spec, claim, drawn: bool = True, families: set[str] | None = None,
+              present: set[str] | None = None) -> Untested:
+    """The line of a claim whose treatment no run of the sweep matches (`families`: those the sweep has; `present`:
+    the ablations and controls its runs have). The hint also names a reference family the sweep lacks."""
+    hints = [sweep_file_hint(claim.treatment, families, present)]
+    reference = [D.spelled(x) for x in as_list(claim.reference.get("family", [])) if D.spelled(x) != "none"]
+    arm = f"add a {' or '.join(reference)} arm to models:"
+    if families is not None and reference and not set(reference) & families and arm not in hints[0]:
+        hints.append(arm)
     return Untested(spec.name, claim.claim, filters_text(claim.treatment), filters_text(claim.reference),
-                    sweep_file_hint(claim.treatment, families), drawn)
+                    "; ".join(h for h in hints if h), drawn)
 
 
 def differs(series: D.Series, overrides: dict) -> bool:
@@ -119,7 +134,7 @@ def declares_comparison(spec) -> bool:
         return False
     if dict(spec.reference) != DEFAULT_REFERENCE:
         return True
-    return any(k in spec.runs and any(not D.same_value(D.spelled(x), v) for x in _values(spec.runs[k]))
+    return any(k in spec.runs and any(not D.same_value(D.spelled(x), v) for x in as_list(spec.runs[k]))
                for k, v in spec.reference.items())
 
 
@@ -147,7 +162,7 @@ def for_figure(spec, runs) -> Untested:
         if key in spec.reference and variants:          # the variants are there: the compared-with side is missing
             needs[key] = [spec.reference[key]]
             continue
-        kept = [x for x in _values(v) if key not in spec.reference or not D.same_value(D.spelled(x),
+        kept = [x for x in as_list(v) if key not in spec.reference or not D.same_value(D.spelled(x),
                                                                                        spec.reference[key])]
         if kept:
             needs[key] = kept

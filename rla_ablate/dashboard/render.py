@@ -562,6 +562,8 @@ def render_rows_png(out: Rendered, widths: tuple[float, ...] = ()):
     table.auto_set_column_width(list(range(len(out.header))))
     state_col = out.header.index("state") if "state" in out.header else None
     for (r, _c), cell in table.get_celld().items():
+        # matplotlib pads a cell by a tenth of its width on each side: in a wide column that reads as an empty one
+        cell.PAD = 0.02
         cell.set_edgecolor("0.85")
         if r == 0:
             cell.set_text_props(weight="bold")

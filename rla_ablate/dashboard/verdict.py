@@ -210,6 +210,9 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
     everything = index.everything
     out: list[Verdict] = []
     untested: list[C.Untested] = []
+    # what the sweep has, for the hints of the claims it cannot test
+    families = {str(s.value("family")) for s in everything}
+    present = {D.spelled(x) for s in everything for x in C.as_list(s.value("ablations"))}
     for claim in spec.claims:
         treatments = [s for s in everything if s.runs and claim.selects(s.runs[0])]
         pairs = [(t, D.reference_of(t, claim.reference, everything, keys=("family", "ablations", "control")))
@@ -217,7 +220,7 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
         labels = _labelled(spec, [s for pair in pairs for s in pair if s is not None])
         key = D.resolve_metric(claim.metric, runs.jobs)
         if not pairs:
-            untested.append(C.for_claim(spec, claim, drawn, {str(s.value("family")) for s in everything}))
+            untested.append(C.for_claim(spec, claim, drawn, families, present))
             continue
         for t, ref in pairs:
             if ref is None:

@@ -145,14 +145,17 @@ class _Shape:
 
 
 def _of_glue(rows: list[tuple[dict[str, Any], Any]], glue: str) -> tuple[str, list[tuple[dict[str, Any], Any]]]:
-    """(the glue, the rows) a family's estimate takes: with the jobs' glue "auto", the family's rows measured with
-    the fused glue where it has any (`_coefficients` adds torch rows at widths never measured fused), else its torch
-    rows; with "torch" (RLA_GLUE), the torch rows alone (a family
-    measured with the fused glue only then takes those rows' coefficients with the torch glue's bytes)."""
+    """(the glue, the rows) a family's estimates take. With the jobs' glue "auto": the family's rows measured with
+    the fused glue where it has any, and its plain-torch rows at widths never measured fused (there they stand in:
+    their memory errs high, their speeds give the families' ratios at that width, which a wall-clock-matched
+    control needs). With "torch" (RLA_GLUE): the torch rows alone (a family measured with the fused glue only then
+    takes those rows' coefficients with the torch glue's bytes)."""
     fused = [r for r in rows if row_glue(r[0]) == "fused"]
+    torch_rows = [r for r in rows if row_glue(r[0]) == "torch"]
     if glue == "auto" and fused:
-        return "fused", fused
-    return "torch", [r for r in rows if row_glue(r[0]) == "torch"] or fused
+        widths = {mixer_width(m) for _, m in fused}
+        return "fused", fused + [r for r in torch_rows if mixer_width(r[1]) not in widths]
+    return "torch", torch_rows or fused
 
 
 @functools.lru_cache(maxsize=8)
@@ -169,14 +172,11 @@ def _coefficients(name: str = TABLE, glue: str = "auto") -> dict[str, tuple[str,
         used, chosen = _of_glue(rows, glue)
         widths: dict[float, list[tuple[float, str]]] = {}
         for row, model in chosen:
-            widths.setdefault(mixer_width(model), []).append((row_a_f(row, model), row["preset"]))
-        if used == "fused":
-            # A width measured with the plain-torch glue alone keeps that coefficient (the fused glue's smaller MLP
-            # and loss bytes still apply): the fused block glue saves more than that (100m: a_f 47 against 89),
-            # so the estimate errs high there instead of stretching a narrower width's fused coefficient.
-            torch_only = [(r, m) for r, m in rows if row_glue(r) == "torch" and mixer_width(m) not in widths]
-            for row, model in torch_only:
-                widths.setdefault(mixer_width(model), []).append((row_a_f(row, model), f"{row['preset']} (torch glue)"))
+            # a plain-torch row among the fused ones (`_of_glue`) keeps its coefficient, with the fused glue's MLP
+            # and loss bytes: the fused block glue saves more than that (100m: a_f 47 against 89), so the estimate
+            # errs high at its width instead of stretching a narrower width's fused coefficient
+            label = row["preset"] + (" (torch glue)" if used == "fused" and row_glue(row) == "torch" else "")
+            widths.setdefault(mixer_width(model), []).append((row_a_f(row, model), label))
         out[fam] = (used, sorted((math.log(w), max(a for a, _ in v), max(v)[1]) for w, v in widths.items()))
     return out
 

@@ -133,9 +133,28 @@ def load_sweep(path: str | Path) -> Sweep:
     check_job_count(cfg, located)
     jobs = expand(cfg, located)
     check_vocab(jobs, located)
+    check_device(cfg, located, jobs)
     if cfg.search is not None:
         check_search(cfg, located, jobs[0])
     return Sweep(config=cfg, source=located, jobs=jobs)
+
+
+def device_line(located: LocatedYAML) -> int | None:
+    """The first line of the sweep file that sets train.device (in base, an arm, a grid), else the base's train."""
+    lines = sorted(ln for path, ln in located.lines.items()
+                   if path[-2:] == ("train", "device") or (path and path[-1] == "train.device"))
+    return lines[0] if lines else located.line(("base", "train", "device"))
+
+
+def check_device(cfg: SweepConfig, located: LocatedYAML, jobs: list[ResolvedJob]) -> None:
+    """Jobs that train on cuda need a GPU share: with `resources.gpus: 0` their tasks would hold none and fail."""
+    res = cfg.resources
+    on_cuda = [j for j in jobs if j.job.train.device == "cuda"]
+    if on_cuda and not res.auto and float(res.gpus) == 0:
+        which = on_cuda[0].name + (", ..." if len(on_cuda) > 1 else "")
+        raise UserError(f"{len(on_cuda)} job(s) train with device cuda ({which}) but resources.gpus is 0, so their "
+                        "tasks hold no GPU; allowed: resources.gpus auto or above 0, or train.device auto or cpu",
+                        file=located.file, line=device_line(located), key="train.device")
 
 
 def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> None:

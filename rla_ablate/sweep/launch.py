@@ -34,7 +34,7 @@ from rla_ablate import environment
 from rla_ablate.errors import UserError
 from rla_ablate.outcome import ENDED, Cause, JobOutcome, Status
 from rla_ablate.ray_local import init_local_ray
-from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep
+from rla_ablate.sweep.expand import ResolvedJob, Sweep, device_line, load_sweep
 from rla_ablate.sweep.sources import GridSource, JobSource, count_statuses
 from rla_ablate.sweep.summary import FailedJob, LaunchSummary
 from rla_ablate.sweep.state import SweepDir
@@ -90,7 +90,26 @@ def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[s
         which = on_cuda[0].name + (", ..." if len(on_cuda) > 1 else "")
         raise UserError(f"{len(on_cuda)} job(s) train with device cuda ({which}) but the Ray cluster has no GPU; "
                         "allowed here: train.device auto or cpu", file=sweep.source.file,
-                        line=sweep.source.line(("base", "train", "device")), key="train.device")
+                        line=device_line(sweep.source), key="train.device")
+
+
+def on_gpus(placements: dict[str, Any] | None) -> bool:
+    """Whether any job of the launch holds a GPU share."""
+    return bool(placements) and any(p.gpus > 0 for p in placements.values())
+
+
+def _glue_change(sdir: SweepDir, gpus: bool) -> str | None:
+    """On GPUs, record the glue mode this launch's jobs run (RLA_GLUE), with a note when an earlier launch of the
+    sweep on GPUs ran another: its finished runs and this launch's would differ in rounding (each run's tag `glue`
+    says which). On the CPU both modes run the plain-torch glue: nothing to record."""
+    if not gpus:
+        return None
+    mode, before = environment.glue_mode(), sdir.meta().get("glue_mode")
+    sdir.write_meta(glue_mode=mode)
+    if before is None or before == mode:
+        return None
+    return (f"an earlier launch of this sweep ran with {environment.GLUE_ENV}={before}, this one with {mode}: "
+            f"set {environment.GLUE_ENV}={before} to keep its runs alike (each run's MLflow tag `glue` says which)")
 
 
 def _local_resources() -> dict[str, float]:
@@ -296,6 +315,10 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
             placements = place(sweep, gpu_bytes)
             _check_resources(sweep, cluster, placements)
         _note_placements(progress, placements)
+        order_longest_first(sweep, sdir, source, placements, progress)
+        glue_note = _glue_change(sdir, on_gpus(placements))
+        if glue_note:
+            progress.note(glue_note)
         t0 = time.monotonic()
         services.start_tracking()
         progress.note(f"MLflow: {services.tracking_uri} ({time.monotonic() - t0:.1f} s)")
@@ -419,6 +442,25 @@ def _note_placements(progress: Any, placements: dict[str, Any] | None) -> None:
     per_gpu = f"{len(packed) / sum(packed):.1f} jobs per GPU on average" if packed else "whole GPUs"
     progress.note(f"GPU shares {min(shares):.2f}-{max(shares):.2f} ({per_gpu}); estimated peak memory "
                   f"{min(est):.1f}-{max(est):.1f} GiB per job")
+
+
+def order_longest_first(sweep: Sweep, sdir: SweepDir, source: JobSource, placements: dict[str, Any] | None,
+                        progress: Any) -> None:
+    """On GPUs, a fixed sweep's jobs start longest first (`GridSource.order`): the tokens each has left over its
+    estimated tokens/s alone on a GPU (`calibration.estimate_speed`, as `plan` shows it)."""
+    order = getattr(source, "order", None)
+    if order is None or not on_gpus(placements):
+        return
+    from rla_ablate.sweep.calibration import estimate_speed
+
+    assumed = sweep.config.resources.assumed_tflops
+
+    def seconds(job: ResolvedJob) -> float:
+        left = max(job.tokens_target - sdir.status(job.job_id).tokens_done, 0)
+        return left / estimate_speed(job.job, assumed).tokens_per_s
+
+    order(seconds)
+    progress.note("on the GPUs, jobs start longest first (tokens left over estimated tokens/s)")
 
 
 def _term_as_interrupt() -> Any:

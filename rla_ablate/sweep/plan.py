@@ -36,8 +36,10 @@ def plan_rows(sweep: Sweep, gpu_bytes: int | None = None) -> list[dict[str, Any]
         rows.append({
             "job_id": job.job_id, "name": job.name, "family": job.family, "ablations": list(job.ablations),
             "params": int(params), "state_elements": int(state), "flops_per_token": float(flops),
-            "tokens": int(train.tokens), "mem_gib": round(mem.gib, 2), "mem_glue": mem.glue, "gpu_share": share,
-            "tokens_per_s": round(speed.tokens_per_s), "gpu_hours": train.tokens / speed.tokens_per_s / 3600.0,
+            # what the job trains on: train.tokens rounded up to whole batches
+            "tokens": int(train.total_tokens), "mem_gib": round(mem.gib, 2), "mem_glue": mem.glue,
+            "gpu_share": share, "tokens_per_s": round(speed.tokens_per_s),
+            "gpu_hours": train.total_tokens / speed.tokens_per_s / 3600.0,
             "cost_source": speed.source,
         })
     return rows

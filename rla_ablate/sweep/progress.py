@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from rich.markup import escape
 
-from rla_ablate.outcome import ACTIVE, Status
+from rla_ablate.outcome import ACTIVE, TERMINAL, Status
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -132,8 +132,9 @@ class Progress:
             row["changed"] = now
             # Each attempt's rate is its own: a new meter when the job starts running, none while it does not.
             row["meter"] = RateMeter() if status == Status.RUNNING else None
-            # Plain output: every change but the initial listing of queued jobs.
-            if not self.interactive and (status != Status.PENDING or row.get("seen")):
+            # Plain output: every change but the initial listing (queued jobs, and those an earlier launch ended).
+            first = not row.get("seen")
+            if not self.interactive and not (first and (status == Status.PENDING or status in TERMINAL)):
                 self.console.print(f"[{self._elapsed()}] {escape(job.name)} ({job.job_id[:8]}): {status} "
                                    f"{fmt_tokens(row['tokens'])}/{fmt_tokens(row['target'])} tokens")
             row["seen"] = True

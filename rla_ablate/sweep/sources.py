@@ -11,7 +11,7 @@ sweep's source: a new source is a class implementing `JobSource` and its line th
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rla_ablate.outcome import TERMINAL, JobOutcome, Status
@@ -81,7 +81,8 @@ def job_record(job: ResolvedJob) -> dict[str, Any]:
 
 
 class GridSource:
-    """A fixed sweep: every expanded job not yet finished or diverged, in expansion order."""
+    """A fixed sweep: every expanded job not yet finished or diverged, in expansion order (on GPUs, longest first:
+    `order`)."""
 
     watch: str | None = None
     ahead = 2
@@ -118,6 +119,13 @@ class GridSource:
             st = self.sdir.status(job.job_id)
             runner.progress.update(job, st.status if st.status in TERMINAL else Status.PENDING, st.tokens_done,
                                    job.tokens_target)
+
+    def order(self, seconds: Callable[[ResolvedJob], float]) -> None:
+        """Start the longest jobs first (`seconds`: a job's estimated time to run): packed jobs of unequal length
+        then end together instead of leaving the longest alone at the end, and the widest shapes, which the
+        shipped autotune seeds are least likely to cover, compile while the others train. Equal estimates keep
+        the expansion order."""
+        self.queue = deque(sorted(self.queue, key=lambda job: -seconds(job)))
 
     def next_jobs(self, capacity: int) -> Iterator[ResolvedJob]:
         while self.queue and capacity > 0:
