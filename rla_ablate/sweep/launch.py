@@ -708,12 +708,14 @@ class _Runner:
             else:
                 ready = []
                 time.sleep(min(timeout, 0.1))
-            # Progress and reported values first: a job reports its last values before its task returns, so the
-            # pruner sees every intermediate value before it hears the outcome.
-            self._poll()
-            for ref in ready:
-                job = self.inflight.pop(ref)
+            # Reported values first: a job reports its last values before its task returns, so the pruner sees
+            # every intermediate value before it hears the outcome. Then the ended attempts, then the running
+            # jobs' progress: a job that took an ended one's place is listed after it.
+            ending = [(ref, self.inflight.pop(ref)) for ref in ready]
+            snapshot = self._observe([job for _, job in ending])
+            for ref, job in ending:
                 done.append((job, *self._collect(job, ref)))
+            self._poll(snapshot)
             if not self.stopping and self.sdir.cancel_requested():
                 self.stop("cancelled by `rla-sweep cancel`")
         except KeyboardInterrupt:
@@ -738,12 +740,26 @@ class _Runner:
             if job.job_id not in started:
                 self.ray.cancel(ref)
 
-    def _poll(self) -> None:
+    def _observe(self, ending: list[ResolvedJob]) -> tuple:
+        """The monitor's snapshot (tokens, started, values, notes), its notes shown and every job's reported values
+        passed to the source, the attempts that just ended (`ending`) included."""
         self.tracking_notes()
-        tokens, started, values, notes = self.ray.get(self.monitor.snapshot.remote())
+        snapshot = self.ray.get(self.monitor.snapshot.remote())
+        _, _, values, notes = snapshot
         for job_id, text in notes:
             self.progress.note(f"{self.names.get(job_id, job_id[:8])}: {text}")
             self.sdir.set_status(job_id, notice=text)
+        for job in [*self.inflight.values(), *ending]:
+            if values.get(job.job_id) and self.source is not None:
+                why = self.source.observe(job, values[job.job_id])
+                if why:
+                    self.progress.note(f"{job.name}: {why}")
+                    self.monitor.request_stop.remote(job.job_id)
+        return snapshot
+
+    def _poll(self, snapshot: tuple) -> None:
+        """The running jobs' tokens into their status and the progress display (`_observe`'s snapshot)."""
+        tokens, started = snapshot[0], snapshot[1]
         for job in self.inflight.values():
             if job.job_id in started:
                 st = self.sdir.status(job.job_id)
@@ -752,11 +768,6 @@ class _Runner:
                 if st.status != Status.RUNNING or abs(st.tokens_done - n) > 0:
                     self.sdir.set_status(job.job_id, status=Status.RUNNING, tokens_done=n)
                 self.progress.update(job, Status.RUNNING, n)
-            if values.get(job.job_id) and self.source is not None:
-                why = self.source.observe(job, values[job.job_id])
-                if why:
-                    self.progress.note(f"{job.name}: {why}")
-                    self.monitor.request_stop.remote(job.job_id)
         self.progress.refresh()
         now = time.monotonic()
         if now - self._last_record > 5.0:
@@ -813,8 +824,8 @@ class _Runner:
             outcome.error = self.stop_reason or "stopped"
         self.sdir.set_status(job.job_id, status=outcome.status, tokens_done=tokens, error=outcome.error,
                              cause=outcome.cause, traceback=outcome.traceback)
-        self.end_run(job, outcome.status, outcome.error)
         self.progress.update(job, outcome.status, tokens)
+        self.end_run(job, outcome.status, outcome.error)
         if outcome.status == Status.FAILED:
             self.summary.failed.append(FailedJob(job.name, job.job_id, _first_line(outcome.error), outcome.cause, log))
         self.on_event("done", {"job_id": job.job_id, "status": str(outcome.status), "timing": outcome.timing})
