@@ -88,3 +88,17 @@ def test_deterministic_failures_are_not_retried_and_oom_is_reported(tmp_path):
     # Out of memory may pass when the GPU has more free memory: the resume hint stays (a launch whose every failure
     # is deterministic has none: tests/test_faults.py, tests/test_outcome.py).
     assert "rla-sweep resume fail-kinds" in out.stderr
+
+
+def test_an_attempt_a_stop_interrupted_while_it_started_is_cancelled_not_failed():
+    from rla_ablate.outcome import Cause, JobOutcome, Status
+    from rla_ablate.sweep.launch import stopped_outcome
+
+    wrapped = JobOutcome(Status.FAILED, tokens_done=0, cause=Cause.OTHER, error="SchemaError: Error building ...",
+                         traceback="Traceback ...\n  SchemaError: Error building `literal` serializer:\n  KeyboardInterrupt: \n")
+    got = stopped_outcome(wrapped, "cancelled by `rla-sweep cancel`")
+    assert got.status == Status.CANCELLED and got.error == "cancelled by `rla-sweep cancel` while it started"
+    real = JobOutcome(Status.FAILED, tokens_done=512, cause=Cause.OTHER, error="ValueError: bad", traceback="ValueError")
+    assert stopped_outcome(real, "interrupted") is real
+    done = JobOutcome(Status.CANCELLED, tokens_done=512, error="cancelled at 512 tokens")
+    assert stopped_outcome(done, "interrupted") is done

@@ -801,6 +801,8 @@ class _Runner:
             outcome.status = Status.FAILED
         if outcome.status == Status.FAILED and outcome.cause is None:
             outcome.cause = Cause.OTHER
+        if self.stopping:
+            outcome = stopped_outcome(outcome, self.stop_reason or "stopped")
         st = self.sdir.status(job.job_id)
         tokens = outcome.tokens_done
         self.summary.ran += 1
@@ -887,6 +889,17 @@ class _Runner:
             est = f"estimated {gib:.1f} GiB" if gib >= 1 else f"estimated {gib:.2g} GiB"
         had = f"{outcome.gpu_memory_gib:.1f} GiB" if outcome.gpu_memory_gib is not None else "unknown"
         return f"out of memory: {est}, had {had} ({_first_line(outcome.error)})"
+
+
+def stopped_outcome(outcome: JobOutcome, reason: str) -> JobOutcome:
+    """An attempt a stopping launch interrupted while it started: Ray's cancel raises KeyboardInterrupt in the task,
+    and an import in progress can turn it into its own error (pydantic's SchemaError was seen). Such an attempt
+    was cancelled, not failed: it resumes with the sweep and is not reported as a failure."""
+    text = f"{outcome.error or ''}\n{outcome.traceback or ''}"
+    if outcome.status == Status.FAILED and "KeyboardInterrupt" in text:
+        return JobOutcome(Status.CANCELLED, tokens_done=outcome.tokens_done, metrics=outcome.metrics,
+                          error=f"{reason} while it started")
+    return outcome
 
 
 def _first_line(text: str | None) -> str:
