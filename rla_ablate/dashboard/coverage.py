@@ -26,6 +26,10 @@ def filters_text(filters: dict) -> str:
     return ", ".join(f"{k}={'|'.join(D.spelled(x) for x in as_list(v))}" for k, v in filters.items())
 
 
+def _add_arm(families: list[str]) -> str:
+    return f"add a {' or '.join(families)} arm to models:"
+
+
 def sweep_file_hint(filters: dict, families: set[str] | None = None, present: set[str] | None = None) -> str:
     """What a sweep file adds to produce such runs, in words ('add logcosh to ablations:'; no brackets, so that the
     line prints as it is through rich markup). A family is named when none of its values is among `families`
@@ -42,13 +46,13 @@ def sweep_file_hint(filters: dict, families: set[str] | None = None, present: se
         if key == "family":
             derived = {D.spelled(x) for x in as_list(filters.get("ablations", []))} & set(CONTROL_NAMES)
             if families is not None and not set(values) & families and not derived:
-                parts.append(f"add a {' or '.join(values)} arm to models:")
+                parts.append(_add_arm(values))
             elif families is not None and derived:
                 # a control's runs come from a residual arm: without one of those, no control of this family
                 residual = sorted(r for r, base in BASELINE_OF.items() if base in values)
                 if residual and not set(residual) & families:
-                    parts.append(f"add a {' or '.join(residual)} arm to models: ({' or '.join(sorted(derived))} "
-                                 f"derives {' or '.join(values)} from it)")
+                    parts.append(f"{_add_arm(residual)} ({' or '.join(sorted(derived))} derives "
+                                 f"{' or '.join(values)} from it)")
         elif key == "ablations":
             ablations = [a for a in values if a not in CONTROL_NAMES]
             controls = [a for a in values if a in CONTROL_NAMES and (present is None or a not in present)]
@@ -101,9 +105,9 @@ def for_claim(spec, claim, drawn: bool = True, families: set[str] | None = None,
     the ablations and controls its runs have). The hint also names a reference family the sweep lacks."""
     hints = [sweep_file_hint(claim.treatment, families, present)]
     reference = [D.spelled(x) for x in as_list(claim.reference.get("family", [])) if D.spelled(x) != "none"]
-    arm = f"add a {' or '.join(reference)} arm to models:"
-    if families is not None and reference and not set(reference) & families and arm not in hints[0]:
-        hints.append(arm)
+    # a reference arm the treatment's hint already asks for is not asked for twice
+    if families is not None and reference and not set(reference) & families and _add_arm(reference) not in hints[0]:
+        hints.append(_add_arm(reference))
     return Untested(spec.name, claim.claim, filters_text(claim.treatment), filters_text(claim.reference),
                     "; ".join(h for h in hints if h), drawn)
 

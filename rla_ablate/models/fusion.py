@@ -19,9 +19,10 @@ rounding the plain loss does not make). It runs where gradients will be taken; e
 
 Same equations, fp32 inside, every family the same glue (the transformer baseline's blocks too). The plain-torch
 glue is the reference and runs everywhere else: on the CPU, in the mixers whose op runs on the `chunk` or `naive`
-backend (their blocks and loss on CUDA take the fused glue still), for the conv of decoding and packed forwards, and wherever `CausalLM.set_glue("torch")` asks for it, or the environment does
-(`RLA_GLUE=torch`, rla_ablate.environment: every model built in the process, e.g. every job of a launch; runs
-record the glue they ran as the tag `glue`). tests/test_models.py checks the wiring,
+backend (their blocks and loss on CUDA take the fused glue still), for the conv of decoding and packed forwards,
+and wherever `CausalLM.set_glue("torch")` asks for it, or the environment does (`RLA_GLUE=torch`,
+rla_ablate.environment: every model built in the process, e.g. every job of a launch; runs record the glue they ran
+as the tag `glue`). tests/test_models.py checks the wiring,
 tests/test_fused_glue_interpreted.py FLA's kernels themselves on the CPU, tests/test_models_gpu.py a bf16 training
 step on the GPU.
 """

@@ -146,14 +146,21 @@ def device_line(located: LocatedYAML) -> int | None:
     return lines[0] if lines else located.line(("base", "train", "device"))
 
 
+def cuda_jobs_text(jobs: list[ResolvedJob]) -> str | None:
+    """'N job(s) train with device cuda (the first's name, ...)', or None where no job does."""
+    named = [j.name for j in jobs if j.job.train.device == "cuda"]
+    if not named:
+        return None
+    return f"{len(named)} job(s) train with device cuda ({named[0]}{', ...' if len(named) > 1 else ''})"
+
+
 def check_device(cfg: SweepConfig, located: LocatedYAML, jobs: list[ResolvedJob]) -> None:
     """Jobs that train on cuda need a GPU share: with `resources.gpus: 0` their tasks would hold none and fail."""
     res = cfg.resources
-    on_cuda = [j for j in jobs if j.job.train.device == "cuda"]
-    if on_cuda and not res.auto and float(res.gpus) == 0:
-        which = on_cuda[0].name + (", ..." if len(on_cuda) > 1 else "")
-        raise UserError(f"{len(on_cuda)} job(s) train with device cuda ({which}) but resources.gpus is 0, so their "
-                        "tasks hold no GPU; allowed: resources.gpus auto or above 0, or train.device auto or cpu",
+    cuda = cuda_jobs_text(jobs)
+    if cuda and not res.auto and float(res.gpus) == 0:
+        raise UserError(f"{cuda} but resources.gpus is 0, so their tasks hold no GPU; allowed: resources.gpus auto "
+                        "or above 0, or train.device auto or cpu",
                         file=located.file, line=device_line(located), key="train.device")
 
 

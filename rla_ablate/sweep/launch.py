@@ -34,7 +34,7 @@ from rla_ablate import environment
 from rla_ablate.errors import UserError
 from rla_ablate.outcome import ENDED, Cause, JobOutcome, Status
 from rla_ablate.ray_local import init_local_ray
-from rla_ablate.sweep.expand import ResolvedJob, Sweep, device_line, load_sweep
+from rla_ablate.sweep.expand import ResolvedJob, Sweep, cuda_jobs_text, device_line, load_sweep
 from rla_ablate.sweep.sources import GridSource, JobSource, count_statuses
 from rla_ablate.sweep.summary import FailedJob, LaunchSummary
 from rla_ablate.sweep.state import SweepDir
@@ -84,13 +84,11 @@ def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[s
     if res.cpus > have_cpus:
         raise UserError(f"each job asks for {res.cpus:g} CPUs but the Ray cluster has {have_cpus:g}",
                         file=sweep.source.file, line=line, key="resources.cpus")
-    on_cuda = [job for job in sweep.jobs if job.job.train.device == "cuda"]
-    if on_cuda and not have_gpus:
+    cuda = cuda_jobs_text(sweep.jobs)
+    if cuda and not have_gpus:
         # Each of them would start, open its run and fail at its first line (CUDA is not available).
-        which = on_cuda[0].name + (", ..." if len(on_cuda) > 1 else "")
-        raise UserError(f"{len(on_cuda)} job(s) train with device cuda ({which}) but the Ray cluster has no GPU; "
-                        "allowed here: train.device auto or cpu", file=sweep.source.file,
-                        line=device_line(sweep.source), key="train.device")
+        raise UserError(f"{cuda} but the Ray cluster has no GPU; allowed here: train.device auto or cpu",
+                        file=sweep.source.file, line=device_line(sweep.source), key="train.device")
 
 
 def on_gpus(placements: dict[str, Any] | None) -> bool:
