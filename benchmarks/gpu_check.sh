@@ -47,9 +47,13 @@ fi
 if [[ $what == glue ]]; then
     # FLA's fused glue (rla_ablate/models/fusion.py): its GPU test, then each 100m family's step with the fused and
     # the plain-torch glue side by side, profiled (where the time goes, the 25 costliest ops), rows calibrated
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_models_gpu.py -k fused_glue \
-        --junitxml="$OUT/junit-glue.xml" >"$OUT/tests-glue.log" 2>&1 || rc=1
-    tail -n 25 "$OUT/tests-glue.log"
+    # The small shape's cases first, then the wide ones (a fresh node autotunes FLA's kernels for each new shape, so
+    # a call's time limit can cut this short): -v logs each case as it ends, so a cut log still says which passed.
+    for shape in small wide; do
+        python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_models_gpu.py -k "fused_glue and $shape" \
+            --durations=5 --junitxml="$OUT/junit-glue-$shape.xml" >"$OUT/tests-glue-$shape.log" 2>&1 || rc=1
+        grep -E "PASSED|FAILED|ERROR|passed|failed|slowest|s call" "$OUT/tests-glue-$shape.log" | tail -n 30
+    done
     python3 benchmarks/train_gpu.py --scale 100m --glue auto torch --steps 6 --warmup 2 --profile 3 --top-ops 25 \
         --calibrate --json "$OUT/glue-100m.json" 2>&1 | tee "$OUT/glue-100m.log" || rc=1
     cp rla_ablate/sweep/calibration/h200.json "$OUT/h200.json"

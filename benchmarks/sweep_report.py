@@ -5,7 +5,10 @@ first step's wall time (kernel compilation and autotuning) and the sweep's wall 
 
 Reads the sweep folder only (jobs.json, each job's status.json and metrics.jsonl): it works while the launch runs
 and after the node that ran it is gone. tokens/s is the job's mean over its logged windows after the first (the
-first includes compilation); `jobs at once` is the largest number of jobs whose runs overlapped in time.
+first includes compilation); `jobs at once` is the largest number of jobs whose runs overlapped in time. A sweep
+finished over several launches (`resume` on a fresh node) has `wall_s`, the time with jobs running summed over its
+`busy_spans` (a gap under TURNOVER_S between jobs, a task starting and building its model, counts as busy: it is the
+launch's own); `span_s` runs from the first job's start to the last job's end, gaps between launches included.
 """
 
 from __future__ import annotations
@@ -42,12 +45,28 @@ def job_rows(sdir: SweepDir) -> list[dict]:
 
 
 def overlap(rows: list[dict]) -> int:
-    marks = sorted([(r["start"], 1) for r in rows if r["start"]] + [(r["end"], -1) for r in rows if r["end"]])
+    marks = sorted([(r["start"], 1) for r in rows if r["start"] is not None]
+                   + [(r["end"], -1) for r in rows if r["end"] is not None])
     now = best = 0
     for _, d in marks:
         now += d
         best = max(best, now)
     return best
+
+
+TURNOVER_S = 120.0
+
+
+def busy_spans(rows: list[dict]) -> list[tuple[float, float]]:
+    """The intervals in which jobs ran (a job from its first record to its last), in time order; intervals less
+    than TURNOVER_S apart are one."""
+    spans: list[list[float]] = []
+    for start, end in sorted((r["start"], r["end"]) for r in rows if r["start"] is not None and r["end"] is not None):
+        if spans and start <= spans[-1][1] + TURNOVER_S:
+            spans[-1][1] = max(spans[-1][1], end)
+        else:
+            spans.append([start, end])
+    return [(a, b) for a, b in spans]
 
 
 def main() -> None:
@@ -65,12 +84,14 @@ def main() -> None:
         err = f"{r['estimate_error']:+8.1%}" if r["estimate_error"] is not None else f"{'-':>8}"
         first = ", ".join(f"{f:.1f}" for f in r["first_step_s"]) or "-"
         print(f"{r['name']:<38} {r['status']:<9} {tok} {peak} {est} {err} {first:>14}")
-    starts = [r["start"] for r in rows if r["start"]]
-    ends = [r["end"] for r in rows if r["end"]]
+    starts = [r["start"] for r in rows if r["start"] is not None]
+    ends = [r["end"] for r in rows if r["end"] is not None]
+    spans = busy_spans(rows)
     errs = [abs(r["estimate_error"]) for r in rows if r["estimate_error"] is not None]
     total = sum(r["tokens_per_s"] or 0 for r in rows)
     summary = {"jobs": len(rows), "finished": sum(r["status"] == "finished" for r in rows),
-               "wall_s": max(ends) - min(starts) if starts else None, "jobs_at_once": overlap(rows),
+               "wall_s": sum(b - a for a, b in spans) if spans else None, "busy_spans": len(spans),
+               "span_s": max(ends) - min(starts) if starts else None, "jobs_at_once": overlap(rows),
                "sum_tokens_per_s": total, "max_abs_estimate_error": max(errs) if errs else None}
     print(json.dumps(summary))
     if args.json:

@@ -57,3 +57,18 @@ def test_kernel_kinds():
     assert kind_of("void at::native::vectorized_elementwise_kernel<4, ...>", ours) == "elementwise, reductions"
     assert kind_of("pytorch_flash::flash_fwd_kernel", ours) == "attention"
     assert kind_of("void at::native::(anonymous namespace)::multi_tensor_apply_kernel", ours) == "optimizer"
+
+
+def test_sweep_report_sums_the_time_jobs_ran_over_launches():
+    """A sweep finished by a `resume` on a later node: its wall time is the time jobs ran, not the gap between the
+    launches; a short gap between jobs (a task starting) stays inside one span."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from sweep_report import TURNOVER_S, busy_spans, overlap
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    rows = [{"start": 0.0, "end": 100.0}, {"start": 50.0, "end": 200.0}, {"start": 205.0, "end": 300.0},
+            {"start": 9000.0, "end": 9200.0}, {"start": 9010.0, "end": 9250.0}, {"start": None, "end": None}]
+    assert TURNOVER_S > 5
+    assert busy_spans(rows) == [(0.0, 300.0), (9000.0, 9250.0)]
+    assert overlap(rows) == 2

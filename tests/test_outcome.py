@@ -243,3 +243,23 @@ def test_gpu_jobs_run_in_a_fresh_process_each():
     assert remote_for(0.25)._default_options.get("max_calls") == 1
     assert remote_for(0.0)._default_options.get("max_calls") in (None, 0)
 
+
+
+def test_status_says_whether_a_resume_continues_an_interrupted_job_or_starts_it_again(tmp_path):
+    """A job left running by a launch that is gone: status names the checkpoint a resume continues from, or says it
+    starts again (none written yet, or the sweep folder was copied without its checkpoints)."""
+    from rla_ablate.sweep.state import SweepDir
+    from rla_ablate.sweep.status import sweep_status
+
+    sdir = SweepDir(tmp_path, "s")
+    sdir.path.mkdir(parents=True)
+    sdir.write_job_list([{"job_id": "a", "name": "a/seed0"}, {"job_id": "b", "name": "b/seed0"}])
+    for job in ("a", "b"):
+        sdir.set_status(job, status="running", attempts=1)
+    (sdir.job_dir("b") / "checkpoints").mkdir()
+    (sdir.job_dir("b") / "checkpoints" / "ckpt-000000002500000.pt").write_bytes(b"")
+    errors = {j["name"]: (j["status"], j["error"]) for j in sweep_status(sdir)["jobs"]}
+    assert errors["a/seed0"][0] == errors["b/seed0"][0] == "pending"
+    assert errors["a/seed0"][1].endswith("`rla-sweep resume s --root " + str(tmp_path) + "` starts it again from its "
+                                         "first step (no checkpoint)")
+    assert errors["b/seed0"][1].endswith("resumes it from its checkpoint at 2,500,000 tokens")

@@ -9,9 +9,18 @@ from typing import Any
 from rla_ablate.errors import UserError
 from rla_ablate.outcome import ACTIVE, Status
 from rla_ablate.sweep.state import SweepDir
+from rla_ablate.train.checkpoint import list_checkpoints
 
-INTERRUPTED = ("the launch stopped before this job ended; `rla-sweep resume {name} --root {root}` resumes it from its "
-               "checkpoint")
+INTERRUPTED = "the launch stopped before this job ended; `rla-sweep resume {name} --root {root}` {how}"
+
+
+def _resume_how(sdir: SweepDir, job_id: str) -> str:
+    """What a resume does with an interrupted job: from its newest checkpoint, or from the first step where none
+    was written (or none came along when the sweep folder was copied)."""
+    found = list_checkpoints(sdir.job_dir(job_id))
+    if found:
+        return f"resumes it from its checkpoint at {found[-1][0]:,} tokens"
+    return "starts it again from its first step (no checkpoint)"
 
 
 def resolve_name(name_or_file: str) -> str:
@@ -54,7 +63,8 @@ def sweep_status(sdir: SweepDir) -> dict[str, Any]:
         st = sdir.status(rec["job_id"])
         status, error = st.status, st.error
         if status in ACTIVE and not live and st.attempts:
-            status, error = Status.PENDING, error or INTERRUPTED.format(name=sdir.name, root=sdir.root)
+            status, error = Status.PENDING, error or INTERRUPTED.format(
+                name=sdir.name, root=sdir.root, how=_resume_how(sdir, rec["job_id"]))
         log = sdir.error_log(rec["job_id"])
         jobs.append({"job_id": rec["job_id"], "name": rec["name"], "ablations": rec.get("ablations", []),
                      "status": status.value, "mlflow_run_id": st.mlflow_run_id, "tokens_done": int(st.tokens_done),
