@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point on the GPU node, after the bundle is installed (PYTHONPATH=/tmp/site:$PWD):
-#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|glue|train-step|calibrate|bench|profile|tune|train|train-profile|save-tuning|all]
+#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|glue|graph|train-step|calibrate|bench|profile|tune|train|train-profile|save-tuning|all]
 #                                [pytest -k expr]
 # GPU tests write a junit file, a log and every measured error to $OUT; the kernel table prints last.
 #
@@ -57,6 +57,15 @@ if [[ $what == glue ]]; then
     python3 benchmarks/train_gpu.py --scale 100m --glue auto torch --steps 6 --warmup 2 --profile 3 --top-ops 25 \
         --calibrate --json "$OUT/glue-100m.json" 2>&1 | tee "$OUT/glue-100m.log" || rc=1
     cp rla_ablate/sweep/calibration/h200.json "$OUT/h200.json"
+fi
+if [[ $what == graph ]]; then
+    # the whole 100m step captured in a CUDA graph and replayed, against the eager step: same losses (the GPU test),
+    # then tokens/s side by side with where the time goes (a host-bound step gains what the GPU waited)
+    python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_benchmarks.py -k cuda_graph \
+        --junitxml="$OUT/junit-graph.xml" >"$OUT/tests-graph.log" 2>&1 || rc=1
+    grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$OUT/tests-graph.log" | tail -n 20
+    python3 benchmarks/train_gpu.py --scale 100m --graph off on --steps 6 --warmup 2 --profile 3 \
+        --json "$OUT/graph-100m.json" 2>&1 | tee "$OUT/graph-100m.log" || rc=1
 fi
 if [[ $what == train-step || $what == all ]]; then
     # the real training step (run_job: bf16 autocast, backend auto, AdamW, eval, checkpoint) of every job a sweep

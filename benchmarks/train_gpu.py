@@ -2,8 +2,8 @@
 
     python benchmarks/train_gpu.py [--scale 1.5b [100m ...]] [--families rla rdn sgla gdn transformer]
                                    [--batch B] [--seq-len T] [--steps 10] [--warmup 3] [--backend auto]
-                                   [--glue auto [torch]] [--profile [STEPS] [--top-ops N]] [--json out.json]
-                                   [--calibrate [TABLE]]
+                                   [--glue auto [torch]] [--graph off [on]] [--profile [STEPS] [--top-ops N]]
+                                   [--json out.json] [--calibrate [TABLE]]
 
 Each family builds the preset `<scale>-<family>` (models/), trains --warmup untimed then --steps timed AdamW steps
 on random tokens (fp32 master weights, bf16 autocast and one host read per step, as the training job does on
@@ -16,7 +16,11 @@ busy time by kind of kernel (ours, FLA's, GEMMs, attention, PyTorch's elementwis
 optimizer) and the time the GPU waited for the host (launch overhead, syncs) — on the CPU, the ops' self time;
 `--top-ops N` adds the N costliest PyTorch ops of each family with their input shapes. `--glue auto torch` runs
 each family twice, with FLA's fused glue (in the blocks, and around the op of the linear mixers:
-rla_ablate/models/fusion.py) and with the plain-torch glue, and gives the ratio.
+rla_ablate/models/fusion.py) and with the plain-torch glue, and gives the ratio. `--graph off on` runs each family
+also with its whole step (forward, backward, gradient clip, AdamW) captured once in a CUDA graph and replayed: the
+host then launches one graph a step instead of every kernel, which shows how much of a step is the host's (a step
+the GPU waits for). The graphed run starts from the same weights and data as the eager one, so their losses after
+the same steps must agree (`graph_loss_vs_eager`, relative); the training jobs themselves do not use graphs.
 `--calibrate` merges each measured row (model config, batch shape, tokens/s, peak memory, warm-up) into the
 calibration table that `rla-sweep plan` and `resources.gpus: auto` read (rla_ablate/sweep/calibration/h200.json).
 """
@@ -24,6 +28,7 @@ calibration table that `rla-sweep plan` and `resources.gpus: auto` read (rla_abl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
@@ -141,37 +146,56 @@ def top_ops(prof, steps: int, cuda: bool, top: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["ms"])[:top]
 
 
-def measure(family: str, scale: str, args, device: torch.device, glue: str = "auto") -> dict:
+def measure(family: str, scale: str, args, device: torch.device, glue: str = "auto", graph: bool = False) -> dict:
     batch, seq_len = args.batch or SHAPES[scale][0], args.seq_len or SHAPES[scale][1]
     cfg = load_preset(f"{scale}-{family}")
     if family != "transformer" and args.backend != "auto":
         cfg = cfg.model_copy(update={"backend": args.backend})
+    if graph and getattr(cfg, "clip_mode", "absolute") != "absolute":
+        # the radius of a relative clip is a host float handed over each step: a graph would replay the first one
+        raise ValueError(f"{scale}-{family}: clip_mode {cfg.clip_mode} cannot run in a CUDA graph")
     torch.manual_seed(0)
     t_build = time.perf_counter()
     with device:  # initialise on the device: a 1.5B model built on the CPU first takes longer than its timed steps
         model = build_model(cfg)
     model.set_glue(glue)
     say(f"{family}: built {count_params(cfg) / 1e6:.0f}M parameters in {time.perf_counter() - t_build:.1f} s")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=device.type == "cuda")
+    cuda = device.type == "cuda"
+    # capturable: AdamW keeps its step count on the device, so a graph replays a real step each time
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=cuda, capturable=graph)
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    # No cast cache in a graph: every replay casts the weights it has just updated
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda, cache_enabled=not graph)
 
-    def step():
+    def forward_backward():
         # the training loop's step: the model computes its loss (rla_ablate.models.fusion.lm_loss)
         with autocast:
             loss = model(tokens[:, :-1], labels=tokens[:, 1:]) / (batch * seq_len)
         loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        return loss.detach(), torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+
+    def step():
+        loss, norm = forward_backward()
         # One host read per step, as the training loop makes (with the relative clip's hand-over)
-        loss_value, _ = model.read_and_hand_over(loss.detach(), norm)
+        loss_value, _ = model.read_and_hand_over(loss, norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss_value
 
     t_warm = time.perf_counter()
-    for i in range(args.warmup):
-        step()
-        say(f"{family}: warm-up step {i + 1}/{args.warmup} at {time.perf_counter() - t_warm:.1f} s")
+    # A graph is captured after eager steps on a side stream (autotuning, cuBLAS workspaces and lazy state happen
+    # there, not in the capture)
+    side = torch.cuda.Stream(device) if graph else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        for i in range(args.warmup):
+            step()
+            say(f"{family}: warm-up step {i + 1}/{args.warmup} at {time.perf_counter() - t_warm:.1f} s")
+    if side is not None:
+        torch.cuda.current_stream(device).wait_stream(side)
+        step = capture(forward_backward, opt, model, device)
+        say(f"{family}: step captured in a CUDA graph at {time.perf_counter() - t_warm:.1f} s")
     warmup_s = time.perf_counter() - t_warm
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -184,7 +208,7 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
     seconds = time.perf_counter() - t0
     tok_s = batch * seq_len * args.steps / seconds
     peak = device_peak(device)
-    row = dict(family=family, scale=scale, preset=f"{scale}-{family}", glue=glue, glue_ran=model.glue_used,
+    row = dict(family=family, scale=scale, preset=f"{scale}-{family}", glue=glue, glue_ran=model.glue_used, graph=graph,
                model=cfg.model_dump(mode="json"),
                batch=batch, seq_len=seq_len, params=count_params(cfg), tokens_per_s=tok_s,
                mfu=flops_per_token(cfg, seq_len) * tok_s / peak if peak else None, loss=loss,
@@ -193,6 +217,24 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
     if args.profile:
         row["profile"] = profile_steps(step, args.profile, device, args.top_ops)
     return row
+
+
+def capture(forward_backward, opt, model, device: torch.device):
+    """The step as one CUDA graph: forward, backward, clip and AdamW captured once; the returned step replays it
+    and makes the step's host read. Gradients live in the graph's memory: the capture writes them (none before it),
+    so every replay overwrites them instead of adding to them."""
+    opt.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss, norm = forward_backward()
+        opt.step()
+
+    def step():
+        graph.replay()
+        loss_value, _ = model.read_and_hand_over(loss, norm)
+        return loss_value
+
+    return step
 
 
 def main():
@@ -212,6 +254,9 @@ def main():
     parser.add_argument("--glue", nargs="+", default=["auto"], choices=["auto", "torch"],
                         help="the models' glue: auto (FLA's fused kernels on the GPU) and/or torch (the "
                              "plain-torch reference); both: each family twice, side by side")
+    parser.add_argument("--graph", nargs="+", default=["off"], choices=["off", "on"],
+                        help="on: capture each family's whole step in a CUDA graph and replay it (GPU only); "
+                             "off on: each family both ways, side by side")
     parser.add_argument("--top-ops", type=int, default=0, metavar="N",
                         help="with --profile: list the N costliest PyTorch ops per family with their input shapes")
     parser.add_argument("--calibrate", nargs="?", const=str(CALIBRATION), default=None, metavar="TABLE",
@@ -221,18 +266,27 @@ def main():
     if unknown:
         parser.error(f"no batch shape for scale {', '.join(unknown)}: pass --batch and --seq-len (known: {SHAPES})")
     device = torch.device(args.device)
+    if "on" in args.graph and device.type != "cuda":
+        parser.error(f"--graph on captures CUDA graphs: it needs a CUDA device, not {args.device}")
     rows = []
     for scale in args.scale:
-        for family, glue in [(f, g) for f in args.families for g in args.glue]:
+        for family, glue, graph in [(f, g, m == "on") for f in args.families for g in args.glue for m in args.graph]:
             try:
-                rows.append(measure(family, scale, args, device, glue))
+                rows.append(measure(family, scale, args, device, glue, graph))
             except torch.OutOfMemoryError:
-                rows.append(dict(family=family, scale=scale, preset=f"{scale}-{family}", glue=glue,
+                rows.append(dict(family=family, scale=scale, preset=f"{scale}-{family}", glue=glue, graph=graph,
                                  error="out of memory"))
+            except ValueError as e:
+                rows.append(dict(family=family, scale=scale, preset=f"{scale}-{family}", glue=glue, graph=graph,
+                                 error=str(e)))
+            eager = next((r for r in rows[:-1] if "loss" in r and not r["graph"] and (r["family"], r["scale"],
+                          r["glue"]) == (family, scale, glue)), None)
+            if graph and eager is not None and "loss" in rows[-1]:
+                rows[-1]["graph_loss_vs_eager"] = abs(rows[-1]["loss"] - eager["loss"]) / abs(eager["loss"])
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             print(json.dumps(rows[-1]), flush=True)
-            if args.calibrate and glue == "auto":
+            if args.calibrate and glue == "auto" and not graph:
                 # row by row: a run stopped at a time limit keeps what it measured
                 calibrate(args.calibrate, rows[-1:], args, torch.cuda.get_device_name(device))
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -247,23 +301,31 @@ def main():
 
 def print_table(rows: list[dict], where: str, args) -> None:
     base = {"rla": "sgla", "rdn": "gdn"}
-    by_family = {(r["family"], r.get("glue", "auto")): r for r in rows}
+    by_family = {(r["family"], r.get("glue", "auto"), r.get("graph", False)): r for r in rows}
     shape = next((f"batch {r['batch']} x {r['seq_len']} tokens" for r in rows if "batch" in r), "")
+    graphs = any(r.get("graph") for r in rows)
     print(f"\n{where} | {shape} | {args.steps} timed steps")
-    print(f"{'preset':>18} {'glue':>5} {'params':>8} {'tokens/s':>10} {'MFU':>6} {'vs base':>8} {'vs torch glue':>13} "
-          f"{'backend':>8}")
+    print(f"{'preset':>18} {'glue':>5} {'graph':>5} {'params':>8} {'tokens/s':>10} {'MFU':>6} {'vs base':>8} "
+          f"{'vs torch glue':>13}" + (f" {'vs eager':>8} {'loss vs eager':>13}" if graphs else "") + f" {'backend':>8}")
     for r in rows:
-        glue = r.get("glue", "auto")
+        glue, graph = r.get("glue", "auto"), r.get("graph", False)
+        label = f"{r['preset']:>18} {glue:>5} {'on' if graph else 'off':>5}"
         if "error" in r:
-            print(f"{r['preset']:>18} {glue:>5} {r['error']}")
+            print(f"{label} {r['error']}")
             continue
-        b = by_family.get((base.get(r["family"], ""), glue), {})
+        b = by_family.get((base.get(r["family"], ""), glue, graph), {})
         ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if "tokens_per_s" in b else ""
-        t = by_family.get((r["family"], "torch"), {}) if glue != "torch" else {}
+        t = by_family.get((r["family"], "torch", graph), {}) if glue != "torch" else {}
         vs_torch = f"{r['tokens_per_s'] / t['tokens_per_s']:.2f}x" if "tokens_per_s" in t else ""
+        extra = ""
+        if graphs:
+            e = by_family.get((r["family"], glue, False), {}) if graph else {}
+            vs_eager = f"{r['tokens_per_s'] / e['tokens_per_s']:.2f}x" if "tokens_per_s" in e else ""
+            diff = f"{r['graph_loss_vs_eager']:.1e}" if "graph_loss_vs_eager" in r else ""
+            extra = f" {vs_eager:>8} {diff:>13}"
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-        print(f"{r['preset']:>18} {glue:>5} {r['params'] / 1e6:7.0f}M {r['tokens_per_s']:10.0f} {mfu:>6} {ratio:>8} "
-              f"{vs_torch:>13} {str(r['backend']):>8}")
+        print(f"{label} {r['params'] / 1e6:7.0f}M {r['tokens_per_s']:10.0f} {mfu:>6} {ratio:>8} {vs_torch:>13}{extra} "
+              f"{str(r['backend']):>8}")
 
 
 def print_profile(rows: list[dict], device: torch.device) -> None:
@@ -278,7 +340,7 @@ def print_profile(rows: list[dict], device: torch.device) -> None:
         wall = prof["wall_ms"]
         parts = [f"{kind} {ms:.1f} ({ms / wall:.0%})" for kind, ms in prof["kinds_ms"].items() if ms >= 0.05]
         idle = f", idle {prof['gpu_idle_ms']:.1f} ({prof['gpu_idle_ms'] / wall:.0%})" if "gpu_idle_ms" in prof else ""
-        label = r["preset"] + (" (torch glue)" if r.get("glue") == "torch" else "")
+        label = r["preset"] + (" (torch glue)" if r.get("glue") == "torch" else "") + (" (graph)" if r.get("graph") else "")
         print(f"{label:>18}: step {wall:.1f}{idle}: " + ", ".join(parts))
         for op in prof.get("top_ops", []):
             print(f"{'':>20}{op['ms']:7.2f} ms {op['calls']:5.0f}x {op['op']} {op['shapes']}")

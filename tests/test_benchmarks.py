@@ -28,6 +28,11 @@ def test_train_gpu_runs_tiny_presets_on_the_cpu(tmp_path):
     for r in rows.values():
         assert r["tokens_per_s"] > 0 and r["backend"] == "chunk" and r["warmup_s"] >= 0
     assert "rla: warm-up step 1/1" in proc.stderr  # progress for the minutes a fresh GPU node spends compiling
+    # a CUDA graph needs CUDA: refused up front, not after the CPU rows
+    refused = subprocess.run([sys.executable, "benchmarks/train_gpu.py", "--device", "cpu", "--scale", "tiny",
+                              "--graph", "off", "on"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "--graph on captures CUDA graphs: it needs a CUDA device" in refused.stderr
+    assert refused.stdout == ""
     table_row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("tiny-rla  auto"))
     assert table_row.count("x ") == 2  # the ratio columns: vs base, vs torch glue
     # --profile: a step's time split by kind of op, the GEMMs among them
@@ -72,3 +77,23 @@ def test_sweep_report_sums_the_time_jobs_ran_over_launches():
     assert TURNOVER_S > 5
     assert busy_spans(rows) == [(0.0, 300.0), (9000.0, 9250.0)]
     assert overlap(rows) == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_a_step_captured_in_a_cuda_graph_trains_as_the_eager_step(tmp_path):
+    """`train_gpu.py --graph off on`: every family's whole step (forward, backward, clip, AdamW) captured once and
+    replayed reaches the eager step's loss after the same steps from the same weights and data (the same kernels
+    in the same order: rounding apart, the same numbers), and runs."""
+    out = tmp_path / "graph.json"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/train_gpu.py", "--scale", "100m", "--batch", "2", "--seq-len", "256",
+         "--steps", "3", "--warmup", "2", "--graph", "off", "on", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["results"]
+    graphed = [r for r in rows if r["graph"]]
+    assert sorted(r["family"] for r in graphed) == ["gdn", "rdn", "rla", "sgla", "transformer"]
+    for r in graphed:
+        assert "error" not in r, r
+        assert r["tokens_per_s"] > 0 and r["graph_loss_vs_eager"] <= 1e-3, (r["family"], r["graph_loss_vs_eager"])
