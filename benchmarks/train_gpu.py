@@ -20,7 +20,8 @@ rla_ablate/models/fusion.py) and with the plain-torch glue, and gives the ratio.
 also with its whole step (forward, backward, gradient clip, AdamW) captured once in a CUDA graph and replayed: the
 host then launches one graph a step instead of every kernel, which shows how much of a step is the host's (a step
 the GPU waits for). The graphed run starts from the same weights and data as the eager one, so their losses after
-the same steps must agree (`graph_loss_vs_eager`, relative); the training jobs themselves do not use graphs.
+every timed step must agree (`graph_vs_eager`: the largest relative difference of a step's loss or gradient norm);
+the training jobs themselves do not use graphs.
 `--calibrate` merges each measured row (model config, batch shape, tokens/s, peak memory, warm-up) into the
 calibration table that `rla-sweep plan` and `resources.gpus: auto` read (rla_ablate/sweep/calibration/h200.json).
 """
@@ -177,10 +178,10 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
     def step():
         loss, norm = forward_backward()
         # One host read per step, as the training loop makes (with the relative clip's hand-over)
-        loss_value, _ = model.read_and_hand_over(loss, norm)
+        values = model.read_and_hand_over(loss, norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss_value
+        return values
 
     t_warm = time.perf_counter()
     # A graph is captured after eager steps on a side stream (autotuning, cuBLAS workspaces and lazy state happen
@@ -201,8 +202,7 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
+    seen = [step() for _ in range(args.steps)]  # (loss, gradient norm) of each timed step
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
@@ -211,7 +211,7 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
     row = dict(family=family, scale=scale, preset=f"{scale}-{family}", glue=glue, glue_ran=model.glue_used, graph=graph,
                model=cfg.model_dump(mode="json"),
                batch=batch, seq_len=seq_len, params=count_params(cfg), tokens_per_s=tok_s,
-               mfu=flops_per_token(cfg, seq_len) * tok_s / peak if peak else None, loss=loss,
+               mfu=flops_per_token(cfg, seq_len) * tok_s / peak if peak else None, loss=seen[-1][0], steps_seen=seen,
                backend=model.backend_used, kernel=model.kernel_used, warmup_s=warmup_s,
                peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
     if args.profile:
@@ -231,8 +231,7 @@ def capture(forward_backward, opt, model, device: torch.device):
 
     def step():
         graph.replay()
-        loss_value, _ = model.read_and_hand_over(loss, norm)
-        return loss_value
+        return model.read_and_hand_over(loss, norm)
 
     return step
 
@@ -268,6 +267,10 @@ def main():
     device = torch.device(args.device)
     if "on" in args.graph and device.type != "cuda":
         parser.error(f"--graph on captures CUDA graphs: it needs a CUDA device, not {args.device}")
+    if "on" in args.graph and args.warmup < 2:
+        # the capture must not be a shape's first step: Triton compiles and autotunes, AdamW makes its state and the
+        # kernels' layouts are copied to the device there, none of which a graph can hold
+        parser.error(f"--graph on needs --warmup 2 or more eager steps before the capture; got {args.warmup}")
     rows = []
     for scale in args.scale:
         for family, glue, graph in [(f, g, m == "on") for f in args.families for g in args.glue for m in args.graph]:
@@ -282,7 +285,8 @@ def main():
             eager = next((r for r in rows[:-1] if "loss" in r and not r["graph"] and (r["family"], r["scale"],
                           r["glue"]) == (family, scale, glue)), None)
             if graph and eager is not None and "loss" in rows[-1]:
-                rows[-1]["graph_loss_vs_eager"] = abs(rows[-1]["loss"] - eager["loss"]) / abs(eager["loss"])
+                rows[-1]["graph_vs_eager"] = max(abs(a - b) / max(abs(b), 1e-12) for got, ref in zip(
+                    rows[-1]["steps_seen"], eager["steps_seen"]) for a, b in zip(got, ref))
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             print(json.dumps(rows[-1]), flush=True)
@@ -306,7 +310,7 @@ def print_table(rows: list[dict], where: str, args) -> None:
     graphs = any(r.get("graph") for r in rows)
     print(f"\n{where} | {shape} | {args.steps} timed steps")
     print(f"{'preset':>18} {'glue':>5} {'graph':>5} {'params':>8} {'tokens/s':>10} {'MFU':>6} {'vs base':>8} "
-          f"{'vs torch glue':>13}" + (f" {'vs eager':>8} {'loss vs eager':>13}" if graphs else "") + f" {'backend':>8}")
+          f"{'vs torch glue':>13}" + (f" {'vs eager':>8} {'vs eager, rel':>13}" if graphs else "") + f" {'backend':>8}")
     for r in rows:
         glue, graph = r.get("glue", "auto"), r.get("graph", False)
         label = f"{r['preset']:>18} {glue:>5} {'on' if graph else 'off':>5}"
@@ -321,7 +325,7 @@ def print_table(rows: list[dict], where: str, args) -> None:
         if graphs:
             e = by_family.get((r["family"], glue, False), {}) if graph else {}
             vs_eager = f"{r['tokens_per_s'] / e['tokens_per_s']:.2f}x" if "tokens_per_s" in e else ""
-            diff = f"{r['graph_loss_vs_eager']:.1e}" if "graph_loss_vs_eager" in r else ""
+            diff = f"{r['graph_vs_eager']:.1e}" if "graph_vs_eager" in r else ""
             extra = f" {vs_eager:>8} {diff:>13}"
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         print(f"{label} {r['params'] / 1e6:7.0f}M {r['tokens_per_s']:10.0f} {mfu:>6} {ratio:>8} {vs_torch:>13}{extra} "

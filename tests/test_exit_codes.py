@@ -176,3 +176,12 @@ def test_a_cuda_sweep_without_a_gpu_is_refused_before_anything_starts(tmp_path, 
     err = capsys.readouterr().err
     line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "train.device:" in text)
     assert f"s.yaml:{line}: train.device: 2 job(s) train with device cuda" in err, err
+    # a resumed sweep counts only the jobs it would run: one of the two cuda jobs finished earlier on a GPU node
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.sweep.state import SweepDir
+
+    cuda_jobs = [j for j in load_sweep(path).jobs if j.job.train.device == "cuda"]
+    SweepDir(tmp_path / "runs", "gpu").set_status(cuda_jobs[0].job_id, status="finished")
+    assert main(["launch", str(path), "--root", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert f"train.device: {len(cuda_jobs) - 1} job(s) train with device cuda ({cuda_jobs[1].name})" in err, err

@@ -73,7 +73,7 @@ def source_for(sweep: Sweep, sdir: SweepDir) -> JobSource:
     return GridSource(sweep, sdir)
 
 
-def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any]) -> None:
+def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any], sdir: SweepDir) -> None:
     res = sweep.config.resources
     line = sweep.source.line(("resources",))
     gpus_needed = max((p.gpus for p in placements.values()), default=0.0)
@@ -84,7 +84,8 @@ def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[s
     if res.cpus > have_cpus:
         raise UserError(f"each job asks for {res.cpus:g} CPUs but the Ray cluster has {have_cpus:g}",
                         file=sweep.source.file, line=line, key="resources.cpus")
-    cuda = cuda_jobs_text(sweep.jobs)
+    # the jobs this launch would run: a resumed sweep's finished ones need no GPU
+    cuda = cuda_jobs_text([j for j in sweep.jobs if sdir.status(j.job_id).status is not Status.FINISHED])
     if cuda and not have_gpus:
         # Each of them would start, open its run and fail at its first line (CUDA is not available).
         raise UserError(f"{cuda} but the Ray cluster has no GPU; allowed here: train.device auto or cpu",
@@ -272,7 +273,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         local = _local_resources()
         gpu_bytes = gpu_memory_bytes() if local["GPU"] > 0 else None
         placements = place(sweep, gpu_bytes)
-        _check_resources(sweep, local, placements)
+        _check_resources(sweep, local, placements, sdir)
     # A sweep this launch creates is removed again if the launch fails before any job ran (a dead --address, a
     # tracking server that does not start): no sweep.yaml, jobs.json or pending jobs of a sweep that never ran.
     fresh = not sdir.path.exists()
@@ -311,7 +312,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
 
             gpu_bytes = probe_cluster_gpu_memory(ray) if cluster.get("GPU", 0) > 0 else None
             placements = place(sweep, gpu_bytes)
-            _check_resources(sweep, cluster, placements)
+            _check_resources(sweep, cluster, placements, sdir)
         _note_placements(progress, placements)
         order_longest_first(sweep, sdir, source, placements, progress)
         glue_note = _glue_change(sdir, on_gpus(placements))
