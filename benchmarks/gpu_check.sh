@@ -33,7 +33,7 @@ fi
 if [[ $what == triton-tests ]]; then
     # our kernels' cases (bf16, packed) before fp32, whose delta rule goes through FLA's kernels: a fresh node can
     # spend minutes autotuning those (over 200 s on one case was measured), which would hold the rest back
-    for part in bf16 packed fp32; do
+    for part in bf16 packed split fp32; do
         python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_ops_gpu.py -k "triton and $part${select:+ and $select}" \
             --junitxml="$OUT/junit-triton-$part.xml" >"$OUT/tests-triton-$part.log" 2>&1 || rc=1
         tail -n 12 "$OUT/tests-triton-$part.log"

@@ -54,8 +54,6 @@ def run_interpreted(script: str, checks: int, timeout: int) -> None:
 def check_packed(compare, rule: str, fn, **kw) -> None:
     """fn on packed sequences of uneven lengths (one of a single token, one empty; K=24, V=20, gates of -1e5 and
     -300) against naive on each sequence alone: fit residual with and without output gates, and fit none."""
-    from rla_ablate.ops import _per_sequence
-    from rla_ablate.ops.naive import naive_residual_attention
     from rla_ablate.ops.spec import ResidualSpec
 
     lengths = [20, 1, 35, 16, 0, 9]
@@ -64,9 +62,17 @@ def check_packed(compare, rule: str, fn, **kw) -> None:
         spec = ResidualSpec(rule=rule, fit=fit, output_gates=og, clip=0.7)
         master = make(B=1, T=sum(lengths), K=24, V=20, N=len(lengths))
         master["g"][0, 5, 0], master["g"][0, 40, 1] = -1e5, -300.0
-        ref = run(lambda *a: _per_sequence(naive_residual_attention, *a, cu), master, spec, torch.float64)
+        ref = per_sequence_reference(master, spec, cu)
         compare(f"packed-{fit}-{'gates' if og else 'nogates'}", ref,
                 run(fn, master, spec, torch.float32, cu_seqlens=cu, **kw))
+
+
+def per_sequence_reference(master: dict, spec, cu: torch.Tensor) -> dict:
+    """The float64 naive contract on each packed sequence alone (`master` as `make(B=1, ...)` with N sequences)."""
+    from rla_ablate.ops import _per_sequence
+    from rla_ablate.ops.naive import naive_residual_attention
+
+    return run(lambda *a: _per_sequence(naive_residual_attention, *a, cu), master, spec, torch.float64)
 
 
 class Comparer:

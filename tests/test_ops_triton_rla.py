@@ -5,7 +5,9 @@ a script). fp32 kernels against the float64 naive contract on the same inputs: o
 gradients (dg comes from the reverse-cumsum identity, the least obvious part). A chunk of 16 tokens makes T=37 span
 three chunks, the last one partial; clip=0.7 puts many residuals outside the clip. Then packed sequences of uneven
 lengths (one of a single token, one empty), K and V that are not powers of two (masked tiles) and wider than
-one tile (K=80, V=72: partial sums over tiles), gates of -1e5 and -300, and a call without initial states. Measured: every error <= 1.1e-6 (relative RMS), tolerance 1e-5.
+one tile (K=80, V=72: partial sums over tiles), gates of -1e5 and -300, and a call without initial states. Then
+every state pass split into segments (`run_state_pass`, forced down to one and two chunks a segment), batched and
+packed. Measured: every error <= 1.1e-6 (relative RMS), tolerance 1e-5.
 """
 
 from __future__ import annotations
@@ -48,11 +50,82 @@ def check_all() -> None:
     compare("no-initial-state", run(naive_residual_attention, master, spec, torch.float64, with_state=False),
             run(rla_triton, master, spec, torch.float32, with_state=False, chunk=16))
 
+    # Long sequences on few programs: every state pass (S, R forward; dR, dS backward) cut into segments that run
+    # side by side, forced here down to one or two chunks a segment
+    import rla_ablate.ops.triton.rla as fused
+    from interpreter_checks import per_sequence_reference
+
+    for per in (1, 2):
+        fused.SPLIT = fused.SplitRule(programs=10**9, chunks=per)
+        for fit, with_state in (("residual", True), ("none", True), ("residual", False)):
+            spec = ResidualSpec(rule="additive", fit=fit, clip=0.7)
+            master = make(T=70)
+            compare(f"split{per}-{fit}{'' if with_state else '-no-initial-state'}",
+                    run(naive_residual_attention, master, spec, torch.float64, with_state=with_state),
+                    run(rla_triton, master, spec, torch.float32, with_state=with_state, chunk=16))
+    # packed: sequences of one to four segments, gates of -1e5 and -300 inside the segments' decays
+    lengths = [20, 1, 64, 16, 9]
+    cu = torch.tensor([0, *itertools.accumulate(lengths)])
+    spec = ResidualSpec(rule="additive", clip=0.7)
+    master = make(B=1, T=sum(lengths), K=24, V=20, N=len(lengths))
+    master["g"][0, 30, 0], master["g"][0, 60, 1] = -1e5, -300.0
+    compare("split1-packed", per_sequence_reference(master, spec, cu),
+            run(rla_triton, master, spec, torch.float32, cu_seqlens=cu, chunk=16))
+    fused.SPLIT = fused.SplitRule()
+
 
 def test_fused_rla_kernels_match_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=18, timeout=900)
+    run_interpreted(__file__, checks=25, timeout=900)
+
+
+def test_long_sequences_split_into_segments_and_carry_state_between_them():
+    """run_state_pass's segments: each sequence cut at every `per` chunks, in the kernels' offsets; the carry from
+    segment to segment equals the sequential recurrence end = decay * start + the segment's own end state."""
+    import torch
+
+    from rla_ablate.ops.triton import rla as fused
+    from rla_ablate.ops.triton.rla import Layout, Segments
+
+    lengths = [9, 1, 20, 4]  # chunks of 4: 3, 1, 5, 1 -> segments of 2 chunks: 2, 1, 3, 1
+    layout = Layout(1, sum(lengths), torch.tensor([0, 9, 10, 30, 34]), chunk=4, device="cpu")
+    segs = Segments(layout, per=2, chunk=4, device="cpu")
+    assert segs.count == 7
+    assert segs.cu.tolist() == [0, 8, 9, 10, 18, 26, 30, 34]
+    assert segs.coff.tolist() == [0, 2, 3, 4, 6, 8, 9]
+    g = -torch.rand(34, 2)
+    g[12, 0] = -1e5  # floored at G_FLOOR, as the kernels do
+    log_decay = segs.log_decays(g)
+    want = [g[a:b].double().clamp_min(-60.0).sum(0) for a, b in zip(segs.cu[:-1].tolist(), segs.cu[1:].tolist())]
+    torch.testing.assert_close(log_decay, torch.stack(want), rtol=1e-12, atol=1e-12)
+    lam = log_decay.exp().float()
+    E, D0 = torch.randn(7, 2, 3, 5), torch.randn(4, 2, 3, 5)
+    owner = [0, 0, 1, 2, 2, 2, 3]
+    for reverse in (False, True):
+        starts, ends = segs.carry(E, log_decay, D0, reverse)
+        for n in range(4):
+            mine = [s for s in range(7) if owner[s] == n]
+            carry = D0[n]
+            for s in (mine[::-1] if reverse else mine):
+                torch.testing.assert_close(starts[s], carry)
+                carry = lam[s][:, None, None] * carry + E[s]
+            torch.testing.assert_close(ends[n], carry)
+        # without an initial state: the same sums from zero
+        torch.testing.assert_close(segs.carry(E, log_decay, None, reverse)[1],
+                                   ends - torch.stack([D0[n] * lam[[s for s in range(7) if owner[s] == n]].prod(0)
+                                                       [:, None, None] for n in range(4)]))
+    # when it splits: few programs and a sequence over two segments long; never with an empty sequence
+    rule = fused.SplitRule(programs=100, chunks=2)
+    fused_rule, fused.SPLIT = fused.SPLIT, rule
+    try:
+        assert fused._segments(layout, 99, 4, "cpu") is not None
+        assert fused._segments(layout, 100, 4, "cpu") is None
+        assert fused._segments(Layout(1, 8, torch.tensor([0, 8]), chunk=4, device="cpu"), 1, 4, "cpu") is None
+        assert fused._segments(Layout(1, 20, torch.tensor([0, 0, 20]), chunk=4, device="cpu"), 1, 4, "cpu") is None
+    finally:
+        fused.SPLIT = fused_rule
+    assert fused.SPLIT == fused.SplitRule() and fused.SPLIT.chunks * 64 == 8192
 
 
 def test_layout_lists_chunks_and_sums_each_chunk_from_the_end():

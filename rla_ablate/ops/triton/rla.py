@@ -6,7 +6,8 @@ b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "
 
     forward
       S pass    (sequential over chunks; grid K tiles x V tiles x sequences x heads, one state tile each, as FLA's
-                chunk_fwd_h): S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k, storing every S_c
+                chunk_fwd_h): S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k, storing every S_c; a long
+                sequence on few programs is cut into segments that run side by side (`run_state_pass`)
       residual  (parallel over chunks): p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v)   the old read
                 x = v - p,  w = gamma T(x)  (fit="none": w = T(x)); stores x (fp32) and w
       R pass    the S pass over w: R_{c+1} = exp(b_L) R_c + (w * exp(b_L - b))^T k
@@ -34,13 +35,15 @@ and every accumulation in fp32. The backward keeps S_c and R_c from the forward.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
-                                          TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
+                                          G_FLOOR, TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
                                           _pass_chunk, _pass_program, _target, _target_slope, chunk_gate_gradient,
                                           launch_options)
 
@@ -78,7 +81,7 @@ def _pass_coef(b, bp, b_L, CODE: tl.constexpr):
 def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, REVERSE: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, HAS_SA: tl.constexpr,
-                HAS_B: tl.constexpr, HAS_D0: tl.constexpr):
+                HAS_B: tl.constexpr, HAS_D0: tl.constexpr, STORE_H: tl.constexpr):
     """One chunked state recurrence, sequential over chunks (grid K tiles x V tiles x sequences x heads).
 
         D <- exp(b_L) D + ((ua * sa * scale_a * c_A(b)) ^T ka) [+ sign_b (ub * c_B(b)) ^T kb]     per chunk
@@ -88,13 +91,15 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
     sign_b = -1) and hD[c] holds it where chunk c ends. c_X: CA, CB, the codes of `_pass_coef`.
     Holds one BV x BK fp32 tile and two dots per chunk: no spills, and K tiles multiply the programs of long
     sequences (a B = 1 sequence of 128K tokens ran on 32 programs when the passes also made the residual).
+    STORE_H=False keeps only the end state (the first pass of a split pass, `run_state_pass`).
     """
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
         cu, coff, D0, tl.program_id(0), tl.program_id(1), tl.program_id(2), H, K, V, BK, BV, HAS_D0)
     NC = tl.cdiv(eos - bos, BT)
     for i in range(NC):
         c = NC - 1 - i if REVERSE else i
-        tl.store(hD + ((c0 + c) * H + h) * V * K + o_state, D.to(hD.dtype.element_ty), mask=m_state)
+        if STORE_H:
+            tl.store(hD + ((c0 + c) * H + h) * V * K + o_state, D.to(hD.dtype.element_ty), mask=m_state)
         mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
         b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_ka.dtype
@@ -112,10 +117,11 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
 
 
 def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H, K, V, BT, BK, BV, REVERSE, CA,
-               CB, HAS_SA, HAS_B, HAS_D0, **options):
+               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, **options):
     """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
     _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                      REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0, **options)
+                      REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0, STORE_H=STORE_H,
+                      **options)
 
 
 @triton.jit
@@ -398,6 +404,111 @@ def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int) 
     return (triton.cdiv(K, opts["BK"]), triton.cdiv(V, opts["BV"]), NH), dict(H=H, K=K, V=V, BT=chunk, **opts)
 
 
+@dataclass(frozen=True)
+class SplitRule:
+    """When a state pass splits its sequences into segments that run side by side (`run_state_pass`): when the
+    unsplit pass has fewer than `programs` programs and a sequence more than twice `chunks` chunks."""
+
+    programs: int = 256
+    chunks: int = 128  # 8,192 tokens a segment at 64-token chunks
+
+
+SPLIT = SplitRule()
+
+
+class Segments:
+    """Each sequence of a layout cut into segments of `per` chunks (the last one shorter): the pseudo-sequences of a
+    split state pass, in the kernels' terms (token offsets `cu`, first chunks `coff`), and each sequence's segments
+    in order (`order[False]`, first to last; `order[True]`, last to first; padded with `count`, a row of zeros)."""
+
+    def __init__(self, layout: Layout, per: int, chunk: int, device):
+        cu, coff, mine = [0], [], [[] for _ in layout.lengths]
+        first_chunk = tok = 0
+        for n, length in enumerate(layout.lengths):
+            chunks = -(-length // chunk)
+            for j in range(0, chunks, per):
+                mine[n].append(len(coff))
+                coff.append(first_chunk + j)
+                cu.append(tok + min((j + per) * chunk, length))
+            first_chunk += chunks
+            tok += length
+        self.count = len(coff)
+        self.cu = torch.tensor(cu, dtype=torch.int32, device=device)
+        self.coff = torch.tensor(coff, dtype=torch.int32, device=device)
+        self.bounds = self.cu.long()
+        longest = max(len(m) for m in mine)
+        self.order = {reverse: torch.tensor([(m[::-1] if reverse else m) + [self.count] * (longest - len(m))
+                                             for m in mine], dtype=torch.long, device=device)
+                      for reverse in (False, True)}
+
+    def log_decays(self, g32: torch.Tensor) -> torch.Tensor:
+        """[segments, H] float64: the log of the product of every chunk's decay exp(b_L) over each segment, i.e. the
+        sum of its gates, floored as the kernels floor them (in float64: a sum over up to 8,192 tokens)."""
+        csum = torch.cat([g32.new_zeros(1, g32.shape[1], dtype=torch.float64),
+                          g32.clamp_min(G_FLOOR.value).double().cumsum(0)])
+        return csum[self.bounds[1:]] - csum[self.bounds[:-1]]
+
+    def carry(self, E: torch.Tensor, log_decay: torch.Tensor, D0: torch.Tensor | None, reverse: bool):
+        """The state each segment starts from, and each sequence's end state, from each segment's pass from zero
+        (E [segments, H, V, K]): segment j of a sequence (counted from its last, `reverse`) starts from
+            start_j = sum_{i<j} exp(P_j - P_{i+1}) E_i + exp(P_j) D0,   P_j = the log decays of segments 0..j-1,
+        and the sequence ends at the same sum up to j = its segment count. A few batched tensor operations for any
+        number of segments, the decay products in float64."""
+        idx = self.order[reverse]  # [N, J]
+        N, J = idx.shape
+        Ep = torch.cat([E, E.new_zeros(1, *E.shape[1:])])[idx]  # [N, J, H, V, K]
+        Lp = torch.cat([log_decay, log_decay.new_zeros(1, log_decay.shape[1])])[idx]  # [N, J, H]
+        P = torch.cat([Lp.new_zeros(N, 1, Lp.shape[2]), Lp.cumsum(1)], 1)  # [N, J + 1, H]
+        before = torch.ones(J, J, dtype=torch.bool, device=E.device).tril(-1)  # [j, i]: i < j
+        W = torch.where(before[None, :, :, None], P[:, :-1, None, :] - P[:, None, 1:, :], -torch.inf).exp()
+        starts = torch.einsum("njih,nihvk->njhvk", W.float(), Ep)
+        ends = torch.einsum("nih,nihvk->nhvk", (P[:, -1:] - P[:, 1:]).exp().float(), Ep)
+        if D0 is not None:
+            starts += P[:, :-1].exp().float()[..., None, None] * D0.float()[:, None]
+            ends += P[:, -1].exp().float()[..., None, None] * D0.float()
+        out = E.new_empty(self.count + 1, *E.shape[1:])
+        out[idx.flatten()] = starts.flatten(0, 1)  # padding lands on the spare last row
+        return out[:self.count], ends
+
+
+def _segments(layout: Layout, programs: int, chunk: int, device) -> Segments | None:
+    """The segments a state pass of `programs` programs splits the layout's sequences into, or None (no split)."""
+    rule = SPLIT
+    if programs >= rule.programs or min(layout.lengths) == 0 or max(layout.lengths) <= 2 * rule.chunks * chunk:
+        return None
+    key = (rule.chunks, chunk)
+    cache = layout.__dict__.setdefault("_segments", {})
+    if key not in cache:  # a batched layout is built once per shape (Layout.batched), and so are its segments
+        cache[key] = Segments(layout, rule.chunks, chunk, device)
+    return cache[key]
+
+
+def run_state_pass(layout: Layout, two_terms: bool, *, g, D0, hD, DT, HAS_D0: bool, REVERSE: bool, H: int, K: int,
+                   V: int, chunk: int, **terms) -> None:
+    """A state pass over the layout's sequences (`state_pass`; `terms`: ka, ua, sa, kb, ub, scale_a, sign_b, CA, CB,
+    HAS_SA, HAS_B). A pass is sequential over a sequence's chunks: a long sequence on few programs (B = 1 and 128K
+    tokens: 2 K tiles x 2 V tiles x 16 heads = 64 programs, for 2,048 chunks in a row, on 132 SMs) is cut into
+    segments (`SPLIT`) that run side by side, as FLA's chunk_h_split does: a first pass gives each segment's end
+    state from zero, the carries between segments follow in a few tensor operations (the state is linear: end =
+    decay * start + that end state), and a second pass from the carries stores the chunk states and end states the
+    unsplit pass would (to fp32 rounding)."""
+    dev = g.device
+    grid, state = _state_launch(two_terms, H, K, V, chunk, layout.N * H)
+    segs = _segments(layout, grid[0] * grid[1] * grid[2], chunk, dev)
+    if segs is None:
+        state_pass(grid, g=g, D0=D0, hD=hD, DT=DT, cu=layout.cu, coff=layout.coff, REVERSE=REVERSE, HAS_D0=HAS_D0,
+                   **terms, **state)
+        return
+    split = (grid[0], grid[1], segs.count * H)
+    E = torch.empty(segs.count, H, V, K, dtype=torch.float32, device=dev)
+    state_pass(split, g=g, D0=E, hD=hD, DT=E, cu=segs.cu, coff=segs.coff, REVERSE=REVERSE, HAS_D0=False,
+               STORE_H=False, **terms, **state)
+    starts, ends = segs.carry(E, segs.log_decays(g), D0 if HAS_D0 else None, REVERSE)
+    state_pass(split, g=g, D0=starts, hD=hD, DT=E, cu=segs.cu, coff=segs.coff, REVERSE=REVERSE, HAS_D0=True,
+               **terms, **state)
+    DT.copy_(ends)
+
+
 class RLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, gamma, S0, R0, layout: Layout, spec: ResidualSpec, scale: float, chunk: int):
@@ -419,20 +530,19 @@ class RLAFunction(torch.autograd.Function):
         BK = max(MIN_TILE, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
         C = max(NT, 1)
-        grid, state = _state_launch(False, H, K, V, chunk, N * H)
+        dims = dict(H=H, K=K, V=V, chunk=chunk)
         # S's pass; the old reads and residuals from its chunk states; R's pass over the residuals
-        state_pass(grid, ka=k, ua=v, sa=beta_c, kb=k, ub=v, g=g32, D0=S0 if S0 is not None else ST, hD=hS, DT=ST,
-                   cu=layout.cu, coff=layout.coff, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
-                   CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False, HAS_D0=S0 is not None, **state)
+        run_state_pass(layout, False, ka=k, ua=v, sa=beta_c, kb=k, ub=v, g=g32, D0=S0 if S0 is not None else ST,
+                       hD=hS, DT=ST, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
+                       CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False, HAS_D0=S0 is not None, **dims)
         opts = launch_options("fwd_residual", V, LAUNCH)
         fwd_residual((triton.cdiv(V, opts["BV"]), C, H), k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, hS=hS, X=X,
                      W=W, cu=layout.cu, cidx=layout.cidx, c_clip=float(spec.clip), TARGET=TARGET_CODES[spec.target],
                      FIT_RES=fit_res, **consts, **opts)
         if fit_res:
-            state_pass(grid, ka=k, ua=W, sa=beta_c, kb=k, ub=W, g=g32, D0=R0 if R0 is not None else RT, hD=hR,
-                       DT=RT, cu=layout.cu, coff=layout.coff, scale_a=1.0, sign_b=0.0, REVERSE=False,
-                       CA=COEF_TO_END.value, CB=COEF_TO_END.value, HAS_SA=False, HAS_B=False, HAS_D0=R0 is not None,
-                       **state)
+            run_state_pass(layout, False, ka=k, ua=W, sa=beta_c, kb=k, ub=W, g=g32, D0=R0 if R0 is not None else RT,
+                           hD=hR, DT=RT, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
+                           CB=COEF_TO_END.value, HAS_SA=False, HAS_B=False, HAS_D0=R0 is not None, **dims)
         O = torch.empty(B * T, H, V, dtype=q.dtype, device=dev)
         # the residual read before its gate, for dgamma = do . corr: in the inputs' dtype, as the output
         CORR = torch.empty(B * T, H, V, dtype=q.dtype, device=dev) if spec.output_gates else X.new_empty(1)
@@ -476,24 +586,23 @@ class RLAFunction(torch.autograd.Function):
         DX = torch.empty(B * T, H, V, dtype=v.dtype, device=dev)
         NTH = B * T * H
         C = max(NT, 1)
-        grid, state = _state_launch(False, H, K, V, chunk, N * H)
-        grid2, state2 = _state_launch(True, H, K, V, chunk, N * H)
+        dims = dict(H=H, K=K, V=V, chunk=chunk)
         if fit_res:
             # dR's pass (it does not depend on dS); then dw, dx in parallel; then dS's pass, which needs dx
-            state_pass(grid, ka=q, ua=dO, sa=gamma_c, kb=q, ub=dO, g=g32, D0=dRT if dRT is not None else dS0,
-                       hD=dhR, DT=dR0, cu=layout.cu, coff=layout.coff, scale_a=scale, sign_b=0.0, REVERSE=True,
-                       CA=COEF_B.value, CB=COEF_TO_END.value, HAS_SA=spec.output_gates, HAS_B=False,
-                       HAS_D0=dRT is not None, **state)
+            run_state_pass(layout, False, ka=q, ua=dO, sa=gamma_c, kb=q, ub=dO, g=g32,
+                           D0=dRT if dRT is not None else dS0, hD=dhR, DT=dR0, scale_a=scale, sign_b=0.0, REVERSE=True,
+                           CA=COEF_B.value, CB=COEF_TO_END.value, HAS_SA=spec.output_gates, HAS_B=False,
+                           HAS_D0=dRT is not None, **dims)
         opts = launch_options("bwd_residual", V, LAUNCH)
         NVr = triton.cdiv(V, opts["BV"])
         dGR_P = torch.empty(NVr, NTH, dtype=torch.float32, device=dev) if fit_res else DX.new_empty(1)
         bwd_residual((NVr, C, H), q=q, k=k, g=g32, gamma=gamma_c, dO=dO, X=X, hdR=dhR,
                      dRT=dRT if dRT is not None else dS0, DX=DX, dGR_P=dGR_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH,
                      scale=scale, c_clip=float(spec.clip), HAS_DRT=dRT is not None, **consts, **opts)
-        state_pass(grid2, ka=q, ua=dO, sa=gamma_c, kb=k, ub=DX, g=g32, D0=dST if dST is not None else dS0, hD=dhS,
-                   DT=dS0, cu=layout.cu, coff=layout.coff, scale_a=scale, sign_b=-1.0, REVERSE=True,
-                   CA=(COEF_B if spec.output_gates else COEF_B_PRIME).value, CB=COEF_B_PRIME.value, HAS_SA=False,
-                   HAS_B=True, HAS_D0=dST is not None, **state2)
+        run_state_pass(layout, True, ka=q, ua=dO, sa=gamma_c, kb=k, ub=DX, g=g32, D0=dST if dST is not None else dS0,
+                       hD=dhS, DT=dS0, scale_a=scale, sign_b=-1.0, REVERSE=True,
+                       CA=(COEF_B if spec.output_gates else COEF_B_PRIME).value, CB=COEF_B_PRIME.value, HAS_SA=False,
+                       HAS_B=True, HAS_D0=dST is not None, **dims)
         # every element of dq, dk, dv is written once, by one program: stored in the inputs' dtype straight away
         dQ = torch.empty(B * T, H, K, dtype=q.dtype, device=dev)
         dK = torch.empty(B * T, H, K, dtype=k.dtype, device=dev)
