@@ -14,7 +14,8 @@ Several scales run in one invocation, each at its batch shape (SHAPES; --batch /
 `--profile` then runs a few more steps under torch.profiler and splits a step's time: the wall time, the GPU's
 busy time by kind of kernel (ours, FLA's, GEMMs, attention, PyTorch's elementwise and reductions, copies, the
 optimizer) and the time the GPU waited for the host (launch overhead, syncs) — on the CPU, the ops' self time;
-`--top-ops N` adds the N costliest PyTorch ops of each family with their input shapes. `--glue auto torch` runs
+`--top-ops N` adds the N costliest PyTorch ops of each family with their input shapes and, on the GPU, its N
+costliest kernels by name (where the Triton kernels' time shows). `--glue auto torch` runs
 each family twice, with FLA's fused glue (in the blocks, and around the op of the linear mixers:
 rla_ablate/models/fusion.py) and with the plain-torch glue, and gives the ratio. `--graph off on` runs each family
 also with its whole step (forward, backward, gradient clip, AdamW) captured once in a CUDA graph and replayed: the
@@ -100,7 +101,9 @@ def profile_steps(step, steps: int, device: torch.device, top: int = 0) -> dict:
     """ms per step: wall, GPU busy (CUDA) or ops' self time (CPU) by kind, and on CUDA the GPU's idle time.
 
     top > 0: also the `top` costliest PyTorch ops with their input shapes (`top_ops`), each with the GPU time of
-    the kernels it launched itself (CUDA) or its self time (CPU): which tensor of which layer the time goes to.
+    the kernels it launched itself (CUDA) or its self time (CPU): which tensor of which layer the time goes to; and
+    on CUDA the `top` costliest kernels by name with their kind (`top_kernels`): Triton kernels (ours, FLA's) are
+    no PyTorch op, so this is where their time shows.
     """
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -129,6 +132,11 @@ def profile_steps(step, steps: int, device: torch.device, top: int = 0) -> dict:
         out["gpu_idle_ms"] = max(wall - busy, 0.0)
     if top > 0:
         out["top_ops"] = top_ops(prof, steps, cuda, top)
+        if cuda:
+            kernels = [{"kernel": avg.key[:120], "kind": kind_of(avg.key, ours), "calls": avg.count / steps,
+                        "ms": avg.self_device_time_total / 1e3 / steps}
+                       for avg in prof.key_averages() if avg.device_type == DeviceType.CUDA]
+            out["top_kernels"] = sorted(kernels, key=lambda r: -r["ms"])[:top]
     return out
 
 
@@ -348,6 +356,8 @@ def print_profile(rows: list[dict], device: torch.device) -> None:
         print(f"{label:>18}: step {wall:.1f}{idle}: " + ", ".join(parts))
         for op in prof.get("top_ops", []):
             print(f"{'':>20}{op['ms']:7.2f} ms {op['calls']:5.0f}x {op['op']} {op['shapes']}")
+        for kernel in prof.get("top_kernels", []):
+            print(f"{'':>20}{kernel['ms']:7.2f} ms {kernel['calls']:5.0f}x [{kernel['kind']}] {kernel['kernel']}")
 
 
 def calibrate(path: str, rows: list[dict], args, where: str) -> None:

@@ -422,7 +422,9 @@ class Segments:
     in order (`order[False]`, first to last; `order[True]`, last to first; padded with `count`, a row of zeros)."""
 
     def __init__(self, layout: Layout, per: int, chunk: int, device):
-        cu, coff, mine = [0], [], [[] for _ in layout.lengths]
+        cu: list[int] = [0]
+        coff: list[int] = []
+        mine: list[list[int]] = [[] for _ in layout.lengths]
         first_chunk = tok = 0
         for n, length in enumerate(layout.lengths):
             chunks = -(-length // chunk)
