@@ -13,3 +13,37 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def check_folder(path: str | Path, key: str, what: str) -> None:
+    """Whether the folder `path` (existing or to be made) can hold `what`; raises UserError naming `key` for a file
+    in its place or above it, or a nearest existing folder this process cannot write in."""
+    from rla_ablate.errors import UserError
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path} is a file, not a folder; {key} names the folder for {what}", key=key)
+    above = next((p for p in [path.absolute(), *path.absolute().parents] if p.exists()), None)
+    if above is None:
+        return
+    if not above.is_dir():
+        raise UserError(f"{above} is a file, so no folder can be made under it; {key} names the folder for {what}",
+                        key=key)
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write under {above} (read-only or not yours); {key} names the folder for {what}",
+                        key=key)
+
+
+def make_folder(path: str | Path, key: str, what: str) -> Path:
+    """`check_folder`, then make it (and its parents); what the system still refuses (e.g. under /proc) is a
+    UserError naming `key` too."""
+    from rla_ablate.errors import UserError
+
+    check_folder(path, key, what)
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot make {path}: {e.strerror or e}; {key} names the folder for {what}",
+                        key=key) from None
+    return path

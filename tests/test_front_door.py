@@ -95,6 +95,18 @@ def test_train_out_that_is_a_file(tmp_path, capsys):
     out.write_text("x")
     code, err = run_cli(capsys, "train", "tiny-rla", "--out", str(out))
     assert code == 2 and "--out:" in err and "is a file" in err
+    # a file above the folder, or a place the system refuses: named, no traceback, nothing made
+    code, err = run_cli(capsys, "train", "tiny-rla", "--out", str(out / "sub"))
+    assert code == 2 and f"--out: {out} is a file, so no folder can be made under it" in err
+    code, err = run_cli(capsys, "train", "tiny-rla", "--out", "/proc/rla-sweep-test", "--set", "train.tokens=4096")
+    assert code == 2 and "--out: cannot make /proc/rla-sweep-test:" in err and "Traceback" not in err
+    code, err = run_cli(capsys, "launch", str(tiny_sweep(tmp_path / "s.yaml")), "--root", str(out / "runs"))
+    assert code == 2 and f"--root: {out} is a file, so no folder can be made under it" in err
+    from rla_ablate.errors import UserError
+    from rla_ablate.fileio import check_folder  # export's OUT goes through it too
+
+    with pytest.raises(UserError, match=f"OUT: {out} is a file, so no folder"):
+        check_folder(out / "hf", "OUT", "the exported model")
 
 
 def _read_only(monkeypatch):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 
@@ -36,16 +35,13 @@ def register(subparsers) -> None:
 def check_root(root: Path, *, write: bool) -> None:
     """--root must be a folder (or not exist yet); a launch must be able to write in it."""
     from rla_ablate.errors import UserError
+    from rla_ablate.fileio import check_folder
 
     if root.exists() and not root.is_dir():
         raise UserError(f"{root} is a file, not a folder; give --root a folder (it is created if missing)",
                         key="--root")
-    if not write:
-        return
-    existing = next((p for p in [root.resolve(), *root.resolve().parents] if p.exists()), None)
-    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write under {existing} (read-only or not yours); a launch keeps its state, "
-                        "checkpoints and databases under --root", key="--root")
+    if write:
+        check_folder(root, "--root", "the sweeps' state, checkpoints and databases")
 
 
 def options(args: argparse.Namespace, new_version: bool = False):

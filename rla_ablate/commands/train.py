@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from rla_ablate.errors import JobFailed
+    from rla_ablate.fileio import check_folder, make_folder
     from rla_ablate.models import count_params
     from rla_ablate.outcome import Status
     from rla_ablate.train import ProgressLogger, run_job
@@ -110,10 +111,8 @@ def run(args: argparse.Namespace) -> int:
     if profile == "auto":
         profile = "paper" if torch.cuda.is_available() else "cpu"
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        from rla_ablate.errors import UserError
-
-        raise UserError(f"{out} is a file; --out is the job's folder (checkpoints, metrics.jsonl)", key="--out")
+    what = "the job (checkpoints, metrics.jsonl)"
+    check_folder(out, "--out", what)
     job = build_job(args.model, args.sets, args.data, profile)
     check_device(job.train)
     console = Console(stderr=True)
@@ -122,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{' (auto)' if args.profile == 'auto' else ''}: {t.total_tokens:,} tokens in {t.total_steps:,} "
                   f"steps of {t.batch_tokens:,}, seq_len {t.seq_len}; data {job.data.kind}")
     done = list_checkpoints(out)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, "--out", what)
     # The same record a sweep keeps beside each job: what ran, readable without the command line.
     (out / "job.json").write_text(job.model_dump_json(indent=1))
     if done:

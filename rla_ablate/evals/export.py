@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from rla_ablate.errors import UserError
+from rla_ablate.fileio import check_folder, make_folder
 
 MODELING_FILE = "modeling_rla_sweep.py"
 # What trust_remote_code imports: the package's own classes, so an export and a checkpoint never disagree.
@@ -34,6 +35,7 @@ def export_job(job_dir: str | Path, out: str | Path, tokens: int | None = None, 
 
     job, tokens, ckpt = load_job(job_dir, tokens)
     out = Path(out)
+    check_folder(out, "OUT", "the exported model")
     if out.exists() and any(out.iterdir()) and not force:
         raise UserError(f"{out} exists and is not empty; give a new folder or --force", key="OUT")
     hf = RLASweepForCausalLM.from_model_config(job.model)
@@ -44,7 +46,7 @@ def export_job(job_dir: str | Path, out: str | Path, tokens: int | None = None, 
     tok = hf_tokenizer(job.data)
     hf.config.eos_token_id = hf.config.pad_token_id = tok.eos_token_id
     tok.model_max_length = int(job.train.seq_len)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out, "OUT", "the exported model")
     hf.save_pretrained(out)
     tok.save_pretrained(out)
     (out / MODELING_FILE).write_text(MODELING_CODE, encoding="utf-8")
