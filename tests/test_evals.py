@@ -164,6 +164,19 @@ def test_sweep_evals_stage_reaches_mlflow_and_table5_and_is_not_rescored(tmp_pat
     assert "evals: 0 job(s) scored" in again.stdout and "1 already scored" in again.stdout
     assert scored.stat().st_mtime_ns == mtime
 
+    # A task lm-eval does not know, in another file of the sweep: refused at its line before the launch writes
+    # anything, so the sweep's saved file and metadata stay those of its last good launch (and `resume` works).
+    saved = {f: (root / "evals-e2e" / f).read_bytes() for f in ("sweep.yaml", "sweep.json")}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({**sweep, "evals": {**sweep["evals"], "tasks": ["rla_choise"]}}, sort_keys=False))
+    refused = subprocess.run([*cmd[:4], str(bad), *cmd[5:]], cwd=REPO, capture_output=True, text=True, timeout=900,
+                             env=env)
+    line = next(i for i, text in enumerate(bad.read_text().splitlines(), 1) if text.strip() == "tasks:")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"bad.yaml:{line}: evals.tasks: unknown task(s) 'rla_choise' (did you mean" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert {f: (root / "evals-e2e" / f).read_bytes() for f in saved} == saved
+
 
 def test_sweep_evals_section_is_checked_at_its_line(tmp_path):
     from rla_ablate.errors import UserError
@@ -177,6 +190,17 @@ def test_sweep_evals_section_is_checked_at_its_line(tmp_path):
         with pytest.raises(UserError, match=says) as err:
             load_sweep(path)
         assert "s.yaml:" in str(err.value) and "evals" in str(err.value)
+    # a task folder that does not exist: `plan` says so at its line (a task name is resolved there too)
+    path.write_text(yaml.safe_dump({**base, "evals": {"tasks": ["rla_choice"], "include_path": ["no-such"]}},
+                                   sort_keys=False))
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "include_path" in text)
+    with pytest.raises(UserError, match=f"s.yaml:{line}: evals.include_path: no such folder: .*no-such"):
+        from rla_ablate.sweep.launch import check_evals
+
+        check_evals(load_sweep(path))
+    from rla_ablate.cli import main
+
+    assert main(["plan", str(path)]) == 2
     # The result file's key: task order does not matter, the limit does.
     assert EvalRequest(tasks=["a", "b"]).key() == EvalRequest(tasks=["b", "a"], batch_size=2).key()
     assert EvalRequest(tasks=["a", "b"]).key() != EvalRequest(tasks=["a", "b"], limit=4).key()

@@ -39,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
     check_file(args.file, "a sweep file (YAML), e.g. sweeps/smoke.yaml")
     sweep = load_sweep(args.file)
     checked = check_data(sweep)
+    from rla_ablate.sweep.launch import check_evals
+
+    check_evals(sweep)
     doc = plan(sweep)
     if args.json:
         print(json.dumps(doc, indent=1))

@@ -265,6 +265,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     from rla_ablate.sweep.datacheck import check_data
 
     check_data(sweep, source.data_jobs())
+    check_evals(sweep)
     from rla_ablate.sweep.packing import gpu_memory_bytes, place
 
     placements = None
@@ -397,6 +398,29 @@ def _check_version(sweep: Sweep, sdir: SweepDir, opts: LaunchOptions) -> str | N
             f"{sweep.name} --include-stale` shows them")
 
 
+def _eval_request(sweep: Sweep):
+    """The sweep's `evals:` section as a request, its task folders resolved against the sweep file's folder."""
+    cfg = sweep.config.evals
+    base = Path(sweep.source.file).resolve().parent
+    return cfg.model_copy(update={"include_path": [base / p for p in cfg.include_path]})
+
+
+def check_evals(sweep: Sweep) -> None:
+    """A sweep's `evals:` tasks and task folders resolve (`plan`, and a launch before it writes anything): a name
+    lm-eval does not know is an error at its line in the sweep file, not after every job has trained, and a refused
+    launch leaves the sweep's folder as it was."""
+    if sweep.config.evals is None:
+        return
+    from rla_ablate.evals.core import resolve_tasks
+
+    try:
+        resolve_tasks(_eval_request(sweep))
+    except UserError as e:
+        key = ("evals", "include_path") if e.key == "--include-path" else ("evals", "tasks")
+        raise UserError(e.message.replace("--include-path folders", "evals.include_path folders"),
+                        file=sweep.source.file, line=sweep.source.line(key), key=".".join(key)) from None
+
+
 def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress: Any) -> None:
     """The `evals:` stage after training: score every finished job not yet scored on the sweep's tasks, one after
     another in this process (rla_ablate.evals); None as tracking URI logs to the sweep's own store."""
@@ -405,9 +429,7 @@ def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress
         return
     from rla_ablate.evals.core import score_sweep
 
-    # task folders in a sweep file are relative to it
-    base = Path(sweep.source.file).resolve().parent
-    req = cfg.model_copy(update={"include_path": [base / p for p in cfg.include_path]})
+    req = _eval_request(sweep)  # task folders in a sweep file are relative to it
     t0 = time.monotonic()
     results = score_sweep(sdir.root, sweep.name, req, tracking_uri=tracking_uri, silent=True)
     scored = sum(not r.skipped for r in results.values())
