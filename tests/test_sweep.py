@@ -204,6 +204,21 @@ def test_grid_and_zip_expand(tmp_path):
     assert len({j.job_id for j in jobs}) == len(jobs)
 
 
+def test_a_bad_grid_key_is_named_not_the_key_it_starts_like(tmp_path):
+    f = tmp_path / "g.yaml"
+    f.write_text(textwrap.dedent("""
+        name: g
+        models: [{preset: tiny-rla}]
+        grid:
+          train.lr: [1.0e-3, 2.0e-3]
+          train.lrr: [1]
+    """))
+    with pytest.raises(UserError) as err:
+        load_sweep(f)
+    line = next(i for i, text in enumerate(f.read_text().splitlines(), 1) if "train.lrr" in text)
+    assert str(err.value).startswith(f"{f}:{line}: grid.train.lrr: unknown key 'train.lrr' (did you mean 'train.lr'?)")
+
+
 def test_plan_10000_jobs_is_fast(tmp_path):
     f = tmp_path / "big.yaml"
     f.write_text(textwrap.dedent("""

@@ -348,9 +348,12 @@ class _Resolver:
         """Point at the sweep line the bad value came from: a grid/zip key, the arm's own base, or the base."""
         loc = user_loc(exc.errors()[0], self.JobConfig)
         dotted = ".".join(str(p) for p in loc)
-        for key in itertools.chain(self.cfg.grid, self.cfg.zip, (self.cfg.search.params if self.cfg.search else {})):
-            if dotted.startswith(key):
-                return _err(self.located, self._key_path(key), validation_message(exc, self.JobConfig, at=key))
+        swept = itertools.chain(self.cfg.grid, self.cfg.zip, (self.cfg.search.params if self.cfg.search else {}))
+        # the swept key the error is at or under ('train.lr' is not under 'train.l', nor 'train.lrr' under 'train.lr')
+        hits = [key for key in swept if dotted == key or dotted.startswith(key + ".")]
+        if hits:
+            key = max(hits, key=len)
+            return _err(self.located, self._key_path(key), validation_message(exc, self.JobConfig, at=key))
         where: tuple = ("base",)
         if arm is not None and self._arm_sets(arm, loc):
             where = ("models", arm, "base")
