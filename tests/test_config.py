@@ -185,3 +185,28 @@ def test_a_folder_is_not_a_yaml_file(tmp_path):
     with pytest.raises(UserError) as info:
         load_yaml(tmp_path)
     assert str(info.value) == f"{tmp_path}: is a folder, not a file; expected a YAML file (it holds a.yaml)"
+
+
+def test_yaml_true_or_false_is_never_read_as_a_number(tmp_path):
+    """Pydantic would read `tokens: true` as a budget of 1 token; a number field refuses a bool, at its line."""
+    import pydantic
+
+    from rla_ablate.errors import UserError
+    from rla_ablate.models import ModelConfig
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.train.config import TrainConfig
+
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\nmodels:\n  - preset: tiny-rla\nbase:\n  train:\n    tokens: true\n")
+    with pytest.raises(UserError, match=r"s.yaml:6: base.train.tokens: true is not a number"):
+        load_sweep(path)
+    with pytest.raises(pydantic.ValidationError, match="false is not a number"):
+        TrainConfig(lr=False)
+    from rla_ablate.models import load_preset
+
+    tiny = load_preset("tiny-rla").model_dump()
+    with pytest.raises(pydantic.ValidationError, match="true is not a number"):
+        ModelConfig(**{**tiny, "num_layers": True})
+    # bool fields take bools; numbers written as YAML strings still read as numbers
+    assert ModelConfig(**{**tiny, "output_gates": False}).output_gates is False
+    assert TrainConfig(lr="1e-3").lr == 1e-3

@@ -154,9 +154,9 @@ def test_status_and_cancel_work_on_a_read_only_root(tmp_path, capsys, monkeypatc
 
 
 def test_a_launch_on_a_read_only_root_is_refused(tmp_path, capsys, monkeypatch):
-    from rla_ablate.commands import launch
+    from rla_ablate import fileio
 
-    monkeypatch.setattr(launch.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(fileio.os, "access", lambda path, mode: False)
     code, err = run_cli(capsys, "launch", str(tiny_sweep(tmp_path / "s.yaml")), "--root", str(tmp_path / "r"))
     assert code == 2 and "cannot write under" in err
 

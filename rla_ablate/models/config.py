@@ -22,7 +22,9 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import ConfigDict, Field, model_serializer, model_validator
+
+from rla_ablate.config.numbers import NumbersNotBools
 
 Family = Literal["transformer", "sgla", "gdn", "rla", "rdn"]
 FAMILIES: tuple[str, ...] = ("transformer", "sgla", "gdn", "rla", "rdn")
@@ -38,7 +40,7 @@ _BETA_OF: dict[str, str | None] = {"transformer": None, "sgla": "fixed", "gdn": 
                                    "rdn": "learned"}
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(NumbersNotBools):
     """A causal LM: embeddings, `num_layers` blocks (RMSNorm, mixer, RMSNorm, SwiGLU MLP), final norm, head."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -24,14 +24,15 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from rla_ablate.config.numbers import NumbersNotBools
 from rla_ablate.evals.core import EvalRequest
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-class _Strict(BaseModel):
+class _Strict(NumbersNotBools):
     model_config = ConfigDict(extra="forbid")
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import ConfigDict, Field, model_serializer, model_validator
+
+from rla_ablate.config.numbers import NumbersNotBools
 
 PAPER_BATCH_TOKENS = 2**22
 # Fields added after job ids were first recorded, with the value every earlier job meant: the dump leaves them out
@@ -18,7 +20,7 @@ PAPER_BATCH_TOKENS = 2**22
 _LATER_FIELDS = {"reset_state_at_documents": False}
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(NumbersNotBools):
     """How one model is trained: budget, optimizer, schedule, precision, logging and checkpoints."""
 
     model_config = ConfigDict(extra="forbid")
