@@ -70,6 +70,12 @@ def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
     assert "finished after 2,048 tokens" in err and "eval/val/loss" in err
     assert main(argv) == 0
     assert "resuming from" in capsys.readouterr().err
+    # more tokens into the same folder: another job, refused before anything is written, naming what differs
+    record = (out / "job.json").read_bytes()
+    assert main(argv + ["--set", "train.tokens=4096"]) == 2
+    err = capsys.readouterr().err
+    assert "holds checkpoints of a different job configuration: train.tokens (4096 now, 2048 before)" in err
+    assert "resuming from" not in err and (out / "job.json").read_bytes() == record
     assert main(["train", "tiny-rla", "--out", str(out), "--set", "train.lr=fast"]) == 2
     err = capsys.readouterr().err
     assert "--set: train.lr:" in err and "Traceback" not in err

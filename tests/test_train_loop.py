@@ -188,7 +188,7 @@ def test_finished_job_reruns_as_a_no_op(straight):
 
 def test_a_different_config_does_not_resume_a_folder(straight):
     out, _ = straight
-    with pytest.raises(UserError, match="different job configuration"):
+    with pytest.raises(UserError, match=r"different job configuration: train.lr \(0.001 now, 0.003 before\)"):
         run_job(tiny_job(lr=1e-3), out)
 
 

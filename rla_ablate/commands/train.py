@@ -95,6 +95,25 @@ def _summary(console, result, out: Path) -> None:
     console.print(f"metrics: {out / 'metrics.jsonl'}   checkpoints: {out / 'checkpoints'}")
 
 
+def _same_job(out: Path, job) -> None:
+    """A folder with checkpoints resumes only the job that wrote them: refused before its job.json (which records
+    that job) is overwritten, naming the keys that differ."""
+    from pydantic import ValidationError
+
+    from rla_ablate.errors import UserError
+    from rla_ablate.train import JobConfig
+    from rla_ablate.train.job import identity_differences
+
+    try:
+        before = JobConfig.model_validate_json((out / "job.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, ValidationError):
+        return  # no readable record: the checkpoint's own copy is checked when the job loads it
+    if before.identity_json() != job.identity_json():
+        raise UserError(f"{out} holds checkpoints of a different job configuration: "
+                        f"{identity_differences(job.identity_json(), before.identity_json())}; use a new --out "
+                        "folder or the original configuration", key="--out")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     from rich.console import Console
@@ -121,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
                   f"{' (auto)' if args.profile == 'auto' else ''}: {t.total_tokens:,} tokens in {t.total_steps:,} "
                   f"steps of {t.batch_tokens:,}, seq_len {t.seq_len}; data {job.data.kind}")
     done = list_checkpoints(out)
+    if done:
+        _same_job(out, job)
     make_folder(out, "--out", what)
     # The same record a sweep keeps beside each job: what ran, readable without the command line.
     (out / "job.json").write_text(job.model_dump_json(indent=1))
