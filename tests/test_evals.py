@@ -141,6 +141,11 @@ def test_sweep_evals_stage_reaches_mlflow_and_table5_and_is_not_rescored(tmp_pat
     (metric,) = MlflowClient(store).get_metric_history(run_id, "eval/rla_choice/acc")
     assert metric.value == acc and metric.step == 512
     assert MlflowClient(store).get_metric_history(run_id, "eval/rla_complete/exact_match")
+    # `results` exports every task metric, not only the eval sets' loss, ppl and acc
+    csv = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "results", "evals-e2e", "--root", str(root), "--csv"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    header = csv.stdout.splitlines()[0].split(",")
+    assert {"eval/rla_choice/acc", "eval/rla_complete/exact_match", "eval/val/loss"} <= set(header), header
 
     from rla_ablate.dashboard.build import build_dashboard
 

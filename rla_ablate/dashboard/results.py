@@ -15,7 +15,9 @@ from rla_ablate.tracking.read import RunRecord
 from rla_ablate.tracking.runs import BACKEND, GLUE
 
 IDENTITY_COLUMNS = ("job_id", "name", "status", VERSION, "family", ARM, PRESET, "ablations", CONTROL)
-METRIC_PATTERNS = ("eval/*/loss", "eval/*/ppl", "eval/*/acc", "train/loss", "diag/*")
+# the eval sets' loss, ppl and token accuracy first, then every other eval metric (lm-eval's acc_norm,
+# exact_match, perplexity of each task), the final training loss and the diagnostics
+METRIC_PATTERNS = ("eval/*/loss", "eval/*/ppl", "eval/*/acc", "eval/*", "train/loss", "diag/*")
 
 
 def _seed(value: str | None):
