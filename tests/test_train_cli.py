@@ -79,6 +79,18 @@ def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
     assert main(["train", "tiny-rla", "--out", str(out), "--set", "train.lr=fast"]) == 2
     err = capsys.readouterr().err
     assert "--set: train.lr:" in err and "Traceback" not in err
+    # --data replaces the training data only: the header says which data the eval set reads, and a note says
+    # how to evaluate on the training data's kind (the command it gives parses)
+    mqar = ["train", "tiny-rla", "--out", str(tmp_path / "mqar"), "--profile", "cpu", "--data", "mqar",
+            "--set", "model.vocab_size=8192", "--set", "train.tokens=1024", "--set", "train.batch_tokens=512",
+            "--set", "train.micro_batch_size=4"]
+    assert main(mqar) == 0
+    err = capsys.readouterr().err
+    assert "data mqar; eval val (stdlib)" in " ".join(err.split()) and "note: the eval set(s) read other data" in err
+    assert main(mqar + ["--set", "eval.0={name: mqar, data: {kind: mqar, seed: 1}, examples: 64}",
+                        "--out", str(tmp_path / "mqar2")]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "data mqar; eval mqar (mqar)" in err and "note:" not in err
     assert main(["train", "tiny-rla", "--out", str(tmp_path / "other"), "--profile", "cpu",
                  "--set", "model.vocab_size=256"]) == 2
     assert "model.vocab_size=257" in capsys.readouterr().err

@@ -138,7 +138,13 @@ def run(args: argparse.Namespace) -> int:
     t = job.train
     console.print(f"[bold]{job.model.family}[/] {args.model}: {count_params(job.model):,} params; profile {profile}"
                   f"{' (auto)' if args.profile == 'auto' else ''}: {t.total_tokens:,} tokens in {t.total_steps:,} "
-                  f"steps of {t.batch_tokens:,}, seq_len {t.seq_len}; data {job.data.kind}")
+                  f"steps of {t.batch_tokens:,}, seq_len {t.seq_len}; data {job.data.kind}; eval "
+                  + ", ".join(f"{e.name} ({e.data.kind})" for e in job.eval))
+    if any(e.data.kind != job.data.kind for e in job.eval):
+        # --data replaces the training data only: the eval sets stay the profile's (the embedded text's validation
+        # split) unless --set eval.0.data... says otherwise
+        console.print(f"note: the eval set(s) read other data than training ({job.data.kind}); "
+                      "--set 'eval.0={name: ..., data: {kind: ..., ...}}' evaluates on yours (docs/DATA.md)")
     done = list_checkpoints(out)
     if done:
         _same_job(out, job)
