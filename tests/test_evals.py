@@ -146,6 +146,12 @@ def test_sweep_evals_stage_reaches_mlflow_and_table5_and_is_not_rescored(tmp_pat
                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     header = csv.stdout.splitlines()[0].split(",")
     assert {"eval/rla_choice/acc", "eval/rla_complete/exact_match", "eval/val/loss"} <= set(header), header
+    # `rla-sweep eval SWEEP` names each job (the stage's scores are read back, not computed again)
+    again = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "eval", "evals-e2e", "--root", str(root),
+                            "--tasks", ",".join(TASKS), "--limit", "4"], cwd=REPO, capture_output=True, text=True,
+                           timeout=300, env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"tiny-rla/seed0 ({job['job_id'][:8]}): " in again.stdout and "already scored" in again.stdout
 
     from rla_ablate.dashboard.build import build_dashboard
 

@@ -56,8 +56,9 @@ def run(args) -> int:
         raise UserError("--checkpoint applies to a job folder; a sweep scores each job's final checkpoint",
                         key="--checkpoint")
     results = score_sweep(args.root, args.target, req, force=args.force, device=args.device, echo=print)
+    names = {rec["job_id"]: rec.get("name", rec["job_id"]) for rec in SweepDir(args.root, args.target).job_list()}
     for job_id, result in results.items():
-        _print(job_id, result)
+        _print(f"{names.get(job_id, job_id)} ({job_id[:8]})", result)
     return 0
 
 
