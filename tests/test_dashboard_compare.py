@@ -332,7 +332,10 @@ def test_verdict_rules_on_known_effects(server, tmp_path):
         "  - {claim: clip at chance, treatment: {ablations: no_clip}, reference: {ablations: none},"
         " expect: higher, min_effect: 0.05, chance: 3.0}\n"
         "  - {claim: fitting clears chance, treatment: {ablations: no_fitting}, reference: {ablations: none},"
-        " expect: higher, min_effect: 0.01, chance: 3.0}\n")
+        " expect: higher, min_effect: 0.01, chance: 3.0}\n"
+        # A treatment the sweep has, compared with a series it lacks: not tested either, not a verdict.
+        "  - {claim: no reference here, treatment: {ablations: no_fitting}, reference: {ablations: logcosh},"
+        " expect: higher, min_effect: 0.01}\n")
     root, sweep, _ = logged(server, tmp_path, text, loss,
                             lambda job: diag_values(0.05, 3.0))
     dash, page = dashboard(root, "verdicts", server, specs=spec_dir)
@@ -342,10 +345,12 @@ def test_verdict_rules_on_known_effects(server, tmp_path):
     assert got["tying γ hurts"].verdict == "unresolved"
     assert got["the clip matters"].verdict == "contradicted" and got["the clip matters"].reason.startswith("negligible")
     # No run of the treatment: no verdict, one line naming the runs it needs.
-    assert "nothing to compare" not in got
-    (missing,) = dash.untested
+    assert "nothing to compare" not in got and "no reference here" not in got
+    missing, unpaired = dash.untested
     assert missing.line() == ("claims: nothing to compare: needs runs with ablations=no_norm, compared with "
                               "ablations=none (sweep file: add no_norm to ablations:)")
+    assert unpaired.line().startswith("claims: no reference here: needs runs with ablations=no_fitting, compared "
+                                      "with ablations=logcosh"), unpaired.line()
     assert got["clip at chance"].verdict == "unresolved" and got["clip at chance"].reason.startswith("not learned")
     assert got["fitting clears chance"].verdict == "confirmed"
     # The numbers are the paired statistics, and the seed count is the power analysis of the observed spread.

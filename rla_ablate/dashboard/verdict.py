@@ -205,8 +205,9 @@ NO_POWER = {V.OFF: OFF_NO_POWER, V.IDENTICAL: "more seeds do not help: the resul
 
 
 def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[list[Verdict], list[C.Untested]]:
-    """One verdict per claim of `spec` and treatment series it selects; a claim whose treatment no series matches
-    is not tested (second list: what it needs). `drawn`: whether the spec itself is drawn."""
+    """One verdict per claim of `spec` and treatment series it selects; a claim whose treatment no series matches,
+    or none of whose treatments has a reference series, is not tested (second list: what it needs). `drawn`:
+    whether the spec itself is drawn."""
     everything = index.everything
     out: list[Verdict] = []
     untested: list[C.Untested] = []
@@ -219,7 +220,9 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
                  for t in treatments]
         labels = _labelled(spec, [s for pair in pairs for s in pair if s is not None])
         key = D.resolve_metric(claim.metric, runs.jobs)
-        if not pairs:
+        if all(ref is None for _, ref in pairs):
+            # no treatment, or no series to compare any with (e.g. a gdn arm without the rdn it is the base of):
+            # what the sweep lacks, not a verdict
             untested.append(C.for_claim(spec, claim, drawn, families, present))
             continue
         for t, ref in pairs:
