@@ -118,7 +118,8 @@ def profile_steps(step, steps: int, device: torch.device, top: int = 0) -> dict:
             torch.cuda.synchronize(device)
         wall = (time.perf_counter() - t0) / steps * 1e3
     ours, by_kind = our_kernel_names(), {}
-    for avg in prof.key_averages():
+    averages = prof.key_averages()
+    for avg in averages:
         if cuda and avg.device_type != DeviceType.CUDA:
             continue
         if not cuda and (avg.device_type != DeviceType.CPU or not avg.key.startswith("aten::")):
@@ -135,7 +136,7 @@ def profile_steps(step, steps: int, device: torch.device, top: int = 0) -> dict:
         if cuda:
             kernels = [{"kernel": avg.key[:120], "kind": kind_of(avg.key, ours), "calls": avg.count / steps,
                         "ms": avg.self_device_time_total / 1e3 / steps}
-                       for avg in prof.key_averages() if avg.device_type == DeviceType.CUDA]
+                       for avg in averages if avg.device_type == DeviceType.CUDA]
             out["top_kernels"] = sorted(kernels, key=lambda r: -r["ms"])[:top]
     return out
 
@@ -160,7 +161,7 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
     cfg = load_preset(f"{scale}-{family}")
     if family != "transformer" and args.backend != "auto":
         cfg = cfg.model_copy(update={"backend": args.backend})
-    if graph and getattr(cfg, "clip_mode", "absolute") != "absolute":
+    if graph and cfg.clip_mode != "absolute":
         # the radius of a relative clip is a host float handed over each step: a graph would replay the first one
         raise ValueError(f"{scale}-{family}: clip_mode {cfg.clip_mode} cannot run in a CUDA graph")
     torch.manual_seed(0)
@@ -203,7 +204,7 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
             say(f"{family}: warm-up step {i + 1}/{args.warmup} at {time.perf_counter() - t_warm:.1f} s")
     if side is not None:
         torch.cuda.current_stream(device).wait_stream(side)
-        step = capture(forward_backward, opt, model, device)
+        step = capture(forward_backward, opt, model)
         say(f"{family}: step captured in a CUDA graph at {time.perf_counter() - t_warm:.1f} s")
     warmup_s = time.perf_counter() - t_warm
     if device.type == "cuda":
@@ -227,7 +228,7 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
     return row
 
 
-def capture(forward_backward, opt, model, device: torch.device):
+def capture(forward_backward, opt, model):
     """The step as one CUDA graph: forward, backward, clip and AdamW captured once; the returned step replays it
     and makes the step's host read. Gradients live in the graph's memory: the capture writes them (none before it),
     so every replay overwrites them instead of adding to them."""

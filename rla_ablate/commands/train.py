@@ -102,16 +102,15 @@ def _same_job(out: Path, job) -> None:
 
     from rla_ablate.errors import UserError
     from rla_ablate.train import JobConfig
-    from rla_ablate.train.job import identity_differences
+    from rla_ablate.train.job import another_job
 
     try:
         before = JobConfig.model_validate_json((out / "job.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, ValidationError):
         return  # no readable record: the checkpoint's own copy is checked when the job loads it
     if before.identity_json() != job.identity_json():
-        raise UserError(f"{out} holds checkpoints of a different job configuration: "
-                        f"{identity_differences(job.identity_json(), before.identity_json())}; use a new --out "
-                        "folder or the original configuration", key="--out")
+        raise UserError(f"{out} holds checkpoints of {another_job(job.identity_json(), before.identity_json())}",
+                        key="--out")
 
 
 def run(args: argparse.Namespace) -> int:

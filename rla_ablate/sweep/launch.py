@@ -84,9 +84,11 @@ def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[s
     if res.cpus > have_cpus:
         raise UserError(f"each job asks for {res.cpus:g} CPUs but the Ray cluster has {have_cpus:g}",
                         file=sweep.source.file, line=line, key="resources.cpus")
-    # the jobs this launch would run: a resumed sweep's finished ones need no GPU
-    cuda = cuda_jobs_text([j for j in sweep.jobs if sdir.status(j.job_id).status is not Status.FINISHED])
-    if cuda and not have_gpus:
+    # the cuda jobs this launch would run (a resumed sweep's finished ones need no GPU); their status is read only
+    # where a cuda job meets a cluster without GPUs
+    cuda = None if have_gpus else cuda_jobs_text(
+        [j for j in sweep.jobs if j.job.train.device == "cuda" and sdir.status(j.job_id).status is not Status.FINISHED])
+    if cuda:
         # Each of them would start, open its run and fail at its first line (CUDA is not available).
         raise UserError(f"{cuda} but the Ray cluster has no GPU; allowed here: train.device auto or cpu",
                         file=sweep.source.file, line=device_line(sweep.source), key="train.device")

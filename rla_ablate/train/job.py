@@ -102,6 +102,12 @@ def identity_differences(mine: str, theirs: str, most: int = 4) -> str:
     return ", ".join(shown) + (f" and {len(keys) - most} more" if len(keys) > most else "")
 
 
+def another_job(mine: str, theirs: str) -> str:
+    """The refusal's words for checkpoints of another job: which keys differ, and what to do."""
+    return (f"a different job configuration: {identity_differences(mine, theirs)}; use a new --out folder or the "
+            "original configuration")
+
+
 # What `run_job` returns is the one job outcome type of the package (rla_ablate.outcome): status, tokens,
 # metrics, error line, traceback and cause. The old name stays for callers of the train API.
 JobResult = JobOutcome

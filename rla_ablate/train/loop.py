@@ -28,7 +28,7 @@ from rla_ablate.models import aggregate_diagnostics, build_model, flops_per_toke
 from rla_ablate.outcome import Status
 from rla_ablate.train.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
 from rla_ablate.train.guard import DivergenceGuard
-from rla_ablate.train.job import JobConfig, JobResult, identity_differences
+from rla_ablate.train.job import JobConfig, JobResult, another_job
 from rla_ablate.train.loggers import CompositeLogger, JSONLLogger, MetricLogger, NullLogger, truncate_jsonl
 from rla_ablate.train.parallel import WorkerContext, make_parallel
 from rla_ablate.train.schedule import lr_at
@@ -200,9 +200,7 @@ class Trainer:
             return None
         path, state = found
         if state["job"] != job.identity_json():
-            raise UserError(f"{path} was written by a different job configuration: "
-                            f"{identity_differences(job.identity_json(), state['job'])}; use a new --out folder or "
-                            "the original configuration", key="out")
+            raise UserError(f"{path} was written by {another_job(job.identity_json(), state['job'])}", key="out")
         return state
 
     def open_logs(self, resume_tokens: int | None) -> None:
