@@ -15,6 +15,14 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def umask_mode(path: str | Path) -> None:
+    """Give a file the mode the process's umask gives a new file (0644 under umask 022): for writers that make
+    their files private (safetensors writes its weights 0600), so an exported folder reads like the rest."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
 def check_folder(path: str | Path, key: str, what: str) -> None:
     """Whether the folder `path` (existing or to be made) can hold `what`; raises UserError naming `key` for a file
     in its place or above it, or a nearest existing folder this process cannot write in."""

@@ -19,6 +19,11 @@ class _StdoutConsole(Console):
         raise BrokenPipeError(errno.EPIPE, "stdout was closed")
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 step', '2 steps', '12,288 steps': a number with its noun in the number's form."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def stdout_console(pipe_width: int = 200) -> Console:
     """A console on stdout: a terminal's own width; a pipe or a file gets `pipe_width` columns rather than rich's
     default 80, so that a table is printed whole (`rla-sweep models | less`), not with its columns cut."""

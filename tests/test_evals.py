@@ -82,6 +82,10 @@ def test_export_loads_in_transformers_and_scores_the_same_through_lm_eval(job_di
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "rla_sweep" and config["auto_map"]["AutoModelForCausalLM"].startswith("modeling_")
     assert (out / "modeling_rla_sweep.py").is_file() and (out / "tokenizer.json").is_file()
+    # every file as readable as the process's umask makes new files (safetensors writes its weights 0600)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {f.name: f.stat().st_mode & 0o777 for f in out.iterdir()} == {f.name: 0o666 & ~mask for f in out.iterdir()}
     model = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
     tok = AutoTokenizer.from_pretrained(out)
     # Byte ids, as in training; and the weights are the checkpoint's.

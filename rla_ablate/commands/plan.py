@@ -23,6 +23,18 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def _gpu_time(hours: float, short: bool = False) -> str:
+    """GPU time in the unit that shows it: '2.40 GPU-hours', '12 GPU-minutes', '8 GPU-seconds' (short: '2.40h',
+    '12m', '8s'); a smoke sweep's few seconds are not '0.00 GPU-hours'."""
+    for value, unit in ((hours, "hour"), (hours * 60, "minute"), (hours * 3600, "second")):
+        if value >= 1 or unit == "second":
+            text = f"{value:,.2f}" if unit == "hour" else f"{max(value, 1):,.0f}" if value >= 0.5 else "<1"
+            if short:
+                return text + unit[0]
+            return f"{text} GPU-{unit}{'' if text in ('1', '<1') else 's'}"
+    raise AssertionError("unreachable")
+
+
 def _h(n: float) -> str:
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:
@@ -55,16 +67,16 @@ def run(args: argparse.Namespace) -> int:
     if t["runs_on"] == "cpu":
         title = (f"sweep {t['sweep']}: {t['jobs']} jobs, {_h(t['tokens'])} tokens on the CPU (resources.gpus: 0), "
                  f"whose speed is not calibrated: no time estimate. On one GPU ({t['gpu']}) they would take "
-                 f"{t['gpu_hours']:,.2f} GPU-hours (resources.gpus: auto)")
+                 f"{_gpu_time(t['gpu_hours'])} (resources.gpus: auto)")
     else:
-        title = (f"sweep {t['sweep']}: {t['jobs']} jobs, {_h(t['tokens'])} tokens, {t['gpu_hours']:,.2f} GPU-hours; "
+        title = (f"sweep {t['sweep']}: {t['jobs']} jobs, {_h(t['tokens'])} tokens, {_gpu_time(t['gpu_hours'])}; "
                  f"peak memory up to {t['max_mem_gib']:.1f} GiB of {t['gpu_memory_gib']:g} ({t['gpu']}){packing}")
     columns = ["job", "id", "family", "ablations", "params", "state/layer", "FLOPs/tok", "tokens", "mem GiB",
-               "GPU share", "tok/s", "GPU-h"]
+               "GPU share", "tok/s", "GPU time"]
     rows = [[escape(r["name"]), r["job_id"][:8], r["family"], escape("+".join(r["ablations"]) or "-"),
              _h(r["params"]), _h(r["state_elements"]), _h(r["flops_per_token"]), _h(r["tokens"]),
              f"{r['mem_gib']:.1f}", f"{r['gpu_share']:.2f}" if r["gpu_share"] else "-", _h(r["tokens_per_s"]),
-             f"{r['gpu_hours']:,.2f}"] for r in doc["jobs"]]
+             _gpu_time(r["gpu_hours"], short=True)] for r in doc["jobs"]]
     sources = sorted({r["cost_source"] for r in doc["jobs"]})
     captions = ["tok/s alone on one GPU from: " + "; ".join(sources), checked.line()]
     if t["runs_on"] != "cpu":
@@ -75,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     # a narrow terminal loses the columns least needed to choose what to run first
     console.print(fitted_table(console, title, columns, rows, keep=1, right=tuple(columns[4:]), captions=captions,
                                drop_order=["FLOPs/tok", "state/layer", "id", "params", "tok/s", "GPU share",
-                                           "tokens", "family", "mem GiB", "GPU-h", "ablations"]))
+                                           "tokens", "family", "mem GiB", "GPU time", "ablations"]))
     return 0
 
 

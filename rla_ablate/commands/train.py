@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.fileio import check_folder, make_folder
     from rla_ablate.models import count_params
     from rla_ablate.outcome import Status
+    from rla_ablate.terminal import count
     from rla_ablate.train import ProgressLogger, run_job
     from rla_ablate.train.checkpoint import list_checkpoints
     from rla_ablate.train.loop import check_device
@@ -136,8 +137,8 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     t = job.train
     console.print(f"[bold]{job.model.family}[/] {args.model}: {count_params(job.model):,} params; profile {profile}"
-                  f"{' (auto)' if args.profile == 'auto' else ''}: {t.total_tokens:,} tokens in {t.total_steps:,} "
-                  f"steps of {t.batch_tokens:,}, seq_len {t.seq_len}; data {job.data.kind}; eval "
+                  f"{' (auto)' if args.profile == 'auto' else ''}: {t.total_tokens:,} tokens in {count(t.total_steps, 'step')} "
+                  f"of {t.batch_tokens:,}, seq_len {t.seq_len}; data {job.data.kind}; eval "
                   + ", ".join(f"{e.name} ({e.data.kind})" for e in job.eval))
     if any(e.data.kind != job.data.kind for e in job.eval):
         # --data replaces the training data only: the eval sets stay the profile's (the embedded text's validation

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from rla_ablate.errors import UserError
-from rla_ablate.fileio import check_folder, make_folder
+from rla_ablate.fileio import check_folder, make_folder, umask_mode
 
 MODELING_FILE = "modeling_rla_sweep.py"
 # What trust_remote_code imports: the package's own classes, so an export and a checkpoint never disagree.
@@ -53,4 +53,6 @@ def export_job(job_dir: str | Path, out: str | Path, tokens: int | None = None, 
     (out / "rla_sweep_export.json").write_text(json.dumps(
         {"job_dir": str(Path(job_dir).resolve()), "checkpoint": ckpt.name, "tokens": tokens}, indent=1),
         encoding="utf-8")
+    for weights in out.glob("*.safetensors"):
+        umask_mode(weights)
     return out

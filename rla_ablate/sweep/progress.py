@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from rich.markup import escape
 
 from rla_ablate.outcome import ACTIVE, TERMINAL, Status
+from rla_ablate.terminal import count
 
 if TYPE_CHECKING:
     from rich.live import Live
@@ -256,7 +257,8 @@ class Progress:
         self.stop()
         counts = ", ".join(f"{n} {k}" for k, n in sorted(summary.counts.items()))
         self.console.print(f"sweep {self.sweep}: {counts} in {self._elapsed()} "
-                           f"({summary.ran} attempts run; {summary.skipped} jobs were already done)")
+                           f"({count(summary.ran, 'attempt')} run; {count(summary.skipped, 'job')} "
+                           f"{'was' if summary.skipped == 1 else 'were'} already done)")
         meta = sdir.meta()
         store = meta.get("backend_uri") if meta.get("embedded_tracking") else meta.get("tracking_uri")
         if store:
