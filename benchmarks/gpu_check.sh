@@ -59,13 +59,23 @@ if [[ $what == glue ]]; then
     cp rla_ablate/sweep/calibration/h200.json "$OUT/h200.json"
 fi
 if [[ $what == graph ]]; then
-    # the whole 100m step captured in a CUDA graph and replayed, against the eager step: same losses (the GPU test),
-    # then tokens/s side by side with where the time goes (a host-bound step gains what the GPU waited)
-    python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_benchmarks.py -k cuda_graph \
-        --junitxml="$OUT/junit-graph.xml" >"$OUT/tests-graph.log" 2>&1 || rc=1
+    # train.cuda_graphs (rla_ablate/train/graphs.py): the training loop with its micro steps captured and replayed
+    # against the eager loop (every family, a resume, the guard's skips), the benchmark's graphed step against its
+    # eager one (same losses), then tokens/s side by side with where the time goes (a host-bound step gains what
+    # the GPU waited), then the command line: a 100m job eager and graphed
+    python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_train_gpu.py tests/test_benchmarks.py \
+        -k "cuda_graph" --junitxml="$OUT/junit-graph.xml" >"$OUT/tests-graph.log" 2>&1 || rc=1
     grep -E "PASSED|FAILED|ERROR|passed|failed|Error" "$OUT/tests-graph.log" | tail -n 20
     python3 benchmarks/train_gpu.py --scale 100m --graph off on --steps 6 --warmup 2 --profile 3 \
         --json "$OUT/graph-100m.json" 2>&1 | tee "$OUT/graph-100m.log" || rc=1
+    for graphs in false true; do
+        rla-sweep train 100m-rla --out "/tmp/cli-graphs-$graphs" --set train.cuda_graphs=$graphs \
+            --set model.vocab_size=257 --set train.tokens=1048576 --set train.batch_tokens=32768 \
+            --set train.micro_batch_size=16 --set train.log_every_tokens=131072 \
+            --set train.eval_every_tokens=1048576 --set train.checkpoint_every_tokens=1048576 >"$OUT/cli-graphs-$graphs.log" 2>&1 || rc=1
+        tail -n 4 "$OUT/cli-graphs-$graphs.log"
+        cp "/tmp/cli-graphs-$graphs/metrics.jsonl" "$OUT/cli-graphs-$graphs.jsonl"
+    done
 fi
 if [[ $what == train-step || $what == all ]]; then
     # the real training step (run_job: bf16 autocast, backend auto, AdamW, eval, checkpoint) of every job a sweep

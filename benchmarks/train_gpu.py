@@ -18,11 +18,12 @@ optimizer) and the time the GPU waited for the host (launch overhead, syncs) —
 costliest kernels by name (where the Triton kernels' time shows). `--glue auto torch` runs
 each family twice, with FLA's fused glue (in the blocks, and around the op of the linear mixers:
 rla_ablate/models/fusion.py) and with the plain-torch glue, and gives the ratio. `--graph off on` runs each family
-also with its whole step (forward, backward, gradient clip, AdamW) captured once in a CUDA graph and replayed: the
-host then launches one graph a step instead of every kernel, which shows how much of a step is the host's (a step
-the GPU waits for). The graphed run starts from the same weights and data as the eager one, so their losses after
-every timed step must agree (`graph_vs_eager`: the largest relative difference of a step's loss or gradient norm);
-the training jobs themselves do not use graphs.
+also with each micro batch's forward and backward captured once in a CUDA graph and replayed, as a job with
+`train.cuda_graphs: true` trains (the same class, rla_ablate/train/graphs.py; the clip and AdamW stay eager): the
+host then launches one graph a micro batch instead of every kernel, which shows how much of a step is the host's (a
+step the GPU waits for). The graphed run starts from the same weights and data as the eager one, so their losses
+after every timed step must agree (`graph_vs_eager`: the largest relative difference of a step's loss or gradient
+norm).
 `--calibrate` merges each measured row (model config, batch shape, tokens/s, peak memory, warm-up) into the
 calibration table that `rla-sweep plan` and `resources.gpus: auto` read (rla_ablate/sweep/calibration/h200.json).
 """
@@ -30,7 +31,6 @@ calibration table that `rla-sweep plan` and `resources.gpus: auto` read (rla_abl
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
 import sys
@@ -39,9 +39,11 @@ from pathlib import Path
 
 import torch
 
+from rla_ablate.data.stream import Batch
 from rla_ablate.models import build_model, load_preset
 from rla_ablate.models.accounting import count_params, flops_per_token
 from rla_ablate.sweep.calibration import row_glue
+from rla_ablate.train.graphs import GraphedMicroStep
 from rla_ablate.train.loop import PEAK_BF16_FLOPS
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "rla_ablate" / "sweep" / "calibration" / "h200.json"
@@ -156,14 +158,18 @@ def top_ops(prof, steps: int, cuda: bool, top: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["ms"])[:top]
 
 
+def forward_loss(model, input_ids, labels):
+    """The summed loss of a micro batch under bf16 autocast on the GPU, as the training loop computes it."""
+    cuda = input_ids.device.type == "cuda"
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=cuda):
+        return model(input_ids, labels=labels)
+
+
 def measure(family: str, scale: str, args, device: torch.device, glue: str = "auto", graph: bool = False) -> dict:
     batch, seq_len = args.batch or SHAPES[scale][0], args.seq_len or SHAPES[scale][1]
     cfg = load_preset(f"{scale}-{family}")
     if family != "transformer" and args.backend != "auto":
         cfg = cfg.model_copy(update={"backend": args.backend})
-    if graph and cfg.clip_mode != "absolute":
-        # the radius of a relative clip is a host float handed over each step: a graph would replay the first one
-        raise ValueError(f"{scale}-{family}: clip_mode {cfg.clip_mode} cannot run in a CUDA graph")
     torch.manual_seed(0)
     t_build = time.perf_counter()
     with device:  # initialise on the device: a 1.5B model built on the CPU first takes longer than its timed steps
@@ -171,41 +177,38 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
     model.set_glue(glue)
     say(f"{family}: built {count_params(cfg) / 1e6:.0f}M parameters in {time.perf_counter() - t_build:.1f} s")
     cuda = device.type == "cuda"
-    # capturable: AdamW keeps its step count on the device, so a graph replays a real step each time
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=cuda, capturable=graph)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=cuda)
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), device=device)
-    # No cast cache in a graph: every replay casts the weights it has just updated
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda, cache_enabled=not graph)
+    micro = Batch(tokens[:, :-1], tokens[:, 1:])
+    loss_scale = 1.0 / (batch * seq_len)
+    # The training loop's graphed micro step (rla_ablate.train.graphs)
+    graphs = GraphedMicroStep(lambda ids, labels: forward_loss(model, ids, labels), device,
+                              warmup_steps=args.warmup) if graph else None
 
     def forward_backward():
-        # the training loop's step: the model computes its loss (rla_ablate.models.fusion.lm_loss)
-        with autocast:
-            loss = model(tokens[:, :-1], labels=tokens[:, 1:]) / (batch * seq_len)
-        loss.backward()
-        return loss.detach(), torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        # the training loop's eager micro step: the model computes its summed loss (rla_ablate.models.fusion.lm_loss)
+        if graphs is not None:
+            return graphs.step([micro], loss_scale)
+        loss = forward_loss(model, micro.input_ids, micro.labels)
+        (loss * loss_scale).backward()
+        return loss.detach().double()
 
     def step():
-        loss, norm = forward_backward()
+        loss_sum = forward_backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         # One host read per step, as the training loop makes (with the relative clip's hand-over)
-        values = model.read_and_hand_over(loss, norm)
+        values = model.read_and_hand_over(loss_sum * loss_scale, norm)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=graphs is None)
         return values
 
     t_warm = time.perf_counter()
-    # A graph is captured after eager steps on a side stream (autotuning, cuBLAS workspaces and lazy state happen
-    # there, not in the capture)
-    side = torch.cuda.Stream(device) if graph else None
-    if side is not None:
-        side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-        for i in range(args.warmup):
-            step()
-            say(f"{family}: warm-up step {i + 1}/{args.warmup} at {time.perf_counter() - t_warm:.1f} s")
-    if side is not None:
-        torch.cuda.current_stream(device).wait_stream(side)
-        step = capture(forward_backward, opt, model)
-        say(f"{family}: step captured in a CUDA graph at {time.perf_counter() - t_warm:.1f} s")
+    for i in range(args.warmup):
+        step()
+        say(f"{family}: warm-up step {i + 1}/{args.warmup} at {time.perf_counter() - t_warm:.1f} s")
+    if graphs is not None:
+        graphs.capture()
+        say(f"{family}: micro step captured in a CUDA graph at {time.perf_counter() - t_warm:.1f} s")
     warmup_s = time.perf_counter() - t_warm
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -222,27 +225,12 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
                batch=batch, seq_len=seq_len, params=count_params(cfg), tokens_per_s=tok_s,
                mfu=flops_per_token(cfg, seq_len) * tok_s / peak if peak else None, loss=seen[-1][0], steps_seen=seen,
                backend=model.backend_used, kernel=model.kernel_used, warmup_s=warmup_s,
-               peak_mem_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)
+               # a graph's memory pool stays reserved between replays: its rows give the reserved peak, as jobs do
+               peak_mem_gib=(torch.cuda.max_memory_reserved if graph else torch.cuda.max_memory_allocated)(device)
+               / 2**30 if device.type == "cuda" else None)
     if args.profile:
         row["profile"] = profile_steps(step, args.profile, device, args.top_ops)
     return row
-
-
-def capture(forward_backward, opt, model):
-    """The step as one CUDA graph: forward, backward, clip and AdamW captured once; the returned step replays it
-    and makes the step's host read. Gradients live in the graph's memory: the capture writes them (none before it),
-    so every replay overwrites them instead of adding to them."""
-    opt.zero_grad(set_to_none=True)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        loss, norm = forward_backward()
-        opt.step()
-
-    def step():
-        graph.replay()
-        return model.read_and_hand_over(loss, norm)
-
-    return step
 
 
 def main():
@@ -263,7 +251,8 @@ def main():
                         help="the models' glue: auto (FLA's fused kernels on the GPU) and/or torch (the "
                              "plain-torch reference); both: each family twice, side by side")
     parser.add_argument("--graph", nargs="+", default=["off"], choices=["off", "on"],
-                        help="on: capture each family's whole step in a CUDA graph and replay it (GPU only); "
+                        help="on: capture each family's micro step in a CUDA graph and replay it, as train.cuda_graphs "
+                             "does (GPU only); "
                              "off on: each family both ways, side by side")
     parser.add_argument("--top-ops", type=int, default=0, metavar="N",
                         help="with --profile: list the N costliest PyTorch ops per family with their input shapes")

@@ -27,6 +27,7 @@ def test_train_gpu_runs_tiny_presets_on_the_cpu(tmp_path):
     rows = {r["family"]: r for r in results if r["glue"] == "auto"}
     for r in rows.values():
         assert r["tokens_per_s"] > 0 and r["backend"] == "chunk" and r["warmup_s"] >= 0
+        assert (r["scale"], r["preset"]) == ("tiny", f"tiny-{r['family']}")
     assert "rla: warm-up step 1/1" in proc.stderr  # progress for the minutes a fresh GPU node spends compiling
     # a CUDA graph needs CUDA: refused up front, not after the CPU rows
     refused = subprocess.run([sys.executable, "benchmarks/train_gpu.py", "--device", "cpu", "--scale", "tiny",
@@ -82,9 +83,9 @@ def test_sweep_report_sums_the_time_jobs_ran_over_launches():
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
 def test_a_step_captured_in_a_cuda_graph_trains_as_the_eager_step(tmp_path):
-    """`train_gpu.py --graph off on`: every family's whole step (forward, backward, clip, AdamW) captured once and
-    replayed reaches the eager step's loss after the same steps from the same weights and data (the same kernels
-    in the same order: rounding apart, the same numbers), and runs."""
+    """`train_gpu.py --graph off on`: every family's micro step (forward and backward) captured once and replayed,
+    as `train.cuda_graphs` trains, reaches the eager step's loss after the same steps from the same weights and data
+    (the same kernels in the same order: rounding apart, the same numbers), and runs."""
     out = tmp_path / "graph.json"
     proc = subprocess.run(
         [sys.executable, "benchmarks/train_gpu.py", "--scale", "100m", "--batch", "2", "--seq-len", "256",

@@ -157,15 +157,15 @@ def test_a_cuda_sweep_without_a_gpu_is_refused_before_anything_starts(tmp_path, 
         assert main([command, str(path)] + (["--root", str(tmp_path / "runs")] if command == "launch" else [])) == 2
         err = capsys.readouterr().err
         line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "device: cuda" in text)
-        assert f"s.yaml:{line}: train.device: 2 job(s) train with device cuda (tiny-rla/seed0, ...) but " \
-               "resources.gpus is 0" in err, err
+        assert f"s.yaml:{line}: train.device: 2 job(s) need CUDA (train.device cuda or train.cuda_graphs) " \
+               "(tiny-rla/seed0, ...) but resources.gpus is 0" in err, err
         assert "allowed: resources.gpus auto or above 0, or train.device auto or cpu" in err
     data["resources"]["gpus"] = "auto"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     assert main(["launch", str(path), "--root", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
     line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "device: cuda" in text)
-    assert f"s.yaml:{line}: train.device: 2 job(s) train with device cuda" in err, err
+    assert f"s.yaml:{line}: train.device: 2 job(s) need CUDA (train.device cuda or train.cuda_graphs)" in err, err
     assert "allowed here: train.device auto or cpu" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()
     # set by a grid instead of the base: the error points there
@@ -175,7 +175,7 @@ def test_a_cuda_sweep_without_a_gpu_is_refused_before_anything_starts(tmp_path, 
     assert main(["launch", str(path), "--root", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
     line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "train.device:" in text)
-    assert f"s.yaml:{line}: train.device: 2 job(s) train with device cuda" in err, err
+    assert f"s.yaml:{line}: train.device: 2 job(s) need CUDA (train.device cuda or train.cuda_graphs)" in err, err
     # a resumed sweep counts only the jobs it would run: one of the two cuda jobs finished earlier on a GPU node
     from rla_ablate.sweep.expand import load_sweep
     from rla_ablate.sweep.state import SweepDir
@@ -184,4 +184,15 @@ def test_a_cuda_sweep_without_a_gpu_is_refused_before_anything_starts(tmp_path, 
     SweepDir(tmp_path / "runs", "gpu").set_status(cuda_jobs[0].job_id, status="finished")
     assert main(["launch", str(path), "--root", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
-    assert f"train.device: {len(cuda_jobs) - 1} job(s) train with device cuda ({cuda_jobs[1].name})" in err, err
+    assert f"train.device: {len(cuda_jobs) - 1} job(s) need CUDA (train.device cuda or train.cuda_graphs) " \
+           f"({cuda_jobs[1].name})" in err, err
+    # CUDA graphs need CUDA as device cuda does: the error names their line
+    del data["grid"]
+    data["base"]["train"]["cuda_graphs"] = True
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["launch", str(path), "--root", str(tmp_path / "runs2")]) == 2
+    err = capsys.readouterr().err
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "cuda_graphs:" in text)
+    assert f"s.yaml:{line}: train.cuda_graphs: 2 job(s) need CUDA" in err, err
+    assert "allowed here: train.device auto or cpu and train.cuda_graphs false" in err
+    assert not (tmp_path / "runs2").exists()

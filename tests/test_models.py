@@ -182,13 +182,14 @@ def test_relative_clip_scales_the_radius_by_the_residual_rms():
     model = built(cfg).train()
     mixer = model.layers[0].attn
     seen = {}
-    # The radius the op receives, and the k, v, g, beta it is measured from.
+    # The (clip, scale) the op receives, and the k, v, g, beta they are measured from.
     original = mixer._clip_radius
 
     def spy(k, v, g, beta, S0, cu_seqlens=None):
         seen["inputs"] = (k, v, g, beta)
-        seen["radius"] = original(k, v, g, beta, S0, cu_seqlens)
-        return seen["radius"]
+        clip, scale = original(k, v, g, beta, S0, cu_seqlens)
+        seen["radius"] = clip * (1.0 if scale is None else scale.item())  # eval: the radius itself
+        return clip, scale
 
     mixer._clip_radius = spy
     ids = torch.randint(0, 50, (2, 13), generator=torch.Generator().manual_seed(1))
@@ -221,8 +222,9 @@ def test_relative_clip_after_the_first_forward_uses_the_running_rms():
         original = mixer._clip_radius
 
         def spy(k, v, g, beta, S0, cu_seqlens=None, original=original):
-            seen.append((original(k, v, g, beta, S0, cu_seqlens), v, chunk_base_reads(k, v, g, beta, "additive")))
-            return seen[-1][0]
+            clip, scale = original(k, v, g, beta, S0, cu_seqlens)
+            seen.append((clip * scale.item(), v, chunk_base_reads(k, v, g, beta, "additive")))
+            return clip, scale
 
         mixer._clip_radius = spy
     gen = torch.Generator().manual_seed(1)
@@ -246,9 +248,15 @@ def test_relative_clip_after_the_first_forward_uses_the_running_rms():
     assert [radius for radius, _, _ in seen] == [0.125, 2.0, 0.125, 2.0]
     with pytest.raises(ValueError, match="1 values for 2 relative-clip layers"):
         model.hand_over_clip_rms([1.0])
-    # The trainer's read: its own values back as floats, the running means handed over in the same read.
+    # The trainer's read: its own values back as floats; the running means handed over on the device, unread.
     assert model.read_and_hand_over(torch.tensor(1.5), torch.tensor(2.5, dtype=torch.float64)) == [1.5, 2.5]
-    assert [m.step_rms for m in mixers] == [m.residual_rms_ema.item() for m in mixers]
+    assert [m.handed_rms.item() for m in mixers] == [m.residual_rms_ema.item() for m in mixers]
+    # None: that layer's forwards use their running mean again
+    model.hand_over_clip_rms([None, 4.0])
+    running = mixers[0].residual_rms_ema.item()
+    seen.clear()
+    model(torch.randint(0, 50, (2, 13), generator=gen))
+    assert math.isnan(mixers[0].handed_rms.item()) and [radius for radius, _, _ in seen] == [0.5 * running, 2.0]
 
 
 # The aten ops that make a CUDA host wait: reading a value (item, tolist, float(tensor)), data-dependent shapes, and
@@ -258,7 +266,7 @@ SYNCING_OPS = {"_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", 
 
 
 @pytest.mark.parametrize("preset", ["proxy-mqar-rla", "proxy-mqar-rdn", "proxy-mqar-sgla", "proxy-mqar-gdn"])
-def test_a_training_step_after_the_hand_over_asks_the_host_for_nothing(preset):
+def test_a_training_step_asks_the_host_for_nothing(preset):
     # The CPU side of the GPU test of the same name: packed jobs take turns on a GPU, and every host sync inside a
     # step waits for the others' turns. On the CPU the ops that would sync there are caught by name (the model's
     # glue, the relative clip's running RMS and the torch chunk path; the Triton and FLA paths are the GPU test's).
@@ -288,10 +296,12 @@ def test_a_training_step_after_the_hand_over_asks_the_host_for_nothing(preset):
             logits = model(ids)
         F.cross_entropy(logits.float().flatten(0, 1), ids.flatten()).backward()
 
-    step()  # the first forward reads the batch's residual RMS once
-    model.hand_over_clip_rms([t.item() for t in model.relative_clip_rms()])
+    # the relative clip's radius never leaves the device: not in the first forward (the batch's own RMS), not in
+    # the hand-over, not after it
     probe = Probe()
     with probe:
+        step()
+        model.hand_over_clip_rms()
         step()
     assert not probe.hits, probe.hits[0]
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

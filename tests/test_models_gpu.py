@@ -96,8 +96,8 @@ def test_a_training_step_after_the_hand_over_never_waits_for_the_gpu(preset):
             loss = model(ids, labels=ids.roll(-1, dims=1))
         loss.backward()
 
-    step()  # the first forward measures the batch's RMS (one read), and kernels compile
-    model.hand_over_clip_rms([t.item() for t in model.relative_clip_rms()])
+    step()  # kernels compile (and FLA's autotuning syncs)
+    model.hand_over_clip_rms()  # on the device, as the trainer's read_and_hand_over makes it
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -102,3 +102,12 @@ def test_cuda_without_a_gpu_is_refused_before_the_folder_is_made(tmp_path, capsy
     assert main(["train", "tiny-rla", "--out", str(tmp_path / "o"), *sets]) == 2
     assert "train.device: device cuda asked for but CUDA is not available here" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+    # CUDA graphs need CUDA too, with device auto; on the CPU, with what a graph cannot replay
+    sets = [arg for kv in SMALL + ["train.cuda_graphs=true"] for arg in ("--set", kv)]
+    assert main(["train", "tiny-rla", "--out", str(tmp_path / "o"), *sets]) == 2
+    assert "train.cuda_graphs: cuda_graphs asked for but CUDA is not available here; allowed here: false" in \
+        capsys.readouterr().err
+    assert main(["train", "tiny-rla", "--out", str(tmp_path / "o"), *sets, "--set", "train.device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "cuda_graphs cannot run with device cpu" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()

@@ -68,3 +68,166 @@ def test_every_sweep_job_trains_on_the_gpu(sweep_job, tmp_path):
     peaks = [r["values"]["train/peak_mem_gib"] for r in records if r["type"] == "metrics"
              and "train/peak_mem_gib" in r["values"]]
     assert peaks and peaks[-1] > 0
+
+
+# CUDA graphs (train.cuda_graphs, rla_ablate/train/graphs.py): 8 steps of two micro batches each, so the graph replays
+# twice a step into accumulated gradients; steps 1-2 run eagerly, step 3 captures. A high learning rate moves the
+# weights far, so a graph that replayed stale weights (a cast cache), missed the zeroing or froze the loss scale
+# would show in the loss after a few steps.
+def _graph_job(family: str, model_changes: dict | None = None, **train):
+    from rla_ablate.data.config import StdlibData
+    from rla_ablate.models import load_preset
+    from rla_ablate.train import JobConfig, TrainConfig
+
+    model = load_preset(f"100m-{family}").replace(num_layers=2, vocab_size=257, **(model_changes or {}))
+    settings = dict(tokens=8 * 2048, seq_len=256, micro_batch_size=4, batch_tokens=2048, precision="bf16",
+                    device="cuda", lr=3e-3, warmup_tokens=0, log_every_tokens=2048, eval_every_tokens=4 * 2048,
+                    checkpoint_every_tokens=4 * 2048, keep_checkpoints=4)
+    return JobConfig(model=model, train=TrainConfig(**(settings | train)), data=StdlibData(),
+                     eval=[{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 2048}])
+
+
+def _curve(out, key="train/loss"):
+    from rla_ablate.train import read_jsonl
+
+    return [(r["step"], r["values"][key]) for r in read_jsonl(out / "metrics.jsonl")
+            if r["type"] == "metrics" and key in r["values"]]
+
+
+def _final_weights(out):
+    from rla_ablate.train.checkpoint import list_checkpoints, load_checkpoint
+
+    return load_checkpoint(list_checkpoints(out)[-1][1])["model"]
+
+
+# The largest relative difference allowed between a graphed and an eager run's losses after 8 steps, and the
+# largest relative RMS difference of all their weights: the same kernels in the same order give the same numbers,
+# and a wrong replay differs by percents. (Not zero: a kernel that accumulates with atomics, e.g. SDPA's backward,
+# may round a gradient differently, which AdamW's first steps turn into lr-sized moves of a few weights.)
+GRAPH_RTOL = 1e-4
+WEIGHTS_RTOL = 1e-3
+
+
+def _weights_differ(got: dict, want: dict) -> float:
+    """sqrt(sum |got - want|^2 / sum |want|^2) over every tensor of two state dicts."""
+    num = sum(float((got[k].double() - v.double()).square().sum()) for k, v in want.items())
+    den = sum(float(v.double().square().sum()) for v in want.values())
+    return (num / den) ** 0.5
+
+
+# every family, and the residual families with the proxies' relative clip, whose radius changes every step
+GRAPH_CASES = [(family, None) for family in FAMILIES] + [
+    (family, {"clip_mode": "relative", "clip": 2.0}) for family in ("rla", "rdn")]
+
+
+@pytest.mark.parametrize("family, model_changes", GRAPH_CASES,
+                         ids=[f + ("-relative-clip" if m else "") for f, m in GRAPH_CASES])
+def test_cuda_graphs_train_as_the_eager_loop(family, model_changes, tmp_path):
+    from rla_ablate.train import read_jsonl, run_job
+
+    runs = {}
+    for graphs in (False, True):
+        out = tmp_path / f"graphs-{graphs}"
+        result = run_job(_graph_job(family, model_changes, cuda_graphs=graphs), out)
+        assert result.status == "finished", result.error
+        runs[graphs] = out
+    eager, graphed = (_curve(runs[g]) for g in (False, True))
+    assert [s for s, _ in eager] == [s for s, _ in graphed] == [2048 * i for i in range(1, 9)]
+    diff = max(abs(a - b) / abs(b) for (_, a), (_, b) in zip(graphed, eager))
+    assert diff <= GRAPH_RTOL, (family, diff, graphed, eager)
+    assert eager[-1][1] < eager[0][1] - 0.1, eager  # it trained: the comparison is of moved weights
+    (_, ev_eager), (_, ev_graphed) = _curve(runs[False], "eval/val/loss")[-1], _curve(runs[True], "eval/val/loss")[-1]
+    assert abs(ev_graphed - ev_eager) <= GRAPH_RTOL * abs(ev_eager), (ev_graphed, ev_eager)
+    assert _weights_differ(_final_weights(runs[True]), _final_weights(runs[False])) <= WEIGHTS_RTOL
+    events = [r for r in read_jsonl(runs[True] / "metrics.jsonl") if r["type"] == "event" and r["name"] == "info"]
+    captured = [r for r in events if r["detail"].get("cuda_graph") == "captured"]
+    assert len(captured) == 1 and captured[0]["detail"]["after_eager_steps"] == 2 and captured[0]["step"] == 2 * 2048
+
+
+@pytest.mark.parametrize("family", ["rla", "rdn"])
+def test_cuda_graphs_resume_as_the_uninterrupted_run(family, tmp_path):
+    # relative clip: the resumed process hands the restored running RMS over itself
+    """Cancelled after its checkpoint at step 4, the resumed run warms up and captures again (a new process has no
+    graph) and ends where the uninterrupted graphed run ends."""
+    from rla_ablate.train import read_jsonl, run_job
+
+    job = _graph_job(family, {"clip_mode": "relative", "clip": 2.0}, cuda_graphs=True)
+    straight = tmp_path / "straight"
+    assert run_job(job, straight).status == "finished"
+    calls = {"n": 0}
+
+    def stop_before_fifth_step():
+        calls["n"] += 1
+        return calls["n"] == 5
+
+    out = tmp_path / "resumed"
+    assert run_job(job, out, should_stop=stop_before_fifth_step).status == "cancelled"
+    assert run_job(job, out).status == "finished"
+    got, want = _curve(out), _curve(straight)
+    assert [s for s, _ in got] == [s for s, _ in want]
+    assert max(abs(a - b) / abs(b) for (_, a), (_, b) in zip(got, want)) <= GRAPH_RTOL
+    assert _weights_differ(_final_weights(out), _final_weights(straight)) <= WEIGHTS_RTOL
+    captures = [r["step"] for r in read_jsonl(out / "metrics.jsonl")
+                if r["type"] == "event" and r["detail"].get("cuda_graph") == "captured"]
+    assert captures == [2 * 2048, 6 * 2048], captures
+
+
+def test_cuda_graphs_skip_non_finite_steps_and_end_diverged(tmp_path):
+    """A learning rate of 1e30: the first update overflows the weights, so every later step's loss or gradient norm
+    is not finite; the guard skips step 2 (eager) and steps 3-4 (captured, replayed; their gradients zeroed in
+    place) and ends the job as diverged at the third skip, as it does eagerly."""
+    from rla_ablate.train import read_jsonl, run_job
+
+    job = _graph_job("rla", cuda_graphs=True, lr=1e30, grad_clip=None, max_skipped_steps=2, tokens=16 * 2048)
+    result = run_job(job, tmp_path)
+    assert result.status == "diverged", (result.status, result.error)
+    records = read_jsonl(tmp_path / "metrics.jsonl")
+    skipped = [r for r in records if r["type"] == "event" and r["name"] == "skipped_step"]
+    assert [r["step"] for r in skipped] == [2 * 2048, 3 * 2048, 4 * 2048], skipped
+    assert any(r["type"] == "event" and r["detail"].get("cuda_graph") == "captured" for r in records)
+
+
+def test_a_graphed_micro_step_gives_the_eager_gradients_whatever_the_scale():
+    """`GraphedMicroStep` against the eager micro step, bit for bit, on a model with the relative clip: a loss scale
+    that changes every step (the scored tokens do), a step whose scale is NaN (its gradients are NaN and are zeroed
+    in place, as after a skipped step), and the steps after it; two micro batches a step."""
+    from rla_ablate.data.stream import Batch
+    from rla_ablate.models import build_model, load_preset
+    from rla_ablate.train.graphs import GraphedMicroStep
+
+    torch.manual_seed(0)
+    cfg = load_preset("proxy-lm-rla").replace(num_layers=2)
+    models = [build_model(cfg).cuda().train() for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+
+    def forward_loss(model):
+        def run(ids, labels):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return model(ids, labels=labels)
+        return run
+
+    graphed = GraphedMicroStep(forward_loss(models[1]), torch.device("cuda"))
+    gen = torch.Generator().manual_seed(1)
+    scales = [1 / 4096, 1 / 3000, float("nan"), 1 / 2048, 1 / 5000, 1 / 4096]
+    for step, scale in enumerate(scales):
+        batches = [Batch(*torch.randint(0, cfg.vocab_size, (2, 4, 256), generator=gen)) for _ in range(2)]
+        eager_sum = torch.zeros((), dtype=torch.float64, device="cuda")
+        for b in batches:
+            nll = forward_loss(models[0])(b.input_ids.cuda(), b.labels.cuda())
+            (nll * scale).backward()
+            eager_sum += nll.detach().double()
+        graph_sum = graphed.step(batches, scale)
+        assert graphed.eager_steps == min(step + 1, 2) and (graphed.graph is not None) == (step >= 2)
+        assert torch.equal(graph_sum, eager_sum), (step, graph_sum, eager_sum)
+        for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+            if math.isnan(scale):
+                assert a.grad.isnan().all() and b.grad.isnan().all(), (step, name)
+            else:
+                assert torch.equal(a.grad, b.grad), (step, name)
+        for model in models:
+            model.hand_over_clip_rms()
+            with torch.no_grad():
+                for p in model.parameters():
+                    if not math.isnan(scale):
+                        p -= 1e-3 * p.grad  # a plain SGD step, the same on both
+            model.zero_grad(set_to_none=False)

@@ -34,6 +34,9 @@ def test_train_config_defaults_are_the_papers():
     ({"min_lr": 1.0}, "must not exceed lr"),
     ({"warmup_tokens": 10**12}, "must be below the token budget"),
     ({"fsdp": True}, "num_workers >= 2"),
+    ({"cuda_graphs": True, "device": "cpu"}, "cuda_graphs cannot run with device cpu"),
+    ({"cuda_graphs": True, "reset_state_at_documents": True}, "cuda_graphs cannot run with reset_state_at_documents"),
+    ({"cuda_graphs": True, "num_workers": 2, "batch_tokens": 2**23}, "cuda_graphs cannot run with num_workers 2"),
     ({"lerning_rate": 1.0}, "Extra inputs"),
 ])
 def test_train_config_rejects(changes, words):
@@ -76,6 +79,10 @@ def test_canonical_json_is_sorted_and_stable():
     # Bookkeeping does not change what a checkpoint must match, the optimizer does.
     assert _job(keep_checkpoints=5).identity_json() == a.identity_json()
     assert _job(lr=1e-3).identity_json() != a.identity_json()
+    # CUDA graphs run the eager step's numbers: a job may resume with them on or off. Off, the dump leaves the field
+    # out, so earlier jobs keep their ids; on is another job id.
+    assert _job(cuda_graphs=True).identity_json() == a.identity_json()
+    assert "cuda_graphs" not in text and _job(cuda_graphs=True).canonical_json() != text
 
 
 def test_a_dumped_job_validates_again():
@@ -97,6 +104,17 @@ def test_job_rejects_repeated_eval_names():
     evals = [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}}] * 2
     with pytest.raises(ValidationError, match="repeated: val"):
         JobConfig.model_validate({"model": model.model_dump(), "eval": evals})
+
+
+def test_cuda_graphs_need_cuda():
+    assert _job(cuda_graphs=True).train.needs_cuda and not _job().train.needs_cuda
+
+
+def test_a_graphed_micro_step_needs_cuda():
+    from rla_ablate.train.graphs import GraphedMicroStep
+
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device, not cpu"):
+        GraphedMicroStep(lambda ids, labels: ids.sum(), torch.device("cpu"))
 
 
 def test_job_rejects_a_training_length_other_than_seq_len():

@@ -177,53 +177,50 @@ class ResidualAttention(nn.Module):
             # forward measures it (so an untrained model clips at the absolute radius `clip`).
             self.register_buffer("residual_rms_ema", torch.ones((), dtype=torch.float64))
             self.register_buffer("residual_rms_updates", torch.zeros((), dtype=torch.int64))
-        # clip_mode relative: the running residual RMS at the end of the last optimizer step, handed over by the
-        # trainer with that step's loss (CausalLM.read_and_hand_over); None: training forwards read it themselves.
-        self.step_rms: float | None = None
+            # The running residual RMS at the end of the last optimizer step, handed over by the trainer on the
+            # device (CausalLM.hand_over_clip_rms); NaN: none yet, training forwards then use the running mean.
+            # Not in the checkpoint: a resumed run hands the restored running mean over itself.
+            self.register_buffer("handed_rms", torch.full((), math.nan, dtype=torch.float64), persistent=False)
         self.backend_used: str | None = None
         self.kernel_used: str | None = None
         self.stats_enabled = False
         self.stats: dict[str, torch.Tensor] = {}
 
     @torch.no_grad()
-    def _clip_radius(self, k_BTHK, v_BTHV, g_BTH, beta_BTH, S0, cu_seqlens=None) -> float:
-        """The radius the op receives: `clip`, or with clip_mode relative `clip` times the running residual RMS.
+    def _clip_radius(self, k_BTHK, v_BTHV, g_BTH, beta_BTH, S0, cu_seqlens=None) -> tuple[float, torch.Tensor | None]:
+        """(the clip the op receives, the scale of v around the op): `clip` and None, or with clip_mode relative
+        the radius `clip` times the running residual RMS s.
 
-        The radius is one detached float per layer call (every backend takes a scalar clip; the target's gradient
-        is the plain clip's: 1 inside, 0 outside). Training forwards measure the batch's residual RMS on the
-        device and fold it into the running mean, without a host sync; their radius is the running mean as the
-        trainer hands it over once per optimizer step (`step_rms`, read with the step's loss), else as read here.
-        The very first training forward, with no running mean yet, uses the batch's own RMS. Eval forwards and
-        decoding use the running mean, so a step-by-step decode equals the parallel forward.
+        Eval forwards and decoding pass the radius itself (one host read of the running mean), so a step-by-step
+        decode equals the parallel forward. Training forwards keep s on the device, never reading it: the op then
+        runs on v / s with the radius `clip` and its output (and state) is scaled back by s. The op is homogeneous
+        in (v, radius) (every target, clip, tanh or identity, is), so this is the op at radius `clip` * s, its
+        gradient the plain clip's (s is detached), and a CUDA graph can replay it with an s that changes every step.
+
+        In training, s is the running mean handed over by the trainer once per optimizer step (`handed_rms`), so
+        every micro batch of a step clips alike; before the first hand-over, the running mean, and in the very
+        first training forward, with no running mean yet, the batch's own RMS (the initial 1 where that is not
+        finite: a blown-up base state, e.g. the delta rule without the q/k norm, whose non-finite loss the
+        divergence guard judges). Each training forward folds its batch's finite RMS into the running mean.
         """
         cfg = self.cfg
         if cfg.clip_mode == "absolute":
-            return cfg.clip
+            return cfg.clip, None
         if not self.training:
-            return cfg.clip * max(float(self.residual_rms_ema), RELATIVE_CLIP_FLOOR)
-        value = self.step_rms
-        if value is None:
-            ema, updates = torch.stack([self.residual_rms_ema, self.residual_rms_updates.double()]).tolist()
-            value = ema if updates > 0 else None
+            return cfg.clip * max(float(self.residual_rms_ema), RELATIVE_CLIP_FLOOR), None
         acc = torch.promote_types(v_BTHV.dtype, torch.float32)
         with torch.autocast(device_type=v_BTHV.device.type, enabled=False):
             pred = chunk_base_reads(k_BTHK, v_BTHV, g_BTH, beta_BTH, self.rule, S0, cu_seqlens=cu_seqlens)
             rms = (v_BTHV.to(acc) - pred.to(acc)).square().mean().sqrt().to(torch.float64)
-        if value is None:
-            # The first training forward: one host read of the batch's RMS. A blown-up base state (e.g. the delta
-            # rule without the q/k norm) gives no finite RMS: the step's loss is not finite either and the
-            # divergence guard judges it; the radius is the initial one.
-            value = float(rms)
-            if not math.isfinite(value):
-                value = float(self.residual_rms_ema)
+        ema, handed = self.residual_rms_ema, self.handed_rms
+        finite, first = torch.isfinite(rms), self.residual_rms_updates == 0
+        running = torch.where(first & finite, rms, ema)
+        scale = torch.where(torch.isnan(handed), running, handed).clamp_min(RELATIVE_CLIP_FLOOR)
         # The running mean takes finite batch values only, so it stays finite whatever a batch does.
-        finite = torch.isfinite(rms)
-        first = self.residual_rms_updates == 0
-        new = torch.where(first, rms, RESIDUAL_RMS_MOMENTUM * self.residual_rms_ema + (1 - RESIDUAL_RMS_MOMENTUM) * rms)
-        self.residual_rms_ema.copy_(torch.where(finite, new, self.residual_rms_ema))
+        new = torch.where(first, rms, RESIDUAL_RMS_MOMENTUM * ema + (1 - RESIDUAL_RMS_MOMENTUM) * rms)
+        ema.copy_(torch.where(finite, new, ema))
         self.residual_rms_updates.add_(finite.to(torch.int64))
-        # A zero residual (a constant input) would give a zero radius, which the ops refuse.
-        return cfg.clip * max(value, RELATIVE_CLIP_FLOOR)
+        return cfg.clip, scale
 
     @torch.no_grad()
     def reset_gate_parameters(self) -> None:
@@ -284,13 +281,24 @@ class ResidualAttention(nn.Module):
 
         initial = (state.S, state.R) if state is not None and state.S is not None else None
         self.kernel_used = kernel_tag(self.backend_used, q_BTHK, v_BTHV, self.spec, cu_seqlens)
-        clip = self._clip_radius(k_BTHK, v_BTHV, g_BTH, beta_BTH, initial[0] if initial is not None else None,
-                                 cu_seqlens)
+        clip, v_scale = self._clip_radius(k_BTHK, v_BTHV, g_BTH, beta_BTH,
+                                          initial[0] if initial is not None else None, cu_seqlens)
+        v_op, initial_op = v_BTHV, initial
+        if v_scale is not None:
+            # the op at radius clip * s as clip on v / s, scaled back (_clip_radius)
+            v_op = v_BTHV / v_scale
+            if initial is not None:
+                initial_op = tuple(None if x is None else x / v_scale for x in initial)
         o_BTHV, (S, R) = residual_attention(
-            q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, gamma_BTH,
+            q_BTHK, k_BTHK, v_op, g_BTH, beta_BTH, gamma_BTH,
             rule=self.rule, fit=cfg.fit, target=cfg.target, clip=clip, output_gates=cfg.output_gates,
-            initial_state=initial, backend=self.backend_used, cu_seqlens=cu_seqlens,
+            initial_state=initial_op, backend=self.backend_used, cu_seqlens=cu_seqlens,
         )
+        if v_scale is not None:
+            o_BTHV = o_BTHV * v_scale
+            S, R = (None if x is None else x * v_scale for x in (S, R))
+            if self.stats_enabled:
+                clip = clip * float(v_scale)  # stats read the radius on the host
         if self.stats_enabled:
             self._record_stats(o_BTHV, S, R)
             spec = self.spec if clip == self.spec.clip else replace(self.spec, clip=clip)

@@ -21,6 +21,8 @@ diagnostics (`rla_ablate.models.diagnostics`, docs/TRAINING.md).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 
@@ -168,26 +170,26 @@ class CausalLM(nn.Module):
         return [attn.residual_rms_ema for attn in self._relative_clip_mixers()]
 
     def read_and_hand_over(self, *values: torch.Tensor) -> list[float]:
-        """A training step's one host read: `values` (scalars on the device, e.g. the loss and the grad norm) and
-        every relative-clip layer's running RMS, which is handed over as its radius for the next step's forwards;
-        returns `values` as floats. Reading each layer's own every forward would sync once per layer call."""
-        clip_rms = self.relative_clip_rms()
-        host = torch.stack([v.double() for v in values] + clip_rms).tolist()
-        if clip_rms:
-            self.hand_over_clip_rms(host[len(values):])
-        return host[:len(values)]
+        """A training step's one host read: `values` (scalars on the device, e.g. the loss and the grad norm) as
+        floats; every relative-clip layer's running RMS is handed over for the next step's forwards on the device
+        (`hand_over_clip_rms`), without a read."""
+        self.hand_over_clip_rms()
+        return torch.stack([v.double() for v in values]).tolist()
 
     def hand_over_clip_rms(self, values: list[float | None] | None = None) -> None:
-        """Give each relative-clip layer, in `relative_clip_rms` order, the running RMS its training forwards use
-        as the radius until the next hand-over (`read_and_hand_over` makes it once per step). None: the running
-        RMS in the buffers now (after a checkpoint is loaded), for the layers that have one."""
+        """Give each relative-clip layer, in `relative_clip_rms` order, the running RMS its training forwards scale
+        the radius by until the next hand-over (`read_and_hand_over` makes it once per step; None for a layer: its
+        forwards use their running mean). values None: the running RMS in the buffers now, copied on the device,
+        for the layers that have one (after a step, after a checkpoint is loaded)."""
         mixers = self._relative_clip_mixers()
         if values is None:
-            values = [float(a.residual_rms_ema) if int(a.residual_rms_updates) > 0 else None for a in mixers]
+            for attn in mixers:
+                attn.handed_rms.copy_(torch.where(attn.residual_rms_updates > 0, attn.residual_rms_ema, math.nan))
+            return
         if len(values) != len(mixers):
             raise ValueError(f"{len(values)} values for {len(mixers)} relative-clip layers")
         for attn, value in zip(mixers, values):
-            attn.step_rms = value
+            attn.handed_rms.fill_(math.nan if value is None else value)
 
     def track_stats(self, enabled: bool = True) -> None:
         """Record per-layer norms and diagnostics on every forward.

@@ -139,29 +139,33 @@ def load_sweep(path: str | Path) -> Sweep:
     return Sweep(config=cfg, source=located, jobs=jobs)
 
 
-def device_line(located: LocatedYAML) -> int | None:
-    """The first line of the sweep file that sets train.device (in base, an arm, a grid), else the base's train."""
+def device_line(located: LocatedYAML, field: str = "device") -> int | None:
+    """The first line of the sweep file that sets train.<field> (in base, an arm, a grid), else the base's train."""
     lines = sorted(ln for path, ln in located.lines.items()
-                   if path[-2:] == ("train", "device") or (path and path[-1] == "train.device"))
-    return lines[0] if lines else located.line(("base", "train", "device"))
+                   if path[-2:] == ("train", field) or (path and path[-1] == f"train.{field}"))
+    return lines[0] if lines else located.line(("base", "train", field))
 
 
-def cuda_jobs_text(jobs: list[ResolvedJob]) -> str | None:
-    """'N job(s) train with device cuda (the first's name, ...)', or None where no job does."""
-    named = [j.name for j in jobs if j.job.train.device == "cuda"]
+def cuda_jobs(jobs: list[ResolvedJob]) -> tuple[str, str] | None:
+    """('N job(s) need CUDA (...) (the first's name, ...)', the train field that asks for it: device where any job
+    sets device cuda, else cuda_graphs), or None where no job needs CUDA."""
+    named = [j.name for j in jobs if j.job.train.needs_cuda]
     if not named:
         return None
-    return f"{len(named)} job(s) train with device cuda ({named[0]}{', ...' if len(named) > 1 else ''})"
+    field = "device" if any(j.job.train.device == "cuda" for j in jobs) else "cuda_graphs"
+    return (f"{len(named)} job(s) need CUDA (train.device cuda or train.cuda_graphs) "
+            f"({named[0]}{', ...' if len(named) > 1 else ''})", field)
 
 
 def check_device(cfg: SweepConfig, located: LocatedYAML, jobs: list[ResolvedJob]) -> None:
     """Jobs that train on cuda need a GPU share: with `resources.gpus: 0` their tasks would hold none and fail."""
     res = cfg.resources
-    cuda = cuda_jobs_text(jobs)
+    cuda = cuda_jobs(jobs)
     if cuda and not res.auto and float(res.gpus) == 0:
-        raise UserError(f"{cuda} but resources.gpus is 0, so their tasks hold no GPU; allowed: resources.gpus auto "
-                        "or above 0, or train.device auto or cpu",
-                        file=located.file, line=device_line(located), key="train.device")
+        text, field = cuda
+        raise UserError(f"{text} but resources.gpus is 0, so their tasks hold no GPU; allowed: resources.gpus auto "
+                        "or above 0, or train.device auto or cpu and train.cuda_graphs false",
+                        file=located.file, line=device_line(located, field), key=f"train.{field}")
 
 
 def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> None:

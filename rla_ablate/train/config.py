@@ -17,7 +17,7 @@ from rla_ablate.config.numbers import NumbersNotBools
 PAPER_BATCH_TOKENS = 2**22
 # Fields added after job ids were first recorded, with the value every earlier job meant: the dump leaves them out
 # at that value, so configs that do not use them keep their job ids (and the golden job its own).
-_LATER_FIELDS = {"reset_state_at_documents": False}
+_LATER_FIELDS = {"reset_state_at_documents": False, "cuda_graphs": False}
 
 
 class TrainConfig(NumbersNotBools):
@@ -91,6 +91,12 @@ class TrainConfig(NumbersNotBools):
     """Device peak FLOP/s per worker for MFU. null: looked up for known GPUs (bf16 dense); MFU is not logged
     when unknown (e.g. on CPU)."""
 
+    cuda_graphs: bool = False
+    """Capture a micro batch's forward and backward in a CUDA graph after the first steps of each process and replay
+    it for every later micro batch: one launch instead of every kernel, for models whose step waits for the host
+    (100M and below on a fast GPU). The clip, the divergence guard and AdamW stay eager; the numbers are the eager
+    step's (rla_ablate/train/graphs.py). Needs CUDA, one worker and no packed documents."""
+
     num_workers: int = Field(1, ge=1)
     """Data-parallel workers (one per GPU) through Ray Train's TorchTrainer; 1 runs in the calling process."""
     fsdp: bool = False
@@ -115,6 +121,14 @@ class TrainConfig(NumbersNotBools):
             )
         if self.fsdp and self.num_workers < 2:
             raise ValueError("fsdp needs num_workers >= 2")
+        if self.cuda_graphs:
+            for bad, why in ((self.device == "cpu", "device cpu: CUDA graphs need a CUDA device"),
+                             (self.reset_state_at_documents, "reset_state_at_documents: packed documents change "
+                              "the kernels' shapes and read offsets on the host every batch"),
+                             (self.num_workers > 1, f"num_workers {self.num_workers}: data-parallel workers "
+                              "synchronise gradients with hooks a graph does not replay")):
+                if bad:
+                    raise ValueError(f"cuda_graphs cannot run with {why}; set cuda_graphs false")
         return self
 
     @model_serializer(mode="wrap")
@@ -124,6 +138,11 @@ class TrainConfig(NumbersNotBools):
             if data.get(key) == default:
                 data.pop(key)
         return data
+
+    @property
+    def needs_cuda(self) -> bool:
+        """The job cannot run without CUDA: device cuda, or CUDA graphs."""
+        return self.device == "cuda" or self.cuda_graphs
 
     @property
     def micro_batches_per_step(self) -> int:

@@ -20,7 +20,7 @@ from rla_ablate.train.config import TrainConfig
 # Fields that change how a job is observed or stored, never the numbers it computes: a resume may change them.
 BOOKKEEPING_FIELDS = frozenset(
     {"keep_checkpoints", "checkpoint_every_tokens", "log_every_tokens", "eval_every_tokens", "stats_every_tokens",
-     "peak_flops"}
+     "peak_flops", "cuda_graphs"}
 )
 
 

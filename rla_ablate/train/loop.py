@@ -27,6 +27,7 @@ from rla_ablate.errors import UserError
 from rla_ablate.models import aggregate_diagnostics, build_model, flops_per_token, fusion
 from rla_ablate.outcome import Status
 from rla_ablate.train.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
+from rla_ablate.train.graphs import GraphedMicroStep
 from rla_ablate.train.guard import DivergenceGuard
 from rla_ablate.train.job import JobConfig, JobResult, another_job
 from rla_ablate.train.loggers import CompositeLogger, JSONLLogger, MetricLogger, NullLogger, truncate_jsonl
@@ -55,9 +56,14 @@ def check_job(job: JobConfig) -> None:
 def check_device(train: Any) -> None:
     """A UserError where the job asks for CUDA and this process has none (the `train` command checks before it
     makes the job's folder, a job before it builds anything)."""
-    if train.device == "cuda" and not torch.cuda.is_available():
+    if torch.cuda.is_available():
+        return
+    if train.device == "cuda":
         raise UserError("device cuda asked for but CUDA is not available here; allowed here: auto or cpu",
                         key="train.device")
+    if train.cuda_graphs:
+        raise UserError("cuda_graphs asked for but CUDA is not available here; allowed here: false",
+                        key="train.cuda_graphs")
 
 
 def _resolve_device(job: JobConfig, ctx: WorkerContext) -> torch.device:
@@ -159,6 +165,8 @@ class Trainer:
         self.guard: DivergenceGuard
         self.flops_per_token: float
         self.peak_flops: float | None
+        # The micro batches' forward and backward in a CUDA graph (train.cuda_graphs), else None: eager.
+        self.graphs: GraphedMicroStep | None = None
         self.skipped_checkpoints: list[str] = []
 
     def stateful(self) -> dict[str, Any]:
@@ -192,6 +200,12 @@ class Trainer:
         self.guard = DivergenceGuard(cfg.max_skipped_steps, cfg.spike_zscore)
         self.flops_per_token = flops_per_token(job.model, cfg.seq_len)
         self.peak_flops = _peak_flops(job, self.device)
+        if cfg.cuda_graphs:
+            if self.device.type != "cuda":
+                raise UserError(f"cuda_graphs asked for but this worker trains on {self.device}; allowed here: false",
+                                key="train.cuda_graphs")
+            self.graphs = GraphedMicroStep(self._graph_loss, self.device,
+                                           on_capture=lambda detail: self.logger.event("info", self.tokens, detail))
 
         # Unreadable newer checkpoints (a torn disk, a bad copy) are skipped; the resumed event names them.
         self.skipped_checkpoints = []
@@ -261,25 +275,36 @@ class Trainer:
         with _autocast(self.device, self.cfg.precision):
             return self._forward(batch, labels=batch.labels)
 
+    def _graph_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The summed cross-entropy of a micro batch as a CUDA graph records it (rla_ablate.train.graphs). The
+        autocast context is entered inside the recording, so its cast cache ends there too: every replay casts the
+        weights the last step updated."""
+        with _autocast(self.device, self.cfg.precision):
+            return self.model(input_ids, labels=labels)
+
     def train_step(self) -> tuple[float, float]:
         """Forward/backward over the step's micro batches and clipping; returns (loss, grad norm)."""
         n_micro = self.cfg.micro_batches_per_step
         host_batches = [next(self.stream) for _ in range(n_micro)]
         local_scored = float(sum(int((b.labels != IGNORE_INDEX).sum()) for b in host_batches))
-        batches = [b.to(self.device, non_blocking=True) for b in host_batches]
         (scored,) = self.parallel.all_reduce([local_scored])
         # DDP averages gradients over workers; scaling by world / scored makes the result the mean over all
         # scored tokens of the global batch, exactly as one process computes it.
         scale = self.ctx.world_size / max(scored, 1.0)
-        # Summed in float64 on the device: one host sync per step, not one per micro batch.
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
-        for i, batch in enumerate(batches):
-            last = i == n_micro - 1
-            with contextlib.nullcontext() if last else self.parallel.no_sync(self.model):
-                nll = self._forward_loss(batch)
-                (nll * scale).backward()
-            loss_sum += nll.detach().double()
-        self.last_batch = batches[-1]
+        if self.graphs is not None:
+            loss_sum = self.graphs.step(host_batches, scale)
+            self.last_batch = host_batches[-1]
+        else:
+            batches = [b.to(self.device, non_blocking=True) for b in host_batches]
+            # Summed in float64 on the device: one host sync per step, not one per micro batch.
+            loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+            for i, batch in enumerate(batches):
+                last = i == n_micro - 1
+                with contextlib.nullcontext() if last else self.parallel.no_sync(self.model):
+                    nll = self._forward_loss(batch)
+                    (nll * scale).backward()
+                loss_sum += nll.detach().double()
+            self.last_batch = batches[-1]
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip is not None else math.inf
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(grad_norm, "full_tensor"):
@@ -375,8 +400,11 @@ class Trainer:
             if self.peak_flops:
                 values["train/mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.ctx.world_size)
         if self.device.type == "cuda":
-            # what the memory estimate of `plan` is checked against (rla_ablate.sweep.calibration)
-            values["train/peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            # what the memory estimate of `plan` is checked against (rla_ablate.sweep.calibration). A CUDA graph's
+            # memory pool stays reserved between replays, under evals and the optimizer, though its blocks do not
+            # count as allocated there: a graphed job reports its reserved peak.
+            peak = torch.cuda.max_memory_reserved if self.graphs is not None else torch.cuda.max_memory_allocated
+            values["train/peak_mem_gib"] = peak(self.device) / 2**30
         self._log(values)
         w.reset()
 
@@ -394,6 +422,7 @@ class Trainer:
             "tokens_total": cfg.total_tokens, "steps_total": cfg.total_steps, "batch_tokens": cfg.batch_tokens,
             "micro_batches_per_step": cfg.micro_batches_per_step, "world_size": self.ctx.world_size,
             "device": str(self.device), "bf16": _uses_bf16(self.device, cfg.precision),
+            "cuda_graphs": cfg.cuda_graphs,
             "params": sum(p.numel() for p in self.raw_model.parameters()),
             "flops_per_token": self.flops_per_token, "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "rla_sweep": __version__, "host": socket.gethostname(),
@@ -412,11 +441,10 @@ class Trainer:
             started = time.perf_counter()
             loss, grad_norm = self.train_step()
             verdict = self.guard.check(loss, grad_norm)
-            if verdict.skip:
-                self.optimizer.zero_grad(set_to_none=True)
-            else:
+            if not verdict.skip:
                 self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+            # A graph accumulates into the gradients' own tensors: zeroed in place, never replaced.
+            self.optimizer.zero_grad(set_to_none=self.graphs is None)
             self.step, self.tokens = next_step, self.tokens + cfg.batch_tokens
             self.window.seconds += time.perf_counter() - started
             self.window.tokens += cfg.batch_tokens
@@ -492,6 +520,10 @@ def train_worker(job: JobConfig, out_dir: str | Path, logger: MetricLogger | Non
         result = trainer.run()
     except Exception as exc:
         result = trainer.failure(exc)
+    finally:
+        # the graph refers back to the trainer (its forward): dropped here, its memory pool goes with the trainer
+        # rather than with the next garbage collection
+        trainer.graphs = None
     trainer.logger.close(result.status, _reason(result))
     return result
 
