@@ -279,7 +279,11 @@ def test_progress_logger_prints_evals_and_status_without_a_terminal():
     progress.log({"train/loss": 3.25, "train/tokens_per_s": 1000.0}, 1024)
     progress.log({"eval/val/loss": 3.5}, 1024)
     progress.event("loss_spike", 1024, {"zscore": 7.0})
+    progress.event("info", 1024, {"cuda_graph": "captured", "after_eager_steps": 2, "capture_s": 0.4})
+    progress.event("info", 1024, {"backend": "triton"})  # the backend is the run's tag, not a line
     progress.close("diverged", "diverged at 2048 tokens")
     text = buffer.getvalue()
+    assert "tiny 1,024 tokens: micro step captured in a CUDA graph after 2 eager steps (0.4 s)" in text
+    assert "triton" not in text
     assert "tiny: 2,048 tokens from 0" in text and "loss 3.2500 eval val 3.5000" in text
     assert "loss_spike" in text and "tiny: diverged: diverged at 2048 tokens" in text

@@ -218,8 +218,13 @@ class ProgressLogger:
             if not self.interactive:
                 self.console.print(f"{self.description}: {detail['tokens_total']:,} tokens from {step:,}")
         elif name in ("skipped_step", "loss_spike", "resumed"):
-            text = f"{self.description} {step:,} tokens: {name} {detail}"
-            (self._progress.console if self._progress else self.console).print(text)
+            self._say(f"{self.description} {step:,} tokens: {name} {detail}")
+        elif name == "info" and detail.get("cuda_graph") == "captured":
+            self._say(f"{self.description} {step:,} tokens: micro step captured in a CUDA graph after "
+                      f"{detail['after_eager_steps']} eager steps ({detail['capture_s']} s); replayed from here")
+
+    def _say(self, text: str) -> None:
+        (self._progress.console if self._progress else self.console).print(text)
 
     def close(self, status: str, reason: str | None = None) -> None:
         if self._progress is not None:
