@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point on the GPU node, after the bundle is installed (PYTHONPATH=/tmp/site:$PWD):
-#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|glue|graph|train-step|calibrate|bench|profile|tune|train|train-profile|save-tuning|all]
+#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|glue|graph|scales|train-step|calibrate|bench|profile|tune|train|train-profile|save-tuning|all]
 #                                [pytest -k expr]
 # GPU tests write a junit file, a log and every measured error to $OUT; the kernel table prints last.
 #
@@ -76,6 +76,11 @@ if [[ $what == graph ]]; then
         tail -n 4 "$OUT/cli-graphs-$graphs.log"
         cp "/tmp/cli-graphs-$graphs/metrics.jsonl" "$OUT/cli-graphs-$graphs.jsonl"
     done
+fi
+if [[ $what == scales ]]; then
+    # issue-style: every family at 100m and 1.5b in one run, eager and graphed, one summary table at the end
+    python3 benchmarks/train_gpu.py --scale 100m 1.5b --graph off on --steps 6 --warmup 2 \
+        --json "$OUT/scales.json" 2>&1 | tee "$OUT/scales.log" || rc=1
 fi
 if [[ $what == train-step || $what == all ]]; then
     # the real training step (run_job: bf16 autocast, backend auto, AdamW, eval, checkpoint) of every job a sweep

@@ -10,7 +10,9 @@ on random tokens (fp32 master weights, bf16 autocast and one host read per step,
 GPU) and reports tokens/s, MFU
 (the model's analytic training FLOPs per token over the device's dense bf16 peak), peak memory and the op backend
 that ran. A family that runs out of memory is reported as such. `--device cpu --scale tiny` checks the script.
-Several scales run in one invocation, each at its batch shape (SHAPES; --batch / --seq-len override them all).
+Several scales run in one invocation, each at its batch shape (SHAPES; --batch / --seq-len override them all),
+and a last table sets them side by side: RLA/sGLA, RDN/GDN, the linear families' MFU range and the
+transformer's MFU per scale (`summary` in --json).
 `--profile` then runs a few more steps under torch.profiler and splits a step's time: the wall time, the GPU's
 busy time by kind of kernel (ours, FLA's, GEMMs, attention, PyTorch's elementwise and reductions, copies, the
 optimizer) and the time the GPU waited for the host (launch overhead, syncs) — on the CPU, the ops' self time;
@@ -294,11 +296,13 @@ def main():
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     for scale in args.scale:
         print_table([r for r in rows if r["scale"] == scale], where, args)
+    if len(args.scale) > 1:
+        print_summary(rows, where)
     if args.profile:
         print_profile(rows, device)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=where, args=vars(args), results=rows), f, indent=1)
+            json.dump(dict(device=where, args=vars(args), results=rows, summary=summary_rows(rows)), f, indent=1)
 
 
 def print_table(rows: list[dict], where: str, args) -> None:
@@ -328,6 +332,46 @@ def print_table(rows: list[dict], where: str, args) -> None:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
         print(f"{label} {r['params'] / 1e6:7.0f}M {r['tokens_per_s']:10.0f} {mfu:>6} {ratio:>8} {vs_torch:>13}{extra} "
               f"{str(r['backend']):>8}")
+
+
+def summary_rows(rows: list[dict]) -> list[dict]:
+    """One row per scale (and glue and graph mode that ran): RLA/sGLA and RDN/GDN tokens/s, the linear families'
+    MFU range and the transformer's MFU: issue-style, every scale of one run in one table."""
+    out = []
+    keys = sorted({(r["scale"], r.get("glue", "auto"), r.get("graph", False)) for r in rows if "tokens_per_s" in r},
+                  key=lambda k: (SCALE_ORDER.get(k[0], 99), k[1], k[2]))
+    for scale, glue, graph in keys:
+        got = {r["family"]: r for r in rows if "tokens_per_s" in r
+               and (r["scale"], r.get("glue", "auto"), r.get("graph", False)) == (scale, glue, graph)}
+
+        def ratio(a, b):
+            return got[a]["tokens_per_s"] / got[b]["tokens_per_s"] if a in got and b in got else None
+
+        linear = [got[f]["mfu"] for f in ("rla", "rdn", "sgla", "gdn") if f in got and got[f]["mfu"] is not None]
+        transformer = got.get("transformer", {}).get("mfu")
+        out.append(dict(scale=scale, glue=glue, graph=graph, rla_vs_sgla=ratio("rla", "sgla"),
+                        rdn_vs_gdn=ratio("rdn", "gdn"), linear_mfu=(min(linear), max(linear)) if linear else None,
+                        transformer_mfu=transformer))
+    return out
+
+
+SCALE_ORDER = {scale: i for i, scale in enumerate(SHAPES)}
+
+
+def print_summary(rows: list[dict], where: str) -> None:
+    def x(v):
+        return f"{v:.2f}x" if v is not None else "-"
+
+    def pct(v):
+        return f"{v:.1%}" if v is not None else "-"
+
+    print(f"\n{where} | every scale of this run")
+    print(f"{'scale':>10} {'glue':>5} {'graph':>5} {'RLA/sGLA':>9} {'RDN/GDN':>8} {'linear MFU':>13} "
+          f"{'transformer MFU':>15}")
+    for r in summary_rows(rows):
+        mfu = "-" if r["linear_mfu"] is None else f"{pct(r['linear_mfu'][0])}-{pct(r['linear_mfu'][1])}"
+        print(f"{r['scale']:>10} {r['glue']:>5} {'on' if r['graph'] else 'off':>5} {x(r['rla_vs_sgla']):>9} "
+              f"{x(r['rdn_vs_gdn']):>8} {mfu:>13} {pct(r['transformer_mfu']):>15}")
 
 
 def print_profile(rows: list[dict], device: torch.device) -> None:

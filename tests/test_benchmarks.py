@@ -65,6 +65,32 @@ def test_kernel_kinds():
     assert kind_of("void at::native::(anonymous namespace)::multi_tensor_apply_kernel", ours) == "optimizer"
 
 
+def test_every_scale_of_a_run_in_one_summary():
+    """`train_gpu.py --scale 100m 1.5b`: one row per scale (and glue and graph mode), the issue's ratios and MFUs,
+    in SHAPES' order whatever the order of the command line; a family that did not run leaves its ratio empty."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from train_gpu import summary_rows
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def row(scale, family, tok_s, mfu, graph=False):
+        return dict(scale=scale, family=family, glue="auto", graph=graph, tokens_per_s=tok_s, mfu=mfu)
+
+    rows = [row("1.5b", "rla", 52_098, 0.436), row("1.5b", "sgla", 56_038, 0.462), row("1.5b", "rdn", 46_826, 0.394),
+            row("1.5b", "gdn", 54_316, 0.451), row("1.5b", "transformer", 60_000, 0.5),
+            dict(scale="1.5b", family="rla", glue="auto", graph=True, error="out of memory"),
+            row("100m", "rla", 255_801, 0.195), row("100m", "sgla", 235_934, 0.172),
+            row("100m", "rla", 300_000, 0.23, graph=True)]
+    got = summary_rows(rows)
+    assert [(r["scale"], r["graph"]) for r in got] == [("100m", False), ("100m", True), ("1.5b", False)]
+    assert got[0]["rla_vs_sgla"] == pytest.approx(255_801 / 235_934) and got[0]["rdn_vs_gdn"] is None
+    assert got[0]["linear_mfu"] == (0.172, 0.195) and got[0]["transformer_mfu"] is None
+    assert got[1]["rla_vs_sgla"] is None and got[1]["linear_mfu"] == (0.23, 0.23)
+    assert got[2]["rdn_vs_gdn"] == pytest.approx(46_826 / 54_316) and got[2]["linear_mfu"] == (0.394, 0.462)
+    assert got[2]["transformer_mfu"] == 0.5
+
+
 def test_sweep_report_sums_the_time_jobs_ran_over_launches():
     """A sweep finished by a `resume` on a later node: its wall time is the time jobs ran, not the gap between the
     launches; a short gap between jobs (a task starting) stays inside one span."""
