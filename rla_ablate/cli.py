@@ -2,9 +2,9 @@
 
 Each subcommand lives in its own module under `rla_ablate.commands` and exposes
 `register(subparsers)`, which adds a parser whose `func(args) -> int` runs it.
-User errors (`UserError`) print one clear message and exit 2, never a traceback. A reader that closes stdout
-early (`rla-sweep results NAME --csv | head`) ends the command quietly with exit status 141, as SIGPIPE ends a Unix
-tool.
+User errors (`UserError`) print one clear message and exit 2, never a traceback. A reader that closes stdout or
+stderr early (`rla-sweep results NAME --csv | head`, `rla-sweep train ... 2>&1 | head`) ends the command quietly
+with exit status 141, as SIGPIPE ends a Unix tool.
 """
 
 from __future__ import annotations
@@ -47,13 +47,16 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except BrokenPipeError:
-        if not _stdout_closed():
+        closed = [stream for stream in (sys.stdout, sys.stderr) if _closed(stream)]
+        if not closed:
             raise
-        # The Python docs' handling of SIGPIPE: stdout points at /dev/null, so the interpreter's last flush of what
-        # is still buffered cannot fail again. SIGPIPE itself stays ignored: with its default action a closed
-        # socket (Ray, MLflow) would kill the process.
+        # The Python docs' handling of SIGPIPE: the closed stream (stdout, or stderr where progress goes, as in
+        # `rla-sweep train ... 2>&1 | head`) points at /dev/null, so the interpreter's last flush of what is still
+        # buffered cannot fail again. SIGPIPE itself stays ignored: with its default action a closed socket (Ray,
+        # MLflow) would kill the process.
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        for stream in closed:
+            os.dup2(devnull, stream.fileno())
         return 141  # 128 + SIGPIPE
     except UserError as exc:
         print(f"rla-sweep: error: {exc}", file=sys.stderr)
@@ -66,13 +69,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _stdout_closed() -> bool:
-    """Whether stdout is a pipe that nobody reads any more (a BrokenPipeError can also come from a socket)."""
+def _closed(stream) -> bool:
+    """Whether `stream` (stdout, stderr) is a pipe that nobody reads any more (a BrokenPipeError can also come from
+    a socket)."""
     import select
 
     try:
         poll = select.poll()
-        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        poll.register(stream.fileno(), select.POLLOUT)
         return any(events & select.POLLERR for _, events in poll.poll(0))
     except (AttributeError, OSError, ValueError):
         return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import sys
+from typing import Callable
 
 from rich.console import Console
 
@@ -11,12 +12,30 @@ from rich.console import Console
 FOLD_WIDTH = 30
 
 
-class _StdoutConsole(Console):
+class PipeConsole(Console):
+    """A console for a pipe its reader may close (`| head`, quitting `| less`): rich's own handling exits 1 from
+    inside print(), which in a long command (a training job, a launch) would end it at once, mid-step.
+
+    Without `on_closed` the console goes quiet and raises BrokenPipeError, which the CLI turns into exit 141 for
+    every command (rla_ablate.cli): a table is cut short. With `on_closed` it goes quiet and calls it, and the
+    command goes on to stop gracefully (a job checkpoints, a launch stops its jobs) instead of dying mid-write.
+    """
+
+    def __init__(self, *args, on_closed: Callable[[], None] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.on_closed = on_closed
+
+    @property
+    def closed(self) -> bool:
+        return self.quiet and self._closed
+
+    _closed = False
+
     def on_broken_pipe(self) -> None:
-        # rich's own handling exits 1 from inside print(); the CLI handles a closed stdout the same way for every
-        # command (rla_ablate.cli), so the error goes up to it.
-        self.quiet = True
-        raise BrokenPipeError(errno.EPIPE, "stdout was closed")
+        self.quiet, self._closed = True, True
+        if self.on_closed is None:
+            raise BrokenPipeError(errno.EPIPE, "the output was closed")
+        self.on_closed()
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:
@@ -27,7 +46,7 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
 def stdout_console(pipe_width: int = 200) -> Console:
     """A console on stdout: a terminal's own width; a pipe or a file gets `pipe_width` columns rather than rich's
     default 80, so that a table is printed whole (`rla-sweep models | less`), not with its columns cut."""
-    return _StdoutConsole(width=None if sys.stdout.isatty() else pipe_width)
+    return PipeConsole(width=None if sys.stdout.isatty() else pipe_width)
 
 
 def fit_columns(console: Console, columns: list[str], rows: list[list[str]], keep: int,

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from rla_ablate.cli import main
+from rla_ablate.sweep.progress import Progress
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"vocab_size": 257, "num_layers": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
@@ -112,6 +113,53 @@ def test_a_closed_stdout_ends_quietly_with_141(args):
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 141, err
     assert err == ""
+
+
+def test_a_closed_progress_pipe_stops_a_training_job_with_a_checkpoint(tmp_path):
+    """`rla-sweep train ... 2>&1 | head`: the progress goes to stderr; once its reader is gone the job stops at the
+    next step with a checkpoint and its log closed as cancelled (exit 141), and the same command resumes it. (Rich
+    would exit 1 from inside the print, mid-step, with no checkpoint and the log left open.)"""
+    from rla_ablate.train import read_jsonl
+    from rla_ablate.train.checkpoint import list_checkpoints
+
+    out = tmp_path / "job"
+    command = [sys.executable, "-m", "rla_ablate.cli", "train", "tiny-rla", "--out", str(out),
+               "--set", "train.tokens=16384"]
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc.stderr.read(40)  # the first line has begun: the job is past its checks
+    proc.stderr.close()
+    assert proc.wait(timeout=300) == 141
+    records = read_jsonl(out / "metrics.jsonl")
+    assert records[-1]["type"] == "close" and records[-1]["status"] == "cancelled"
+    assert list_checkpoints(out)
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert read_jsonl(out / "metrics.jsonl")[-1]["status"] == "finished"
+
+
+def test_a_launch_whose_output_closes_stops_its_jobs_with_141():
+    """Quitting `rla-sweep launch ... | less`: the progress console goes quiet and the runner stops the sweep as Ctrl-C
+    does (jobs checkpoint; `resume` goes on); the exit status says why."""
+    from rla_ablate.commands.launch import exit_code
+    from rla_ablate.sweep.summary import LaunchSummary
+    from rla_ablate.terminal import PipeConsole
+
+    read, write = os.pipe()
+    os.close(read)
+    progress = Progress("s", console=None, interactive=False)
+    progress.console = PipeConsole(file=os.fdopen(write, "w"), soft_wrap=True, on_closed=progress._on_closed)
+    progress.note("a line nobody reads")
+    assert progress.closed and progress.console.quiet
+    progress.note("and no error after it")
+    summary = LaunchSummary(sweep="s", counts={"pending": 2}, interrupted=True, output_closed=True)
+    assert exit_code(summary) == 141
+    summary.output_closed = False
+    assert exit_code(summary) == 130
+    # a table's console (no on_closed) raises, for the CLI's 141
+    read, write = os.pipe()
+    os.close(read)
+    with pytest.raises(BrokenPipeError):
+        PipeConsole(file=os.fdopen(write, "w")).print("a row")
 
 
 def test_a_bad_glue_setting_is_refused_before_anything_starts(tmp_path, capsys, monkeypatch):

@@ -61,5 +61,12 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.sweep.launch import launch
 
     check_file(args.file, "a sweep file (YAML), e.g. sweeps/smoke.yaml")
-    summary = launch(args.file, options(args, args.new_version))
+    return exit_code(launch(args.file, options(args, args.new_version)))
+
+
+def exit_code(summary) -> int:
+    """A launch's exit status: 0 when every job ended (finished or diverged), 141 (128 + SIGPIPE, as for any command
+    whose reader went away: rla_ablate.cli) when its output was closed, 130 when it was stopped otherwise, else 1."""
+    if summary.output_closed:
+        return 141
     return 0 if summary.ok else (130 if summary.interrupted else 1)

@@ -17,7 +17,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rla_ablate.commands.launch import options
+    from rla_ablate.commands.launch import exit_code, options
     from rla_ablate.errors import UserError
     from rla_ablate.sweep.launch import launch
     from rla_ablate.sweep.state import SweepDir
@@ -30,5 +30,4 @@ def run(args: argparse.Namespace) -> int:
                         f"again: `rla-sweep launch FILE --root {sdir.root}`")
     if not saved.is_file():
         raise no_sweep(sdir)
-    summary = launch(saved, options(args))
-    return 0 if summary.ok else (130 if summary.interrupted else 1)
+    return exit_code(launch(saved, options(args)))

@@ -115,13 +115,12 @@ def _same_job(out: Path, job) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from rich.console import Console
 
     from rla_ablate.errors import JobFailed
     from rla_ablate.fileio import check_folder, make_folder
     from rla_ablate.models import count_params
     from rla_ablate.outcome import Status
-    from rla_ablate.terminal import count
+    from rla_ablate.terminal import PipeConsole, count
     from rla_ablate.train import ProgressLogger, run_job
     from rla_ablate.train.checkpoint import list_checkpoints
     from rla_ablate.train.loop import check_device
@@ -134,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
     check_folder(out, "--out", what)
     job = build_job(args.model, args.sets, args.data, profile)
     check_device(job.train)
-    console = Console(stderr=True)
+    # A reader that goes away (`2>&1 | head`) stops the job gracefully: a checkpoint, then exit 141.
+    stop = {"requested": False, "closed": False}
+    console = PipeConsole(stderr=True, on_closed=lambda: stop.update(requested=True, closed=True))
     t = job.train
     console.print(f"[bold]{job.model.family}[/] {args.model}: {count_params(job.model):,} params; profile {profile}"
                   f"{' (auto)' if args.profile == 'auto' else ''}: {t.total_tokens:,} tokens in {count(t.total_steps, 'step')} "
@@ -154,8 +155,6 @@ def run(args: argparse.Namespace) -> int:
     if done:
         console.print(f"resuming from {done[-1][1]} ({done[-1][0]:,} tokens)")
 
-    stop = {"requested": False}
-
     def on_sigint(signum, frame):
         if stop["requested"]:
             raise KeyboardInterrupt
@@ -174,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if result.status == Status.CANCELLED:
         console.print(f"cancelled at {result.tokens_done:,} tokens; {resume}")
-        return 130
+        return 141 if stop["closed"] else 130
     # A failure prints its whole traceback, which ends with the error line.
     raise JobFailed(f"job {result.status}: {result.traceback or result.error}\n{resume}"
                     if result.status == Status.FAILED else

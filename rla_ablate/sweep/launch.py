@@ -344,6 +344,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
             score_evals(sweep, sdir, services.tracking_uri, progress)
         # Ctrl-C, SIGTERM and `rla-sweep cancel` alike: the launch was stopped (exit 130).
         summary.interrupted = bool(runner.stop_reason)
+        summary.output_closed = progress.closed
         summary.counts = count_statuses(sdir, (j.job_id for j in source.jobs))
         # Every run is completed from its job's metrics.jsonl: wait for a server that is being restarted.
         runner.tracking_notes()
@@ -743,6 +744,8 @@ class _Runner:
             self._poll(snapshot)
             if not self.stopping and self.sdir.cancel_requested():
                 self.stop("cancelled by `rla-sweep cancel`")
+            if not self.stopping and self.progress.closed:
+                self.stop("the launch's output was closed")
         except KeyboardInterrupt:
             self.interrupted()
         return done

@@ -98,11 +98,13 @@ class RateMeter:
 class Progress:
     def __init__(self, sweep: str, console: Any = None, interactive: bool | None = None,
                  clock: Callable[[], float] = time.monotonic):
-        from rich.console import Console
+        from rla_ablate.terminal import PipeConsole
 
         self.sweep = sweep
-        # Lines are never wrapped: logs stay greppable when stdout is a file.
-        self.console = console or Console(soft_wrap=True)
+        # Lines are never wrapped: logs stay greppable when stdout is a file. A reader that goes away (quitting
+        # `| less`) makes it quiet and `closed`: the launch then stops its jobs gracefully (sweep.launch).
+        self.closed = False
+        self.console = console or PipeConsole(soft_wrap=True, on_closed=self._on_closed)
         self.interactive = (self.console.is_terminal if interactive is None else interactive)
         self.clock = clock
         self.rows: dict[str, dict[str, Any]] = {}
@@ -111,6 +113,9 @@ class Progress:
         self._last_draw = 0.0
         self._last_refresh = self.started
         self._running_s = 0.0
+
+    def _on_closed(self) -> None:
+        self.closed = True
 
     def _ensure_live(self) -> None:
         if self.interactive and self._live is None:

@@ -31,7 +31,9 @@ class LaunchSummary:
     pruned: int = 0
     """Search trials stopped by the pruner (status cancelled): a result, not a failure."""
     interrupted: bool = False
-    """Stopped by Ctrl-C or SIGTERM."""
+    """Stopped by Ctrl-C, SIGTERM, `rla-sweep cancel` or a closed output."""
+    output_closed: bool = False
+    """The launch's output pipe was closed by its reader (`| head`, quitting `| less`): it stopped (exit 141)."""
 
     @property
     def ok(self) -> bool:
