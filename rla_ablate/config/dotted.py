@@ -2,7 +2,8 @@
 
 Used by the sweep expansion (grid, zip and search points, `rla_ablate.sweep.expand`) and by `--set` and the
 training profiles (`rla_ablate.train.overrides`). Dots separate levels; on a list, an integer indexes an entry and
-the list's length adds one (`eval.1.name=mqar` on a one-entry list). Missing sections are created.
+the list's length adds one (`eval.1.name=mqar` on a one-entry list). Missing sections are created. `flat_dotted`
+reads a tree back as such keys (MLflow params, what differs between two job configs).
 """
 
 from __future__ import annotations
@@ -17,6 +18,21 @@ class KeyPathError(ValueError):
         super().__init__(message)
         self.key = key
         """The key up to the part that does not fit."""
+
+
+def flat_dotted(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """{"model": {"hidden": 64}, "eval": [{"name": "val"}]} -> {"model.hidden": 64, "eval.0.name": "val"}: dicts and
+    lists of sections by level, any other value (a list of numbers included) as one leaf."""
+    out: dict[str, Any] = {}
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            out.update(flat_dotted(value, f"{prefix}{key}."))
+    elif isinstance(tree, (list, tuple)) and tree and any(isinstance(x, (dict, list)) for x in tree):
+        for i, value in enumerate(tree):
+            out.update(flat_dotted(value, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = tree
+    return out
 
 
 def set_dotted(tree: dict, key: str, value: Any) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from mlflow.entities import Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from rla_ablate.config.dotted import flat_dotted
 from rla_ablate.outcome import Status
 
 # Tag keys shared by the launcher, the jobs and the dashboards.
@@ -73,18 +74,9 @@ def param_value(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, tuple, dict, bool)) or value is None else str(value)
 
 
-def flatten(config: Any, prefix: str = "") -> dict[str, str]:
+def flatten(config: Any) -> dict[str, str]:
     """{"model": {"hidden": 64}, "eval": [{"name": "val"}]} -> {"model.hidden": "64", "eval.0.name": "val"}."""
-    out: dict[str, str] = {}
-    if isinstance(config, dict):
-        for key, value in config.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-    elif isinstance(config, (list, tuple)) and config and any(isinstance(x, (dict, list)) for x in config):
-        for i, value in enumerate(config):
-            out.update(flatten(value, f"{prefix}{i}."))
-    else:
-        out[prefix[:-1]] = param_value(config)[:_MAX_PARAM_LEN]
-    return out
+    return {key: param_value(value)[:_MAX_PARAM_LEN] for key, value in flat_dotted(config).items()}
 
 
 def accounting_params(config: dict) -> dict[str, str]:

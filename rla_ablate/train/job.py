@@ -8,10 +8,10 @@ job id, and what a checkpoint records so that a resume never continues a differe
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rla_ablate.config.dotted import flat_dotted
 from rla_ablate.data.config import DataConfig, EvalConfig, StdlibData
 from rla_ablate.models.config import ModelConfig
 from rla_ablate.outcome import JobOutcome
@@ -86,16 +86,7 @@ class JobConfig(BaseModel):
 def identity_differences(mine: str, theirs: str, most: int = 4) -> str:
     """Where two identity JSONs (`JobConfig.identity_json`) differ, in words: "train.tokens (8192 now, 4096
     before), ..." (the first `most` dotted keys)."""
-
-    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
-        if isinstance(value, dict):
-            out: dict[str, Any] = {}
-            for key, item in value.items():
-                out.update(flat(item, f"{prefix}{key}."))
-            return out
-        return {prefix[:-1]: value}
-
-    a, b = flat(json.loads(mine)), flat(json.loads(theirs))
+    a, b = flat_dotted(json.loads(mine)), flat_dotted(json.loads(theirs))
     keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "(unset)") != b.get(k, "(unset)"))
     shown = [f"{k} ({json.dumps(a.get(k, '(unset)'))} now, {json.dumps(b.get(k, '(unset)'))} before)"
              for k in keys[:most]]
