@@ -25,14 +25,8 @@ class PipeConsole(Console):
         super().__init__(*args, **kwargs)
         self.on_closed = on_closed
 
-    @property
-    def closed(self) -> bool:
-        return self.quiet and self._closed
-
-    _closed = False
-
     def on_broken_pipe(self) -> None:
-        self.quiet, self._closed = True, True
+        self.quiet = True
         if self.on_closed is None:
             raise BrokenPipeError(errno.EPIPE, "the output was closed")
         self.on_closed()

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from rla_ablate import __version__
 from rla_ablate.data import make_eval_batches, make_train_stream, vocab_size
+from rla_ablate.data.stream import Batch
 from rla_ablate.errors import UserError
 from rla_ablate.models import aggregate_diagnostics, build_model, flops_per_token, fusion
 from rla_ablate.outcome import Status
@@ -36,7 +37,6 @@ from rla_ablate.train.schedule import lr_at
 
 if TYPE_CHECKING:
     from rla_ablate.models.model import CausalLM
-    from rla_ablate.data.stream import Batch
 
 IGNORE_INDEX = fusion.IGNORE_INDEX
 
@@ -201,10 +201,9 @@ class Trainer:
         self.flops_per_token = flops_per_token(job.model, cfg.seq_len)
         self.peak_flops = _peak_flops(job, self.device)
         if cfg.cuda_graphs:
-            if self.device.type != "cuda":
-                raise UserError(f"cuda_graphs asked for but this worker trains on {self.device}; allowed here: false",
-                                key="train.cuda_graphs")
-            self.graphs = GraphedMicroStep(self._graph_loss, self.device,
+            # The micro step the graph records is the eager one: autocast is entered inside the recording, so its
+            # cast cache ends there too and every replay casts the weights the last step updated.
+            self.graphs = GraphedMicroStep(lambda ids, labels: self._forward_loss(Batch(ids, labels)), self.device,
                                            on_capture=lambda detail: self.logger.event("info", self.tokens, detail))
 
         # Unreadable newer checkpoints (a torn disk, a bad copy) are skipped; the resumed event names them.
@@ -274,13 +273,6 @@ class Trainer:
         """The summed cross-entropy of a micro batch, computed by the model (fused with its head on the GPU)."""
         with _autocast(self.device, self.cfg.precision):
             return self._forward(batch, labels=batch.labels)
-
-    def _graph_loss(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The summed cross-entropy of a micro batch as a CUDA graph records it (rla_ablate.train.graphs). The
-        autocast context is entered inside the recording, so its cast cache ends there too: every replay casts the
-        weights the last step updated."""
-        with _autocast(self.device, self.cfg.precision):
-            return self.model(input_ids, labels=labels)
 
     def train_step(self) -> tuple[float, float]:
         """Forward/backward over the step's micro batches and clipping; returns (loss, grad norm)."""
