@@ -69,7 +69,7 @@ if [[ $what == graph ]]; then
     python3 benchmarks/train_gpu.py --scale 100m --graph off on --steps 6 --warmup 2 --profile 3 \
         --json "$OUT/graph-100m.json" 2>&1 | tee "$OUT/graph-100m.log" || rc=1
     for graphs in false true; do
-        rla-sweep train 100m-rla --out "/tmp/cli-graphs-$graphs" --set train.cuda_graphs=$graphs \
+        python3 -m rla_ablate.cli train 100m-rla --out "/tmp/cli-graphs-$graphs" --set train.cuda_graphs=$graphs \
             --set model.vocab_size=257 --set train.tokens=1048576 --set train.batch_tokens=32768 \
             --set train.micro_batch_size=16 --set train.log_every_tokens=131072 \
             --set train.eval_every_tokens=1048576 --set train.checkpoint_every_tokens=1048576 >"$OUT/cli-graphs-$graphs.log" 2>&1 || rc=1

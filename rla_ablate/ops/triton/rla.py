@@ -445,10 +445,13 @@ class Segments:
 
     def log_decays(self, g32: torch.Tensor) -> torch.Tensor:
         """[segments, H] float64: the log of the product of every chunk's decay exp(b_L) over each segment, i.e. the
-        sum of its gates, floored as the kernels floor them (in float64: a sum over up to 8,192 tokens)."""
-        csum = torch.cat([g32.new_zeros(1, g32.shape[1], dtype=torch.float64),
-                          g32.clamp_min(G_FLOOR.value).double().cumsum(0)])
-        return csum[self.bounds[1:]] - csum[self.bounds[:-1]]
+        sum of its gates, floored as the kernels floor them (in float64: a sum over up to 8,192 tokens).
+
+        The prefix sum runs along the last dimension of g transposed ([H, T]): CUDA's float64 scan along the first
+        dimension of a [T, H] tensor took 11 ms for T = 32K on an H100, four times the whole forward it serves."""
+        gt = g32.clamp_min(G_FLOOR.value).double().t().contiguous()
+        csum = torch.cat([gt.new_zeros(gt.shape[0], 1), gt.cumsum(1)], 1)  # [H, T + 1]
+        return (csum[:, self.bounds[1:]] - csum[:, self.bounds[:-1]]).t()
 
     def carry(self, E: torch.Tensor, log_decay: torch.Tensor, D0: torch.Tensor | None, reverse: bool):
         """The state each segment starts from, and each sequence's end state, from each segment's pass from zero
