@@ -121,6 +121,21 @@ def test_activations_scale_with_the_micro_batch_and_fsdp_shards_the_static_part(
     assert est.weights * 4 == four.weights and est.optimizer * 4 == four.optimizer
 
 
+def test_a_graphed_job_is_estimated_with_its_graph_pool(table):
+    """train.cuda_graphs: the graph's pool is held beyond the eager peak (GRAPH_EXTRA of it, measured 11-20%), so
+    the estimate, and the share `gpus: auto` asks for, grow by it."""
+    table.append(row("100m-rla", peak=44.6, tok_s=165_000))
+    eager = C.estimate_memory(job("100m-rla"))
+    graphed_job = job("100m-rla").model_copy(deep=True)
+    graphed_job.train.__dict__.update(cuda_graphs=True)
+    graphed = C.estimate_memory(graphed_job)
+    assert eager.graph_pool == 0 and eager.total == pytest.approx(44.6 * C.GiB, rel=1e-6)
+    assert graphed.graph_pool == int(C.GRAPH_EXTRA * eager.total)
+    assert graphed.total == eager.total + graphed.graph_pool
+    assert C.gpu_share(graphed, GPU, 0.15) > C.gpu_share(eager, GPU, 0.15)
+    assert graphed.as_dict()["graph_pool"] == graphed.graph_pool
+
+
 def test_coefficient_interpolates_in_log_width_and_clamps_outside(table):
     table.append(row("100m-rla", peak=44.6, tok_s=165_000))
     table.append(row("1.5b-rla", peak=98.7, tok_s=33_452, mb=4, seq=4096))

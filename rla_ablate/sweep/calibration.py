@@ -33,7 +33,7 @@ import bisect
 import functools
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from typing import Any
 
@@ -48,6 +48,10 @@ CONTEXT_BYTES = int(1.0 * GiB)
 # nvidia-smi's memory.total exceeds what processes can allocate: 140.4 GiB on an H200, of which torch sees 139.8.
 DRIVER_RESERVED_BYTES = int(1.0 * GiB)
 TABLE = "h200.json"
+# train.cuda_graphs: the graph's private memory pool stays reserved between replays and its blocks serve nothing
+# else, so a graphed job's peak is its reserved peak. Measured (`benchmarks/train_gpu.py --graph off on`, H100,
+# every family at 100M and 1.5B): the graphed reserved peak exceeds the eager allocated peak by 11-20%.
+GRAPH_EXTRA = 0.2
 
 
 @dataclass(frozen=True)
@@ -66,10 +70,13 @@ class MemoryEstimate:
     """Which calibration rows gave a_f."""
     glue: str
     """The glue the estimate is for: "fused" (FLA's kernels) or "torch" (module docstring)."""
+    graph_pool: int = 0
+    """What a CUDA graph's pool holds beyond the eager peak (train.cuda_graphs; GRAPH_EXTRA of the rest), or 0."""
 
     @property
     def total(self) -> int:
-        return self.weights + self.grads + self.optimizer + self.autocast_copies + self.activations + self.loss
+        return (self.weights + self.grads + self.optimizer + self.autocast_copies + self.activations + self.loss
+                + self.graph_pool)
 
     @property
     def gib(self) -> float:
@@ -213,8 +220,11 @@ def estimate_memory(job: Any, name: str = TABLE) -> MemoryEstimate:
     mlp, loss = _per_token_other(model, glue)
     n = train.micro_batch_size * train.seq_len
     acts = n * (model.num_layers * a_f * mixer_width(model) + mlp)
-    return MemoryEstimate(weights=weights, grads=grads, optimizer=optimizer, autocast_copies=copies,
-                          activations=int(acts), loss=int(n * loss), a_f=a_f, source=source, glue=glue)
+    eager = MemoryEstimate(weights=weights, grads=grads, optimizer=optimizer, autocast_copies=copies,
+                           activations=int(acts), loss=int(n * loss), a_f=a_f, source=source, glue=glue)
+    if not getattr(train, "cuda_graphs", False):
+        return eager
+    return replace(eager, graph_pool=int(GRAPH_EXTRA * eager.total))
 
 
 def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedEstimate:
