@@ -395,8 +395,9 @@ def print_profile(rows: list[dict], device: torch.device) -> None:
 
 
 def calibrate(path: str, rows: list[dict], args, where: str) -> None:
-    """Merge measured rows into the calibration table, replacing a row of the same preset, shape, backend and glue
-    (the glue that ran: "fused" or "torch", rla_ablate.sweep.calibration)."""
+    """Merge measured rows into the calibration table, replacing a row of the same preset, shape, backend, glue
+    (the glue that ran: "fused" or "torch", rla_ablate.sweep.calibration) and graph (a graphed row gives graphed
+    jobs their speed, never a memory coefficient)."""
     import datetime
 
     import fla
@@ -410,17 +411,20 @@ def calibrate(path: str, rows: list[dict], args, where: str) -> None:
              f"FLA {getattr(fla, '__version__', '?')}")
 
     def key(x):
-        return x["preset"], x["micro_batch_size"], x["seq_len"], x["backend"], row_glue(x)
+        return x["preset"], x["micro_batch_size"], x["seq_len"], x["backend"], row_glue(x), bool(x.get("graph"))
 
     for r in rows:
         if "error" in r:
             continue
         command = f"python3 benchmarks/train_gpu.py --scale {r['scale']} --batch {r['batch']} " \
-                  f"--seq-len {r['seq_len']} --glue {r['glue']} --steps {args.steps} --warmup {args.warmup} --calibrate"
+                  f"--seq-len {r['seq_len']} --glue {r['glue']} --graph {'on' if r['graph'] else 'off'} " \
+                  f"--steps {args.steps} --warmup {args.warmup} --calibrate"
         new = {"preset": r["preset"], "model": r["model"], "micro_batch_size": r["batch"], "seq_len": r["seq_len"],
                "tokens_per_s": round(r["tokens_per_s"]), "peak_gib": round(r["peak_mem_gib"], 2),
                "backend": r["backend"], "glue": r["glue_ran"], "warmup_s": round(r["warmup_s"], 1),
                "measured": stamp, "command": command}
+        if r["graph"]:
+            new["graph"] = True
         table["rows"] = [x for x in table["rows"] if key(x) != key(new)] + [new]
     Path(path).write_text(json.dumps(table, indent=1) + "\n")
     say(f"calibration: {len(rows)} rows merged into {path}")

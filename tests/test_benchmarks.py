@@ -91,6 +91,37 @@ def test_every_scale_of_a_run_in_one_summary():
     assert got[2]["transformer_mfu"] == 0.5
 
 
+def test_calibrate_keeps_a_graphed_row_beside_the_eager_one(tmp_path):
+    """`train_gpu.py --calibrate` replaces a row of the same preset, shape, backend, glue and graph mode: a graphed
+    measurement joins the eager row of its preset instead of replacing it, and says it was graphed."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from train_gpu import calibrate
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from rla_ablate.models import load_preset
+
+    model = load_preset("100m-rla").model_dump(mode="json")
+    eager = {"preset": "100m-rla", "model": model, "micro_batch_size": 16, "seq_len": 2048, "tokens_per_s": 1,
+             "peak_gib": 20.0, "backend": "triton", "glue": "fused"}
+    path = tmp_path / "table.json"
+    path.write_text(json.dumps({"device": "Test GPU", "gpu_memory_bytes": 1, "rows": [eager]}))
+
+    def measured(graph, tok_s):
+        return dict(family="rla", scale="100m", preset="100m-rla", glue="auto", glue_ran="fused", graph=graph,
+                    model=model, batch=16, seq_len=2048, tokens_per_s=tok_s, peak_mem_gib=22.0, backend="triton",
+                    warmup_s=1.0)
+
+    args = type("Args", (), {"steps": 6, "warmup": 2})()
+    calibrate(str(path), [measured(True, 300_000)], args, "Test GPU | batch 16 x 2048")
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["tokens_per_s"], r.get("graph", False)) for r in rows] == [(1, False), (300_000, True)]
+    assert "--graph on" in rows[1]["command"]
+    calibrate(str(path), [measured(False, 170_000)], args, "Test GPU | batch 16 x 2048")
+    rows = json.loads(path.read_text())["rows"]
+    assert sorted((r["tokens_per_s"], r.get("graph", False)) for r in rows) == [(170_000, False), (300_000, True)]
+
+
 def test_sweep_report_sums_the_time_jobs_ran_over_launches():
     """A sweep finished by a `resume` on a later node: its wall time is the time jobs ran, not the gap between the
     launches; a short gap between jobs (a task starting) stays inside one span."""

@@ -165,6 +165,27 @@ def test_speed_from_measured_flops_and_never_faster_below_the_narrowest_row(tabl
     assert s.source == "assumed 400 TFLOP/s"
 
 
+def test_graphed_rows_give_graphed_jobs_their_speed_and_no_memory_coefficient(table):
+    """A row measured with CUDA graphs (`train_gpu.py --graph on --calibrate`): a graphed job's speed comes from it,
+    an eager job's never; its peak (the reserved peak, pool included) never becomes a memory coefficient. A graphed
+    job of a family without graphed rows takes the eager rows."""
+    table.append(row("100m-rla", peak=21.7, tok_s=165_000))
+    eager_estimate = C.estimate_memory(job("100m-rla"))
+    table.append(dict(row("100m-rla", peak=40.0, tok_s=300_000), graph=True))
+    table.append(row("100m-sgla", peak=17.2, tok_s=180_000))
+    for cached in (C._rows, C._coefficients):
+        cached.cache_clear()
+    graphed = job("100m-rla").model_copy(deep=True)
+    graphed.train.__dict__.update(cuda_graphs=True)
+    assert C.estimate_memory(job("100m-rla")) == eager_estimate
+    assert C.estimate_speed(job("100m-rla"), 400).tokens_per_s == pytest.approx(165_000)
+    speed = C.estimate_speed(graphed, 400)
+    assert speed.tokens_per_s == pytest.approx(300_000) and "CUDA graph" in speed.source
+    sgla = job("100m-sgla").model_copy(deep=True)
+    sgla.train.__dict__.update(cuda_graphs=True)
+    assert C.estimate_speed(sgla, 400).tokens_per_s == pytest.approx(180_000)
+
+
 def write_sweep(tmp_path, resources: str, mb: int = 16) -> object:
     f = tmp_path / "s.yaml"
     f.write_text(textwrap.dedent(f"""

@@ -24,7 +24,9 @@ Peak memory of one training worker (bf16 autocast, fp32 master weights, AdamW, t
 `plan` shows the estimate; `resources.gpus: auto` packs jobs on a GPU by it and each worker caps its allocator at
 its share (rla_ablate.sweep.worker). The table (calibration/h200.json, written by `benchmarks/train_gpu.py
 --calibrate`) also holds tokens/s measured alone on the GPU: a job's GPU-hours come from the achieved FLOP/s of
-its family's nearest calibrated width, not from an assumed peak.
+its family's nearest calibrated width, not from an assumed peak. Rows measured with CUDA graphs (`graph: true`,
+`--graph on --calibrate`) give jobs with `train.cuda_graphs` their speed (the eager rows stand in where a family
+has none) and never a memory coefficient: a graphed job's memory is the eager estimate plus GRAPH_EXTRA.
 """
 
 from __future__ import annotations
@@ -172,7 +174,8 @@ def _coefficients(name: str = TABLE, glue: str = "auto") -> dict[str, tuple[str,
     tuned, cuBLAS workspaces), and a packed job must fit at its worst."""
     families: dict[str, list[tuple[dict[str, Any], Any]]] = {}
     for row, model in _rows(name):
-        if row.get("peak_gib") is not None:
+        # a graphed row's peak is its reserved peak, pool included: graphed jobs add GRAPH_EXTRA to eager estimates
+        if row.get("peak_gib") is not None and not row.get("graph"):
             families.setdefault(model.family, []).append((row, model))
     out = {}
     for fam, rows in families.items():
@@ -238,6 +241,11 @@ def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedE
     model, train = job.model, job.train
     flops = flops_per_token(model, train.seq_len)
     rows = [(r, m) for r, m in _rows(name) if r.get("tokens_per_s") and m.family == model.family]
+    # A graphed job (train.cuda_graphs) takes its family's graphed rows where the table has any: at 100M a graphed
+    # step ran 1.4-2.1x the eager one. Without them, and for eager jobs always, the eager rows (the estimate of a
+    # graphed job then errs slow).
+    graphed = [r for r in rows if r[0].get("graph")]
+    rows = graphed if getattr(train, "cuda_graphs", False) and graphed else [r for r in rows if not r[0].get("graph")]
     _, rows = _of_glue(rows, environment.glue_mode())  # the rows of the jobs' glue, as for memory
     if not rows:
         return SpeedEstimate(assumed_tflops * 1e12 / flops, f"assumed {assumed_tflops:g} TFLOP/s")
@@ -251,7 +259,8 @@ def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedE
     x = math.log(mixer_width(model))
 
     def label(r: dict) -> str:
-        return f"{r['preset']} ({r['micro_batch_size']} x {r['seq_len']}, {r.get('backend', '?')})"
+        graph = ", CUDA graph" if r.get("graph") else ""
+        return f"{r['preset']} ({r['micro_batch_size']} x {r['seq_len']}, {r.get('backend', '?')}{graph})"
 
     if x < pts[0][0] - 1e-9:
         return SpeedEstimate(float(pts[0][1]["tokens_per_s"]), f"measured {label(pts[0][1])}, narrower model")
