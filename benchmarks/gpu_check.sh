@@ -90,8 +90,9 @@ if [[ $what == train-step || $what == all ]]; then
     tail -n 30 "$OUT/tests-train-step.log"
 fi
 if [[ $what == calibrate ]]; then
-    # peak memory, tokens/s and warm-up of each 100m preset alone on the GPU, merged into the calibration table
-    python3 benchmarks/train_gpu.py --scale 100m --batch 16 --seq-len 2048 --steps 6 --warmup 2 --calibrate \
+    # peak memory, tokens/s and warm-up of each 100m preset alone on the GPU, eager and with CUDA graphs (the graphed
+    # rows give graphed jobs their speed), merged into the calibration table (it refuses another device's table)
+    python3 benchmarks/train_gpu.py --scale 100m --batch 16 --seq-len 2048 --graph off on --steps 6 --warmup 2 --calibrate \
         --json "$OUT/calibrate-100m.json" 2>&1 | tee "$OUT/calibrate.log" || rc=1
     cp rla_ablate/sweep/calibration/h200.json "$OUT/h200.json"
 fi
