@@ -122,7 +122,8 @@ def test_activations_scale_with_the_micro_batch_and_fsdp_shards_the_static_part(
 
 
 def test_a_graphed_job_is_estimated_with_its_graph_pool(table):
-    """train.cuda_graphs: the graph's pool is held beyond the eager peak (GRAPH_EXTRA of it, measured 11-20%), so
+    """train.cuda_graphs: the graph's pool is held beyond the eager peak (GRAPH_EXTRA of it, measured 11-20%, the
+    largest of them below GRAPH_EXTRA), so
     the estimate, and the share `gpus: auto` asks for, grow by it."""
     table.append(row("100m-rla", peak=44.6, tok_s=165_000))
     eager = C.estimate_memory(job("100m-rla"))
@@ -134,6 +135,7 @@ def test_a_graphed_job_is_estimated_with_its_graph_pool(table):
     assert graphed.total == eager.total + graphed.graph_pool
     assert C.gpu_share(graphed, GPU, 0.15) > C.gpu_share(eager, GPU, 0.15)
     assert graphed.as_dict()["graph_pool"] == graphed.graph_pool
+    assert C.GRAPH_EXTRA > 0.202  # the 100M Transformer's graphed reserved peak was 20.2% over its eager peak
 
 
 def test_coefficient_interpolates_in_log_width_and_clamps_outside(table):
@@ -184,6 +186,14 @@ def test_graphed_rows_give_graphed_jobs_their_speed_and_no_memory_coefficient(ta
     sgla = job("100m-sgla").model_copy(deep=True)
     sgla.train.__dict__.update(cuda_graphs=True)
     assert C.estimate_speed(sgla, 400).tokens_per_s == pytest.approx(180_000)
+    # per width: a graphed 1.5B job takes the 1.5B eager row, not the 100M graphed row's FLOP/s
+    table.append(row("1.5b-rla", peak=59.6, tok_s=49_000, mb=4, seq=4096))
+    for cached in (C._rows, C._coefficients):
+        cached.cache_clear()
+    big = job("1.5b-rla", mb=4, seq=4096).model_copy(deep=True)
+    big.train.__dict__.update(cuda_graphs=True)
+    assert C.estimate_speed(big, 400).tokens_per_s == pytest.approx(49_000)
+    assert C.estimate_speed(graphed, 400).tokens_per_s == pytest.approx(300_000)
 
 
 def write_sweep(tmp_path, resources: str, mb: int = 16) -> object:

@@ -52,8 +52,8 @@ DRIVER_RESERVED_BYTES = int(1.0 * GiB)
 TABLE = "h200.json"
 # train.cuda_graphs: the graph's private memory pool stays reserved between replays and its blocks serve nothing
 # else, so a graphed job's peak is its reserved peak. Measured (`benchmarks/train_gpu.py --graph off on`, H100,
-# every family at 100M and 1.5B): the graphed reserved peak exceeds the eager allocated peak by 11-20%.
-GRAPH_EXTRA = 0.2
+# every family at 100M and 1.5B): the graphed reserved peak exceeds the eager allocated peak by 11.2-20.2%.
+GRAPH_EXTRA = 0.25
 
 
 @dataclass(frozen=True)
@@ -241,11 +241,16 @@ def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedE
     model, train = job.model, job.train
     flops = flops_per_token(model, train.seq_len)
     rows = [(r, m) for r, m in _rows(name) if r.get("tokens_per_s") and m.family == model.family]
-    # A graphed job (train.cuda_graphs) takes its family's graphed rows where the table has any: at 100M a graphed
-    # step ran 1.4-2.1x the eager one. Without them, and for eager jobs always, the eager rows (the estimate of a
-    # graphed job then errs slow).
-    graphed = [r for r in rows if r[0].get("graph")]
-    rows = graphed if getattr(train, "cuda_graphs", False) and graphed else [r for r in rows if not r[0].get("graph")]
+    # A graphed job (train.cuda_graphs) takes its family's graphed rows at the widths the table has them (at 100M a
+    # linear family's graphed step ran 1.4-2.1x the eager one), eager rows at the other widths (there the estimate
+    # errs slow); an eager job takes eager rows only.
+    eager = [r for r in rows if not r[0].get("graph")]
+    if getattr(train, "cuda_graphs", False):
+        graphed = [r for r in rows if r[0].get("graph")]
+        widths = {mixer_width(m) for _, m in graphed}
+        rows = graphed + [r for r in eager if mixer_width(r[1]) not in widths]
+    else:
+        rows = eager
     _, rows = _of_glue(rows, environment.glue_mode())  # the rows of the jobs' glue, as for memory
     if not rows:
         return SpeedEstimate(assumed_tflops * 1e12 / flops, f"assumed {assumed_tflops:g} TFLOP/s")

@@ -448,7 +448,7 @@ class Segments:
         sum of its gates, floored as the kernels floor them (in float64: a sum over up to 8,192 tokens).
 
         The prefix sum runs along the last dimension of g transposed ([H, T]): CUDA's float64 scan along the first
-        dimension of a [T, H] tensor took 11 ms for T = 32K on an H100, four times the whole forward it serves."""
+        dimension of a [T, H] tensor took 11.4 ms of a 13.5 ms forward at T = 32K on an H100."""
         gt = g32.clamp_min(G_FLOOR.value).double().t().contiguous()
         csum = torch.cat([gt.new_zeros(gt.shape[0], 1), gt.cumsum(1)], 1)  # [H, T + 1]
         return (csum[:, self.bounds[1:]] - csum[:, self.bounds[:-1]]).t()
