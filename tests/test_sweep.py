@@ -22,7 +22,8 @@ from rla_ablate.sweep.ids import job_id
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 JOB_KEYS = {"job_id", "name", "family", "ablations", "params", "state_elements", "flops_per_token", "tokens",
-            "gpu_hours", "mem_gib", "mem_glue", "gpu_share", "tokens_per_s", "cost_source"}
+            "gpu_hours", "mem_gib", "mem_glue", "cuda_graphs", "mem_graph_pool_gib", "gpu_share", "tokens_per_s",
+            "cost_source"}
 
 
 def test_committed_sweeps_exist():
@@ -42,6 +43,10 @@ def test_committed_sweep_plans(path, capsys):
         assert row["params"] > 0 and row["state_elements"] > 0 and row["flops_per_token"] > 0
         assert row["mem_gib"] > 0 and row["tokens_per_s"] > 0 and row["cost_source"]
         assert row["gpu_hours"] == pytest.approx(row["tokens"] / row["tokens_per_s"] / 3600, rel=1e-3)
+        # a graphed job's estimate holds its graph's pool; an eager one's none
+        assert (row["mem_graph_pool_gib"] > 0) == row["cuda_graphs"]
+    graphed = yaml.safe_load(path.read_text()).get("base", {}).get("train", {}).get("cuda_graphs", False)
+    assert all(r["cuda_graphs"] == graphed for r in doc["jobs"])
     ids = [r["job_id"] for r in doc["jobs"]]
     assert len(set(ids)) == len(ids)
     names = [r["name"] for r in doc["jobs"]]
@@ -53,6 +58,7 @@ def test_committed_sweep_plans(path, capsys):
     # A CPU sweep's plan does not pass the GPU's numbers off as its own.
     title = capsys.readouterr().out
     assert ("on the CPU (resources.gpus: 0)" in title) == on_cpu and ("peak memory up to" in title) != on_cpu
+    assert ("replay CUDA graphs" in " ".join(title.split())) == graphed
 
 
 def test_ablation_suite_covers_the_paper():

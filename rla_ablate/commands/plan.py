@@ -100,5 +100,8 @@ def _glue_caption(jobs: list[dict]) -> str:
     said = " and ".join(f"{what[g]} ({sum(r['mem_glue'] == g for r in jobs)} jobs)" for g in glues)
     other = ("" if environment.glue_mode() == "torch"
              else f"; {environment.GLUE_ENV}=torch estimates the plain-torch glue")
-    return f"memory estimated for {said}{other}"
+    graphed = sum(r["cuda_graphs"] for r in jobs)
+    graphs = (f"; {graphed} jobs replay CUDA graphs (train.cuda_graphs): their memory includes the graph's pool"
+              if graphed else "")
+    return f"memory estimated for {said}{other}{graphs}"
 

@@ -23,7 +23,7 @@ def plan_rows(sweep: Sweep, gpu_bytes: int | None = None) -> list[dict[str, Any]
     rows = []
     for job in sweep.jobs:
         model, train = job.job.model, job.job.train
-        key = (id(model), train.seq_len, train.micro_batch_size, train.num_workers, train.fsdp)
+        key = (id(model), train.seq_len, train.micro_batch_size, train.num_workers, train.fsdp, train.cuda_graphs)
         if key not in cache:
             mem = estimate_memory(job.job)
             speed = estimate_speed(job.job, res.assumed_tflops)
@@ -38,6 +38,8 @@ def plan_rows(sweep: Sweep, gpu_bytes: int | None = None) -> list[dict[str, Any]
             "params": int(params), "state_elements": int(state), "flops_per_token": float(flops),
             # what the job trains on: train.tokens rounded up to whole batches
             "tokens": int(train.total_tokens), "mem_gib": round(mem.gib, 2), "mem_glue": mem.glue,
+            # train.cuda_graphs: mem_gib includes the graph's pool, tokens_per_s comes from graphed rows if any
+            "cuda_graphs": bool(train.cuda_graphs), "mem_graph_pool_gib": round(mem.graph_pool / 2**30, 2),
             "gpu_share": share, "tokens_per_s": round(speed.tokens_per_s),
             "gpu_hours": train.total_tokens / speed.tokens_per_s / 3600.0,
             "cost_source": speed.source,
