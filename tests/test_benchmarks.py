@@ -52,7 +52,11 @@ def test_train_gpu_runs_tiny_presets_on_the_cpu(tmp_path):
 
 def test_kernel_kinds():
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from train_gpu import kind_of
+    try:
+        from train_gpu import kind_of
+    finally:
+        # left on the path, benchmarks/kernels.py would shadow the `kernels` package transformers imports
+        sys.path.remove(str(ROOT / "benchmarks"))
 
     ours = {"_rla_fwd_pass", "_residual_fwd"}
     assert kind_of("_rla_fwd_pass", ours) == "ours"
