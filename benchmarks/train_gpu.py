@@ -45,7 +45,7 @@ from rla_ablate.data.stream import Batch
 from rla_ablate.models import build_model, load_preset
 from rla_ablate.models.accounting import count_params, flops_per_token
 from rla_ablate.sweep.calibration import row_glue
-from rla_ablate.train.graphs import GraphedMicroStep
+from rla_ablate.train.graphs import GraphedMicroStep, peak_memory_bytes
 from rla_ablate.train.loop import PEAK_BF16_FLOPS
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "rla_ablate" / "sweep" / "calibration" / "h200.json"
@@ -227,9 +227,8 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
                batch=batch, seq_len=seq_len, params=count_params(cfg), tokens_per_s=tok_s,
                mfu=flops_per_token(cfg, seq_len) * tok_s / peak if peak else None, loss=seen[-1][0], steps_seen=seen,
                backend=model.backend_used, kernel=model.kernel_used, warmup_s=warmup_s,
-               # a graph's memory pool stays reserved between replays: its rows give the reserved peak, as jobs do
-               peak_mem_gib=(torch.cuda.max_memory_reserved if graph else torch.cuda.max_memory_allocated)(device)
-               / 2**30 if device.type == "cuda" else None)
+               # the peak a job of this mode reports (a graphed one: the reserved peak)
+               peak_mem_gib=peak_memory_bytes(device, graph) / 2**30 if device.type == "cuda" else None)
     if args.profile:
         row["profile"] = profile_steps(step, args.profile, device, args.top_ops)
     return row

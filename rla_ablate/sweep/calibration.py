@@ -225,7 +225,7 @@ def estimate_memory(job: Any, name: str = TABLE) -> MemoryEstimate:
     acts = n * (model.num_layers * a_f * mixer_width(model) + mlp)
     eager = MemoryEstimate(weights=weights, grads=grads, optimizer=optimizer, autocast_copies=copies,
                            activations=int(acts), loss=int(n * loss), a_f=a_f, source=source, glue=glue)
-    if not getattr(train, "cuda_graphs", False):
+    if not train.cuda_graphs:
         return eager
     return replace(eager, graph_pool=int(GRAPH_EXTRA * eager.total))
 
@@ -245,7 +245,7 @@ def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedE
     # linear family's graphed step ran 1.4-2.1x the eager one), eager rows at the other widths (there the estimate
     # errs slow); an eager job takes eager rows only.
     eager = [r for r in rows if not r[0].get("graph")]
-    if getattr(train, "cuda_graphs", False):
+    if train.cuda_graphs:
         graphed = [r for r in rows if r[0].get("graph")]
         widths = {mixer_width(m) for _, m in graphed}
         rows = graphed + [r for r in eager if mixer_width(r[1]) not in widths]

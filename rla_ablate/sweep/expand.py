@@ -146,26 +146,24 @@ def device_line(located: LocatedYAML, field: str = "device") -> int | None:
     return lines[0] if lines else located.line(("base", "train", field))
 
 
-def cuda_jobs(jobs: list[ResolvedJob]) -> tuple[str, str] | None:
-    """('N job(s) need CUDA (...) (the first's name, ...)', the train field that asks for it: device where any job
-    sets device cuda, else cuda_graphs), or None where no job needs CUDA."""
+def refuse_cuda_jobs(jobs: list[ResolvedJob], located: LocatedYAML, reason: str) -> None:
+    """A UserError where any of `jobs` needs CUDA: 'N job(s) need CUDA (...) (the first's name, ...) <reason>', at
+    the line of the train field that asks for it (device where a job sets device cuda, else cuda_graphs)."""
     named = [j.name for j in jobs if j.job.train.needs_cuda]
     if not named:
-        return None
+        return
     field = "device" if any(j.job.train.device == "cuda" for j in jobs) else "cuda_graphs"
-    return (f"{len(named)} job(s) need CUDA (train.device cuda or train.cuda_graphs) "
-            f"({named[0]}{', ...' if len(named) > 1 else ''})", field)
+    raise UserError(f"{len(named)} job(s) need CUDA (train.device cuda or train.cuda_graphs) "
+                    f"({named[0]}{', ...' if len(named) > 1 else ''}) {reason}",
+                    file=located.file, line=device_line(located, field), key=f"train.{field}")
 
 
 def check_device(cfg: SweepConfig, located: LocatedYAML, jobs: list[ResolvedJob]) -> None:
     """Jobs that train on cuda need a GPU share: with `resources.gpus: 0` their tasks would hold none and fail."""
     res = cfg.resources
-    cuda = cuda_jobs(jobs)
-    if cuda and not res.auto and float(res.gpus) == 0:
-        text, field = cuda
-        raise UserError(f"{text} but resources.gpus is 0, so their tasks hold no GPU; allowed: resources.gpus auto "
-                        "or above 0, or train.device auto or cpu and train.cuda_graphs false",
-                        file=located.file, line=device_line(located, field), key=f"train.{field}")
+    if not res.auto and float(res.gpus) == 0:
+        refuse_cuda_jobs(jobs, located, "but resources.gpus is 0, so their tasks hold no GPU; allowed: resources.gpus "
+                         "auto or above 0, or train.device auto or cpu and train.cuda_graphs false")
 
 
 def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> None:

@@ -34,7 +34,7 @@ from rla_ablate import environment
 from rla_ablate.errors import UserError
 from rla_ablate.outcome import ENDED, Cause, JobOutcome, Status
 from rla_ablate.ray_local import init_local_ray
-from rla_ablate.sweep.expand import ResolvedJob, Sweep, cuda_jobs, device_line, load_sweep
+from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep, refuse_cuda_jobs
 from rla_ablate.sweep.sources import GridSource, JobSource, count_statuses
 from rla_ablate.sweep.summary import FailedJob, LaunchSummary
 from rla_ablate.sweep.state import SweepDir
@@ -86,14 +86,12 @@ def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[s
                         file=sweep.source.file, line=line, key="resources.cpus")
     # the cuda jobs this launch would run (a resumed sweep's finished ones need no GPU); their status is read only
     # where a cuda job meets a cluster without GPUs
-    cuda = None if have_gpus else cuda_jobs(
-        [j for j in sweep.jobs if j.job.train.needs_cuda and sdir.status(j.job_id).status is not Status.FINISHED])
-    if cuda:
+    if not have_gpus:
         # Each of them would start, open its run and fail at its first line (CUDA is not available).
-        text, field = cuda
-        raise UserError(f"{text} but the Ray cluster has no GPU; allowed here: train.device auto or cpu and "
-                        "train.cuda_graphs false",
-                        file=sweep.source.file, line=device_line(sweep.source, field), key=f"train.{field}")
+        refuse_cuda_jobs(
+            [j for j in sweep.jobs if j.job.train.needs_cuda and sdir.status(j.job_id).status is not Status.FINISHED],
+            sweep.source, "but the Ray cluster has no GPU; allowed here: train.device auto or cpu and "
+            "train.cuda_graphs false")
 
 
 def on_gpus(placements: dict[str, Any] | None) -> bool:

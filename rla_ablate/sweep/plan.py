@@ -16,7 +16,7 @@ from rla_ablate.sweep.expand import ResolvedJob, Sweep
 
 def plan_rows(sweep: Sweep, gpu_bytes: int | None = None) -> list[dict[str, Any]]:
     from rla_ablate.models import count_params, flops_per_token, state_elements_per_layer
-    from rla_ablate.sweep.calibration import estimate_memory, estimate_speed, gpu_share
+    from rla_ablate.sweep.calibration import GiB, estimate_memory, estimate_speed, gpu_share
 
     res = sweep.config.resources
     cache: dict[tuple, tuple] = {}
@@ -39,7 +39,7 @@ def plan_rows(sweep: Sweep, gpu_bytes: int | None = None) -> list[dict[str, Any]
             # what the job trains on: train.tokens rounded up to whole batches
             "tokens": int(train.total_tokens), "mem_gib": round(mem.gib, 2), "mem_glue": mem.glue,
             # train.cuda_graphs: mem_gib includes the graph's pool, tokens_per_s comes from graphed rows if any
-            "cuda_graphs": bool(train.cuda_graphs), "mem_graph_pool_gib": round(mem.graph_pool / 2**30, 2),
+            "cuda_graphs": bool(train.cuda_graphs), "mem_graph_pool_gib": round(mem.graph_pool / GiB, 2),
             "gpu_share": share, "tokens_per_s": round(speed.tokens_per_s),
             "gpu_hours": train.total_tokens / speed.tokens_per_s / 3600.0,
             "cost_source": speed.source,

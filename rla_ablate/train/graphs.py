@@ -37,6 +37,13 @@ if TYPE_CHECKING:
 WARMUP_STEPS = 2
 
 
+def peak_memory_bytes(device: torch.device, graphed: bool) -> int:
+    """A training process's peak GPU memory, what `plan`'s estimate is checked against: the allocated peak, or with
+    a CUDA graph the reserved one (the graph's memory pool stays reserved between replays, under evals and the
+    optimizer, though its blocks do not count as allocated there)."""
+    return (torch.cuda.max_memory_reserved if graphed else torch.cuda.max_memory_allocated)(device)
+
+
 class GraphedMicroStep:
     """Runs the micro batches of each training step: eagerly for the first `warmup_steps` steps, then by replaying
     one captured graph per micro batch.

@@ -28,7 +28,7 @@ from rla_ablate.errors import UserError
 from rla_ablate.models import aggregate_diagnostics, build_model, flops_per_token, fusion
 from rla_ablate.outcome import Status
 from rla_ablate.train.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
-from rla_ablate.train.graphs import GraphedMicroStep
+from rla_ablate.train.graphs import GraphedMicroStep, peak_memory_bytes
 from rla_ablate.train.guard import DivergenceGuard
 from rla_ablate.train.job import JobConfig, JobResult, another_job
 from rla_ablate.train.loggers import CompositeLogger, JSONLLogger, MetricLogger, NullLogger, truncate_jsonl
@@ -392,11 +392,7 @@ class Trainer:
             if self.peak_flops:
                 values["train/mfu"] = self.flops_per_token * tokens_per_s / (self.peak_flops * self.ctx.world_size)
         if self.device.type == "cuda":
-            # what the memory estimate of `plan` is checked against (rla_ablate.sweep.calibration). A CUDA graph's
-            # memory pool stays reserved between replays, under evals and the optimizer, though its blocks do not
-            # count as allocated there: a graphed job reports its reserved peak.
-            peak = torch.cuda.max_memory_reserved if self.graphs is not None else torch.cuda.max_memory_allocated
-            values["train/peak_mem_gib"] = peak(self.device) / 2**30
+            values["train/peak_mem_gib"] = peak_memory_bytes(self.device, self.graphs is not None) / 2**30
         self._log(values)
         w.reset()
 
