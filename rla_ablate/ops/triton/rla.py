@@ -43,7 +43,7 @@ import triton.language as tl
 
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
-                                          G_FLOOR, TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
+                                          TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
                                           _pass_chunk, _pass_program, _target, _target_slope, chunk_gate_gradient,
                                           launch_options)
 
@@ -78,10 +78,10 @@ def _pass_coef(b, bp, b_L, CODE: tl.constexpr):
 
 
 @triton.jit
-def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
+def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, cu, coff, scale_a, sign_b,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, REVERSE: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, HAS_SA: tl.constexpr,
-                HAS_B: tl.constexpr, HAS_D0: tl.constexpr, STORE_H: tl.constexpr):
+                HAS_B: tl.constexpr, HAS_D0: tl.constexpr, STORE_H: tl.constexpr, STORE_L: tl.constexpr):
     """One chunked state recurrence, sequential over chunks (grid K tiles x V tiles x sequences x heads).
 
         D <- exp(b_L) D + ((ua * sa * scale_a * c_A(b)) ^T ka) [+ sign_b (ub * c_B(b)) ^T kb]     per chunk
@@ -91,11 +91,13 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
     sign_b = -1) and hD[c] holds it where chunk c ends. c_X: CA, CB, the codes of `_pass_coef`.
     Holds one BV x BK fp32 tile and two dots per chunk: no spills, and K tiles multiply the programs of long
     sequences (a B = 1 sequence of 128K tokens ran on 32 programs when the passes also made the residual).
-    STORE_H=False keeps only the end state (the first pass of a split pass, `run_state_pass`).
+    STORE_H=False keeps only the end state, STORE_L also stores the sum of the chunks' b_L (the log of the pass's
+    whole decay) in LD[sequence * H + head] (the first pass of a split pass, `run_state_pass`).
     """
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
         cu, coff, D0, tl.program_id(0), tl.program_id(1), tl.program_id(2), H, K, V, BK, BV, HAS_D0)
     NC = tl.cdiv(eos - bos, BT)
+    log_decay = tl.zeros([1], dtype=tl.float32)
     for i in range(NC):
         c = NC - 1 - i if REVERSE else i
         if STORE_H:
@@ -108,20 +110,55 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b,
             coef = coef * tl.load(sa + tok, mask=mt, other=0.0).to(tl.float32)
         b_ua = tl.load(ua + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
         D = D * tl.exp(b_L) + tl.dot(tl.trans((b_ua * (coef * scale_a)[:, None]).to(dt)), b_ka)
+        if STORE_L:
+            log_decay += b_L
         if HAS_B:
             coef_b = _pass_coef(b, bp, b_L, CB)
             b_kb = tl.load(kb + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
             b_ub = tl.load(ub + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
             D += tl.dot(tl.trans((b_ub * (coef_b * sign_b)[:, None]).to(dt)), b_kb)
     tl.store(DT + o_seq + o_state, D, mask=m_state)
+    if STORE_L:
+        if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+            tl.store(LD + tl.program_id(2) + tl.arange(0, 1), log_decay)
 
 
 def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H, K, V, BT, BK, BV, REVERSE, CA,
-               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, **options):
-    """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                      REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0, STORE_H=STORE_H,
-                      **options)
+               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, **options):
+    """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages. LD: where the pass
+    stores each program row's log decay (STORE_L), or None."""
+    _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, LD if LD is not None else DT, cu, coff, scale_a, sign_b, H=H,
+                      K=K, V=V, BT=BT, BK=BK, BV=BV, REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B,
+                      HAS_D0=HAS_D0, STORE_H=STORE_H, STORE_L=LD is not None, **options)
+
+
+@triton.jit
+def _segment_carry(E, LD, D0, STARTS, DT, first, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                   BK: tl.constexpr, BV: tl.constexpr, REVERSE: tl.constexpr, HAS_D0: tl.constexpr):
+    """The state each segment of a split pass starts from, and each sequence's end state (grid K tiles x V tiles x
+    sequences*heads): over a sequence's segments in pass order (last to first when REVERSE), STARTS[s] = D, then
+    D <- exp(LD[s]) D + E[s], from D0 (or zeros); DT = the final D. E: each segment's pass from zero."""
+    n, h = tl.program_id(2) // H, tl.program_id(2) % H
+    f0, f1 = tl.load(first + n), tl.load(first + n + 1)
+    rk, rv = tl.program_id(0) * BK + tl.arange(0, BK), tl.program_id(1) * BV + tl.arange(0, BV)
+    m_state = (rv < V)[:, None] & (rk < K)[None, :]
+    o_state = rv[:, None] * K + rk[None, :]
+    o_seq = (n * H + h).to(tl.int64) * V * K
+    D = tl.zeros([BV, BK], dtype=tl.float32)
+    if HAS_D0:
+        D += tl.load(D0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
+    for i in range(f1 - f0):
+        s = f1 - 1 - i if REVERSE else f0 + i
+        o = (s * H + h).to(tl.int64) * V * K + o_state
+        tl.store(STARTS + o, D, mask=m_state)
+        D = D * tl.exp(tl.load(LD + s * H + h)) + tl.load(E + o, mask=m_state, other=0.0)
+    tl.store(DT + o_seq + o_state, D, mask=m_state)
+
+
+def segment_carry(grid, *, E, LD, D0, STARTS, DT, first, H, K, V, BK, BV, REVERSE, HAS_D0, **options):
+    """`_segment_carry` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _segment_carry[grid](E, LD, D0, STARTS, DT, first, H=H, K=K, V=V, BK=BK, BV=BV, REVERSE=REVERSE, HAS_D0=HAS_D0,
+                         **options)
 
 
 @triton.jit
@@ -418,62 +455,26 @@ SPLIT = SplitRule()
 
 class Segments:
     """Each sequence of a layout cut into segments of `per` chunks (the last one shorter): the pseudo-sequences of a
-    split state pass, in the kernels' terms (token offsets `cu`, first chunks `coff`), and each sequence's segments
-    in order (`order[False]`, first to last; `order[True]`, last to first; padded with `count`, a row of zeros)."""
+    split state pass, in the kernels' terms (token offsets `cu`, first chunks `coff`); sequence n's segments are
+    `first[n]` to `first[n + 1] - 1`, in order."""
 
     def __init__(self, layout: Layout, per: int, chunk: int, device):
         cu: list[int] = [0]
         coff: list[int] = []
-        mine: list[list[int]] = [[] for _ in layout.lengths]
+        first: list[int] = [0]
         first_chunk = tok = 0
-        for n, length in enumerate(layout.lengths):
+        for length in layout.lengths:
             chunks = -(-length // chunk)
             for j in range(0, chunks, per):
-                mine[n].append(len(coff))
                 coff.append(first_chunk + j)
                 cu.append(tok + min((j + per) * chunk, length))
+            first.append(len(coff))
             first_chunk += chunks
             tok += length
         self.count = len(coff)
         self.cu = torch.tensor(cu, dtype=torch.int32, device=device)
         self.coff = torch.tensor(coff, dtype=torch.int32, device=device)
-        self.bounds = self.cu.long()
-        longest = max(len(m) for m in mine)
-        self.order = {reverse: torch.tensor([(m[::-1] if reverse else m) + [self.count] * (longest - len(m))
-                                             for m in mine], dtype=torch.long, device=device)
-                      for reverse in (False, True)}
-
-    def log_decays(self, g32: torch.Tensor) -> torch.Tensor:
-        """[segments, H] float64: the log of the product of every chunk's decay exp(b_L) over each segment, i.e. the
-        sum of its gates, floored as the kernels floor them (in float64: a sum over up to 8,192 tokens).
-
-        The prefix sum runs along the last dimension of g transposed ([H, T]): CUDA's float64 scan along the first
-        dimension of a [T, H] tensor took 11.4 ms of a 13.5 ms forward at T = 32K on an H100."""
-        gt = g32.clamp_min(G_FLOOR.value).double().t().contiguous()
-        csum = torch.cat([gt.new_zeros(gt.shape[0], 1), gt.cumsum(1)], 1)  # [H, T + 1]
-        return (csum[:, self.bounds[1:]] - csum[:, self.bounds[:-1]]).t()
-
-    def carry(self, E: torch.Tensor, log_decay: torch.Tensor, D0: torch.Tensor | None, reverse: bool):
-        """The state each segment starts from, and each sequence's end state, from each segment's pass from zero
-        (E [segments, H, V, K]): segment j of a sequence (counted from its last, `reverse`) starts from
-            start_j = sum_{i<j} exp(P_j - P_{i+1}) E_i + exp(P_j) D0,   P_j = the log decays of segments 0..j-1,
-        and the sequence ends at the same sum up to j = its segment count. A few batched tensor operations for any
-        number of segments, the decay products in float64."""
-        idx = self.order[reverse]  # [N, J]
-        N, J = idx.shape
-        Ep = torch.cat([E, E.new_zeros(1, *E.shape[1:])])[idx]  # [N, J, H, V, K]
-        Lp = torch.cat([log_decay, log_decay.new_zeros(1, log_decay.shape[1])])[idx]  # [N, J, H]
-        P = torch.cat([Lp.new_zeros(N, 1, Lp.shape[2]), Lp.cumsum(1)], 1)  # [N, J + 1, H]
-        before = torch.ones(J, J, dtype=torch.bool, device=E.device).tril(-1)  # [j, i]: i < j
-        W = torch.where(before[None, :, :, None], P[:, :-1, None, :] - P[:, None, 1:, :], -torch.inf).exp()
-        starts = torch.einsum("njih,nihvk->njhvk", W.float(), Ep)
-        ends = torch.einsum("nih,nihvk->nhvk", (P[:, -1:] - P[:, 1:]).exp().float(), Ep)
-        if D0 is not None:
-            starts += P[:, :-1].exp().float()[..., None, None] * D0.float()[:, None]
-            ends += P[:, -1].exp().float()[..., None, None] * D0.float()
-        out = E.new_empty(self.count + 1, *E.shape[1:])
-        out[idx.flatten()] = starts.flatten(0, 1)  # padding lands on the spare last row
-        return out[:self.count], ends
+        self.first = torch.tensor(first, dtype=torch.int32, device=device)
 
 
 def _segments(layout: Layout, programs: int, chunk: int, device) -> Segments | None:
@@ -494,9 +495,10 @@ def run_state_pass(layout: Layout, two_terms: bool, *, g, D0, hD, DT, HAS_D0: bo
     HAS_SA, HAS_B). A pass is sequential over a sequence's chunks: a long sequence on few programs (B = 1 and 128K
     tokens: 2 K tiles x 2 V tiles x 16 heads = 64 programs, for 2,048 chunks in a row, on 132 SMs) is cut into
     segments (`SPLIT`) that run side by side, as FLA's chunk_h_split does: a first pass gives each segment's end
-    state from zero, the carries between segments follow in a few tensor operations (the state is linear: end =
-    decay * start + that end state), and a second pass from the carries stores the chunk states and end states the
-    unsplit pass would (to fp32 rounding)."""
+    state from zero and its log decay, one small kernel carries the states from segment to segment (the state is
+    linear: end = decay * start + that end state; `_segment_carry`), and a second pass from those starts stores the
+    chunk states the unsplit pass would (to fp32 rounding). Three launches and no PyTorch operation: an eager
+    caller's host time stays near the unsplit pass's."""
     dev = g.device
     grid, state = _state_launch(two_terms, H, K, V, chunk, layout.N * H)
     segs = _segments(layout, grid[0] * grid[1] * grid[2], chunk, dev)
@@ -506,12 +508,14 @@ def run_state_pass(layout: Layout, two_terms: bool, *, g, D0, hD, DT, HAS_D0: bo
         return
     split = (grid[0], grid[1], segs.count * H)
     E = torch.empty(segs.count, H, V, K, dtype=torch.float32, device=dev)
-    state_pass(split, g=g, D0=E, hD=hD, DT=E, cu=segs.cu, coff=segs.coff, REVERSE=REVERSE, HAS_D0=False,
+    LD = torch.empty(segs.count, H, dtype=torch.float32, device=dev)
+    state_pass(split, g=g, D0=E, hD=hD, DT=E, LD=LD, cu=segs.cu, coff=segs.coff, REVERSE=REVERSE, HAS_D0=False,
                STORE_H=False, **terms, **state)
-    starts, ends = segs.carry(E, segs.log_decays(g), D0 if HAS_D0 else None, REVERSE)
+    starts = torch.empty_like(E)
+    segment_carry(grid, E=E, LD=LD, D0=D0, STARTS=starts, DT=DT, first=segs.first, REVERSE=REVERSE, HAS_D0=HAS_D0,
+                  H=H, K=K, V=V, BK=state["BK"], BV=state["BV"], num_warps=state["num_warps"])
     state_pass(split, g=g, D0=starts, hD=hD, DT=E, cu=segs.cu, coff=segs.coff, REVERSE=REVERSE, HAS_D0=True,
                **terms, **state)
-    DT.copy_(ends)
 
 
 class RLAFunction(torch.autograd.Function):
