@@ -217,12 +217,31 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
                           ui_hint=f"{ui_url} ({hint})", notes=notes, untested=untested)
         records = [v.as_dict() for r in rendered for v in r.verdicts] + [u.as_dict() for u in untested if u.claim]
         (out / "verdicts.json").write_text(json.dumps(records, indent=1))
-        logged = None
+        logged, unlogged = None, []
         if log_artifacts and runs.parent is not None:
             tell("logging the files to the sweep's parent run in MLflow")
-            MlflowClient(uri).log_artifacts(runs.parent.run_id, str(out), "dashboard")
-            logged = runs.parent.run_id
+            logged = _log_files(MlflowClient(uri), runs.parent.run_id, out, uri, sweep, unlogged)
         if not tracking_uri and shared is None:
             tell("stopping the MLflow server")
-    return Dashboard(page, out, rendered, uri, logged, synced, notes + untested_lines(untested, len(specs)),
-                     untested)
+    return Dashboard(page, out, rendered, uri, logged, synced,
+                     unlogged + notes + untested_lines(untested, len(specs)), untested)
+
+
+def _log_files(client, run_id: str, out: Path, uri: str, sweep: str, unlogged: list[str]) -> str | None:
+    """Log the dashboard's files to the sweep's parent run; returns its id, or None with the reason in `unlogged`.
+
+    A launch's runs keep their artifacts behind its MLflow server (`mlflow-artifacts:` URIs): a client that reads
+    the store directly (`--tracking-uri sqlite:///...`) can read their metrics but not write their files. The page
+    is written either way, so that is a note, not a failure."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.log_artifacts(run_id, str(out), "dashboard")
+    except MlflowException as err:
+        if "mlflow-artifacts" not in str(err):
+            raise
+        unlogged.append(f"not logged to MLflow: the sweep's files are served by its MLflow server, which {uri} "
+                        f"bypasses; without --tracking-uri (or with the server's http:// address) the files are "
+                        f"logged to the parent run of '{sweep}'")
+        return None
+    return run_id
