@@ -410,3 +410,24 @@ def test_the_plan_counts_the_tokens_a_job_trains_on(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert {r["tokens"] for r in doc["jobs"]} == {153 * 65536}
     assert doc["totals"]["tokens"] == 19 * 153 * 65536
+
+
+def test_the_plan_says_whose_gpu_its_speeds_are(capsys, monkeypatch):
+    """Shares are computed for this machine's GPU, speeds come from the calibration table's GPU: on another card
+    the plan names both, so an H100 user does not read H200 speeds as their own."""
+    from rla_ablate.sweep import packing
+
+    path = str(REPO / "sweeps" / "smoke.yaml")
+    monkeypatch.setattr(packing, "gpu_identity", lambda: ("NVIDIA H100 80GB HBM3", 80 * 2**30))
+    assert main(["plan", path, "--json"]) == 0
+    totals = json.loads(capsys.readouterr().out)["totals"]
+    assert (totals["gpu"], totals["gpu_memory_gib"], totals["speeds_measured_on"]) == (
+        "NVIDIA H100 80GB HBM3", 80.0, "NVIDIA H200")
+    assert main(["plan", path]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "tok/s alone on one NVIDIA H200 (the calibration table's GPU, not this machine's NVIDIA H100 80GB HBM3" in said
+    # on the table's own card, or without a GPU, the caption names the table's GPU alone
+    monkeypatch.setattr(packing, "gpu_identity", lambda: None)
+    assert main(["plan", path]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "tok/s alone on one NVIDIA H200 from:" in said and "not this machine's" not in said

@@ -78,7 +78,10 @@ def run(args: argparse.Namespace) -> int:
              f"{r['mem_gib']:.1f}", f"{r['gpu_share']:.2f}" if r["gpu_share"] else "-", _h(r["tokens_per_s"]),
              _gpu_time(r["gpu_hours"], short=True)] for r in doc["jobs"]]
     sources = sorted({r["cost_source"] for r in doc["jobs"]})
-    captions = ["tok/s alone on one GPU from: " + "; ".join(sources), checked.line()]
+    where = t["speeds_measured_on"]
+    if t["gpu"] not in (where, "this machine's GPU"):
+        where += f" (the calibration table's GPU, not this machine's {t['gpu']}: its speeds differ)"
+    captions = [f"tok/s alone on one {where} from: " + "; ".join(sources), checked.line()]
     if t["runs_on"] != "cpu":
         captions.insert(1, _glue_caption(doc["jobs"]))
     if "search_trials" in t:

@@ -31,18 +31,25 @@ class Placement:
     """The job's estimated peak GPU memory."""
 
 
-def gpu_memory_bytes() -> int | None:
-    """Memory of this machine's first GPU, read from nvidia-smi (the driver process stays off the GPU: asking torch
-    would create a CUDA context in it)."""
+def gpu_identity() -> tuple[str, int] | None:
+    """(name, memory in bytes) of this machine's first GPU, read from nvidia-smi (the driver process stays off the
+    GPU: asking torch would create a CUDA context in it); None without one."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits"], capture_output=True,
-                             text=True, timeout=20, check=True).stdout
-        return int(float(out.strip().splitlines()[0])) * 2**20
+        out = subprocess.run([exe, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        name, mib = out.strip().splitlines()[0].rsplit(",", 1)
+        return name.strip(), int(float(mib)) * 2**20
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
+
+
+def gpu_memory_bytes() -> int | None:
+    """Memory of this machine's first GPU (nvidia-smi), or None."""
+    found = gpu_identity()
+    return found[1] if found else None
 
 
 def probe_cluster_gpu_memory(ray: Any, timeout_s: float = 60.0) -> int | None:

@@ -51,13 +51,15 @@ def plan(sweep: Sweep, gpu_bytes: int | None = None) -> dict[str, Any]:
     """The `rla-sweep plan --json` document: {"jobs": [...], "totals": {...}}. `gpu_bytes`: memory of the GPU the
     shares are computed for (default: this machine's, else the calibration device's)."""
     from rla_ablate.sweep.calibration import GiB, load_table
-    from rla_ablate.sweep.packing import gpu_memory_bytes
+    from rla_ablate.sweep.packing import gpu_identity
 
+    table = load_table()
     gpu_name = "this machine's GPU"
     if gpu_bytes is None:
-        gpu_bytes = gpu_memory_bytes()
+        found = gpu_identity()
+        if found is not None:
+            gpu_name, gpu_bytes = found
     if gpu_bytes is None:
-        table = load_table()
         gpu_bytes, gpu_name = int(table["gpu_memory_bytes"]), table["device"]
     rows = plan_rows(sweep, gpu_bytes)
     search = sweep.config.search
@@ -81,6 +83,8 @@ def plan(sweep: Sweep, gpu_bytes: int | None = None) -> dict[str, Any]:
         "assumed_tflops": res.assumed_tflops,
         "memory_margin": res.memory_margin,
         "gpu": gpu_name,
+        # every tok/s and GPU-hour is the calibration table's GPU's, whatever GPU the shares are computed for
+        "speeds_measured_on": table["device"],
         "gpu_memory_gib": round(gpu_bytes / GiB, 1),
         "max_mem_gib": max((r["mem_gib"] for r in rows), default=0.0),
         # jobs one GPU holds at once on average when packed by memory (auto) or by an explicit fraction
