@@ -196,6 +196,40 @@ def test_graphed_rows_give_graphed_jobs_their_speed_and_no_memory_coefficient(ta
     assert C.estimate_speed(graphed, 400).tokens_per_s == pytest.approx(300_000)
 
 
+def test_matched_wallclock_budgets_price_gpu_time(tmp_path, table):
+    """The wall-clock control's budget comes from rows measured with CUDA graphs where the table has them, whether or
+    not the sweep's jobs replay graphs: eager, a host-bound 100M step favours the family with fewer launches (here
+    RLA, as measured: 255.8K against sGLA's 235.9K on an H200), graphed the GPU's time is priced (sGLA 347K against
+    RLA 302K on an H100). Without graphed rows the eager ones serve."""
+    f = tmp_path / "wc.yaml"
+    f.write_text(textwrap.dedent("""
+        name: wc
+        models: [{preset: 100m-rla}]
+        base:
+          train: {tokens: 1000000, seq_len: 2048, batch_tokens: 32768, micro_batch_size: 16}
+          data: {kind: stdlib}
+        controls: [matched_wallclock]
+    """))
+
+    def budget():
+        C._rows.cache_clear()
+        control = next(j for j in load_sweep(f).jobs if j.control == "matched_wallclock")
+        assert not control.job.train.cuda_graphs
+        return control.job.train.tokens, control.control_report
+
+    table.append(row("100m-rla", peak=21.7, tok_s=255_800))
+    table.append(row("100m-sgla", peak=19.0, tok_s=235_900))
+    tokens, report = budget()
+    assert tokens == math.ceil(1_000_000 * 235_900 / 255_800) < 1_000_000
+    assert "CUDA graph" not in report["speed_source"]
+    table.append(dict(row("100m-rla", peak=24.3, tok_s=301_800), graph=True))
+    table.append(dict(row("100m-sgla", peak=21.0, tok_s=347_000), graph=True))
+    tokens, report = budget()
+    assert tokens == math.ceil(1_000_000 * 347_000 / 301_800) > 1_000_000
+    assert report["speed_ratio"] == pytest.approx(347_000 / 301_800)
+    assert "CUDA graph" in report["speed_source"] and "CUDA graph" in report["reference_speed_source"]
+
+
 def write_sweep(tmp_path, resources: str, mb: int = 16) -> object:
     f = tmp_path / "s.yaml"
     f.write_text(textwrap.dedent(f"""

@@ -100,15 +100,22 @@ def test_proxy_study_arms_tasks_and_controls():
     # Ablations and controls inherit the arm's sections.
     assert jobs["mqar-rla/no_fitting/seed0"].job.data.kind == "mqar"
     assert jobs["mqar-rla/learned_beta_base/seed0"].job.model.beta == "learned"
-    for arm, base in (("mqar-rla", "sgla"), ("lm-rdn", "gdn")):
+    # The wall-clock budgets are pinned in the file (controls: speeds): the published study's jobs, whatever the
+    # calibration table says now.
+    speeds = {"rla": 165101, "sgla": 181000, "rdn": 150000, "gdn": 174000}
+    for arm, base, residual in (("mqar-rla", "sgla", "rla"), ("lm-rdn", "gdn", "rdn")):
         control = jobs[f"{base}~matched_wallclock({arm})/seed0"]
         ref = jobs[f"{arm}/seed0"].job
         assert control.job.data == ref.data and control.job.model.family == base
-        ratio = (estimate_speed(control.job, 400.0).tokens_per_s / estimate_speed(ref, 400.0).tokens_per_s)
+        ratio = speeds[base] / speeds[residual]
         assert control.job.train.tokens == math.ceil(ref.train.tokens * ratio)
         assert control.control_report["speed_ratio"] == pytest.approx(ratio)
-    # RDN is estimated slower than GDN: its control trains longer
-    assert jobs["gdn~matched_wallclock(lm-rdn)/seed0"].job.train.tokens > jobs["lm-rdn/seed0"].job.train.tokens
+        assert estimate_speed(control.job, 400.0).tokens_per_s != speeds[base]  # not the table's
+    # the ids of docs/study/results.csv, controls included
+    import csv
+
+    published = {row["job_id"] for row in csv.DictReader((REPO / "docs" / "study" / "results.csv").open())}
+    assert published == {j.job_id for j in sweep.jobs}
 
 
 def test_arm_base_rejects_unknown_sections(tmp_path):
@@ -431,3 +438,43 @@ def test_the_plan_says_whose_gpu_its_speeds_are(capsys, monkeypatch):
     assert main(["plan", path]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "tok/s alone on one NVIDIA H200 from:" in said and "not this machine's" not in said
+
+
+WALLCLOCK = """name: wc
+models:
+  - {{preset: tiny-rla, overrides: {{vocab_size: 257}}}}
+  - {{preset: tiny-rdn, overrides: {{vocab_size: 257}}}}
+base:
+  train: {{tokens: 8192, seq_len: 64, batch_tokens: 512, micro_batch_size: 4}}
+  data: {{kind: stdlib}}
+controls:
+  - {control}
+"""
+
+
+def test_matched_wallclock_speeds_pinned_in_the_file_set_the_budgets(tmp_path):
+    """`speeds` replaces the calibration table's estimates (a study expands the same jobs whatever table ships);
+    a family it lacks, or speeds on another control, is an error at its line."""
+    import math
+
+    f = tmp_path / "wc.yaml"
+    f.write_text(WALLCLOCK.format(control="{name: matched_wallclock, speeds: {rla: 100, sgla: 150, rdn: 80, gdn: 120}}"))
+    jobs = {j.name: j for j in load_sweep(f).jobs}
+    for arm, base, ratio in (("tiny-rla", "sgla", 1.5), ("tiny-rdn", "gdn", 1.5)):
+        control = jobs[f"{base}~matched_wallclock({arm})/seed0"]
+        assert control.job.train.tokens == math.ceil(8192 * ratio)
+        assert control.control_report["speed_source"] == "pinned in the sweep file (controls: speeds)"
+        assert control.control_report["reference_tokens_per_s"] == {"sgla": 100, "gdn": 80}[base]
+    for control, message in (
+        ("{name: matched_wallclock, speeds: {rla: 100, sgla: 150}}",
+         ":9: controls.0.speeds: matched_wallclock for 'tiny-rdn' needs the pinned speeds of rdn and gdn; missing: "
+         "rdn, gdn"),
+        ("{name: matched_state, speeds: {rla: 100, sgla: 150}}", "speeds applies to matched_wallclock only"),
+        ("{name: matched_wallclock, speeds: {rla: 0, sgla: 150}}", ":9: controls.0.speeds.rla: a speed is a positive"),
+        ("{name: matched_wallclock, speeds: {rla: 1, sgla: 1, rdn: 1, gdn: 1, gla: 1}}",
+         ":9: controls.0.speeds.gla: unknown family 'gla'; allowed: gdn, rdn, rla, sgla"),
+    ):
+        f.write_text(WALLCLOCK.format(control=control))
+        with pytest.raises(UserError) as err:
+            load_sweep(f)
+        assert message in str(err.value), str(err.value)

@@ -458,8 +458,9 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
                                     arm=i, arm_label=labels[i], preset=cfg.models[i].preset, series=series))
 
     for j, ref in enumerate(controls):
+        check_speeds(ref, j, located)
         if ref.name == "matched_wallclock":
-            for job in _wallclock_controls(r, cfg, ref, arms, families, labels, points):
+            for job in _wallclock_controls(r, cfg, j, ref, arms, families, labels, points):
                 add(job)
             continue
         derive = r.M.matched_state if ref.name == "matched_state" else r.M.matched_params
@@ -486,6 +487,23 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
     return jobs
 
 
+def check_speeds(ref: ControlRef, j: int, located: LocatedYAML) -> None:
+    """A control's pinned `speeds`: matched_wallclock's only, a positive tokens/s per known family."""
+    from rla_ablate.models.config import BASELINE_OF
+
+    if ref.speeds is None:
+        return
+    if ref.name != "matched_wallclock":
+        raise _err(located, ("controls", j, "speeds"), f"speeds applies to matched_wallclock only, not to {ref.name}")
+    known = sorted(set(BASELINE_OF) | set(BASELINE_OF.values()))
+    for family, speed in ref.speeds.items():
+        if family not in known:
+            raise _err(located, ("controls", j, "speeds", family),
+                       f"unknown family '{family}'; allowed: {', '.join(known)}{did_you_mean(family, known)}")
+        if not speed > 0:
+            raise _err(located, ("controls", j, "speeds", family), f"a speed is a positive tokens/s, not {speed}")
+
+
 def _control_targets(ref: ControlRef, arms: list, families: list[str]):
     """(arm index, arm config, baseline family) of each residual arm a control is derived for."""
     from rla_ablate.models.config import BASELINE_OF
@@ -496,25 +514,41 @@ def _control_targets(ref: ControlRef, arms: list, families: list[str]):
             yield i, arm_cfg, BASELINE_OF[families[i]]
 
 
-def _wallclock_controls(r: _Resolver, cfg: SweepConfig, ref: ControlRef, arms: list, families: list[str],
+def _wallclock_controls(r: _Resolver, cfg: SweepConfig, j: int, ref: ControlRef, arms: list, families: list[str],
                         labels: list[str], points: list[dict[str, Any]]) -> list[ResolvedJob]:
     """matched_wallclock: each residual arm's plain baseline (same shape, no R) trained for the residual job's time.
 
     The rule: tokens(control) = ceil(tokens(residual) * v_base / v_res), with v the tokens/s that
     `calibration.estimate_speed` gives each job alone on one GPU (measured rows of the calibration table, or
-    `resources.assumed_tflops` for a family without one). A control only differs from its reference in R (and gamma)
-    and in the budget, so it answers whether the residual path beats spending its cost on more tokens."""
+    `resources.assumed_tflops` for a family without one), priced as replayed from CUDA graphs whatever the jobs'
+    train.cuda_graphs: rows measured with graphs where the table has them (the GPU's time, which repeats within
+    1.5%), eager rows elsewhere (there a small model's step is the host's launches, which vary 1.4x between two
+    nodes and favour the family with fewer kernels). A control only differs from its reference in R (and gamma)
+    and in the budget, so it answers whether the residual path beats spending its cost on more tokens.
+    `ref.speeds` (the sweep file's pinned tokens/s per family) replaces the estimates."""
     from rla_ablate.models.budget import plain_baseline
-    from rla_ablate.sweep.calibration import estimate_speed
+    from rla_ablate.sweep.calibration import SpeedEstimate, estimate_speed
+
+    def gpu_time(job):
+        if ref.speeds is not None:
+            return SpeedEstimate(float(ref.speeds[job.model.family]), "pinned in the sweep file (controls: speeds)")
+        return estimate_speed(job.model_copy(update={"train": job.train.model_copy(update={"cuda_graphs": True})}),
+                              cfg.resources.assumed_tflops)
 
     out: list[ResolvedJob] = []
     for i, arm_cfg, baseline in _control_targets(ref, arms, families):
+        missing = [f for f in (families[i], baseline) if ref.speeds is not None and f not in ref.speeds]
+        if missing:
+            raise _err(r.located, ("controls", j, "speeds"),
+                       f"matched_wallclock for '{labels[i]}' needs the pinned speeds of {families[i]} and {baseline}; "
+                       f"missing: {', '.join(missing)} (allowed: tokens/s per family, e.g. {{{families[i]}: 165101, "
+                       f"{baseline}: 181000}}, or no speeds: the calibration table's estimates)")
         for point in points:
             target_cfg = r.model(i, arm_cfg, point, None)
             base_cfg = plain_baseline(target_cfg, baseline)
             target_job = r.job(target_cfg, point, cfg.seeds[0], i)[0]
-            v_res = estimate_speed(target_job, cfg.resources.assumed_tflops)
-            v_base = estimate_speed(r.job(base_cfg, point, cfg.seeds[0], i)[0], cfg.resources.assumed_tflops)
+            v_res = gpu_time(target_job)
+            v_base = gpu_time(r.job(base_cfg, point, cfg.seeds[0], i)[0])
             ratio = v_base.tokens_per_s / v_res.tokens_per_s
             tokens = math.ceil(target_job.train.tokens * ratio)
             report = {"tokens": tokens, "reference_tokens": target_job.train.tokens, "speed_ratio": ratio,
