@@ -53,3 +53,19 @@ def test_tiny_proxy_study_launches_and_engages_the_mechanisms(tmp_path):
     # The control is the plain baseline: no gamma (no R), beta fixed at 1.
     control = metrics["sgla~matched_wallclock(mqar-rla)/seed0"]
     assert control["diag/beta_mean"] == 1.0 and "diag/gamma_mean" not in control
+    # What a reader of the figures sees of it: each control's label carries its budget, and the page's notes say
+    # where the budget came from (estimated speeds, fixed before the run).
+    from rla_ablate.dashboard.build import read_runs
+    from rla_ablate.dashboard.data import group
+    from rla_ablate.dashboard.spec import load_specs
+
+    runs, selection = read_runs("proxy-study-tiny", root, doc["tracking_uri"])
+    spec = next(s for s in load_specs(REPO / "dashboards" / "study") if s.name == "table_matched_state")
+    labels = [s.label for series in group(spec, runs).values() for s in series]
+    for arm in ("mqar-rla", "lm-rla"):
+        report = planned[f"sgla~matched_wallclock({arm})/seed0"].control_report
+        ratio = report["tokens"] / report["reference_tokens"]
+        assert f"{arm}, matched wall-clock ({ratio:.2f}x tokens)" in labels, labels
+    notes = selection.notes()
+    assert notes[0] == "matched wall-clock budgets:" and len(notes) == 3, notes
+    assert all("x the tokens of" in n and "estimated tokens/s" in n and "measured" in n for n in notes[1:]), notes

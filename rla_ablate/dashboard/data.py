@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from rla_ablate.dashboard.selection import OLDER, VERSION, config_params
+from rla_ablate.dashboard.selection import BUDGET, OLDER, VERSION, config_params
 from rla_ablate.sweep.identity import ARM, CONTROL, POINT_PREFIX, PRESET, SERIES
 from rla_ablate.tracking.read import RunRecord, SweepRuns
 
@@ -207,6 +207,9 @@ def assign_labels(spec, panels: dict[str, list[Series]]) -> None:
                 text = ", ".join(p for p in parts if p)
                 if not text:
                     text = "no ablation" if s.tags.get("ablations") == "none" else "all runs"
+                budget = s.runs[0].tags.get(BUDGET) if s.runs else None
+                if budget is not None:  # matched wall-clock: the token budget the speed ratio gave it
+                    text += f" ({budget}x tokens)"
                 if s.stale:
                     text += f" ({OLDER_LABEL})"
                 s.label = text

@@ -15,7 +15,7 @@ of these (a run logged by hand) gets a series from its config params or, lacking
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rla_ablate.sweep.identity import ARM, CONTROL, NO_CONTROL, POINT_PREFIX, PRESET, SERIES, series_id
 from rla_ablate.sweep.ids import canonical_json, hash_text
@@ -24,6 +24,7 @@ from rla_ablate.tracking.read import RunRecord, SweepRuns
 from rla_ablate.tracking.runs import JOB_ID, flatten, param_value
 
 VERSION = "version"
+BUDGET = "budget"  # a matched wall-clock control's tokens over its reference job's, e.g. "1.10"
 CURRENT, OLDER = "current", "older"
 # Params that are not part of a job's config: they never tell two series apart.
 NOT_CONFIG = ("accounting.",)
@@ -41,9 +42,11 @@ class Selection:
     """Runs of earlier versions kept (include_stale), each tagged version = older."""
     expansion_known: bool = True
     """False when the sweep folder has no jobs.json: then every run of the experiment counts as current."""
+    budgets: list[str] = field(default_factory=list)
+    """One line per matched wall-clock control of the expansion: its token budget and the speeds it came from."""
 
     def notes(self) -> list[str]:
-        out = []
+        out = list(self.budgets)
         if self.stale_excluded:
             out.append(f"{self.stale_excluded} run(s) of earlier versions of the sweep file are not shown "
                        "(pass --include-stale to show them, labelled 'older sweep version')")
@@ -74,8 +77,29 @@ def _fallback_series(run: RunRecord) -> str:
     return "t" + hash_text(canonical_json(described))[1:]
 
 
+def budget_ratio(record: dict | None) -> float | None:
+    """A derived control's token budget over its reference job's (matched wall-clock: the speed ratio, rounded up
+    to whole tokens), from its jobs.json record; None for other jobs."""
+    report = (record or {}).get("control_report") or {}
+    if not report.get("tokens") or not report.get("reference_tokens"):
+        return None
+    return report["tokens"] / report["reference_tokens"]
+
+
+def budget_line(record: dict) -> str:
+    """How a matched wall-clock control's budget was set, in one line (page notes, `results` captions)."""
+    report, base = record["control_report"], str(record.get("name", "")).rsplit("/seed", 1)[0]
+    return (f"{base}: {budget_ratio(record):.2f}x the tokens of {record.get('control_of')} "
+            f"({report['tokens']:,} against {report['reference_tokens']:,}), from estimated tokens/s alone on one "
+            f"GPU fixed before the run: {report.get('tokens_per_s', 0):,.0f} ({report.get('speed_source')}) "
+            f"against {report.get('reference_tokens_per_s', 0):,.0f} ({report.get('reference_speed_source')})"
+            + ("; below 1: the baseline was estimated slower than the residual model, so it trains on fewer tokens, "
+               "not more" if budget_ratio(record) < 1 else ""))
+
+
 def identify(run: RunRecord, record: dict | None, sdir: SweepDir | None) -> None:
-    """Fill the run's identity tags (series, arm, preset, control, point.*) in place."""
+    """Fill the run's identity tags (series, arm, preset, control, point.*, and a derived control's budget ratio,
+    `budget`) in place."""
     tags = run.tags
     if record:
         for key in (ARM, PRESET, CONTROL, SERIES):
@@ -83,6 +107,9 @@ def identify(run: RunRecord, record: dict | None, sdir: SweepDir | None) -> None
                 tags[key] = str(record[key])
         for key, value in (record.get("point") or {}).items():
             tags[POINT_PREFIX + key] = param_value(value)
+        ratio = budget_ratio(record)
+        if ratio is not None:
+            tags[BUDGET] = f"{ratio:.2f}"
     if CONTROL not in tags:
         # Runs written before the control tag: a derived control names the job it matches in `control_of`.
         tags[CONTROL] = tags.get("ablations", NO_CONTROL) if tags.get("control_of") else NO_CONTROL
@@ -99,6 +126,9 @@ def select_runs(runs: SweepRuns, sdir: SweepDir | None, include_stale: bool = Fa
     records = sdir.job_list() if known else []
     current = {str(rec.get("job_id")): (i, rec) for i, rec in enumerate(records)}
     sel = Selection(runs, expansion_known=known)
+    lines = {budget_line(rec) for rec in records if budget_ratio(rec) is not None}
+    if lines:
+        sel.budgets = ["matched wall-clock budgets:"] + [f"  {line}" for line in sorted(lines)]
     kept = []
     for run in runs.jobs:
         job_id = run.tags.get(JOB_ID, "")
