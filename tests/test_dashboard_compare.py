@@ -374,7 +374,7 @@ def test_verdict_rules_on_known_effects(server, tmp_path):
     assert 'class="v-confirmed"' in page and 'class="v-contradicted"' in page
 
 
-def test_divergence_decides_a_claim_when_one_side_diverged_on_every_seed(server, tmp_path):
+def test_divergence_decides_a_claim_when_one_side_diverged_on_every_seed(server, tmp_path, capsys):
     """no_norm diverges on all 3 seeds, the full model on none: a claim that it is worse is confirmed, one that it
     is better contradicted. no_clip diverges on one seed: that seed is left out of the pairing and named."""
     seeds = [0, 1, 2]
@@ -421,6 +421,12 @@ def test_divergence_decides_a_claim_when_one_side_diverged_on_every_seed(server,
     assert got["the norm hurts"].verdict == "contradicted"
     clip = got["the clip matters"]
     assert clip.diff.diff.n == 2 and "treatment diverged on seed 1 (left out)" in clip.reason
+    # `results` names the job's own status too (MLflow ends a diverged run as failed)
+    capsys.readouterr()
+    assert main(["results", "diverging", "--root", str(root), "--tracking-uri", server.uri, "--json"]) == 0
+    statuses = {(r["ablations"], r["seed"]): r["status"] for r in json.loads(capsys.readouterr().out)}
+    assert statuses[("no_norm", 0)] == statuses[("no_clip", 1)] == "diverged"
+    assert statuses[("no_clip", 0)] == statuses[("none", 2)] == "finished"
 
 
 def test_claim_direction_of_a_metric():

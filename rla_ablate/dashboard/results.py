@@ -43,7 +43,7 @@ def result_rows(jobs: list[RunRecord]) -> tuple[list[str], list[dict]]:
     for r in jobs:
         row: dict = {c: r.tags.get(c) for c in (*IDENTITY_COLUMNS, *points, SERIES, *PROVENANCE)}
         row["name"] = r.tags.get("name") or r.name
-        row["status"] = r.status
+        row["status"] = r.job_status  # diverged, not MLflow's failed
         row["seed"] = _seed(r.tags.get("seed"))
         row["tokens"] = max(r.steps.values()) if r.steps else None
         for m in metrics:
