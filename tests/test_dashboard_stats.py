@@ -129,3 +129,42 @@ def test_power_line_gives_a_seed_count_only_where_more_seeds_are_the_remedy():
         "unknown (1 paired seed; 2+ estimate the spread)"
     saved = verdict(d, None, "off", NO_POWER["off"]).as_dict()
     assert saved["seeds_needed"] is None and saved["seeds_note"].startswith("— (more seeds do not help")
+
+
+def test_many_claims_get_benjamini_hochberg_q_values():
+    """Each verdict with a p-value gets its q among them (scipy's BH, checked by hand here); the lines name the
+    decided verdicts that do not survive a 5% false-discovery rate, and the verdicts themselves stay as ruled."""
+    from rla_ablate.dashboard.spec import Claim
+    from rla_ablate.dashboard.stats import bh_adjust, classify
+    from rla_ablate.dashboard.verdict import Verdict, adjust_for_many
+
+    # p = 0.005, 0.01, 0.03, 0.04 -> q = 0.02, 0.02, 0.04, 0.04 (p_(i) m / i, then the running minimum from the top)
+    assert bh_adjust([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.02, 0.04, 0.04, 0.02])
+    claim = Claim(claim="c", metric="eval/val/loss", treatment={"ablations": "x"}, reference={"ablations": "none"},
+                  expect="higher", min_effect=0.01)
+    verdicts = []
+    for shift, spread in ((0.5, 0.01), (0.05, 0.02), (0.03, 0.03), (0.0, 0.02)):
+        treated = {s: 3.0 + shift + spread * (s - 1) ** 2 for s in range(3)}
+        diff = paired_diff(treated, {s: 3.0 for s in range(3)})
+        ruled, why = classify(diff.diff, +1, 0.01)
+        verdicts.append(Verdict("spec", claim, "t", "r", "eval/val/loss", diff, ruled, why, None, "engaged"))
+    verdicts.append(Verdict("spec", claim, "t", "r", None, paired_diff({0: 1.0}, {0: 0.0}), "unresolved", "", None,
+                            "engaged"))  # one seed: no p, no q
+    ps = [v.diff.p_value for v in verdicts[:4]]
+    lines = adjust_for_many(verdicts)
+    assert [v.q for v in verdicts[:4]] == pytest.approx(bh_adjust(ps)) and verdicts[4].q is None
+    assert [v.verdict for v in verdicts[:4]] == [classify(v.diff.diff, +1, 0.01)[0] for v in verdicts[:4]]
+    decided = [v for v in verdicts if v.verdict == "confirmed"]
+    kept = [v for v in decided if v.q <= 0.05]
+    assert len(decided) == 3 and len(kept) == 2
+    assert lines[0].startswith("many claims: 4 tested against zero at 0.05 each") and (
+        "2 of the 3 verdicts that rest on excluding zero keep q <= 0.05") in lines[0]
+    assert lines[1:] == [f"  q > 0.05: confirmed spec: c (p={verdicts[2].diff.p_value:.2g}, q={verdicts[2].q:.3g})"]
+    # a negligible contradiction rests on the interval against the minimum effect, not on zero: never listed
+    from rla_ablate.dashboard.verdict import rests_on_zero
+
+    small = paired_diff({s: 3.0 + 0.001 * s for s in range(3)}, {s: 3.0 for s in range(3)})
+    assert classify(small.diff, +1, 0.01)[0] == "contradicted"
+    assert not rests_on_zero(Verdict("spec", claim, "t", "r", None, small, "contradicted", "", None, "engaged"))
+    assert ", q=" in verdicts[0].diff_text() and verdicts[0].as_dict()["q"] == verdicts[0].q
+    assert adjust_for_many(verdicts[:1]) == []  # one test: nothing to adjust for

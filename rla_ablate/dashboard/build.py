@@ -24,6 +24,7 @@ from rla_ablate.dashboard.coverage import Untested
 from rla_ablate.dashboard.html import write_page
 from rla_ablate.dashboard.render import Rendered, has_comparison, render, validity_index
 from rla_ablate.dashboard.spec import load_specs
+from rla_ablate.dashboard.verdict import adjust_for_many
 from rla_ablate.errors import UserError
 from rla_ablate.sweep.state import SweepDir
 
@@ -210,7 +211,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
                 progress(spec)
         rendered = [r for r in every if r.drawn]
         untested = [u for r in every for u in r.untested]
-        notes = selection.notes()
+        notes = selection.notes() + adjust_for_many([v for r in rendered for v in r.verdicts])
         tell(f"writing {out / 'index.html'} and verdicts.json")
         out.mkdir(parents=True, exist_ok=True)          # no spec drawn: the page still lists what was not tested
         page = write_page(out / "index.html", sweep, rendered, tracking=uri, run_url=run_url, n_runs=counts,

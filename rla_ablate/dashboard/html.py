@@ -154,8 +154,11 @@ def write_page(path: Path, sweep: str, rendered: list[Rendered], *, tracking: st
                "minimum effect; contradicted: the interval excludes every effect of the minimum size in the claimed "
                "direction; unresolved: anything else, one seed, or a comparison whose mechanism was off or whose "
                "results are identical. Seeds for 80% power: two-sided paired t-test at 0.05 detecting the minimum "
-               "effect with the observed spread; none is given where more seeds cannot help (mechanism off, "
-               "identical results, task not learned).</p>"
+               "effect with the observed spread (a test that tells that effect from zero: at exactly the minimum "
+               "effect the confirmed rule, which also needs the mean to reach it, holds about half the time); none "
+               "is given where more seeds cannot help (mechanism off, identical results, task not learned). q: the "
+               "p-value adjusted for the many claims on this page (Benjamini-Hochberg); a decided verdict whose q "
+               "exceeds 0.05 may be one of the chance findings expected among them (listed in the notes).</p>"
                + (_verdict_table(verdicts, with_spec=True) if verdicts
                   else "<p>No claim has runs of its treatment in this sweep.</p>" if untested
                   else "<p>No spec states a claim.</p>")

@@ -133,6 +133,13 @@ def seeds_for_power(sd: float, effect: float, power: float = POWER, alpha: float
     return hi
 
 
+def bh_adjust(p_values: Sequence[float]) -> list[float]:
+    """Benjamini-Hochberg adjusted p-values (q-values) of a family of tests, in their order (scipy's
+    `false_discovery_control`): rejecting every q <= α keeps the expected share of false discoveries among the
+    rejections at α or below (independent or positively dependent tests)."""
+    return [float(q) for q in stats.false_discovery_control(list(p_values), method="bh")]
+
+
 CONFIRMED, CONTRADICTED, UNRESOLVED = "confirmed", "contradicted", "unresolved"
 
 

@@ -22,6 +22,11 @@ whose mechanism was off, whose results are identical, or where no model learned 
 of seeds, so its power line says that seeds do not help until the mechanism is engaged (or the task learned)
 instead of a count; one decided by divergence needs none.
 
+Many claims: each verdict with a p-value (the paired t-test against zero, two seeds or more) also gets its
+Benjamini-Hochberg q among all such verdicts of the dashboard (`adjust_for_many`), and the page's notes list the
+verdicts resting on excluding zero whose q exceeds 0.05. The verdict itself stays the claim's pre-registered rule;
+the q says whether it survives the family's false-discovery rate.
+
 A claim whose treatment no run of the sweep matches gets no verdict: it is listed as not tested, with the runs it
 needs (`rla_ablate.dashboard.coverage`).
 """
@@ -37,7 +42,7 @@ from rla_ablate.dashboard import data as D
 from rla_ablate.dashboard import validity as V
 from rla_ablate.dashboard.spec import Claim
 from rla_ablate.dashboard.stats import (ALPHA, CONFIRMED, CONTRADICTED, MAX_SEEDS, POWER, UNRESOLVED, PairedDiff,
-                                        classify, paired_diff, seeds_for_power)
+                                        bh_adjust, classify, paired_diff, seeds_for_power)
 from rla_ablate.outcome import Status
 
 
@@ -60,6 +65,8 @@ class Verdict:
     no_power: str = ""
     """Why no seed count is given although seeds were paired: more seeds cannot make the comparison valid
     (mechanism off, identical results, task not learned) or divergence decided it; '' otherwise."""
+    q: float | None = None
+    """Its Benjamini-Hochberg adjusted p-value among the dashboard's claims that have one (`adjust_for_many`)."""
 
     def seeds_text(self) -> str:
         """The power line's value: a seed count, or '—' with why none is given."""
@@ -84,7 +91,7 @@ class Verdict:
     def diff_text(self, digits: int = 4) -> str:
         if self.diff is None or self.diff.diff.n == 0:
             return "no paired seeds"
-        return self.diff.format(digits)
+        return self.diff.format(digits) + (f", q={self.q:.3g}" if self.q is not None else "")
 
     def line(self) -> str:
         return (f"{self.verdict.upper()}: {self.claim.claim} | {self.comparison()}: Δ {self.metric or self.claim.metric}"
@@ -100,7 +107,7 @@ class Verdict:
         return {"spec": self.spec, "claim": self.claim.claim, "treatment": self.treatment, "reference": self.reference,
                 "metric": self.metric, "expect": self.claim.expect, "min_effect": self.claim.min_effect,
                 "n": d.n if d else 0, "mean": num(d.mean) if d else None, "lo": num(d.lo) if d else None,
-                "hi": num(d.hi) if d else None, "p": num(self.diff.p_value) if self.diff else None,
+                "hi": num(d.hi) if d else None, "p": num(self.diff.p_value) if self.diff else None, "q": self.q,
                 "seeds": list(self.diff.seeds) if self.diff else [], "verdict": self.verdict, "reason": self.reason,
                 "seeds_needed": self.seeds_needed, "seeds_note": self.seeds_text(), "power": POWER, "alpha": ALPHA,
                 "mechanism": self.mechanism, "mechanism_detail": self.mechanism_detail}
@@ -263,3 +270,34 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
             out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], key, d, verdict, reason, needed,
                                state, detail, no_power))
     return out, untested
+
+
+def rests_on_zero(v: Verdict) -> bool:
+    """Whether a decided verdict rests on its interval excluding zero (confirmed; contradicted with the effect
+    reversed), the test a q-value adjusts. A 'negligible' contradiction rests on the interval excluding the minimum
+    effect instead: its p (against zero) says nothing of it."""
+    if v.verdict not in (CONFIRMED, CONTRADICTED) or v.diff is None or v.diff.diff.n < 2:
+        return False
+    sign = 1 if v.claim.expect == "higher" else -1
+    lo, hi = sorted((sign * v.diff.diff.lo, sign * v.diff.diff.hi))
+    return lo > 0 if v.verdict == CONFIRMED else hi < 0
+
+
+def adjust_for_many(verdicts: list[Verdict], alpha: float = ALPHA) -> list[str]:
+    """Give each verdict with a p-value (two or more paired seeds; the paired t-test against zero) its
+    Benjamini-Hochberg q among them, and say in lines which verdicts that rest on rejecting zero keep q <= alpha. The
+    verdicts themselves follow each claim's own rule: a study that tests many claims at 0.05 expects some decided by
+    chance, and the q-values say which survive the family."""
+    tested = [v for v in verdicts if v.diff is not None and v.diff.diff.n >= 2 and math.isfinite(v.diff.p_value)]
+    if len(tested) < 2:
+        return []
+    for v, q in zip(tested, bh_adjust([v.diff.p_value for v in tested])):
+        v.q = q
+    decided = [v for v in tested if rests_on_zero(v)]
+    kept = [v for v in decided if v.q <= alpha]
+    lines = [f"many claims: {len(tested)} tested against zero at {alpha:g} each; at a {alpha:.0%} false-discovery "
+             f"rate over them (Benjamini-Hochberg q, beside each p) {len(kept)} of the {len(decided)} verdicts "
+             f"that rest on excluding zero keep q <= {alpha:g}"]
+    lines += [f"  q > {alpha:g}: {v.verdict} {v.spec}: {v.claim.claim} (p={v.diff.p_value:.2g}, q={v.q:.3g})"
+              for v in decided if v.q > alpha]
+    return lines
