@@ -91,3 +91,10 @@ def test_launched_clip_sweep_gives_one_series_per_clip_value(tmp_path, capsys, m
     said = capsys.readouterr().out
     assert "not logged to MLflow" in said and "logged to MLflow run" not in said, said
     assert (tmp_path / "dash" / "index.html").is_file()
+    # a bare path or a missing store is no tracking URI: exit 2, and no empty store is created in its place
+    db = root / "clip-e2e" / "mlflow" / "mlflow.db"
+    for command in ("results", "dashboard"):
+        assert main([command, "clip-e2e", "--root", str(root), "--tracking-uri", str(db)]) == 2
+        assert f"did you mean 'sqlite:///{db.resolve()}'?" in capsys.readouterr().err
+        assert main([command, "clip-e2e", "--root", str(root), "--tracking-uri", f"sqlite:///{tmp_path}/none.db"]) == 2
+        assert "no SQLite store at" in capsys.readouterr().err and not (tmp_path / "none.db").exists()

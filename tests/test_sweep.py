@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
 JOB_KEYS = {"job_id", "name", "family", "ablations", "params", "state_elements", "flops_per_token", "tokens",
             "gpu_hours", "mem_gib", "mem_glue", "cuda_graphs", "mem_graph_pool_gib", "gpu_share", "tokens_per_s",
-            "cost_source"}
+            "cost_source", "control_report"}
 
 
 def test_committed_sweeps_exist():
@@ -463,7 +463,7 @@ def test_matched_wallclock_speeds_pinned_in_the_file_set_the_budgets(tmp_path):
     for arm, base, ratio in (("tiny-rla", "sgla", 1.5), ("tiny-rdn", "gdn", 1.5)):
         control = jobs[f"{base}~matched_wallclock({arm})/seed0"]
         assert control.job.train.tokens == math.ceil(8192 * ratio)
-        assert control.control_report["speed_source"] == "pinned in the sweep file (controls: speeds)"
+        assert control.control_report["speed_source"] == "pinned in the sweep file"
         assert control.control_report["reference_tokens_per_s"] == {"sgla": 100, "gdn": 80}[base]
     for control, message in (
         ("{name: matched_wallclock, speeds: {rla: 100, sgla: 150}}",
@@ -471,6 +471,9 @@ def test_matched_wallclock_speeds_pinned_in_the_file_set_the_budgets(tmp_path):
          "rdn, gdn"),
         ("{name: matched_state, speeds: {rla: 100, sgla: 150}}", "speeds applies to matched_wallclock only"),
         ("{name: matched_wallclock, speeds: {rla: 0, sgla: 150}}", ":9: controls.0.speeds.rla: a speed is a positive"),
+        ("{name: matched_wallclock, speeds: {rla: true, sgla: 150}}", ":9: controls.0.speeds.rla: a speed is a positive"),
+        ("{name: matched_wallclock, speeds: {rla: .inf, sgla: 150}}", ":9: controls.0.speeds.rla: a speed is a positive"),
+        ("{name: matched_wallclock, speeds: {rla: fast, sgla: 150}}", "not 'fast'"),
         ("{name: matched_wallclock, speeds: {rla: 1, sgla: 1, rdn: 1, gdn: 1, gla: 1}}",
          ":9: controls.0.speeds.gla: unknown family 'gla'; allowed: gdn, rdn, rla, sgla"),
     ):
@@ -478,3 +481,20 @@ def test_matched_wallclock_speeds_pinned_in_the_file_set_the_budgets(tmp_path):
         with pytest.raises(UserError) as err:
             load_sweep(f)
         assert message in str(err.value), str(err.value)
+
+
+def test_the_plan_shows_each_wallclock_budget_as_trained(capsys):
+    """plan's caption and --json give each matched wall-clock control's budget as it trains (train.tokens rounded
+    up to whole batches), the speed ratio and both speeds' sources."""
+    path = str(REPO / "sweeps" / "proxy-study.yaml")
+    assert main(["plan", path, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    lines = doc["totals"]["budgets"]
+    assert len(lines) == 4 and all("as trained" in line and "pinned in the sweep file" in line for line in lines)
+    lm = next(line for line in lines if line.startswith("sgla~matched_wallclock(lm-rla)"))
+    assert "1.10x the tokens of lm-rla (9,240,576 against 8,388,608 as trained; speed ratio 1.096" in lm
+    control = next(r for r in doc["jobs"] if r["name"] == "sgla~matched_wallclock(lm-rla)/seed0")
+    assert control["control_report"]["tokens_trained"] == control["tokens"] == 9_240_576
+    assert main(["plan", path]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "matched wall-clock budgets" in said and "sgla~matched_wallclock(lm-rla): 1.10x" in said

@@ -27,6 +27,10 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.tracking_uri is not None:
+        from rla_ablate.tracking.read import reader_uri
+
+        args.tracking_uri = reader_uri(args.tracking_uri)
     # The imports and the specs' validation take seconds before build_dashboard reports its phases.
     print(f"dashboard {args.name}: loading the specs", file=sys.stderr, flush=True)
     from rich.console import Console

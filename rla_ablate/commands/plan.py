@@ -84,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     captions = [f"tok/s alone on one {where} from: " + "; ".join(sources), checked.line()]
     if t["runs_on"] != "cpu":
         captions.insert(1, _glue_caption(doc["jobs"]))
+    if t["budgets"]:
+        captions += ["matched wall-clock budgets (tok/s above are each job's own estimate):"] + t["budgets"]
     if "search_trials" in t:
         captions.append(f"Optuna search: the base job above runs as {t['search_trials']} trials (totals include them)")
     console = stdout_console()

@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.sweep.status import resolve_name
 
     name = resolve_name(args.name)
+    if args.tracking_uri is not None:
+        from rla_ablate.tracking.read import reader_uri
+
+        args.tracking_uri = reader_uri(args.tracking_uri)
     if args.tracking_uri is None:
         open_sweep_dir(args.root, name)
     ctx = contextlib.nullcontext(args.tracking_uri) if args.tracking_uri else open_tracking(args.root, name, read_only=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from rla_ablate.sweep.expand import budget_line, budget_ratio
 from rla_ablate.sweep.identity import ARM, CONTROL, NO_CONTROL, POINT_PREFIX, PRESET, SERIES, series_id
 from rla_ablate.sweep.ids import canonical_json, hash_text
 from rla_ablate.sweep.state import SweepDir
@@ -75,26 +76,6 @@ def _fallback_series(run: RunRecord) -> str:
     if "name" in run.tags:
         described["name"] = re.sub(r"/seed-?\d+$", "", run.tags["name"])
     return "t" + hash_text(canonical_json(described))[1:]
-
-
-def budget_ratio(record: dict | None) -> float | None:
-    """A derived control's token budget over its reference job's (matched wall-clock: the speed ratio, rounded up
-    to whole tokens), from its jobs.json record; None for other jobs."""
-    report = (record or {}).get("control_report") or {}
-    if not report.get("tokens") or not report.get("reference_tokens"):
-        return None
-    return report["tokens"] / report["reference_tokens"]
-
-
-def budget_line(record: dict) -> str:
-    """How a matched wall-clock control's budget was set, in one line (page notes, `results` captions)."""
-    report, base = record["control_report"], str(record.get("name", "")).rsplit("/seed", 1)[0]
-    return (f"{base}: {budget_ratio(record):.2f}x the tokens of {record.get('control_of')} "
-            f"({report['tokens']:,} against {report['reference_tokens']:,}), from estimated tokens/s alone on one "
-            f"GPU fixed before the run: {report.get('tokens_per_s', 0):,.0f} ({report.get('speed_source')}) "
-            f"against {report.get('reference_tokens_per_s', 0):,.0f} ({report.get('reference_speed_source')})"
-            + ("; below 1: the baseline was estimated slower than the residual model, so it trains on fewer tokens, "
-               "not more" if budget_ratio(record) < 1 else ""))
 
 
 def identify(run: RunRecord, record: dict | None, sdir: SweepDir | None) -> None:

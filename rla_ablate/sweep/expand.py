@@ -500,8 +500,38 @@ def check_speeds(ref: ControlRef, j: int, located: LocatedYAML) -> None:
         if family not in known:
             raise _err(located, ("controls", j, "speeds", family),
                        f"unknown family '{family}'; allowed: {', '.join(known)}{did_you_mean(family, known)}")
-        if not speed > 0:
-            raise _err(located, ("controls", j, "speeds", family), f"a speed is a positive tokens/s, not {speed}")
+        try:  # YAML reads 1e5 (no dot) as a string: a number written so is one
+            value = math.nan if isinstance(speed, bool) else float(speed)
+        except (TypeError, ValueError):
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise _err(located, ("controls", j, "speeds", family),
+                       f"a speed is a positive, finite number of tokens/s (e.g. 165101), not {speed!r}")
+
+
+def budget_ratio(record: dict | None) -> float | None:
+    """A matched wall-clock control's tokens over its reference job's, as they train (whole batches; the budgets
+    before rounding for records written without them), from its `describe()` record; None for other jobs."""
+    report = (record or {}).get("control_report") or {}
+    for mine, theirs in (("tokens_trained", "reference_tokens_trained"), ("tokens", "reference_tokens")):
+        if report.get(mine) and report.get(theirs) and "speed_ratio" in report:
+            return report[mine] / report[theirs]
+    return None
+
+
+def budget_line(record: dict) -> str:
+    """How a matched wall-clock control's budget was set, in one line (plan captions, dashboard notes)."""
+    report, base = record["control_report"], str(record.get("name", "")).rsplit("/seed", 1)[0]
+    mine = report.get("tokens_trained") or report["tokens"]
+    theirs = report.get("reference_tokens_trained") or report["reference_tokens"]
+    ratio = budget_ratio(record)
+    speeds = (f"{report.get('tokens_per_s', 0):,.0f} tokens/s for it, {report.get('speed_source')}; "
+              f"{report.get('reference_tokens_per_s', 0):,.0f} for {record.get('control_of')}, "
+              f"{report.get('reference_speed_source')}")
+    return (f"{base}: {ratio:.2f}x the tokens of {record.get('control_of')} ({mine:,} against {theirs:,} as trained; "
+            f"speed ratio {report['speed_ratio']:.4g}: {speeds})"
+            + ("; the baseline was estimated slower than the residual model (speed ratio below 1): this control "
+               "gives it no extra tokens" if report["speed_ratio"] < 1 else ""))
 
 
 def _control_targets(ref: ControlRef, arms: list, families: list[str]):
@@ -531,7 +561,7 @@ def _wallclock_controls(r: _Resolver, cfg: SweepConfig, j: int, ref: ControlRef,
 
     def gpu_time(job):
         if ref.speeds is not None:
-            return SpeedEstimate(float(ref.speeds[job.model.family]), "pinned in the sweep file (controls: speeds)")
+            return SpeedEstimate(float(ref.speeds[job.model.family]), "pinned in the sweep file")
         return estimate_speed(job.model_copy(update={"train": job.train.model_copy(update={"cuda_graphs": True})}),
                               cfg.resources.assumed_tflops)
 
@@ -551,7 +581,10 @@ def _wallclock_controls(r: _Resolver, cfg: SweepConfig, j: int, ref: ControlRef,
             v_base = gpu_time(r.job(base_cfg, point, cfg.seeds[0], i)[0])
             ratio = v_base.tokens_per_s / v_res.tokens_per_s
             tokens = math.ceil(target_job.train.tokens * ratio)
+            trained = r.job(base_cfg, {**point, "train.tokens": tokens}, cfg.seeds[0], i)[0].train.total_tokens
+            # train.tokens is rounded up to whole batches when it trains: the budget as trained is what compares
             report = {"tokens": tokens, "reference_tokens": target_job.train.tokens, "speed_ratio": ratio,
+                      "tokens_trained": trained, "reference_tokens_trained": target_job.train.total_tokens,
                       "tokens_per_s": v_base.tokens_per_s, "reference_tokens_per_s": v_res.tokens_per_s,
                       "speed_source": v_base.source, "reference_speed_source": v_res.source}
             for seed in cfg.seeds:

@@ -43,6 +43,8 @@ def plan_rows(sweep: Sweep, gpu_bytes: int | None = None) -> list[dict[str, Any]
             "gpu_share": share, "tokens_per_s": round(speed.tokens_per_s),
             "gpu_hours": train.total_tokens / speed.tokens_per_s / 3600.0,
             "cost_source": speed.source,
+            # a derived control's derivation (matched_wallclock: both speeds, their sources, the budgets)
+            "control_report": job.control_report,
         })
     return rows
 
@@ -92,6 +94,9 @@ def plan(sweep: Sweep, gpu_bytes: int | None = None) -> dict[str, Any]:
     }
     if search:
         totals["search_trials"] = search.n_trials
+    from rla_ablate.sweep.expand import budget_line, budget_ratio
+
+    totals["budgets"] = sorted({budget_line(j.describe()) for j in sweep.jobs if budget_ratio(j.describe()) is not None})
     return {"jobs": rows, "totals": totals}
 
 

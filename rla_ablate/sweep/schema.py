@@ -80,7 +80,7 @@ class ControlRef(_Strict):
     """Residual families to derive controls for (rla -> sgla, rdn -> gdn); default: every residual model."""
     axis: Literal["expand_v", "heads", "head_dim"] = "expand_v"
     """How the baseline is widened: value dim (dv' = 2 dv), heads (H' = 2 H) or key dim (dk' = 2 dk)."""
-    speeds: dict[str, float] | None = None
+    speeds: dict[str, Any] | None = None
     """matched_wallclock only: the tokens/s per family that the budgets assume, instead of the calibration table's
     estimates ({rla: 165101, sgla: 181000}): a study pins them to expand the same jobs whatever table ships. Each
     residual family the control is derived for needs its own speed and its baseline's (checked at expansion)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
@@ -11,6 +12,27 @@ from rla_ablate.tracking.runs import JOB_ID, ROLE, STATUS, SWEEP, ablations_tag,
 # MLflow status -> what a dashboard says about a run that is not finished.
 STATE = {"FINISHED": "finished", "RUNNING": "running", "SCHEDULED": "queued", "FAILED": "failed",
          "KILLED": "cancelled"}
+
+
+def reader_uri(uri: str) -> str:
+    """A `--tracking-uri` a reader may open, or a UserError: an MLflow server (http, https) or a database URI
+    (sqlite:///path/mlflow.db, postgresql://..., mysql://...). A sqlite file must exist: MLflow would create an
+    empty store in its place and read no runs from it."""
+    from urllib.parse import urlparse
+
+    from rla_ablate.errors import UserError
+
+    scheme = urlparse(uri).scheme.split("+", 1)[0]
+    allowed = "http(s)://HOST:PORT of an MLflow server, or a store's database URI (sqlite:///ABSOLUTE/PATH/mlflow.db)"
+    if scheme not in ("http", "https", "sqlite", "postgresql", "mysql", "mssql"):
+        hint = f" (did you mean 'sqlite:///{Path(uri).resolve()}'?)" if Path(uri).is_file() else ""
+        raise UserError(f"'{uri}' is not a tracking URI; allowed: {allowed}{hint}", key="--tracking-uri")
+    if scheme == "sqlite":
+        path = uri.split(":///", 1)[1] if ":///" in uri else ""
+        if not path or not Path(path).is_file():
+            raise UserError(f"no SQLite store at '{path or uri}' (give an existing file: {allowed})",
+                            key="--tracking-uri")
+    return uri
 
 
 @dataclass
