@@ -110,7 +110,8 @@ def _section(r: Rendered, run_url) -> str:
         parts.append("</tbody></table>")
         parts.append('<p class="caption">mean ± 95% t-interval over seeds (n seeds); Δ = row − reference, paired '
                      "by seed, with its 95% interval and paired t-test p. mechanism: engaged, off, identical "
-                     "(results equal the reference's), not measured (no diagnostics), n/a; * see the notes.</p>")
+                     "(results equal the reference's), not measured (a diagnostic, or the run it is compared with, "
+                     "is missing), n/a; * see the notes.</p>")
     elif r.png is not None and r.png.exists():
         data = base64.b64encode(r.png.read_bytes()).decode()
         parts.append(f'<figure><img alt="{escape(r.title)}" src="data:image/png;base64,{data}"></figure>')

@@ -579,7 +579,8 @@ def _footer(fig, out: Rendered) -> None:
     lines = [f"⚠ {note}" for note in out.fallbacks]
     for state, what in ((V.OFF, "MECHANISM OFF (the comparison cannot test the ablation)"),
                         (V.IDENTICAL, "IDENTICAL to the reference (same final results on every seed)"),
-                        (V.NOT_MEASURED, "mechanism not measured (no diag/* metrics)")):
+                        (V.NOT_MEASURED,
+                         "mechanism not measured (a diag/* metric, or the run it is compared with, is missing)")):
         labels = list(dict.fromkeys(label for st, label, _ in out.flagged if st == state))
         if labels:
             lines.append(f"⚠ {what}: {', '.join(labels)}")
