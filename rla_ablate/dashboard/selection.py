@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from rla_ablate.sweep.expand import budget_line, budget_ratio
+from rla_ablate.sweep.expand import budget_lines, budget_ratio
 from rla_ablate.sweep.identity import ARM, CONTROL, NO_CONTROL, POINT_PREFIX, PRESET, SERIES, series_id
 from rla_ablate.sweep.ids import canonical_json, hash_text
 from rla_ablate.sweep.state import SweepDir
@@ -107,9 +107,9 @@ def select_runs(runs: SweepRuns, sdir: SweepDir | None, include_stale: bool = Fa
     records = sdir.job_list() if known else []
     current = {str(rec.get("job_id")): (i, rec) for i, rec in enumerate(records)}
     sel = Selection(runs, expansion_known=known)
-    lines = {budget_line(rec) for rec in records if budget_ratio(rec) is not None}
+    lines = budget_lines(records)
     if lines:
-        sel.budgets = ["matched wall-clock budgets:"] + [f"  {line}" for line in sorted(lines)]
+        sel.budgets = ["matched wall-clock budgets:"] + [f"  {line}" for line in lines]
     kept = []
     for run in runs.jobs:
         job_id = run.tags.get(JOB_ID, "")

@@ -509,29 +509,42 @@ def check_speeds(ref: ControlRef, j: int, located: LocatedYAML) -> None:
                        f"a speed is a positive, finite number of tokens/s (e.g. 165101), not {speed!r}")
 
 
-def budget_ratio(record: dict | None) -> float | None:
-    """A matched wall-clock control's tokens over its reference job's, as they train (whole batches; the budgets
-    before rounding for records written without them), from its `describe()` record; None for other jobs."""
+def _budget(record: dict | None) -> tuple[int, int] | None:
+    """(tokens, reference tokens) of a matched wall-clock control as they train (whole batches; the budgets before
+    rounding for records written without them), from its `describe()` record; None for other jobs."""
     report = (record or {}).get("control_report") or {}
+    if "speed_ratio" not in report:
+        return None
     for mine, theirs in (("tokens_trained", "reference_tokens_trained"), ("tokens", "reference_tokens")):
-        if report.get(mine) and report.get(theirs) and "speed_ratio" in report:
-            return report[mine] / report[theirs]
+        if report.get(mine) and report.get(theirs):
+            return report[mine], report[theirs]
     return None
 
 
-def budget_line(record: dict) -> str:
-    """How a matched wall-clock control's budget was set, in one line (plan captions, dashboard notes)."""
-    report, base = record["control_report"], str(record.get("name", "")).rsplit("/seed", 1)[0]
-    mine = report.get("tokens_trained") or report["tokens"]
-    theirs = report.get("reference_tokens_trained") or report["reference_tokens"]
-    ratio = budget_ratio(record)
-    speeds = (f"{report.get('tokens_per_s', 0):,.0f} tokens/s for it, {report.get('speed_source')}; "
-              f"{report.get('reference_tokens_per_s', 0):,.0f} for {record.get('control_of')}, "
-              f"{report.get('reference_speed_source')}")
-    return (f"{base}: {ratio:.2f}x the tokens of {record.get('control_of')} ({mine:,} against {theirs:,} as trained; "
-            f"speed ratio {report['speed_ratio']:.4g}: {speeds})"
-            + ("; the baseline was estimated slower than the residual model (speed ratio below 1): this control "
-               "gives it no extra tokens" if report["speed_ratio"] < 1 else ""))
+def budget_ratio(record: dict | None) -> float | None:
+    """A matched wall-clock control's tokens over its reference job's, as they train; None for other jobs."""
+    budget = _budget(record)
+    return budget[0] / budget[1] if budget else None
+
+
+def budget_lines(records: list[dict]) -> list[str]:
+    """One line per matched wall-clock control of an expansion (its seeds share it), sorted: how its budget was set
+    (plan's caption, the dashboard's notes)."""
+    lines = set()
+    for record in records:
+        budget = _budget(record)
+        if budget is None:
+            continue
+        report, base = record["control_report"], str(record.get("name", "")).rsplit("/seed", 1)[0]
+        mine, theirs = budget
+        speeds = (f"{report.get('tokens_per_s', 0):,.0f} tokens/s for it, {report.get('speed_source')}; "
+                  f"{report.get('reference_tokens_per_s', 0):,.0f} for {record.get('control_of')}, "
+                  f"{report.get('reference_speed_source')}")
+        lines.add(f"{base}: {mine / theirs:.2f}x the tokens of {record.get('control_of')} ({mine:,} against "
+                  f"{theirs:,} as trained; speed ratio {report['speed_ratio']:.4g}: {speeds})"
+                  + ("; the baseline was estimated slower than the residual model (speed ratio below 1): this "
+                     "control gives it no extra tokens" if report["speed_ratio"] < 1 else ""))
+    return sorted(lines)
 
 
 def _control_targets(ref: ControlRef, arms: list, families: list[str]):

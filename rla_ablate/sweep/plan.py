@@ -94,9 +94,9 @@ def plan(sweep: Sweep, gpu_bytes: int | None = None) -> dict[str, Any]:
     }
     if search:
         totals["search_trials"] = search.n_trials
-    from rla_ablate.sweep.expand import budget_line, budget_ratio
+    from rla_ablate.sweep.expand import budget_lines
 
-    totals["budgets"] = sorted({budget_line(j.describe()) for j in sweep.jobs if budget_ratio(j.describe()) is not None})
+    totals["budgets"] = budget_lines([j.describe() for j in sweep.jobs])
     return {"jobs": rows, "totals": totals}
 
 
