@@ -169,3 +169,36 @@ def test_triton_splits_a_long_sequence_over_segments_as_the_unsplit_pass(fit, mo
     for name, want in whole.items():  # tighter than bf16's 3e-2 against naive: the same kernels on both sides
         assert torch.isfinite(split[name]).all(), name
         assert_close(f"triton-split-{fit} {name}", want.double(), split[name], ratio=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["batched", "packed"])
+def test_rdn_auxiliary_pass_keeping_its_states_matches_fla_recomputing_them(packed):
+    """RDN's auxiliary recurrence on the triton backend (`rdn.DeltaKeepStates`: FLA's kernels, w, h and v_new kept
+    from the forward) against FLA's chunk_gated_delta_rule (which recomputes them in its backward) on the same bf16
+    inputs: output, final state and every gradient, initial state included, to bf16 rounding (FLA's backward
+    recomputes w from A by another kernel than the forward's fused one, so the two may differ in the last bits)."""
+    from rla_ablate.ops.fla_backend import FLA_KERNELS
+    from rla_ablate.ops.triton import rdn
+
+    lengths = [70, 1, 129, 33] if packed else None
+    B, T = (1, sum(lengths)) if packed else (2, 100)
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], device="cuda") if packed else None
+    master = make_inputs(B=B, T=T, N=len(lengths) if packed else None)
+    results = []
+    for kernel in (FLA_KERNELS.delta, rdn.delta_keep_states):
+        x = leaves(master, torch.bfloat16)
+        g32 = x["g"].float()
+        o, R_T = kernel(x["q"], x["k"], x["v"], g32, x["gamma"], 128 ** -0.5, x["R0"], cu)
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        up_o = torch.randn(o.shape, generator=gen, device="cuda")
+        up_R = torch.randn(R_T.shape, generator=gen, device="cuda")
+        loss = (o.float() * up_o).sum() + (R_T.float() * up_R).sum()
+        names = ("q", "k", "v", "g", "gamma", "R0")
+        grads = torch.autograd.grad(loss, [x[n] for n in names])
+        results.append({"o": o, "R_T": R_T} | {f"d{n}": gr for n, gr in zip(names, grads)})
+    fla, kept = results
+    for name, want in fla.items():
+        assert torch.isfinite(kept[name]).all(), name
+        assert kept[name].dtype == want.dtype, name
+        assert_close(f"rdn-aux-{'packed' if packed else 'batched'} {name}", want.double(), kept[name], ratio=1e-2,
+                     atol=1e-3)

@@ -5,7 +5,7 @@ residual, output and gradient kernels) for bf16/fp16 heads up to 128 wide (`rla.
 baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). rule="delta" with a residual path (bf16/fp16,
 heads up to 128: `rdn.covers`) takes the `fla` composition with its base pass replaced by `rdn`'s (the delta rule
 run once and read twice, instead of FLA's kernel over a shifted [q; k] double batch); the auxiliary recurrence stays
-FLA's. Everything else (fp32, wider heads) takes the composition as it is, with the glue fused (`glue`).
+on FLA's kernels, its chunk states kept for the backward (`rdn.DeltaKeepStates`). Everything else (fp32, wider heads) takes the composition as it is, with the glue fused (`glue`).
 
 "auto" picks it first for both rules: on the H200 every fit x target x gates case of each rule has passed, bf16 on
 our kernels and fp32 on the composition, and the models' GPU tests with it (docs/RESULTS.md, "Correctness on the
@@ -18,7 +18,7 @@ import torch
 
 from rla_ablate.ops import _per_sequence, register_backend
 from rla_ablate.ops.chunk import chunk_residual_attention
-from rla_ablate.ops.fla_backend import FLA_KERNELS, compose_residual_attention, fla_available
+from rla_ablate.ops.fla_backend import FLA_KERNELS, BaseKernels, compose_residual_attention, fla_available
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton import rdn
 from rla_ablate.ops.triton.glue import TRITON_GLUE
@@ -28,6 +28,8 @@ from rla_ablate.ops.triton.rla import chunks_fit_grid, covers, rla_triton
 NO_TOKENS = "chunk"              # no tokens: no chunk for a kernel to read (their chunk lists are empty)
 RLA_FUSED = "rla-fused"          # RLA: every pass on the fused kernels of triton.rla
 RDN_READS = "rdn-reads+fla"      # RDN: the base pass's two reads on triton.rdn, the auxiliary pass on FLA's kernels
+# RDN's auxiliary recurrence: FLA's kernels with the chunk states kept from the forward (`rdn.DeltaKeepStates`)
+RDN_KERNELS = BaseKernels(additive=FLA_KERNELS.additive, delta=rdn.delta_keep_states)
 FLA_GLUE = "fla+glue"            # everything else: FLA's kernels composed with the fused Triton glue
 
 
@@ -52,9 +54,11 @@ def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale
         return _per_sequence(chunk_residual_attention, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
     if impl == RLA_FUSED:
         return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
-    reads = rdn.delta_two_reads if impl == RDN_READS else None
+    if impl == RDN_READS:
+        return compose_residual_attention(RDN_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state,
+                                          cu_seqlens, glue=TRITON_GLUE, base_reads=rdn.delta_two_reads)
     return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
-                                      glue=TRITON_GLUE, base_reads=reads)
+                                      glue=TRITON_GLUE)
 
 
 register_backend("triton", triton_residual_attention, fla_available, cuda_rank=0, varlen=True,

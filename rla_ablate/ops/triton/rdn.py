@@ -401,13 +401,76 @@ class DeltaTwoReads(torch.autograd.Function):
                       E_P=E_P, K_P=K_P, Z_P=Z_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale, H=H,
                       K=K, V=V, BT=chunk, BK=BKt, BV=max(MIN_TILE, triton.next_power_of_2(V)), **opts)
         dk_wy, dv, dbeta, db_wy = ctx.wy.bwd(k, v, beta_c, g32, ctx.saved, dW, DN, layout, ctx.cu, chunk)
-        dK += dk_wy
+        # our fp32 dk plus the WY step's, summed in fp32 and stored in the inputs' dtype by one elementwise kernel
+        dK = torch.add(dK, dk_wy, out=torch.empty(B, T, H, K, dtype=dt, device=dev))
         E = E_P.sum(0).view(NTH // H, H)
         terms = E - K_P.sum(0).view(NTH // H, H) + db_wy.float().view(NTH // H, H)
         dg = chunk_gate_gradient(layout, terms, E, Z_P, H).view(B, T, H)
         g_dtype, beta_dtype = ctx.dtypes
-        return (dQ, dK.to(dt), dv.to(v.dtype), dg.to(g_dtype), dbeta.to(beta_dtype), dS0 if ctx.has_S0 else None,
+        return (dQ, dK, dv.to(v.dtype), dg.to(g_dtype), dbeta.to(beta_dtype), dS0 if ctx.has_S0 else None,
                 None, None, None, None, None)
+
+
+class DeltaKeepStates(torch.autograd.Function):
+    """FLA's gated delta rule (chunk_gated_delta_rule, FLA 0.6.0) with its chunk states kept for the backward: RDN's
+    auxiliary recurrence, R_t = alpha_t R_{t-1} (I - gamma_t k_t k_t^T) + gamma_t r_t k_t^T, read by q.
+
+    FLA's own Function saves only the WY matrix A and recomputes w, u and every chunk state h (a whole state pass)
+    in its backward, to spare memory. Here the forward's w, h and the pass's writes v_new are kept, so the backward
+    starts at dh: per layer 8 bytes a token per unit of mixer width more (h at chunk 64 and K = 128 is 4 of them),
+    for one state pass and one WY recomputation less. The kernels and their order are FLA's
+    (`chunk_gated_delta_rule_fwd` / `_bwd`); states are [N, H, V, K] (state_v_first)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale: float, h0, cu_seqlens, chunk: int):
+        from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
+        from fla.ops.common.chunk_o import chunk_fwd_o
+        from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
+        from fla.ops.utils import chunk_local_cumsum
+        from fla.ops.utils.constant import RCP_LN2
+        from fla.ops.utils.index import prepare_chunk_indices
+
+        q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+        ci = prepare_chunk_indices(cu_seqlens, chunk) if cu_seqlens is not None else None
+        seq = dict(cu_seqlens=cu_seqlens, chunk_indices=ci)
+        # FLA's kernels take the chunk-local cumsum of g in log2 units (they use exp2)
+        g_cs = chunk_local_cumsum(g.contiguous(), chunk_size=chunk, scale=RCP_LN2, **seq)
+        w, u, A = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g_cs, beta=beta, chunk_size=chunk, **seq)
+        h, v_new, h_T = chunk_gated_delta_rule_fwd_h(k=k, w=w, u=u, g=g_cs, initial_state=h0, output_final_state=True,
+                                                     state_v_first=True, chunk_size=chunk, **seq)
+        o = chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g_cs, scale=scale, state_v_first=True, chunk_size=chunk, **seq)
+        ctx.save_for_backward(q, k, v, g_cs, beta, A, w, h, v_new, h0)
+        ctx.scale, ctx.chunk, ctx.cu, ctx.ci, ctx.dtype = scale, chunk, cu_seqlens, ci, g.dtype
+        return o.to(q.dtype), h_T
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_bwd_dhu
+        from fla.ops.common.chunk_o import chunk_bwd_dqkwg, chunk_bwd_dv_local
+        from fla.ops.gated_delta_rule.wy_fast import prepare_wy_repr_bwd
+        from fla.ops.utils import chunk_local_cumsum
+
+        q, k, v, g_cs, beta, A, w, h, v_new, h0 = ctx.saved_tensors
+        scale, chunk = ctx.scale, ctx.chunk
+        seq = dict(cu_seqlens=ctx.cu, chunk_indices=ctx.ci)
+        do = do.contiguous()
+        dht = dht.contiguous() if dht is not None else None
+        dv = chunk_bwd_dv_local(q=q, k=k, g=g_cs, do=do, scale=scale, chunk_size=chunk, **seq)
+        dh, dh0, dv = chunk_gated_delta_rule_bwd_dhu(q=q, k=k, w=w, g=g_cs, h0=h0, dht=dht, do=do, dv=dv, scale=scale,
+                                                     state_v_first=True, chunk_size=chunk, **seq)
+        dq, dk, dw, dg = chunk_bwd_dqkwg(q=q, k=k, v=v_new, w=w, g=g_cs, h=h, dv=dv, do=do, dh=dh, scale=scale,
+                                         state_v_first=True, chunk_size=chunk, **seq)
+        dk2, dv, db, dg2 = prepare_wy_repr_bwd(k=k, v=v, beta=beta, g=g_cs, A=A, dw=dw, du=dv, **seq)
+        dk.add_(dk2)
+        dg.add_(dg2)
+        dg = chunk_local_cumsum(dg, chunk_size=chunk, reverse=True, **seq)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(ctx.dtype), db.to(beta.dtype), None,
+                dh0 if ctx.needs_input_grad[6] else None, None, None)
+
+
+def delta_keep_states(q, k, v, g, beta, scale, h0, cu_seqlens):
+    """`DeltaKeepStates` with the signature of the composition's delta kernel (fla_backend.DeltaKernel): (o, h_T)."""
+    return DeltaKeepStates.apply(q, k, v, g, beta, scale, h0, cu_seqlens, CHUNK)
 
 
 def covers(q: torch.Tensor, v: torch.Tensor, spec) -> bool:
