@@ -60,6 +60,27 @@ def test_a_calibration_row_is_reproduced_exactly(table):
     assert est.loss == 16 * 2048 * C.GLUE_BYTES["torch"][1] * 32000 and est.glue == "torch"
 
 
+def test_rdn_rows_measured_before_its_auxiliary_pass_kept_its_states_get_their_bytes(table):
+    """RDN's auxiliary pass keeps h, v_new and w for its backward: 8 bytes a token and layer per unit of width at
+    head_dim 128 (measured on an H100: +1,024 MiB held at 65,536 tokens, 16 heads of 128). A row without
+    `rdn_states_kept` was measured without them, so its estimate adds them; a row with it is reproduced exactly."""
+    rdn = load_preset("100m-rdn")
+    assert C.kept_state_bytes(rdn) == 8 * C.mixer_width(rdn)
+    assert C.kept_state_bytes(rdn.replace(fit="none")) == 0  # no auxiliary recurrence
+    assert C.kept_state_bytes(load_preset("100m-gdn")) == 0 and C.kept_state_bytes(load_preset("100m-rla")) == 0
+    table.append(row("100m-rdn", peak=30.0, tok_s=150_000))
+    n_layers = 16 * 2048 * rdn.num_layers
+    assert C.estimate_memory(job("100m-rdn")).gib * C.GiB == pytest.approx(30.0 * C.GiB + n_layers * 8 * 768)
+    table[0]["rdn_states_kept"] = True
+    C._rows.cache_clear()
+    C._coefficients.cache_clear()
+    assert C.estimate_memory(job("100m-rdn")).gib == pytest.approx(30.0, rel=1e-6)
+    table[:] = [row("100m-gdn", peak=30.0, tok_s=150_000)]  # other families are measured as they run
+    C._rows.cache_clear()
+    C._coefficients.cache_clear()
+    assert C.estimate_memory(job("100m-gdn")).gib == pytest.approx(30.0, rel=1e-6)
+
+
 def test_a_family_with_fused_glue_rows_is_estimated_from_them_alone(table):
     """Rows measured with FLA's fused glue (smaller MLP and loss terms) replace the family's plain-torch rows, for
     memory and speed alike; another family keeps its torch rows."""

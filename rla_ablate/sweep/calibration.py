@@ -27,6 +27,9 @@ its share (rla_ablate.sweep.worker). The table (calibration/h200.json, written b
 its family's nearest calibrated width, not from an assumed peak. Rows measured with CUDA graphs (`graph: true`,
 `--graph on --calibrate`) give jobs with `train.cuda_graphs` their speed (the eager rows stand in where a family
 has none) and never a memory coefficient: a graphed job's memory is the eager estimate plus GRAPH_EXTRA.
+RDN's auxiliary pass keeps its chunk states for the backward (8 bytes a token and layer per unit of width at
+head_dim 128): rows measured before it have those bytes added to their a_f (`kept_state_bytes`); rows measured
+since say `rdn_states_kept`.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ TABLE = "h200.json"
 # else, so a graphed job's peak is its reserved peak. Measured (`benchmarks/train_gpu.py --graph off on`, H100,
 # every family at 100M and 1.5B): the graphed reserved peak exceeds the eager allocated peak by 11.2-20.2%.
 GRAPH_EXTRA = 0.25
+# The chunk of RDN's auxiliary pass, whose chunk states it keeps (`kept_state_bytes`).
+KEPT_STATE_CHUNK = 64
 
 
 @dataclass(frozen=True)
@@ -135,13 +140,26 @@ def row_glue(row: dict[str, Any]) -> str:
     return row.get("glue", "torch")
 
 
+def kept_state_bytes(model: Any) -> float:
+    """Bytes per token and layer that RDN's auxiliary pass keeps from its forward for its backward (the `triton`
+    backend's rla_ablate.ops.triton.rdn.DeltaKeepStates: the chunk states h, H dk dv bf16 per chunk of 64 tokens,
+    the writes v_new and w, H dv and H dk bf16 a token); 0 for every other model."""
+    if model.family != "rdn" or model.fit != "residual":
+        return 0.0
+    H, dk, dv = model.num_heads, model.head_dim, model.head_v_dim
+    return 2.0 * (H * dk * dv / KEPT_STATE_CHUNK + H * dv + H * dk)
+
+
 def row_a_f(row: dict[str, Any], model: Any) -> float:
-    """The activation coefficient one measured row implies (see the module docstring)."""
+    """The activation coefficient one measured row implies (see the module docstring). A row measured before RDN's
+    auxiliary pass kept its states (no `rdn_states_kept`) gets their bytes added: its peak lacks them."""
     train = _Shape(row["micro_batch_size"], row["seq_len"])
     static = sum(_static_bytes(model, train))
     mlp, loss = _per_token_other(model, row_glue(row))
     n = train.micro_batch_size * train.seq_len
     rest = row["peak_gib"] * GiB - static - n * (mlp + loss)
+    if not row.get("rdn_states_kept"):
+        rest += n * model.num_layers * kept_state_bytes(model)
     return rest / (n * model.num_layers * mixer_width(model))
 
 
