@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import yaml
 
 import dashboard_synthetic as syn
 from rla_ablate.cli import main
@@ -473,6 +474,34 @@ def test_every_registry_ablation_has_a_figure_or_table():
     assert set(ABLATIONS) <= shown, set(ABLATIONS) - shown
 
 
+def test_a_claim_on_a_metric_no_run_logged_says_so_and_names_the_closest(server, tmp_path):
+    """A claim whose metric no run of the sweep logged (here misspelt) is unresolved with that reason and the logged
+    names closest to it, without a mechanism check or a seed count; its neighbour on a logged metric is decided."""
+    root, sweep, _ = logged(server, tmp_path, """\
+        name: typo
+        models: [{preset: tiny-rla}]
+        ablations: [no_fitting]
+        seeds: [0, 1]
+        """, lambda job: 3.0 + 0.03 * bool(job.ablations) + 0.001 * job.seed, lambda job: diag_values(0.05, 3.0))
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    claim = {"treatment": {"family": "rla", "ablations": "no_fitting"}, "reference": {"ablations": "none"},
+             "expect": "higher", "min_effect": 0.005}
+    (specs / "t.yaml").write_text(yaml.safe_dump({
+        "kind": "table", "title": "t", "runs": {"family": ["rla"]}, "series": ["family", "ablations"],
+        "columns": [{"metric": "eval/*/loss", "label": "eval loss"}],
+        "claims": [{"claim": "misspelt", "metric": "eval/vall/loss", **claim},
+                   {"claim": "logged", "metric": "eval/val/loss", **claim}]}))
+    dash, page = dashboard(root, "typo", server, specs=specs)
+    got = {v.claim.claim: v for v in dash.verdicts}
+    bad = got["misspelt"]
+    assert bad.verdict == "unresolved" and bad.metric is None and bad.diff is None
+    assert bad.reason.startswith("no run of this sweep logged eval/vall/loss (did you mean eval/val/loss"), bad.reason
+    assert bad.mechanism == "n/a" and bad.seeds_text() == "— (no run logs the metric)"
+    assert "no run of this sweep logged eval/vall/loss" in page
+    assert got["logged"].verdict == "confirmed" and got["logged"].diff.diff.n == 2
+
+
 def test_small_sweep_draws_what_it_compares_and_lists_the_claims_it_cannot_test(server, tmp_path, capsys):
     """Two families, one ablation, two seeds: Table 4 and the validity panel are drawn, every other spec is one line
     per claim naming the runs it needs; the phases are announced as they start."""
@@ -498,7 +527,7 @@ def test_small_sweep_draws_what_it_compares_and_lists_the_claims_it_cannot_test(
     rla, rdn = got["Persistent R helps RLA"], got["Persistent R helps RDN"]
     assert rla.verdict == "confirmed" and rla.diff.diff.n == 2 and rla.seeds_text() == "2"
     assert rdn.verdict == "unresolved" and rdn.diff.diff.n == 1
-    assert "finished with the metric: RDN, no fitting seed 0 (not 1), RDN seeds 0, 1" in rdn.reason
+    assert "seeds finished with the metric: RDN, no fitting: seed 0, not 1; RDN: seeds 0, 1" in rdn.reason
     assert rdn.seeds_text() == "unknown (1 paired seed; 2+ estimate the spread)"
     # Every other claim: no verdict and no power line, one line with the runs it needs.
     claims = {(s.name, c.claim) for s in load_specs() for c in s.claims}

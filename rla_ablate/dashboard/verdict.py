@@ -197,18 +197,27 @@ def _seeds_note(t: D.Series, ref: D.Series, treated: dict, reference: dict) -> s
         return ""                    # every seed paired (or enough to pair): nothing to say about missing ones
 
     def have(series: D.Series, finals: dict) -> str:
-        text = _seeds_phrase(set(finals))
         missing = set(series.seeds) - set(finals)
-        return text + (f" (not {_seeds_text(missing)})" if missing else "")
+        if not finals:
+            return f"none of its {_seeds_phrase(missing)}" if missing else "no seed"
+        return _seeds_phrase(set(finals)) + (f", not {_seeds_text(missing)}" if missing else "")
 
-    return f"finished with the metric: {t.label or 'treatment'} {have(t, treated)}, " \
-           f"{ref.label or 'reference'} {have(ref, reference)}"
+    return f"seeds finished with the metric: {t.label or 'treatment'}: {have(t, treated)}; " \
+           f"{ref.label or 'reference'}: {have(ref, reference)}"
 
 
 OFF_NO_POWER = "more seeds do not help until the mechanism is engaged"
 NO_POWER = {V.OFF: OFF_NO_POWER, V.IDENTICAL: "more seeds do not help: the results are identical",
             "not learned": "more seeds do not help until a model learns the task",
-            "divergence": "decided by divergence"}
+            "divergence": "decided by divergence", "never logged": "no run logs the metric"}
+
+
+def _never_logged(metric: str, jobs) -> str:
+    """The reason of a claim whose metric no run logged, with the logged names closest to it."""
+    from rla_ablate.errors import did_you_mean
+
+    logged = sorted({k for r in jobs for k in r.metrics})
+    return f"no run of this sweep logged {metric}" + did_you_mean(metric.replace("*", ""), logged, n=3)
 
 
 def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[list[Verdict], list[C.Untested]]:
@@ -237,6 +246,12 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
                 out.append(Verdict(spec.name, claim, labels[t.key], "", key, None, UNRESOLVED,
                                    f"no reference series: no run of {labels[t.key]} with "
                                    f"{C.filters_text(claim.reference)} in this sweep", None, V.NO_CHECK))
+                continue
+            if key is None:
+                # no run of the sweep logged the claim's metric (a misspelt name, or one this sweep never logs)
+                out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], None, None, UNRESOLVED,
+                                   _never_logged(claim.metric, runs.jobs), None, V.NO_CHECK,
+                                   no_power=NO_POWER["never logged"]))
                 continue
             treated, reference = D.final_by_seed(t, key), D.final_by_seed(ref, key)
             d = paired_diff(treated, reference)
