@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point on the GPU node, after the bundle is installed (PYTHONPATH=/tmp/site:$PWD):
-#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|glue|graph|scales|train-step|calibrate|bench|profile|tune|train|train-profile|save-tuning|all]
+#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|glue|graph|scales|train-step|calibrate|rdn|bench|profile|tune|train|train-profile|save-tuning|all]
 #                                [pytest -k expr]
 # GPU tests write a junit file, a log and every measured error to $OUT; the kernel table prints last.
 #
@@ -94,6 +94,22 @@ if [[ $what == calibrate ]]; then
     # rows give graphed jobs their speed), merged into the calibration table (it refuses another device's table)
     python3 benchmarks/train_gpu.py --scale 100m --batch 16 --seq-len 2048 --graph off on --steps 6 --warmup 2 --calibrate \
         --json "$OUT/calibrate-100m.json" 2>&1 | tee "$OUT/calibrate.log" || rc=1
+    cp rla_ablate/sweep/calibration/h200.json "$OUT/h200.json"
+fi
+if [[ $what == rdn ]]; then
+    # RDN's auxiliary pass keeping its chunk states (rla_ablate/ops/triton/rdn.py, DeltaKeepStates): its op tests
+    # (against FLA's Function and the float64 naive contract), the op kept vs recomputing side by side, every RDN
+    # training step a sweep can produce, then the 100m step eager and graphed with GDN beside it; the rows join the
+    # calibration table marked rdn_states_kept (their peaks hold the kept states)
+    python3 -m pytest -v -m gpu -p no:cacheprovider tests/test_ops_gpu.py -k "rdn_auxiliary or (triton and delta)" \
+        --junitxml="$OUT/junit-rdn-ops.xml" >"$OUT/tests-rdn-ops.log" 2>&1 || rc=1
+    grep -E "FAILED|ERROR|passed|failed" "$OUT/tests-rdn-ops.log" | tail -n 12
+    python3 benchmarks/rdn_aux.py 2>&1 | tee "$OUT/rdn-aux.log" || rc=1
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_train_gpu.py -k rdn \
+        --junitxml="$OUT/junit-rdn-train.xml" >"$OUT/tests-rdn-train.log" 2>&1 || rc=1
+    tail -n 8 "$OUT/tests-rdn-train.log"
+    python3 benchmarks/train_gpu.py --scale 100m --families rdn gdn --graph off on --steps 6 --warmup 2 --calibrate \
+        --json "$OUT/rdn-100m.json" 2>&1 | tee "$OUT/rdn-100m.log" || rc=1
     cp rla_ablate/sweep/calibration/h200.json "$OUT/h200.json"
 fi
 if [[ $what == profile || $what == tune ]]; then
