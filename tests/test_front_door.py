@@ -45,11 +45,42 @@ def test_dead_tracking_uri_is_refused_in_seconds(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("uri", ["garbage", "http//x:5000", "http://:5000", "ftp://host/x"])
+@pytest.mark.parametrize("uri", ["garbage", "http//x:5000", "http://:5000", "ftp://host/x", "file:///tmp/mlruns"])
 def test_garbage_tracking_uri_is_refused(tmp_path, capsys, uri):
     code, err = run_cli(capsys, "launch", str(tiny_sweep(tmp_path / "s.yaml")), "--root", str(tmp_path / "r"),
                         "--tracking-uri", uri)
     assert code == 2 and "--tracking-uri:" in err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("uri", ["sqlite:////tmp/store.db", "postgresql://user@db.example/mlflow"])
+def test_a_store_uri_is_refused_by_launch_with_the_server_that_serves_it(tmp_path, capsys, uri):
+    """A launch's jobs log through a server's REST API: a database URI is no place for them to log to (accepted, the
+    sweep 'finished' and MLflow got no metric). The message names the command that serves the store."""
+    code, err = run_cli(capsys, "launch", str(tiny_sweep(tmp_path / "s.yaml")), "--root", str(tmp_path / "r"),
+                        "--tracking-uri", uri)
+    assert code == 2 and f"rla-sweep server --backend-store-uri {uri}" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_readers_refuse_a_tracking_server_that_does_not_answer_in_seconds(tmp_path, capsys):
+    """`results` and `dashboard` against a server that is down: exit 2 in seconds (MLflow's client retried for
+    minutes, then a traceback), whether the URI is given or the sweep's sweep.json names it."""
+    from rla_ablate.sweep.state import SweepDir
+    from rla_ablate.tracking.server import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    sdir = SweepDir(tmp_path / "runs", "shared")
+    sdir.path.mkdir(parents=True)
+    sdir.write_meta(tracking_uri=dead, backend_uri=dead, embedded_tracking=False)
+    for command in ("results", "dashboard"):
+        for given in ([], ["--tracking-uri", dead]):
+            t0 = time.monotonic()
+            code, err = run_cli(capsys, command, "shared", "--root", str(tmp_path / "runs"), *given)
+            assert code == 2 and f"no MLflow server answers at {dead}" in err, err
+            assert "the sweep logs there (its sweep.json)" in err, err  # the given URI is the sweep's own here
+            assert time.monotonic() - t0 < 30
+    assert not (sdir.path / "dashboard").exists()
 
 
 def test_mlflow_server_that_dies_at_start_up_says_so(tmp_path, monkeypatch):

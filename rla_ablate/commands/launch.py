@@ -12,8 +12,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None,
                         help="Ray cluster to join (e.g. 10.0.0.1:6379 or 'auto'); default: start a local Ray instance")
     parser.add_argument("--tracking-uri", default=None,
-                        help="MLflow tracking server for the jobs (e.g. http://mlflow:5000); default: start a local "
-                             "one on 127.0.0.1 with its SQLite store under --root")
+                        help="MLflow tracking server for the jobs, http(s)://HOST:PORT (e.g. one `rla-sweep server` "
+                             "started on a database store); default: start a local one on 127.0.0.1 with its SQLite "
+                             "store under --root")
     parser.add_argument("--max-concurrent", type=int, default=None, metavar="N",
                         help="run at most N jobs at once (default: as many as Ray's resources allow)")
 

@@ -148,6 +148,13 @@ def read_runs(sweep: str, root: str | Path, uri: str, *, include_stale: bool = F
     from rla_ablate.dashboard.selection import select_runs
     from rla_ablate.tracking.read import SweepRuns
 
+    if uri.split(":", 1)[0].lower() in ("http", "https"):
+        from rla_ablate.tracking.server import check_server_answers
+
+        stored = tracking_of(root, sweep)[0] == uri if SweepDir(root, sweep).path.is_dir() else False
+        check_server_answers(uri, remedy=(
+            "the sweep logs there (its sweep.json): start that server again, or give --tracking-uri" if stored
+            else "start it, or give another --tracking-uri"), key=None if stored else "--tracking-uri")
     runs = SweepRuns(uri, sweep)
     if runs.experiment_id is None:
         raise UserError(f"the tracking store {uri} has no experiment for sweep '{sweep}'")

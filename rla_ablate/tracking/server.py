@@ -87,36 +87,48 @@ def is_healthy(uri: str, timeout: float = 2.0) -> bool:
         return False
 
 
-# Schemes MLflow's client accepts as a tracking URI; http(s) ones are checked for an answer before a launch.
-TRACKING_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+# Store URIs `rla-sweep server --backend-store-uri` takes; a launch's jobs log through a server's REST API.
+STORE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
-    """Refuse, in seconds, a --tracking-uri that is not a URI MLflow reads or an HTTP server that does not answer."""
+    """Refuse, in seconds, a launch's --tracking-uri that is not an MLflow server's http(s) URL or whose server does
+    not answer. Its jobs log through the server's REST API, so a database URI is refused with the command that
+    serves it (it was accepted once, and the jobs' metrics went nowhere)."""
     parsed = urllib.parse.urlparse(uri)
     scheme = parsed.scheme.split("+", 1)[0].lower()
-    if scheme not in TRACKING_SCHEMES:
-        raise UserError(f"{uri!r} is not a tracking URI; use http://HOST:PORT of an MLflow server (or a "
-                        f"{', '.join(TRACKING_SCHEMES[2:])} store URI)", key="--tracking-uri")
+    if scheme in STORE_SCHEMES:
+        raise UserError(f"{uri!r} is a store, not a server: a launch's jobs log through an MLflow server. Serve it "
+                        f"with `rla-sweep server --backend-store-uri {uri}` and launch with the http://HOST:PORT "
+                        "it prints", key="--tracking-uri")
     if scheme not in ("http", "https"):
-        return
+        raise UserError(f"{uri!r} is not a tracking server's URL; use http(s)://HOST:PORT of an MLflow server "
+                        "(`rla-sweep server` starts one), or leave out --tracking-uri to use the sweep's own store",
+                        key="--tracking-uri")
+    check_server_answers(uri, timeout, "start one with `rla-sweep server` or leave out --tracking-uri to use the "
+                                       "embedded one")
+
+
+def check_server_answers(uri: str, timeout: float = 5.0, remedy: str = "", key: str | None = "--tracking-uri") -> None:
+    """A UserError, within `timeout` seconds, unless something answers HTTP at the http(s) `uri` (MLflow's client
+    would retry for minutes and end in a traceback); `remedy` ends the message."""
+    parsed = urllib.parse.urlparse(uri)
     try:
         port = parsed.port
     except ValueError:
         port = -1
     if not parsed.hostname or port == -1:
-        raise UserError(f"{uri!r} is not a valid URL; expected http://HOST:PORT", key="--tracking-uri")
+        raise UserError(f"{uri!r} is not a valid URL; expected http://HOST:PORT", key=key)
     try:
         with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):
             pass
     except urllib.error.HTTPError:
-        # Something answers HTTP (a proxy, an MLflow without /health): the jobs' client decides the rest.
+        # Something answers HTTP (a proxy, an MLflow without /health): the client decides the rest.
         return
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise UserError(f"no MLflow server answers at {uri} ({getattr(reason, 'strerror', None) or reason}); start "
-                        "one with `rla-sweep server` or leave out --tracking-uri to use the embedded one",
-                        key="--tracking-uri") from None
+        raise UserError(f"no MLflow server answers at {uri} ({getattr(reason, 'strerror', None) or reason})"
+                        + (f"; {remedy}" if remedy else ""), key=key) from None
 
 
 def _alive(pid: int | None) -> bool:
