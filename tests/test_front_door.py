@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from rla_ablate.cli import main
@@ -119,6 +120,33 @@ def test_root_that_is_a_file(tmp_path, capsys):
     assert code == 2 and "is a file" in err
     code, err = run_cli(capsys, "cancel", "door", "--root", str(root))
     assert code == 2 and "is a file" in err
+
+
+def test_dashboard_out_eval_device_and_data_show_seq_len_are_checked_before_any_work(tmp_path, capsys):
+    """Refused with exit 2 before the dashboard starts a server or reads a run, before eval loads a model, before
+    data show opens the data (each ended in a traceback: FileExistsError after rendering, torch's assertion or
+    RuntimeError, ZeroDivisionError); nothing is left behind."""
+    out = tmp_path / "file"
+    out.write_text("x")
+    for bad, said in ((out, f"{out} is a file, not a folder"), (out / "sub", f"{out} is a file, so no folder"),
+                      (Path("/proc/rla-sweep-test/x"), "cannot make /proc/rla-sweep-test/x")):
+        code, err = run_cli(capsys, "dashboard", "nosweep", "--root", str(tmp_path / "runs"), "--out", str(bad))
+        assert code == 2 and f"--out: {said}" in err, err
+    code, err = run_cli(capsys, "dashboard", "nosweep", "--root", str(tmp_path / "runs"),
+                        "--out", str(tmp_path / "new" / "page"))
+    assert code == 2 and "no sweep 'nosweep'" in err and not (tmp_path / "new").exists()
+    for device, said in (("tpu", "'tpu' is not a device here; allowed: cpu, cuda, cuda:N"),
+                         ("cuda:x", "'cuda:x' is not a device here")):
+        code, err = run_cli(capsys, "eval", str(tmp_path), "--tasks", "rla_choice", "--device", device)
+        assert code == 2 and f"--device: {said}" in err, err
+    if not torch.cuda.is_available():
+        code, err = run_cli(capsys, "eval", str(tmp_path), "--tasks", "rla_choice", "--device", "cuda")
+        assert code == 2 and "--device: cuda asked for but CUDA is not available here; allowed here: cpu" in err
+    config = tmp_path / "d.yaml"
+    config.write_text("data: {kind: stdlib}\n")
+    for seq_len in ("0", "-3"):
+        code, err = run_cli(capsys, "data", "show", str(config), "--seq-len", seq_len)
+        assert code == 2 and f"--seq-len: must be >= 1 (got {seq_len})" in err, err
 
 
 def test_train_out_that_is_a_file(tmp_path, capsys):

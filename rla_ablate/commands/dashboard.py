@@ -26,7 +26,33 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def _check_out(out: str) -> None:
+    """A UserError before any work when --out cannot be the page's folder: a file, under one, or where the system
+    refuses a folder (the render ended in a traceback after the server start, the read and every figure)."""
+    from pathlib import Path
+
+    from rla_ablate.errors import UserError
+    from rla_ablate.fileio import check_folder
+
+    what = "the dashboard's page and figures"
+    check_folder(out, "--out", what)
+    path = Path(out).absolute()
+    if path.exists():
+        return
+    # make it and its missing parents to see that the system allows them, then remove what was made
+    missing = [path, *(p for p in path.parents if not p.exists())]
+    try:
+        path.mkdir(parents=True)
+    except OSError as e:
+        raise UserError(f"cannot make {path}: {e.strerror or e}; --out names the folder for {what}",
+                        key="--out") from None
+    for p in missing:
+        p.rmdir()
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        _check_out(args.out)
     if args.tracking_uri is not None:
         from rla_ablate.tracking.read import reader_uri
 

@@ -106,6 +106,8 @@ def show(args) -> int:
         kind = "shards" if (path / "index.json").is_file() else "hf_disk" if _is_hf_dataset(path) else "text"
         raise UserError(f"is a folder; `data show` reads a data config: a YAML file holding `data: {{kind: {kind}, "
                         f"path: {path}}}` (or the mapping alone)", file=str(path))
+    if args.seq_len < 1:
+        raise UserError(f"must be >= 1 (got {args.seq_len})", key="--seq-len")
     located = load_yaml(path)
     if not (isinstance(located.data, dict) and "data" in located.data):
         # A bare data mapping: file it under `data` so errors still point at the right lines.

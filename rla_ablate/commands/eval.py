@@ -29,6 +29,27 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def _check_device(text: str) -> None:
+    """A UserError (exit 2) for a --device this process cannot score on: not cpu / cuda / cuda:N, CUDA absent, or
+    a GPU index past the last one (torch asserted or raised from deep inside the model's build)."""
+    import torch
+
+    from rla_ablate.errors import UserError
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UserError(f"'{text}' is not a device here; allowed: cpu, cuda, cuda:N", key="--device")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"{text} asked for but CUDA is not available here; allowed here: cpu", key="--device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"{text}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to "
+                            f"cuda:{torch.cuda.device_count() - 1}", key="--device")
+
+
 def run(args) -> int:
     from pydantic import ValidationError
 
@@ -44,6 +65,8 @@ def run(args) -> int:
         err = exc.errors()[0]
         raise UserError(err["msg"].removeprefix("Value error, "),
                         key="--" + str(err["loc"][0]).replace("_", "-")) from None
+    if args.device is not None:
+        _check_device(args.device)
     from rla_ablate.sweep.state import SweepDir
 
     target = Path(args.target)
