@@ -325,3 +325,19 @@ def test_a_narrow_terminal_leaves_out_whole_columns_not_letters():
     kept, left_out = fit_columns(Console(width=80), columns, rows, keep=2, fold=("error",),
                                  drop_order=["id", "tokens", "error"])
     assert [columns[i] for i in kept] == ["job", "status", "error"] and left_out == ["id", "tokens"]
+
+
+def test_a_sweep_name_where_its_file_belongs_and_a_file_where_its_name_does(tmp_path, capsys, monkeypatch):
+    """`plan smoke` points at sweeps/smoke.yaml; dashboard, resume and ui take the sweep file as status and
+    results do (the name inside it), so their 'no sweep' names the sweep, not the file's path."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sweeps").mkdir()
+    sweep = tiny_sweep(tmp_path / "sweeps" / "mine.yaml", name="door")
+    for command in (["plan"], ["launch", "--root", str(tmp_path / "runs")]):
+        code, err = run_cli(capsys, command[0], "mine", *command[1:])
+        assert code == 2 and "mine: no such file (did you mean sweeps/mine.yaml?" in err, err
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "runs").mkdir()
+    for command in ("dashboard", "resume", "ui", "status", "results"):
+        code, err = run_cli(capsys, command, str(sweep), "--root", str(tmp_path / "runs"))
+        assert code == 2 and "no sweep 'door'" in err, (command, err)

@@ -14,7 +14,7 @@ def register(subparsers) -> None:
                     "paired differences), the validity panel and the verdict on each claim, with run links, and log "
                     "them to the sweep's parent run. Only the runs of the sweep's current expansion are read "
                     "(see --include-stale). Unfinished or missing jobs are shown as such.")
-    parser.add_argument("name", help="the sweep name")
+    parser.add_argument("name", help="the sweep name (or its sweep file)")
     parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
     parser.add_argument("--specs", default=None, help="folder of figure specs (default: the repository's dashboards/)")
     parser.add_argument("--out", default=None, help="output folder (default: ROOT/NAME/dashboard)")
@@ -51,6 +51,9 @@ def _check_out(out: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rla_ablate.sweep.status import resolve_name
+
+    args.name = resolve_name(args.name)  # a sweep file names its sweep, as for status and results
     if args.out is not None:
         _check_out(args.out)
     if args.tracking_uri is not None:

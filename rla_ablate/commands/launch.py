@@ -58,10 +58,10 @@ def options(args: argparse.Namespace, new_version: bool = False):
 
 
 def run(args: argparse.Namespace) -> int:
-    from rla_ablate.config.yamlio import check_file
+    from rla_ablate.sweep.expand import check_sweep_file
     from rla_ablate.sweep.launch import launch
 
-    check_file(args.file, "a sweep file (YAML), e.g. sweeps/smoke.yaml")
+    check_sweep_file(args.file)
     return exit_code(launch(args.file, options(args, args.new_version)))
 
 

@@ -43,12 +43,11 @@ def _h(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rla_ablate.config.yamlio import check_file
     from rla_ablate.sweep.datacheck import check_data
-    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.sweep.expand import check_sweep_file, load_sweep
     from rla_ablate.sweep.plan import plan
 
-    check_file(args.file, "a sweep file (YAML), e.g. sweeps/smoke.yaml")
+    check_sweep_file(args.file)
     sweep = load_sweep(args.file)
     checked = check_data(sweep)
     from rla_ablate.sweep.launch import check_evals

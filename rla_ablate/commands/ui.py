@@ -14,7 +14,7 @@ def register(subparsers) -> None:
                     "serving it already, print that address instead. Dashboard pages link runs to "
                     "http://127.0.0.1:5050, the default --port.")
     parser.add_argument("name", nargs="?", default=None,
-                        help="the sweep name (default: the most recently launched sweep under --root)")
+                        help="the sweep name or its sweep file (default: the most recently launched sweep under --root)")
     parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
     parser.add_argument("--port", type=int, default=5050, help="port on 127.0.0.1 (default: 5050)")
     parser.set_defaults(func=run)
@@ -25,8 +25,10 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.errors import UserError
     from rla_ablate.tracking import TrackingServer
 
+    from rla_ablate.sweep.status import resolve_name
+
     root = Path(args.root)
-    name = args.name
+    name = resolve_name(args.name) if args.name is not None else None
     if name is None:
         metas = sorted(root.glob("*/sweep.json"), key=lambda p: p.stat().st_mtime)
         if not metas:

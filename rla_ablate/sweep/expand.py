@@ -118,6 +118,20 @@ def check_job_count(cfg: SweepConfig, located: LocatedYAML) -> None:
                    "largest of these")
 
 
+def check_sweep_file(path: str | Path) -> None:
+    """A UserError unless `path` is a file (`check_file`); a sweep's name given where its file belongs (`plan
+    smoke`) is pointed at the file of that name."""
+    from rla_ablate.config.yamlio import check_file
+
+    path = Path(path)
+    if not path.exists() and path.suffix not in (".yaml", ".yml"):
+        near = [p for p in (path.with_suffix(".yaml"), Path("sweeps") / f"{path.name}.yaml") if p.is_file()]
+        if near:
+            raise UserError(f"no such file (did you mean {near[0]}? plan and launch take a sweep file; status, "
+                            "results and dashboard also take a sweep's name)", file=str(path))
+    check_file(path, "a sweep file (YAML), e.g. sweeps/smoke.yaml")
+
+
 def load_sweep(path: str | Path) -> Sweep:
     """Load, validate and expand a sweep file; raises `UserError` on any problem, before anything runs."""
     located = load_yaml(path)
