@@ -286,6 +286,13 @@ BAD = {
                       "model.target"),
     "bad_value": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  data: {kind: stdlib}\n  train:\n"
                   "    lr: -1\n", 6, "lr"),
+    # at the eval list, its section named once (it read 'base: base: eval names ...' at the base line)
+    "repeated_eval_name": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  eval:\n"
+                           "    - {name: val, data: {kind: stdlib}}\n    - {name: val, data: {kind: stdlib}}\n", 4,
+                           ": base.eval: names must be unique; repeated: val"),
+    "whole_job_check": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  train: {seq_len: 128}\n"
+                        "  data: {kind: mqar, seq_len: 64}\n", 3,
+                        ":3: base: data.seq_len (64) must equal train.seq_len (128)"),
 }
 
 

@@ -24,7 +24,7 @@ def register(subparsers) -> None:
         "launch", help="run a sweep on Ray: skip finished jobs, resume unfinished ones, log to MLflow",
         description="Expand the sweep file into jobs (each identified by a hash of its resolved config), skip the "
                     "finished ones, resume unfinished ones from their checkpoints and schedule the rest on Ray. "
-                    "Exits 0 only when every job finished.")
+                    "Exits 0 only when every job ended: finished, or diverged (a result, never rerun).")
     parser.add_argument("file", help="the sweep file (YAML), e.g. sweeps/smoke.yaml")
     add_run_options(parser)
     parser.add_argument("--new-version", action="store_true",

@@ -42,7 +42,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"the sweep '{name}' has no tracking store yet ({store / 'mlflow.db'} is missing)")
     server = TrackingServer(store, port=args.port).start()
     if not server.owned:
-        print(f"sweep {name}: MLflow UI already served by the running launch at {server.uri}")
+        owner = (server.read_record() or {}).get("owner_pid")
+        print(f"sweep {name}: its MLflow UI is already served at {server.uri}"
+              + (f" (by process {owner}: a launch, a `ui` or a dashboard)" if owner else ""))
         return 0
     print(f"sweep {name}: MLflow UI at {server.uri}  (Ctrl-C to stop)", flush=True)
     try:

@@ -78,8 +78,9 @@ def result_path(job_dir: Path, tokens: int, req: EvalRequest) -> Path:
     return Path(job_dir) / "evals" / f"{int(tokens):015d}-{req.key()}.json"
 
 
-def load_job(job_dir: str | Path, tokens: int | None = None) -> tuple[Any, int, Path]:
-    """(JobConfig, tokens, checkpoint path) of the job's final checkpoint, or of the one at `tokens`."""
+def load_job(job_dir: str | Path, tokens: int | None = None, sweep_names: bool = True) -> tuple[Any, int, Path]:
+    """(JobConfig, tokens, checkpoint path) of the job's final checkpoint, or of the one at `tokens`;
+    `sweep_names`: whether the command also takes a sweep's name (its message then says so)."""
     from rla_ablate.train.checkpoint import list_checkpoints
     from rla_ablate.train import JobConfig
 
@@ -87,7 +88,8 @@ def load_job(job_dir: str | Path, tokens: int | None = None) -> tuple[Any, int, 
     spec = job_dir / "job.json"
     if not spec.is_file():
         raise UserError(f"{job_dir} is not a job folder (no job.json); give a folder written by `rla-sweep train "
-                        "--out` or a sweep's jobs/<id>, or a sweep name", key="JOB_DIR")
+                        "--out` or a sweep's jobs/<id>" + (", or a sweep name" if sweep_names else ""),
+                        key="JOB_DIR")
     job = JobConfig.model_validate_json(spec.read_text(encoding="utf-8"))
     found = list_checkpoints(job_dir)
     if not found:

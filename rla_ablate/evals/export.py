@@ -33,7 +33,7 @@ def export_job(job_dir: str | Path, out: str | Path, tokens: int | None = None, 
     from rla_ablate.models.hf import RLASweepForCausalLM
     from rla_ablate.train.checkpoint import load_checkpoint
 
-    job, tokens, ckpt = load_job(job_dir, tokens)
+    job, tokens, ckpt = load_job(job_dir, tokens, sweep_names=False)
     out = Path(out)
     check_folder(out, "OUT", "the exported model")
     if out.exists() and any(out.iterdir()) and not force:

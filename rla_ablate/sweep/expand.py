@@ -374,7 +374,8 @@ class _Resolver:
         if arm is not None and self._arm_sets(arm, loc):
             where = ("models", arm, "base")
         prefix = ".".join(str(p) for p in where) + "."
-        return _err(self.located, where + loc, validation_message(exc, self.JobConfig, prefix, at=prefix + dotted))
+        at = prefix + dotted if dotted else prefix.rstrip(".")  # a check of the whole job: reported at its section
+        return _err(self.located, where + loc, validation_message(exc, self.JobConfig, prefix, at=at))
 
     def _arm_sets(self, arm: int, loc: tuple) -> bool:
         """Whether the value at `loc` of an arm's jobs comes from the arm's own `base:` (whose `train` keys join the

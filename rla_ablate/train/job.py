@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rla_ablate.config.dotted import flat_dotted
 from rla_ablate.data.config import DataConfig, EvalConfig, StdlibData
@@ -51,12 +51,17 @@ class JobConfig(BaseModel):
     eval: list[EvalConfig] = Field(default_factory=_default_eval)
     """Evaluation sets (default: the embedded corpus' validation split); names must be unique."""
 
+    @field_validator("eval")
+    @classmethod
+    def _unique_names(cls, evals: list[EvalConfig]) -> list[EvalConfig]:
+        names = [e.name for e in evals]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:  # at the eval list's line (a check of the whole job had the job's line and its name twice)
+            raise ValueError(f"names must be unique; repeated: {', '.join(repeated)}")
+        return evals
+
     @model_validator(mode="after")
     def _check(self) -> "JobConfig":
-        names = [e.name for e in self.eval]
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise ValueError(f"eval names must be unique; repeated: {', '.join(repeated)}")
         own = getattr(self.data, "seq_len", None) or getattr(self.data, "context_length", None)
         if own is not None and own != self.train.seq_len:
             field = "seq_len" if self.data.kind == "mqar" else "context_length"
