@@ -16,9 +16,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# ROOT: where the demo's sweep and its dashboard go (`make demo ROOT=/tmp/rla-runs`)
+ROOT ?= rla-runs
 demo: $(STAMP)
-	$(VENV)/bin/rla-sweep launch sweeps/smoke.yaml
-	$(VENV)/bin/rla-sweep dashboard smoke
+	$(VENV)/bin/rla-sweep launch sweeps/smoke.yaml --root $(ROOT)
+	$(VENV)/bin/rla-sweep dashboard smoke --root $(ROOT)
 
 # The linter and the type check run first: they take a minute, the tests many.
 # mypy's files and per-module settings are in pyproject.toml ([tool.mypy]).
