@@ -281,6 +281,13 @@ BAD = {
     "search_key": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                    "    train.lrr: {type: float, low: 1.0e-4, high: 1.0e-2}\n  n_trials: 2\n", 5,
                    "did you mean 'train.lr'"),
+    # a float range on an int key: its whole-number ends validate, the trials' draws would not (caught at plan)
+    "search_float_on_int": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                            "    model.num_layers: {type: float, low: 1, high: 2}\n  n_trials: 2\n", 5,
+                            "search.params.model.num_layers: Input should be a valid integer"),
+    "search_int_fraction": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                            "    model.num_layers: {type: int, low: 1, high: 2.5}\n  n_trials: 2\n", 5,
+                            "an int parameter needs whole-number bounds (got low 1, high 2.5)"),
     "search_choice": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                       "    model.target: {type: categorical, choices: [clip, tanhh, tanh]}\n  n_trials: 2\n", 5,
                       "model.target"),

@@ -67,3 +67,27 @@ def test_search_runs_trials_through_ray_and_mlflow(tmp_path):
     assert "nothing to run" in again.stdout
     assert len(optuna.load_study(study_name="e2e-search", storage=sdir.optuna_uri).get_trials()) == 3
     assert len(client.search_runs([exp.experiment_id], filter_string="tags.`rla.role` = 'job'")) == 3
+
+
+def test_a_continued_study_draws_new_parameters_and_a_new_one_repeats_its_seed(tmp_path):
+    """A relaunch with more trials continues the study: its sampler must not draw the first trials' parameters
+    again (their jobs are done, so the launch ran nothing and counted them as new trials). A new study with the same
+    seed draws the same points (reproducible)."""
+    from rla_ablate.sweep.schema import SearchConfig
+    from rla_ablate.sweep.search import make_study, suggest
+
+    cfg = SearchConfig.model_validate({**SEARCH["search"], "sampler": "tpe"})
+
+    def draw(uri: str, n: int) -> list[dict]:
+        study = make_study(cfg, "s", uri)
+        points = []
+        for _ in range(n):
+            trial = study.ask()
+            points.append(suggest(trial, cfg.params))
+            study.tell(trial, 1.0)
+        return points
+
+    first = draw(f"sqlite:///{tmp_path / 'a.db'}", 3)
+    more = draw(f"sqlite:///{tmp_path / 'a.db'}", 3)      # the same study, continued
+    assert len({p["train.lr"] for p in first + more}) == 6, (first, more)
+    assert draw(f"sqlite:///{tmp_path / 'b.db'}", 3) == first

@@ -180,6 +180,15 @@ def check_device(cfg: SweepConfig, located: LocatedYAML, jobs: list[ResolvedJob]
                          "auto or above 0, or train.device auto or cpu and train.cuda_graphs false")
 
 
+def _fractional_point(low: float, high: float) -> float:
+    """A point strictly inside (low, high) that is not a whole number."""
+    for frac in (0.381966, 0.5, 0.25, 0.75):
+        x = low + (high - low) * frac
+        if low < x < high and not float(x).is_integer():
+            return x
+    return low + (high - low) * 0.381966
+
+
 def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> None:
     """A search's keys and ranges build valid jobs and its metric is one the trials log: caught here, by `plan` and
     before a launch starts anything, not when the first trial is asked for or after every trial has run."""
@@ -193,9 +202,13 @@ def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> N
         else:
             cast = int if p.type == "int" else float
             ends[0][key], ends[1][key] = cast(p.low), cast(p.high)
-    # Every categorical choice, the other keys at their lows; the numeric ranges at both ends.
-    probes = ends + [{**ends[0], key: c} for key, p in params.items() if p.type == "categorical"
-                     for c in (p.choices or [])[1:-1]]
+    # Every categorical choice, the other keys at their lows; the numeric ranges at both ends; each float range
+    # also at a point inside it with a fraction (its ends may be whole numbers that an int key accepts, and the
+    # trials' draws are not)
+    inside = [{**ends[0], key: _fractional_point(p.low, p.high)} for key, p in params.items()
+              if p.type == "float" and p.low is not None and p.high is not None and p.low < p.high]
+    probes = ends + inside + [{**ends[0], key: c} for key, p in params.items() if p.type == "categorical"
+                              for c in (p.choices or [])[1:-1]]
     expand(cfg, located, points=probes)
     metric, allowed = cfg.search.metric, base.job.logged_metrics()
     if metric not in allowed:

@@ -152,6 +152,9 @@ class SearchParam(_Strict):
                 raise ValueError(f"a {self.type} parameter needs 'low' and 'high'")
             if self.low > self.high:
                 raise ValueError(f"low ({self.low}) is above high ({self.high})")
+            if self.type == "int" and not (float(self.low).is_integer() and float(self.high).is_integer()):
+                raise ValueError(f"an int parameter needs whole-number bounds (got low {self.low:g}, high "
+                                 f"{self.high:g}); for fractional values use type: float")
             if self.log and self.low <= 0:
                 raise ValueError("log scale needs low > 0")
         return self

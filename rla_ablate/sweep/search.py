@@ -34,8 +34,6 @@ def make_study(cfg: SearchConfig, name: str, storage: Any):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = (optuna.samplers.TPESampler(seed=cfg.seed) if cfg.sampler == "tpe"
-               else optuna.samplers.RandomSampler(seed=cfg.seed))
     pruner: optuna.pruners.BasePruner
     if cfg.pruner == "median":
         pruner = optuna.pruners.MedianPruner(n_startup_trials=2)
@@ -45,8 +43,15 @@ def make_study(cfg: SearchConfig, name: str, storage: Any):
         pruner = optuna.pruners.NopPruner()
     if isinstance(storage, str):
         storage = _storage(storage)
-    return optuna.create_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner,
-                               direction=cfg.direction, load_if_exists=True)
+    study = optuna.create_study(study_name=name, storage=storage, pruner=pruner, direction=cfg.direction,
+                                load_if_exists=True)
+    # The sampler's seed counts the trials the study already holds: a new study draws from `seed` (reproducible),
+    # a continued one (a relaunch, a larger n_trials) from a stream of its own. With `seed` alone a continuation
+    # drew the first trials' parameters again, whose jobs were done: it ran nothing new and counted them as trials.
+    seed = cfg.seed + len(study.get_trials(deepcopy=False))
+    study.sampler = (optuna.samplers.TPESampler(seed=seed) if cfg.sampler == "tpe"
+                     else optuna.samplers.RandomSampler(seed=seed))
+    return study
 
 
 def suggest(trial: Any, params: dict[str, SearchParam]) -> dict[str, Any]:
