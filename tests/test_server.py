@@ -190,3 +190,29 @@ def test_ui_never_serves_another_servers_runs(tmp_path, capsys):
         assert main(["ui", "mine", "--root", str(root), "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"--port: port {port} on 127.0.0.1 is in use by another process" in err, err
+
+
+def test_ctrl_c_stops_a_server_started_with_sigint_ignored(tmp_path):
+    """A process a non-interactive shell starts in the background (`rla-sweep server &`) inherits SIGINT ignored,
+    and Python leaves it so: `kill -INT` (Ctrl-C's signal, the documented way to stop) did nothing, until the test
+    that stops its server this way killed it after 60 s. The server sets SIGINT itself."""
+    from cli_run import CLI, REPO
+
+    port = free_port()
+    proc = subprocess.Popen([*CLI, "server", "--root", str(tmp_path / "runs"), "--port", str(port)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + 120
+        while not is_healthy(f"http://127.0.0.1:{port}", timeout=1.0):
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "the server did not answer within 120 s"
+            time.sleep(0.25)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130 and "tracking server stopped" in out, out
+    assert not is_healthy(f"http://127.0.0.1:{port}", timeout=1.0)

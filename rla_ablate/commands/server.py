@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from rla_ablate.commands import stopped_by_ctrl_c
+
 # The folder under --root that holds the shared server's state (a sweep name cannot start with "_").
 SERVER_DIR = "_server"
 DEFAULT_PORT = 5000
@@ -114,7 +116,7 @@ def _default_allowed_hosts(host: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from rla_ablate.commands.launch import check_root
     from rla_ablate.errors import UserError
-    from rla_ablate.tracking.server import TrackingServer, redact
+    from rla_ablate.tracking.server import TrackingServer
 
     if not 0 < args.port < 65536:
         raise UserError(f"{args.port} is not a port; give one in 1-65535", key="--port")
@@ -137,33 +139,12 @@ def run(args: argparse.Namespace) -> int:
     server = TrackingServer(root / SERVER_DIR, port=args.port, workers=args.workers, host=args.host,
                             backend_store_uri=store, artifacts_destination=artifacts,
                             allowed_hosts=allowed)
-    # SIGTERM stops the server like Ctrl-C (TrackingServer's own handler stops the process first).
+    # SIGTERM stops the server like Ctrl-C (TrackingServer's own handler stops the process first); SIGINT does even
+    # when inherited ignored (`stopped_by_ctrl_c`).
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        server.start()
-        if not server.owned:
-            rec = server.read_record() or {}
-            if rec.get("backend_uri") != redact(server.backend_uri):
-                raise UserError(f"a server started by pid {rec.get('owner_pid')} already serves {server.root} with "
-                                f"the store {rec.get('backend_uri')}; stop it first or give another --root",
-                                key="--root")
-            print(f"a tracking server for {server.root} is already running at {rec.get('uri')} (started by pid "
-                  f"{rec.get('owner_pid')}); launch with --tracking-uri {rec.get('uri')}")
-            return 0
-        server.supervise()
-        print(f"MLflow tracking server at {server.public_uri}\n"
-              f"  store:     {redact(server.backend_uri)}\n"
-              f"  artifacts: {server.artifacts_destination or server.artifacts_dir}\n"
-              f"  log:       {server.log_path}\n"
-              f"launch sweeps with:  rla-sweep launch FILE --tracking-uri {server.public_uri}", flush=True)
-        if args.host not in LOOPBACK:
-            print(f"listening on {args.host}: every machine that reaches port {server.port} can read and write runs "
-                  "(MLflow has no login)", flush=True)
-        print("Ctrl-C to stop", flush=True)
-        while True:
-            for line in server.notices():
-                print(line, flush=True)
-            time.sleep(0.5)
+        with stopped_by_ctrl_c():
+            return _serve(server, args)
     except KeyboardInterrupt:
         server.stop()
         print("tracking server stopped", file=sys.stderr, flush=True)
@@ -171,3 +152,35 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
         signal.signal(signal.SIGTERM, previous)
+
+
+def _serve(server, args: argparse.Namespace) -> int:
+    """Start the server (or name the one already serving its root) and print its notices until interrupted."""
+    from rla_ablate.errors import UserError
+    from rla_ablate.tracking.server import redact
+
+    server.start()
+    if not server.owned:
+        rec = server.read_record() or {}
+        if rec.get("backend_uri") != redact(server.backend_uri):
+            raise UserError(f"a server started by pid {rec.get('owner_pid')} already serves {server.root} with "
+                            f"the store {rec.get('backend_uri')}; stop it first or give another --root",
+                            key="--root")
+        print(f"a tracking server for {server.root} is already running at {rec.get('uri')} (started by pid "
+              f"{rec.get('owner_pid')}); launch with --tracking-uri {rec.get('uri')}")
+        return 0
+    server.supervise()
+    print(f"MLflow tracking server at {server.public_uri}\n"
+          f"  store:     {redact(server.backend_uri)}\n"
+          f"  artifacts: {server.artifacts_destination or server.artifacts_dir}\n"
+          f"  log:       {server.log_path}\n"
+          f"launch sweeps with:  rla-sweep launch FILE --tracking-uri {server.public_uri}", flush=True)
+    if args.host not in LOOPBACK:
+        print(f"listening on {args.host}: every machine that reaches port {server.port} can read and write runs "
+              "(MLflow has no login)", flush=True)
+    print("Ctrl-C to stop", flush=True)
+    while True:
+        for line in server.notices():
+            print(line, flush=True)
+        time.sleep(0.5)
+

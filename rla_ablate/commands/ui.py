@@ -6,6 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
+from rla_ablate.commands import stopped_by_ctrl_c
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -48,8 +50,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"sweep {name}: MLflow UI at {server.uri}  (Ctrl-C to stop)", flush=True)
     try:
-        while server.proc is not None and server.proc.poll() is None:
-            time.sleep(0.5)
+        with stopped_by_ctrl_c():
+            while server.proc is not None and server.proc.poll() is None:
+                time.sleep(0.5)
     finally:
         server.stop()
     return 0
