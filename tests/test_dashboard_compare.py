@@ -432,7 +432,7 @@ def test_divergence_decides_a_claim_when_one_side_diverged_on_every_seed(server,
 
 def test_claim_direction_of_a_metric():
     from rla_ablate.dashboard.spec import Claim
-    base = {"claim": "c", "treatment": {"ablations": "x"}, "reference": {"ablations": "none"}, "expect": "lower",
+    base = {"claim": "c", "treatment": {"ablations": "no_fitting"}, "reference": {"ablations": "none"}, "expect": "lower",
             "min_effect": 0.01}
     assert Claim(**base, metric="eval/mqar_kv32/acc").better_is_higher
     assert not Claim(**base, metric="eval/val/loss").better_is_higher

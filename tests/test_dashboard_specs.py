@@ -108,6 +108,28 @@ def write(tmp_path, text, name="spec.yaml"):
      y: eval/val/loss
      x: []
      """, ":4: x", "at least 1"),
+    # family and ablation names are closed sets: a misspelt one matched nothing and asked for a sweep edit
+    ("""\
+     kind: curve
+     title: t
+     runs:
+       family: [rlaa, sgla]
+     y: train/loss
+     """, ":3: runs", "family 'rlaa' in runs is no family (did you mean 'rla'?)"),
+    ("""\
+     kind: table
+     title: t
+     columns: [{metric: eval/val/loss}]
+     claims:
+       - {claim: c, treatment: {ablations: tied_gama}, reference: {ablations: none}, expect: lower, min_effect: 0}
+     """, ":5: claims.0.treatment", "ablations 'tied_gama' in a claim is no ablation or control (did you mean"),
+    ("""\
+     kind: curve
+     title: t
+     runs:
+       ablations: [none, no_clip+no_nrom]
+     y: train/loss
+     """, ":3: runs", "ablations 'no_nrom' in runs is no ablation or control (did you mean 'no_norm'?)"),
 ])
 def test_bad_specs_name_file_line_key(tmp_path, text, where, says):
     path = write(tmp_path, text)
@@ -128,3 +150,27 @@ def test_malformed_yaml_and_cli_exit_code(tmp_path, capsys):
     assert "broken.yaml" in err and "Traceback" not in err
     assert main(["dashboard", "smoke", "--root", str(tmp_path / "nowhere")]) == 2
     assert "no sweep 'smoke'" in capsys.readouterr().err
+
+
+def test_metrics_and_params_no_run_has_are_noted_with_the_closest(tmp_path):
+    """A misspelt metric or param draws an empty panel or a 'missing' column: the figure's notes say which name no
+    run has, with the closest the runs have; a column whose fallback the runs have is not noted (the table says
+    so itself), nor a glob that matches."""
+    from types import SimpleNamespace
+
+    from rla_ablate.dashboard.render import unlogged
+    from rla_ablate.tracking.read import RunRecord
+
+    run = RunRecord("r", "e", "finished", {}, {"accounting.params": "1", "model.clip": "1.0"},
+                    {"train/loss": 3.0, "eval/val/loss": 3.1, "eval/val/acc": 0.2})
+    runs = SimpleNamespace(jobs=[run])
+    curve = load_spec(write(tmp_path, "kind: curve\ntitle: t\ny: train/los\n"))
+    assert unlogged(curve, runs) == ["no run of this sweep logged train/los (did you mean train/loss?)"]
+    scatter = load_spec(write(tmp_path, "kind: scatter\ntitle: t\ny: eval/*/loss\n"
+                                        "x: [{param: accounting.parms}, {param: model.clip}]\n"))
+    assert unlogged(scatter, runs) == ["no run of this sweep has param accounting.parms (did you mean "
+                                       "accounting.params?)"]
+    table = load_spec(write(tmp_path, "kind: table\ntitle: t\ncolumns:\n  - {metric: eval/*/loss}\n"
+                                      "  - {metric: eval/*/accuracy}\n"
+                                      "  - {metric: eval/piqa/acc, fallback: {metric: eval/*/loss}}\n"))
+    assert unlogged(table, runs) == ["no run of this sweep logged eval/*/accuracy (did you mean eval/val/acc?)"]

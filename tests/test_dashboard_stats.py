@@ -107,7 +107,7 @@ def test_power_line_gives_a_seed_count_only_where_more_seeds_are_the_remedy():
     from rla_ablate.dashboard.spec import Claim
     from rla_ablate.dashboard.verdict import NO_POWER, Verdict
 
-    claim = Claim(claim="c", treatment={"ablations": "x"}, reference={"ablations": "none"}, expect="higher",
+    claim = Claim(claim="c", treatment={"ablations": "no_fitting"}, reference={"ablations": "none"}, expect="higher",
                   min_effect=0.005)
     d = paired_diff({0: 3.000, 1: 3.100, 2: 3.050}, {0: 3.001, 1: 3.090, 2: 3.060})
 
@@ -140,7 +140,7 @@ def test_many_claims_get_benjamini_hochberg_q_values():
 
     # p = 0.005, 0.01, 0.03, 0.04 -> q = 0.02, 0.02, 0.04, 0.04 (p_(i) m / i, then the running minimum from the top)
     assert bh_adjust([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.02, 0.04, 0.04, 0.02])
-    claim = Claim(claim="c", metric="eval/val/loss", treatment={"ablations": "x"}, reference={"ablations": "none"},
+    claim = Claim(claim="c", metric="eval/val/loss", treatment={"ablations": "no_fitting"}, reference={"ablations": "none"},
                   expect="higher", min_effect=0.01)
     verdicts = []
     for shift, spread in ((0.5, 0.01), (0.05, 0.02), (0.03, 0.03), (0.0, 0.02)):

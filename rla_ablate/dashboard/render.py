@@ -615,6 +615,35 @@ def has_comparison(spec: FigureSpec, runs: SweepRuns, index: V.ValidityIndex) ->
     return C.drawable(spec, runs, index.everything)
 
 
+def unlogged(spec: FigureSpec, runs: SweepRuns) -> list[str]:
+    """Notes for the metrics and params a spec reads that no run of the sweep has (a misspelt name draws an empty
+    panel or a 'missing' column, which alone reads like missing data): each with the closest names the runs have."""
+    from rla_ablate.errors import did_you_mean
+
+    jobs = runs.jobs
+    metrics = sorted({k for r in jobs for k in r.metrics})
+    params = sorted({k for r in jobs for k in r.params})
+    wanted: list[tuple[str, list[str]]] = []       # (metric pattern, fallbacks that stand in for it)
+    if isinstance(spec, (CurveSpec, ScatterSpec)):
+        wanted.append((spec.y, []))
+    elif isinstance(spec, LayersSpec):
+        wanted.append((spec.y.replace("{layer}", "*"), []))
+    elif isinstance(spec, GainsSpec):
+        wanted.append((spec.metric.replace("{set}", "*"),
+                       [spec.fallback.metric.replace("{set}", "*")] if spec.fallback else []))
+    elif isinstance(spec, TableSpec):
+        wanted += [(c.metric, [c.fallback.metric] if c.fallback else []) for c in spec.columns]
+    notes = []
+    for pattern, fallbacks in wanted:
+        if D.matching_metrics(pattern, jobs) or any(D.matching_metrics(f, jobs) for f in fallbacks):
+            continue
+        notes.append(f"no run of this sweep logged {pattern}" + did_you_mean(pattern.replace("*", ""), metrics, n=3))
+    for axis in spec.x if isinstance(spec, ScatterSpec) else []:
+        if axis.param not in params:
+            notes.append(f"no run of this sweep has param {axis.param}" + did_you_mean(axis.param, params, n=3))
+    return notes
+
+
 def render(spec: FigureSpec, runs: SweepRuns, out_dir: Path, run_url=lambda run_id: None,
            validity_cache: dict | None = None, drawn: bool | None = None) -> Rendered:
     """Render one spec; `validity_cache` shares the validity of every series between specs with equal thresholds.
@@ -631,6 +660,7 @@ def render(spec: FigureSpec, runs: SweepRuns, out_dir: Path, run_url=lambda run_
                 for stale in (out_dir / f"{spec.name}.png", out_dir / f"{spec.name}.svg"):
                     stale.unlink(missing_ok=True)       # an earlier dashboard's figure of it
                 return out
+            out.notes += unlogged(spec, runs)
             if isinstance(spec, TableSpec):
                 table_rows(spec, runs, out, run_url, index)
                 fig = render_table(spec, out)

@@ -68,6 +68,23 @@ def _as_list(v) -> list:
     return list(v) if isinstance(v, (list, tuple)) else [v]
 
 
+def check_values(filters: dict, where: str) -> None:
+    """The values of `family` and `ablations` in a filter are names those closed sets hold: a misspelt one matched
+    nothing, and the spec then asked for a sweep edit that adds it. ValueError with a did-you-mean otherwise."""
+    from rla_ablate.models.ablations import ABLATIONS, CONTROL_NAMES
+    from rla_ablate.models.config import FAMILIES
+
+    known = {"family": FAMILIES, "ablations": ("none", *ABLATIONS, *CONTROL_NAMES)}
+    for key, names in known.items():
+        for value in _as_list(filters.get(key, [])):
+            # a run's ablations tag joins stacked ablations with '+' (no_clip+no_norm)
+            for part in str(value).split("+") if key == "ablations" else [str(value)]:
+                if part not in names:
+                    what = "ablation or control" if key == "ablations" else key
+                    raise ValueError(f"{key} '{part}' in {where} is no {what}{did_you_mean(part, names)}; "
+                                     f"allowed: {', '.join(names)}")
+
+
 def _matches(filters: dict, run_or_tags) -> bool:
     from rla_ablate.dashboard.data import same_value, value_of
 
@@ -128,6 +145,7 @@ class Claim(_Strict):
             raise ValueError("give at least one key, e.g. {ablations: none}")
         for key in v:
             check_key(key, where="a claim")
+        check_values(v, "a claim")
         return v
 
     def selects(self, run_or_tags) -> bool:
@@ -174,6 +192,7 @@ class _Spec(_Strict):
     def _known_filter_keys(cls, v):
         for key in v:
             check_key(key, where="runs")
+        check_values(v, "runs")
         return v
 
     @field_validator("reference", "series")
@@ -181,6 +200,8 @@ class _Spec(_Strict):
     def _known_keys_but_seed(cls, v, info: ValidationInfo):
         for key in v:
             check_key(key, where=info.field_name, seed=False)
+        if isinstance(v, dict):
+            check_values(v, str(info.field_name))
         return v
 
     @field_validator("panels", "color")
