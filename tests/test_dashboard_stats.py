@@ -168,3 +168,8 @@ def test_many_claims_get_benjamini_hochberg_q_values():
     assert not rests_on_zero(Verdict("spec", claim, "t", "r", None, small, "contradicted", "", None, "engaged"))
     assert ", q=" in verdicts[0].diff_text() and verdicts[0].as_dict()["q"] == verdicts[0].q
     assert adjust_for_many(verdicts[:1]) == []  # one test: nothing to adjust for
+    # tested, but nothing decided by excluding zero: said so, not as '0 of the 0 verdicts'
+    for v in verdicts:
+        v.verdict = "unresolved"
+    assert adjust_for_many(verdicts) == ["many claims: 4 tested against zero at 0.05 each (Benjamini-Hochberg q "
+                                         "beside each p); no verdict rests on excluding zero, so none needs q <= 0.05"]

@@ -180,7 +180,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
     sdir = SweepDir(root, sweep)
     out = Path(out_dir) if out_dir else sdir.path / "dashboard"
     ctx = contextlib.nullcontext(tracking_uri) if tracking_uri else open_tracking(root, sweep)
-    hint = f"start it with `rla-sweep ui {sweep}`" + (f" --root {root}" if str(root) != "rla-runs" else "")
+    hint = f"start it with `rla-sweep ui {sweep}" + (f" --root {root}" if str(root) != "rla-runs" else "") + "`"
     shared = None
     if not tracking_uri:
         shared, store = tracking_of(root, sweep)

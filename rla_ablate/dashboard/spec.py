@@ -397,6 +397,9 @@ def spec_dir() -> Path:
 
 def load_specs(directory: str | Path | None = None) -> list[FigureSpec]:
     directory = Path(directory) if directory else spec_dir()
+    if not directory.is_dir():
+        what = "is a file; --specs names a folder of specs (*.yaml)" if directory.exists() else "no such folder"
+        raise UserError(what, key="--specs", file=str(directory))
     files = sorted(directory.glob("*.yaml"))
     if not files:
         raise UserError(f"no dashboard specs (*.yaml) in {directory}")

@@ -310,8 +310,10 @@ def adjust_for_many(verdicts: list[Verdict], alpha: float = ALPHA) -> list[str]:
         v.q = q
     decided = [v for v in tested if rests_on_zero(v)]
     kept = [v for v in decided if v.q <= alpha]
-    lines = [f"many claims: {len(tested)} tested against zero at {alpha:g} each; at a {alpha:.0%} false-discovery "
-             f"rate over them (Benjamini-Hochberg q, beside each p) {len(kept)} of the {len(decided)} verdicts "
+    head = f"many claims: {len(tested)} tested against zero at {alpha:g} each (Benjamini-Hochberg q beside each p)"
+    if not decided:
+        return [f"{head}; no verdict rests on excluding zero, so none needs q <= {alpha:g}"]
+    lines = [f"{head}; at a {alpha:.0%} false-discovery rate over them {len(kept)} of the {len(decided)} verdicts "
              f"that rest on excluding zero keep q <= {alpha:g}"]
     lines += [f"  q > {alpha:g}: {v.verdict} {v.spec}: {v.claim.claim} (p={v.diff.p_value:.2g}, q={v.q:.3g})"
               for v in decided if v.q > alpha]
