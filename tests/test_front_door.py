@@ -341,3 +341,15 @@ def test_a_sweep_name_where_its_file_belongs_and_a_file_where_its_name_does(tmp_
     for command in ("dashboard", "resume", "ui", "status", "results"):
         code, err = run_cli(capsys, command, str(sweep), "--root", str(tmp_path / "runs"))
         assert code == 2 and "no sweep 'door'" in err, (command, err)
+
+
+def test_a_train_refused_before_its_first_step_leaves_no_folder_it_made(tmp_path, capsys):
+    """Data found unusable once the job opens it (here an empty text file: 1 token) is exit 2 naming the path, and
+    the --out folder the command made for it goes (it kept a job.json of a job that never ran)."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    out = tmp_path / "job"
+    code, err = run_cli(capsys, "train", "tiny-rla", "--out", str(out), "--data", str(empty),
+                        "--set", "train.tokens=8192")
+    assert code == 2 and f"data: the data at {empty} (text) has 1 tokens, fewer than seq_len + 1" in err, err
+    assert not out.exists()

@@ -7,6 +7,7 @@ checkpoint. `--set` takes dotted JobConfig keys (train.tokens=200000, model.fit=
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 from pathlib import Path
 
@@ -116,7 +117,7 @@ def _same_job(out: Path, job) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from rla_ablate.errors import JobFailed
+    from rla_ablate.errors import JobFailed, UserError
     from rla_ablate.fileio import check_folder, make_folder
     from rla_ablate.models import count_params
     from rla_ablate.outcome import Status
@@ -149,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     done = list_checkpoints(out)
     if done:
         _same_job(out, job)
+    made = not out.exists()
     make_folder(out, "--out", what)
     # The same record a sweep keeps beside each job: what ran, readable without the command line.
     (out / "job.json").write_text(job.model_dump_json(indent=1))
@@ -165,6 +167,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_job(job, out, ProgressLogger(description=args.model, console=console),
                          should_stop=lambda: stop["requested"])
+    except UserError:
+        # refused before training (data that cannot be read, too few tokens): a folder this command made goes,
+        # unless a checkpoint is in it by now
+        if made and not list_checkpoints(out):
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     finally:
         signal.signal(signal.SIGINT, previous)
     _summary(console, result, out)

@@ -110,8 +110,9 @@ class _Windows:
         self.seq_len = seq_len
         self.count = (len(self.source) - 1) // seq_len
         if self.count < 1:
-            raise UserError(f"the data has {len(self.source)} tokens, fewer than seq_len + 1 = {seq_len + 1}",
-                            key="data")
+            path = getattr(cfg, "path", None)
+            raise UserError(f"the data{f' at {path}' if path is not None else ''} ({cfg.kind}) has "
+                            f"{len(self.source)} tokens, fewer than seq_len + 1 = {seq_len + 1}", key="data")
 
     def rows(self, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         T = self.seq_len
