@@ -353,3 +353,12 @@ def test_a_train_refused_before_its_first_step_leaves_no_folder_it_made(tmp_path
                         "--set", "train.tokens=8192")
     assert code == 2 and f"data: the data at {empty} (text) has 1 tokens, fewer than seq_len + 1" in err, err
     assert not out.exists()
+
+
+def test_a_data_config_given_to_train_is_checked_at_its_own_lines(tmp_path, capsys):
+    """`train --data FILE.yaml`: a mistake in the file is reported at its line there (it was blamed on --set)."""
+    bad = tmp_path / "data.yaml"
+    bad.write_text("kind: shards\npath: /tmp/x\nsplit: train\n")
+    code, err = run_cli(capsys, "train", "tiny-rla", "--out", str(tmp_path / "job"), "--data", str(bad))
+    assert code == 2 and f"{bad}:3: data.split: unknown key 'split'" in err, err
+    assert not (tmp_path / "job").exists()
