@@ -362,3 +362,9 @@ def test_a_data_config_given_to_train_is_checked_at_its_own_lines(tmp_path, caps
     code, err = run_cli(capsys, "train", "tiny-rla", "--out", str(tmp_path / "job"), "--data", str(bad))
     assert code == 2 and f"{bad}:3: data.split: unknown key 'split'" in err, err
     assert not (tmp_path / "job").exists()
+    # shards without their index (written last): an interrupted `data prepare`, not a folder of text
+    partial = tmp_path / "shards"
+    partial.mkdir()
+    (partial / "tokens-00000.bin").write_bytes(b"\0\0")
+    code, err = run_cli(capsys, "train", "tiny-rla", "--out", str(tmp_path / "job"), "--data", str(partial))
+    assert code == 2 and "no index.json: a `data prepare` that did not finish" in err, err

@@ -76,6 +76,9 @@ def data_config(spec: str | None) -> dict:
         return dict(located.data["data"])
     if path.is_dir() and (path / "index.json").is_file():
         return {"kind": "shards", "path": str(path)}
+    if path.is_dir() and any(path.glob("tokens-*.bin")):
+        raise UserError("holds token shards but no index.json: a `data prepare` that did not finish (index.json is "
+                        "written last); run it again", file=spec, key="--data")
     if path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
         return {"kind": "hf_disk", "path": str(path)}
     return {"kind": "text", "path": str(path)}
