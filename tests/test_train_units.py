@@ -287,3 +287,24 @@ def test_progress_logger_prints_evals_and_status_without_a_terminal():
     assert "triton" not in text
     assert "tiny: 2,048 tokens from 0" in text and "loss 3.2500 eval val 3.5000" in text
     assert "loss_spike" in text and "tiny: diverged: diverged at 2048 tokens" in text
+    assert "tiny 1.02K/2.05K tokens" not in text                    # within every_s of the last line: quiet
+
+
+def test_progress_logger_without_a_terminal_says_where_it_is_between_evals(monkeypatch):
+    """A piped `train` printed nothing between evals (minutes, under load): a progress line with the rate and ETA
+    comes at least every `every_s` seconds; a resume is said in words, not as a dict."""
+    import io
+
+    from rich.console import Console
+
+    from rla_ablate.train import ProgressLogger
+
+    buffer = io.StringIO()
+    progress = ProgressLogger("tiny", console=Console(file=buffer, width=200), interactive=False)
+    monkeypatch.setattr(progress, "every_s", 0.0)
+    progress.event("resumed", 1024, {"step": 4, "skipped_checkpoints": [2048]})
+    progress.event("start", 1024, {"tokens_total": 4096})
+    progress.log({"train/loss": 3.25, "train/tokens_per_s": 1000.0}, 2048)
+    text = buffer.getvalue()
+    assert "tiny: resumed at 1,024 tokens (step 4); skipped unreadable checkpoints 2048" in text, text
+    assert "tiny 2.05K/4.1K tokens (50%): loss 3.2500, 1,000 tok/s, ETA " in text, text

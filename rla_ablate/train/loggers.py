@@ -162,8 +162,11 @@ class ProgressLogger:
     """A rich progress bar over the token budget with the latest loss, eval loss and throughput.
 
     It learns the budget from the job's "start" event. Without a terminal (a log file, CI) it prints one
-    line per eval and per event instead of redrawing a bar.
+    line per eval and per event instead of redrawing a bar, and a progress line (tokens, loss, rate, ETA) at least
+    every `every_s` seconds while training logs, so that a piped run between evals is not silent.
     """
+
+    every_s = 30.0
 
     def __init__(self, description: str = "train", console=None, interactive: bool | None = None):
         from rich.console import Console
@@ -176,10 +179,14 @@ class ProgressLogger:
         # the bar's own text fields, passed to rich as extra keyword arguments
         self._fields: dict[str, Any] = {"loss": "", "eval": "", "speed": ""}
         self._total = 0
+        self._said_at = time.monotonic()
+        self._rate_from: tuple[float, int] | None = None     # (time, tokens) where this run's rate starts
 
     def _start(self, total: int, done: int) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+        self._total = total
+        self._rate_from = (time.monotonic(), done)
         if not self.interactive or self._progress is not None:
             return
         self._progress = Progress(
@@ -199,6 +206,20 @@ class ProgressLogger:
     def _tokens(self, done: int) -> str:
         return f"{human(done)}/{human(self._total)} tokens"
 
+    def _eta_line(self, step: int) -> str:
+        """'1.2M/10M tokens (12%): loss 3.1234, 2,345 tok/s, ETA 1:02:03' (rate over this run so far)."""
+        line = self._tokens(step)
+        if self._total:
+            line += f" ({step / self._total:.0%})"
+        parts = [p for p in (self._fields["loss"], self._fields["speed"]) if p]
+        if self._rate_from is not None and self._total:
+            t0, done0 = self._rate_from
+            rate = (step - done0) / max(time.monotonic() - t0, 1e-9)
+            if rate > 0:
+                left = int((self._total - step) / rate)
+                parts.append(f"ETA {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}")
+        return line + (": " + ", ".join(parts) if parts else "")
+
     def log(self, metrics: dict[str, float], step: int) -> None:
         if "train/loss" in metrics:
             self._fields["loss"] = f"loss {metrics['train/loss']:.4f}"
@@ -209,6 +230,10 @@ class ProgressLogger:
             self._fields["eval"] = " ".join(f"{k[5:-5]} {v:.4f}" for k, v in sorted(evals.items()))
             if not self.interactive:
                 self.console.print(f"{self.description} {step:,} tokens: {self._fields['loss']} eval {self._fields['eval']}")
+                self._said_at = time.monotonic()
+        elif not self.interactive and time.monotonic() - self._said_at >= self.every_s:
+            self.console.print(f"{self.description} {self._eta_line(step)}")
+            self._said_at = time.monotonic()
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=step, tokens=self._tokens(step), **self._fields)
 
@@ -217,7 +242,11 @@ class ProgressLogger:
             self._start(int(detail["tokens_total"]), int(step))
             if not self.interactive:
                 self.console.print(f"{self.description}: {detail['tokens_total']:,} tokens from {step:,}")
-        elif name in ("skipped_step", "loss_spike", "resumed"):
+        elif name == "resumed":
+            skipped = detail.get("skipped_checkpoints")
+            self._say(f"{self.description}: resumed at {step:,} tokens (step {detail.get('step', '?'):,})"
+                      + (f"; skipped unreadable checkpoints {', '.join(map(str, skipped))}" if skipped else ""))
+        elif name in ("skipped_step", "loss_spike"):
             self._say(f"{self.description} {step:,} tokens: {name} {detail}")
         elif name == "info" and detail.get("cuda_graph") == "captured":
             self._say(f"{self.description} {step:,} tokens: micro step captured in a CUDA graph after "
