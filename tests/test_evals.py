@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,7 +70,7 @@ def test_eval_scores_a_job_offline_and_does_not_rescore(job_dir, monkeypatch, ca
     assert list((job_dir / "evals").glob("*.json")) == files
 
 
-def test_export_loads_in_transformers_and_scores_the_same_through_lm_eval(job_dir, tmp_path):
+def test_export_loads_in_transformers_and_scores_the_same_through_lm_eval(job_dir, tmp_path, capsys):
     import lm_eval
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -79,6 +80,8 @@ def test_export_loads_in_transformers_and_scores_the_same_through_lm_eval(job_di
 
     out = tmp_path / "hf"
     assert main(["export", str(job_dir), str(out)]) == 0
+    said = capsys.readouterr()
+    assert f"({512:,} of {512:,} tokens)" in said.out and "has not finished" not in said.err
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "rla_sweep" and config["auto_map"]["AutoModelForCausalLM"].startswith("modeling_")
     assert (out / "modeling_rla_sweep.py").is_file() and (out / "tokenizer.json").is_file()
@@ -101,6 +104,14 @@ def test_export_loads_in_transformers_and_scores_the_same_through_lm_eval(job_di
                                           tasks=tasks, task_manager=tm, limit=4, batch_size=1, device="cpu",
                                           bootstrap_iters=0)
     assert flatten_results(results) == pytest.approx(ours)
+    # a job not trained to its budget is exported with a note saying so
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(job_dir, unfinished)
+    spec = json.loads((unfinished / "job.json").read_text())
+    spec["train"]["tokens"] = 1024
+    (unfinished / "job.json").write_text(json.dumps(spec))
+    assert main(["export", str(unfinished), str(tmp_path / "hf2")]) == 0
+    assert "note: the job has not finished: its last checkpoint is at 512 of 1,024 tokens" in capsys.readouterr().err
 
 
 def test_bad_task_missing_checkpoint_and_bad_checkpoint_are_user_errors(job_dir, tmp_path, capsys):
