@@ -500,6 +500,15 @@ def test_a_claim_on_a_metric_no_run_logged_says_so_and_names_the_closest(server,
     assert bad.mechanism == "n/a" and bad.seeds_text() == "— (no run logs the metric)"
     assert "no run of this sweep logged eval/vall/loss" in page
     assert got["logged"].verdict == "confirmed" and got["logged"].diff.diff.n == 2
+    # Rendered again with other specs into the same folder: the first render's figures go, a user's file stays.
+    assert (dash.out_dir / "t.png").is_file()
+    (dash.out_dir / "mine.png").write_bytes(b"not ours")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "u.yaml").write_text((specs / "t.yaml").read_text())
+    dash, _ = dashboard(root, "typo", server, specs=other)
+    assert (dash.out_dir / "u.png").is_file() and (dash.out_dir / "mine.png").is_file()
+    assert not (dash.out_dir / "t.png").exists() and not (dash.out_dir / "t.svg").exists()
 
 
 def test_small_sweep_draws_what_it_compares_and_lists_the_claims_it_cannot_test(server, tmp_path, capsys):

@@ -225,6 +225,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
                           ui_hint=f"{ui_url} ({hint})", notes=notes, untested=untested)
         records = [v.as_dict() for r in rendered for v in r.verdicts] + [u.as_dict() for u in untested if u.claim]
         (out / "verdicts.json").write_text(json.dumps(records, indent=1))
+        _forget_old_figures(out, rendered)
         logged, unlogged = None, []
         if log_artifacts and runs.parent is not None:
             tell("logging the files to the sweep's parent run in MLflow")
@@ -233,6 +234,25 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
             tell("stopping the MLflow server")
     return Dashboard(page, out, rendered, uri, logged, synced,
                      unlogged + notes + untested_lines(untested, len(specs)), untested)
+
+
+FIGURES = "figures.json"
+
+
+def _forget_old_figures(out: Path, rendered) -> None:
+    """Remove the figures an earlier render wrote into `out` that this one did not (another --specs, a spec renamed):
+    left there, they sat beside the page as if current. Only files listed in the earlier render's FIGURES go, so
+    a user's own files in an --out folder are never touched."""
+    written = sorted({p.name for r in rendered for p in (r.png, r.svg) if p is not None})
+    manifest = out / FIGURES
+    try:
+        before = json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else []
+    except (OSError, ValueError):
+        before = []
+    for name in before if isinstance(before, list) else []:
+        if isinstance(name, str) and name not in written and "/" not in name and name.endswith((".png", ".svg")):
+            (out / name).unlink(missing_ok=True)
+    manifest.write_text(json.dumps(written, indent=1))
 
 
 def _log_files(client, run_id: str, out: Path, uri: str, sweep: str, unlogged: list[str]) -> str | None:
