@@ -90,6 +90,10 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, corpus, capsys):
     assert "already holds shards" in capsys.readouterr().err
     assert main(["data", "prepare", str(corpus), str(tmp_path / "x"), "--tokenizer", str(tmp_path / "t.json")]) == 2
     assert "--tokenizer: tokenizer file not found" in capsys.readouterr().err
+    # an empty source: no text, so no shards (it wrote one end-of-document token, and training failed later)
+    (tmp_path / "empty.txt").write_text("")
+    assert main(["data", "prepare", str(tmp_path / "empty.txt"), str(tmp_path / "e")]) == 2
+    assert "SRC: holds no text" in capsys.readouterr().err and not (tmp_path / "e").exists()
     # A truncated shard is caught when the folder is opened, not mid-run.
     with open(out / "tokens-00000.bin", "r+b") as f:
         f.truncate(10)

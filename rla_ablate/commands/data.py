@@ -78,11 +78,16 @@ def _prepare(args) -> int:
                TextColumn("{task.fields[tokens]:,} tokens"), TimeRemainingColumn())
     with Progress(*columns, transient=False) as progress:
         task = progress.add_task("prepare", total=total, tokens=0)
-        tokens = 0
+        tokens = content = 0
         for ids in tokenize_documents(iter_documents(cfg), tok):
             writer.add(ids)
             tokens += ids.size + 1
+            content += ids.size
             progress.update(task, advance=1, tokens=tokens)
+    if content == 0:
+        # (the run's folder or files are removed by `prepare`) an empty source wrote end-of-document tokens alone,
+        # and training on them failed later, far from here
+        raise UserError("holds no text: nothing to tokenize (its documents are empty)", key="SRC")
     index = writer.close()
     print(f"wrote {index['tokens']:,} tokens ({index['documents']:,} documents, {dtype}, vocabulary "
           f"{index['vocab_size']}) in {len(index['shards'])} shard(s) to {args.out}")
