@@ -95,15 +95,27 @@ def _prepare(args) -> int:
     return 0
 
 
-def show(args) -> int:
+def validate_data_file(located):
+    """(the data mapping as written, its validated DataConfig) of a loaded YAML data config: `data: {...}`, or the
+    mapping alone, filed under `data` so that errors point at the file's own lines (`data show`, `train --data`)."""
     from pydantic import BaseModel
 
-    from rla_ablate.config import LocatedYAML, load_yaml, validate
-    from rla_ablate.data import DataConfig, EvalConfig, make_eval_batches, vocab_size
-    from rla_ablate.data.sources import open_source
+    from rla_ablate.config import LocatedYAML, validate
+    from rla_ablate.data import DataConfig
 
     class _File(BaseModel):
         data: DataConfig
+
+    if not (isinstance(located.data, dict) and "data" in located.data):
+        located = LocatedYAML({"data": located.data}, located.file,
+                              {("data",) + k: line for k, line in located.lines.items()})
+    return located.data["data"], validate(_File, located, {"data": located.data["data"]}).data
+
+
+def show(args) -> int:
+    from rla_ablate.config import load_yaml
+    from rla_ablate.data import EvalConfig, make_eval_batches, vocab_size
+    from rla_ablate.data.sources import open_source
 
     path = Path(args.config)
     if path.is_dir():
@@ -113,12 +125,7 @@ def show(args) -> int:
                         f"path: {path}}}` (or the mapping alone)", file=str(path))
     if args.seq_len < 1:
         raise UserError(f"must be >= 1 (got {args.seq_len})", key="--seq-len")
-    located = load_yaml(path)
-    if not (isinstance(located.data, dict) and "data" in located.data):
-        # A bare data mapping: file it under `data` so errors still point at the right lines.
-        located = LocatedYAML({"data": located.data}, located.file,
-                              {("data",) + k: line for k, line in located.lines.items()})
-    cfg = validate(_File, located, {"data": located.data["data"]}).data
+    _, cfg = validate_data_file(load_yaml(path))
     print(f"kind: {cfg.kind}, vocabulary: {vocab_size(cfg)}")
     if cfg.kind in ("mqar", "niah"):
         ev = EvalConfig(name="show", data=cfg, examples=1)

@@ -55,25 +55,14 @@ def data_config(spec: str | None) -> dict:
         raise UserError("no such file or folder; --data takes stdlib, mqar, niah, a text file or folder, a shards "
                         "folder, a dataset saved with save_to_disk, or a YAML data config", file=spec, key="--data")
     if path.is_file() and path.suffix in (".yaml", ".yml"):
-        from pydantic import BaseModel
-
-        from rla_ablate.config import LocatedYAML, validate
-        from rla_ablate.data import DataConfig
+        from rla_ablate.commands.data import validate_data_file
 
         located = load_yaml(path)
         if not isinstance(located.data, dict):
             raise UserError("a data config is a mapping with a 'kind' key, e.g. {kind: text, path: corpus/}",
                             file=spec, line=1)
-        if "data" not in located.data:  # the mapping alone, as `data show` also reads it: filed under `data`
-            located = LocatedYAML({"data": located.data}, located.file,
-                                  {("data",) + k: line for k, line in located.lines.items()})
-
-        class _File(BaseModel):
-            data: DataConfig
-
         # checked here, so that a mistake is reported at its line in this file (not as a --set problem)
-        validate(_File, located, {"data": located.data["data"]})
-        return dict(located.data["data"])
+        return dict(validate_data_file(located)[0])
     if path.is_dir() and (path / "index.json").is_file():
         return {"kind": "shards", "path": str(path)}
     if path.is_dir() and any(path.glob("tokens-*.bin")):
