@@ -292,6 +292,15 @@ def matching_metrics(pattern: str, runs: list[RunRecord]) -> list[str]:
     return sorted((k for k in keys if fnmatch.fnmatchcase(k, pattern)), key=_preference)
 
 
+def never_logged(pattern: str, runs: list[RunRecord]) -> str:
+    """What to say of a metric (or glob) that no run logged: that, with the logged names closest to it (a verdict's
+    reason, a figure's note)."""
+    from rla_ablate.errors import did_you_mean
+
+    logged = sorted({k for r in runs for k in r.metrics})
+    return f"no run of this sweep logged {pattern}" + did_you_mean(pattern.replace("*", ""), logged, n=3)
+
+
 def resolve_metric(pattern: str, runs: list[RunRecord]) -> str | None:
     """The one metric a name refers to: itself, or the preferred matching key (see `matching_metrics`)."""
     hits = matching_metrics(pattern, runs)

@@ -621,7 +621,6 @@ def unlogged(spec: FigureSpec, runs: SweepRuns) -> list[str]:
     from rla_ablate.errors import did_you_mean
 
     jobs = runs.jobs
-    metrics = sorted({k for r in jobs for k in r.metrics})
     params = sorted({k for r in jobs for k in r.params})
     wanted: list[tuple[str, list[str]]] = []       # (metric pattern, fallbacks that stand in for it)
     if isinstance(spec, (CurveSpec, ScatterSpec)):
@@ -637,7 +636,7 @@ def unlogged(spec: FigureSpec, runs: SweepRuns) -> list[str]:
     for pattern, fallbacks in wanted:
         if D.matching_metrics(pattern, jobs) or any(D.matching_metrics(f, jobs) for f in fallbacks):
             continue
-        notes.append(f"no run of this sweep logged {pattern}" + did_you_mean(pattern.replace("*", ""), metrics, n=3))
+        notes.append(D.never_logged(pattern, jobs))
     for axis in spec.x if isinstance(spec, ScatterSpec) else []:
         if axis.param not in params:
             notes.append(f"no run of this sweep has param {axis.param}" + did_you_mean(axis.param, params, n=3))

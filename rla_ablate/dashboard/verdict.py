@@ -212,14 +212,6 @@ NO_POWER = {V.OFF: OFF_NO_POWER, V.IDENTICAL: "more seeds do not help: the resul
             "divergence": "decided by divergence", "never logged": "no run logs the metric"}
 
 
-def _never_logged(metric: str, jobs) -> str:
-    """The reason of a claim whose metric no run logged, with the logged names closest to it."""
-    from rla_ablate.errors import did_you_mean
-
-    logged = sorted({k for r in jobs for k in r.metrics})
-    return f"no run of this sweep logged {metric}" + did_you_mean(metric.replace("*", ""), logged, n=3)
-
-
 def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[list[Verdict], list[C.Untested]]:
     """One verdict per claim of `spec` and treatment series it selects; a claim whose treatment no series matches,
     or none of whose treatments has a reference series, is not tested (second list: what it needs). `drawn`:
@@ -250,7 +242,7 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
             if key is None:
                 # no run of the sweep logged the claim's metric (a misspelt name, or one this sweep never logs)
                 out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], None, None, UNRESOLVED,
-                                   _never_logged(claim.metric, runs.jobs), None, V.NO_CHECK,
+                                   D.never_logged(claim.metric, runs.jobs), None, V.NO_CHECK,
                                    no_power=NO_POWER["never logged"]))
                 continue
             treated, reference = D.final_by_seed(t, key), D.final_by_seed(ref, key)
