@@ -31,21 +31,16 @@ def _check_out(out: str) -> None:
     refuses a folder (the render ended in a traceback after the server start, the read and every figure)."""
     from pathlib import Path
 
-    from rla_ablate.errors import UserError
-    from rla_ablate.fileio import check_folder
+    from rla_ablate.fileio import check_folder, make_folder
 
     what = "the dashboard's page and figures"
-    check_folder(out, "--out", what)
     path = Path(out).absolute()
     if path.exists():
+        check_folder(out, "--out", what)
         return
     # make it and its missing parents to see that the system allows them, then remove what was made
     missing = [path, *(p for p in path.parents if not p.exists())]
-    try:
-        path.mkdir(parents=True)
-    except OSError as e:
-        raise UserError(f"cannot make {path}: {e.strerror or e}; --out names the folder for {what}",
-                        key="--out") from None
+    make_folder(path, "--out", what)
     for p in missing:
         p.rmdir()
 
