@@ -20,15 +20,9 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from rla_ablate.evals.export import export_job
 
-    import json
     import sys
-    from pathlib import Path
 
-    from rla_ablate.train import JobConfig
-
-    out = export_job(args.job_dir, args.out, args.checkpoint, force=args.force)
-    tokens = json.loads((out / "rla_sweep_export.json").read_text(encoding="utf-8"))["tokens"]
-    total = JobConfig.model_validate_json((Path(args.job_dir) / "job.json").read_text(encoding="utf-8")).train.total_tokens
+    out, tokens, total = export_job(args.job_dir, args.out, args.checkpoint, force=args.force)
     print(f"exported {args.job_dir} ({tokens:,} of {total:,} tokens) to {out}")
     if args.checkpoint is None and tokens < total:
         print(f"note: the job has not finished: its last checkpoint is at {tokens:,} of {total:,} tokens "

@@ -27,8 +27,10 @@ AUTO_MAP = {"AutoConfig": "modeling_rla_sweep.RLASweepConfig",
             "AutoModelForCausalLM": "modeling_rla_sweep.RLASweepForCausalLM"}
 
 
-def export_job(job_dir: str | Path, out: str | Path, tokens: int | None = None, *, force: bool = False) -> Path:
-    """Write the job's final (or `tokens`) checkpoint to `out` as an HF folder; returns `out`."""
+def export_job(job_dir: str | Path, out: str | Path, tokens: int | None = None, *,
+               force: bool = False) -> tuple[Path, int, int]:
+    """Write the job's final (or `tokens`) checkpoint to `out` as an HF folder; returns (`out`, the checkpoint's
+    tokens, the job's token budget)."""
     from rla_ablate.evals.core import hf_tokenizer, load_job
     from rla_ablate.models.hf import RLASweepForCausalLM
     from rla_ablate.train.checkpoint import load_checkpoint
@@ -55,4 +57,4 @@ def export_job(job_dir: str | Path, out: str | Path, tokens: int | None = None, 
         encoding="utf-8")
     for weights in out.glob("*.safetensors"):
         umask_mode(weights)
-    return out
+    return out, tokens, job.train.total_tokens
