@@ -199,7 +199,6 @@ class ProgressLogger:
             console=self.console,
         )
         self._progress.start()
-        self._total = total
         self._task = self._progress.add_task(self.description, total=total, completed=done,
                                              tokens=self._tokens(done), **self._fields)
 

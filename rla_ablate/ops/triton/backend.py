@@ -5,7 +5,8 @@ residual, output and gradient kernels) for bf16/fp16 heads up to 128 wide (`rla.
 baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). rule="delta" with a residual path (bf16/fp16,
 heads up to 128: `rdn.covers`) takes the `fla` composition with its base pass replaced by `rdn`'s (the delta rule
 run once and read twice, instead of FLA's kernel over a shifted [q; k] double batch); the auxiliary recurrence stays
-on FLA's kernels, its chunk states kept for the backward (`rdn.DeltaKeepStates`). Everything else (fp32, wider heads) takes the composition as it is, with the glue fused (`glue`).
+on FLA's kernels, its chunk states kept for the backward (`rdn.DeltaKeepStates`). Everything else (fp32, wider
+heads) takes the composition as it is, with the glue fused (`glue`).
 
 "auto" picks it first for both rules: on the H200 every fit x target x gates case of each rule has passed, bf16 on
 our kernels and fp32 on the composition, and the models' GPU tests with it (docs/RESULTS.md, "Correctness on the
