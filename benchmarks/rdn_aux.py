@@ -1,14 +1,15 @@
-"""RDN's auxiliary pass keeping its chunk states (the `triton` backend) against FLA's Function recomputing them, and
-Gated DeltaNet for the ratio: forward+backward time, memory held between forward and backward, and how far the two
-RDN variants' outputs and gradients differ.
+"""RDN's auxiliary pass on the `triton` backend three ways: keeping its chunk states with its q, k gradients added by
+the base pass's backward kernel (the backend's default), keeping its states with autograd adding the gradients, and
+FLA's Function recomputing the states; Gated DeltaNet for the ratio. Forward+backward time, memory held between
+forward and backward, and how far each variant's outputs and gradients are from the recomputing one's.
 
     python benchmarks/rdn_aux.py [--batch 32] [--seq-len 2048]
 
 Paper-default RDN (fit=residual, clip target, output gates) on the `triton` backend, bf16, H=16 heads of dimension
-128. The two variants differ only in `rla_ablate.ops.triton.backend.RDN_KERNELS.delta`: `rdn.delta_keep_states`
-(w, h and v_new kept from the forward) or FLA's chunk_gated_delta_rule (its backward recomputes them). Median of 10
-timed calls after 3 warm-up calls, by CUDA events; the variants and GDN alternate over two rounds. The table prints
-last.
+128. The variants differ only in `rla_ablate.ops.triton.backend.RDN` (`RDNPasses`): `rdn.delta_keep_states` (w, h
+and v_new kept from the forward) with or without `rdn.GradientMail`, or FLA's chunk_gated_delta_rule (its backward
+recomputes them). Median of 10 timed calls after 3 warm-up calls, by CUDA events; the variants and GDN alternate
+over two rounds. The table prints last.
 """
 
 from __future__ import annotations
@@ -78,38 +79,42 @@ def main() -> None:
     torch.manual_seed(0)
     x = make_inputs(args.batch, args.seq_len)
     up = torch.randn_like(x["v"])
-    variants = {"kept": tb.RDN_KERNELS, "recompute": FLA_KERNELS}
+    default = tb.RDN
+    variants = {"kept+mail": default, "kept": tb.RDNPasses(mail=False),
+                "recompute": tb.RDNPasses(auxiliary=FLA_KERNELS.delta, mail=False)}
     outs = {}
-    for name, kernels in variants.items():
-        tb.RDN_KERNELS = kernels
+    for name, passes in variants.items():
+        tb.RDN = passes
         outs[name] = [t.detach().double() for t in fwd_bwd(x, up, "residual")]
     labels = ["o", "dq", "dk", "dv", "dg", "dbeta", "dgamma"]
-    diffs = {label: ((a - b).norm() / a.norm().clamp_min(1e-30)).item()
-             for label, a, b in zip(labels, outs["recompute"], outs["kept"])}
-    finite = all(bool(torch.isfinite(t).all()) for t in outs["kept"])
-    times: dict[str, list[float]] = {"kept": [], "recompute": [], "GDN": []}
+    diffs = {name: {label: ((a - b).norm() / a.norm().clamp_min(1e-30)).item()
+                    for label, a, b in zip(labels, outs["recompute"], outs[name])} for name in ("kept+mail", "kept")}
+    finite = all(bool(torch.isfinite(t).all()) for out in outs.values() for t in out)
+    times: dict[str, list[float]] = {name: [] for name in (*variants, "GDN")}
     held = {}
     for rnd in range(2):
-        for name, kernels in variants.items():
-            tb.RDN_KERNELS = kernels
+        for name, passes in variants.items():
+            tb.RDN = passes
             times[name].append(median_ms(x, up, "residual"))
             held[name] = held_after_forward_mib(x)
             print(f"round {rnd} RDN {name}: fwd+bwd {times[name][-1]:.2f} ms, held after fwd {held[name]:.0f} MiB",
                   flush=True)
         times["GDN"].append(median_ms(x, up, "off"))
         print(f"round {rnd} GDN: fwd+bwd {times['GDN'][-1]:.2f} ms", flush=True)
-    tb.RDN_KERNELS = variants["kept"]
+    tb.RDN = default
 
     gdn = statistics.mean(times["GDN"])
     print(f"\n{torch.cuda.get_device_name()} | {args.batch} x {args.seq_len}, H={H}, D={D}, bf16")
     print(f"{'':>16} {'fwd+bwd ms':>11} {'vs GDN':>7} {'vs recompute':>13} {'held MiB':>9}")
-    for name in ("kept", "recompute"):
+    for name in variants:
         ms = statistics.mean(times[name])
         ratio = ms / statistics.mean(times["recompute"])
         print(f"{'RDN ' + name:>16} {ms:11.2f} {ms / gdn:6.2f}x {ratio:12.3f}x {held[name]:9.0f}")
     print(f"{'GDN (FLA)':>16} {gdn:11.2f} {1.0:6.2f}x")
-    print("kept vs recompute, relative difference: " + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items())
-          + ("" if finite else "  NON-FINITE VALUES"))
+    for name, diff in diffs.items():
+        print(f"{name} vs recompute, relative difference: " + ", ".join(f"{k} {v:.1e}" for k, v in diff.items()))
+    if not finite:
+        print("NON-FINITE VALUES")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Our four kernels (S pass, the two old reads, the local write gradients, the dS pass, dq/dk/dw) run in the
 interpreter in fp32; the WY step is the PyTorch one (`TORCH_WY`: FLA's fused WY kernels do not run in the
-interpreter; the GPU tests run them), the auxiliary recurrence the naive delta rule. Against the float64 naive
+interpreter; the GPU tests run them), the auxiliary recurrence the naive delta rule, its q and k gradients posted
+to the base pass's backward through a `GradientMail` as the backend does (dk split in two shares, as FLA's dq/dk
+kernel and WY step give it), and once added by autograd instead. Against the float64 naive
 contract: outputs, final states and all eight gradients for every fit x target x gates, chunks of 16 (T=37: three
 chunks, the last partial), clip=0.7; packed sequences of uneven lengths (one of a single token, one empty) with
 gates of -1e5 and -300, heads that are not powers of two (K=24, V=20), K=80 (two K tiles in dq/dk, a masked K row
@@ -29,7 +31,7 @@ def check_all() -> None:
     from rla_ablate.ops.fla_backend import BaseKernels, compose_residual_attention
     from rla_ablate.ops.naive import naive_residual_attention
     from rla_ablate.ops.spec import ResidualSpec
-    from rla_ablate.ops.triton.rdn import TORCH_WY, delta_two_reads
+    from rla_ablate.ops.triton.rdn import TORCH_WY, GradientMail, delta_two_reads
 
     compare = Comparer(RATIO, ATOL)
     off = ResidualSpec(rule="delta", fit="off")
@@ -42,13 +44,30 @@ def check_all() -> None:
             o, (S, _) = _per_sequence(naive_residual_attention, q, k, v, g, beta, None, off, scale, state, cu)
         return o.to(q.dtype), S
 
-    kernels = BaseKernels(additive=None, delta=exact_delta)
+    class PostQK(torch.autograd.Function):  # identity on q, k whose backward posts their gradients to the mail
+        @staticmethod
+        def forward(ctx, q, k, mail):
+            ctx.mail = mail
+            return q.view_as(q), k.view_as(k)
 
-    def rdn(q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens=None):
+        @staticmethod
+        def backward(ctx, dq, dk):
+            ctx.mail.post(dq, 0.25 * dk, 0.75 * dk)
+            return None, None, None
+
+    def rdn(q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens=None, mailed=True):
+        mail = GradientMail() if mailed else None
+
+        def auxiliary(q, k, v, g, beta, scale, h0, cu):
+            if mail is not None:
+                assert mail.takes(q, k), "the auxiliary pass was not given the base pass's q and k"
+                q, k = PostQK.apply(q, k, mail)
+            return exact_delta(q, k, v, g, beta, scale, h0, cu)
+
         reads = lambda q, k, v, g, beta, S0, scale, cu: delta_two_reads(  # noqa: E731
-            q, k, v, g, beta, S0, scale, cu, wy=TORCH_WY, chunk=16)
-        return compose_residual_attention(kernels, q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens,
-                                          base_reads=reads)
+            q, k, v, g, beta, S0, scale, cu, wy=TORCH_WY, chunk=16, mail=mail)
+        return compose_residual_attention(BaseKernels(additive=None, delta=auxiliary), q, k, v, g, beta, gamma, spec,
+                                          scale, state, cu_seqlens, base_reads=reads)
 
     for fit, target, og in itertools.product(["residual", "none"], ["clip", "tanh", "identity"], [True, False]):
         spec = ResidualSpec(rule="delta", fit=fit, target=target, output_gates=og, clip=0.7)
@@ -64,6 +83,10 @@ def check_all() -> None:
         compare(f"wide-K{K}-V{V}", run(naive_residual_attention, master, spec, torch.float64),
                 run(rdn, master, spec, torch.float32))
 
+    master = make()
+    compare("autograd-adds-qk", run(naive_residual_attention, master, spec, torch.float64),
+            run(rdn, master, spec, torch.float32, mailed=False))
+
     master = make(T=50)
     compare("no-initial-state", run(naive_residual_attention, master, spec, torch.float64, with_state=False),
             run(rdn, master, spec, torch.float32, with_state=False))
@@ -73,7 +96,7 @@ def check_all() -> None:
 def test_one_pass_delta_rule_matches_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=18, timeout=900)
+    run_interpreted(__file__, checks=19, timeout=900)
 
 
 def test_torch_wy_step_solves_the_chunk_recurrence_of_the_delta_rule():

@@ -5,7 +5,8 @@ residual, output and gradient kernels) for bf16/fp16 heads up to 128 wide (`rla.
 baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). rule="delta" with a residual path (bf16/fp16,
 heads up to 128: `rdn.covers`) takes the `fla` composition with its base pass replaced by `rdn`'s (the delta rule
 run once and read twice, instead of FLA's kernel over a shifted [q; k] double batch); the auxiliary recurrence stays
-on FLA's kernels, its chunk states kept for the backward (`rdn.DeltaKeepStates`). Everything else (fp32, wider
+on FLA's kernels, its chunk states kept for the backward (`rdn.DeltaKeepStates`), its q and k gradients added by the
+base pass's backward kernel (`rdn.GradientMail`). Everything else (fp32, wider
 heads) takes the composition as it is, with the glue fused (`glue`).
 
 "auto" picks it first for both rules: on the H200 every fit x target x gates case of each rule has passed, bf16 on
@@ -15,11 +16,14 @@ H200").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
+
 import torch
 
 from rla_ablate.ops import _per_sequence, register_backend
 from rla_ablate.ops.chunk import chunk_residual_attention
-from rla_ablate.ops.fla_backend import FLA_KERNELS, BaseKernels, compose_residual_attention, fla_available
+from rla_ablate.ops.fla_backend import FLA_KERNELS, BaseKernels, DeltaKernel, compose_residual_attention, fla_available
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton import rdn
 from rla_ablate.ops.triton.glue import TRITON_GLUE
@@ -29,9 +33,20 @@ from rla_ablate.ops.triton.rla import chunks_fit_grid, covers, rla_triton
 NO_TOKENS = "chunk"              # no tokens: no chunk for a kernel to read (their chunk lists are empty)
 RLA_FUSED = "rla-fused"          # RLA: every pass on the fused kernels of triton.rla
 RDN_READS = "rdn-reads+fla"      # RDN: the base pass's two reads on triton.rdn, the auxiliary pass on FLA's kernels
-# RDN's auxiliary recurrence: FLA's kernels with the chunk states kept from the forward (`rdn.DeltaKeepStates`)
-RDN_KERNELS = BaseKernels(additive=FLA_KERNELS.additive, delta=rdn.delta_keep_states)
 FLA_GLUE = "fla+glue"            # everything else: FLA's kernels composed with the fused Triton glue
+
+
+@dataclass(frozen=True)
+class RDNPasses:
+    """How RDN_READS runs the auxiliary recurrence: its delta kernel (`rdn.delta_keep_states`, or FLA's own Function,
+    which recomputes the chunk states in its backward) and whether its q, k gradients go to the base pass's backward
+    through a `rdn.GradientMail` (the auxiliary kernel must then take `mail=`). benchmarks/rdn_aux.py swaps `RDN`."""
+
+    auxiliary: DeltaKernel = rdn.delta_keep_states
+    mail: bool = True
+
+
+RDN = RDNPasses()
 
 
 def implementation(q: torch.Tensor, v: torch.Tensor, spec: ResidualSpec, cu_seqlens: torch.Tensor | None = None) -> str:
@@ -56,8 +71,12 @@ def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale
     if impl == RLA_FUSED:
         return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
     if impl == RDN_READS:
-        return compose_residual_attention(RDN_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state,
-                                          cu_seqlens, glue=TRITON_GLUE, base_reads=rdn.delta_two_reads)
+        # one mail per call: the auxiliary pass's q, k gradients go to the base pass's dq/dk kernel (rdn.GradientMail)
+        mail = rdn.GradientMail() if RDN.mail else None
+        auxiliary = partial(RDN.auxiliary, mail=mail) if mail is not None else RDN.auxiliary
+        return compose_residual_attention(BaseKernels(additive=FLA_KERNELS.additive, delta=auxiliary), q, k, v, g, beta,
+                                          gamma, spec, scale, initial_state, cu_seqlens, glue=TRITON_GLUE,
+                                          base_reads=partial(rdn.delta_two_reads, mail=mail))
     return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
                                       glue=TRITON_GLUE)
 

@@ -172,11 +172,13 @@ def delta_bwd_pass(grid, *, q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, cof
 
 
 @triton.jit
-def _delta_bwd_dqk(q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, cu, cidx, NTH, NCH, scale,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                   BV: tl.constexpr):
+def _delta_bwd_dqk(q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, dQA, dKA, dKB, cu, cidx, NTH, NCH,
+                   scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   BV: tl.constexpr, HAS_MAIL: tl.constexpr):
     """dq, dk (fp32, before the WY step's share), dw = -dn S_c and this K tile's shares of the per-token d/db terms
-    E (reads, at b') and K (writes) (grid K tiles x chunks x heads; the whole V is one tile)."""
+    E (reads, at b') and K (writes) (grid K tiles x chunks x heads; the whole V is one tile). HAS_MAIL: the stored
+    dq, dk also add the auxiliary pass's dQA and dKA + dKB (`GradientMail`), outside the d/db terms (which are this
+    pass's own)."""
     i_k, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, 0, H, K, V, BT, BK, BV)
     rk = i_k * BK + tl.arange(0, BK)
@@ -212,8 +214,13 @@ def _delta_bwd_dqk(q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P,
     z = tl.exp(b_L) * tl.sum(b_hS.to(tl.float32) * b_dhS.to(tl.float32)) + tl.sum(tl.sum(k32 * dke, axis=1))
     tl.store(Z_P + i_k.to(tl.int64) * NCH + i_c * H + h, z)
     dw = -tl.dot(tl.load(DN + o_tv, mask=m_tv, other=0.0).to(dt), b_hS)
-    tl.store(dQ + o_tk, dq.to(dQ.dtype.element_ty), mask=m_tk)
-    tl.store(dK + o_tk, dk + dkw, mask=m_tk)
+    dq_out, dk_out = dq, dk + dkw
+    if HAS_MAIL:
+        dq_out += tl.load(dQA + o_tk, mask=m_tk, other=0.0).to(tl.float32)
+        dk_out += tl.load(dKA + o_tk, mask=m_tk, other=0.0).to(tl.float32) \
+            + tl.load(dKB + o_tk, mask=m_tk, other=0.0).to(tl.float32)
+    tl.store(dQ + o_tk, dq_out.to(dQ.dtype.element_ty), mask=m_tk)
+    tl.store(dK + o_tk, dk_out, mask=m_tk)
     tl.store(dW + o_tk, dw.to(dW.dtype.element_ty), mask=m_tk)
     o_part = i_k.to(tl.int64) * NTH + tok
     tl.store(E_P + o_part, tl.sum(q32 * dq, axis=1) + tl.sum(k32 * dk, axis=1), mask=mt)
@@ -221,10 +228,12 @@ def _delta_bwd_dqk(q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P,
 
 
 def delta_bwd_dqk(grid, *, q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, cu, cidx, NTH, NCH, scale, H,
-                  K, V, BT, BK, BV, **options):
-    """`_delta_bwd_dqk` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _delta_bwd_dqk[grid](q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, cu, cidx, NTH, NCH, scale, H=H,
-                         K=K, V=V, BT=BT, BK=BK, BV=BV, **options)
+                  K, V, BT, BK, BV, mailed=None, **options):
+    """`_delta_bwd_dqk` over `grid`, every parameter by name; `options`: num_warps, num_stages. mailed: the
+    auxiliary pass's (dq, dk, dk') to add (`GradientMail`), or None."""
+    dQA, dKA, dKB = mailed if mailed is not None else (dQ, dK, dK)
+    _delta_bwd_dqk[grid](q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, dQA, dKA, dKB, cu, cidx, NTH, NCH,
+                         scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_MAIL=mailed is not None, **options)
 
 
 @dataclass(frozen=True)
@@ -327,6 +336,38 @@ def _torch_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk):
 TORCH_WY = WY(fwd=_torch_wy_fwd, bwd=_torch_wy_bwd)
 
 
+class GradientMail:
+    """Where RDN's auxiliary pass leaves its q and k gradients for the base pass's backward to add in its dq/dk kernel.
+
+    Both passes read the same q and k (`compose_residual_attention`), so autograd would add their gradients with an
+    elementwise pass over each [tokens, H, K] tensor, and the auxiliary pass sums its own two shares of dk (FLA's
+    dq/dk kernel's and its WY step's) with a third. Instead the auxiliary backward posts (dq, dk, dk') here and returns
+    no gradient for q and k, and `_delta_bwd_dqk` adds them to what it stores. The order is certain: the base pass's
+    backward needs dp, the gradient of its prediction, which comes through the residual from the auxiliary pass's
+    gradient; a backward that does not reach the auxiliary pass posts nothing and the base pass adds nothing. One
+    mail per call: the base forward names its q and k (`expect`), and the auxiliary forward posts only when it was
+    given those very tensors (`takes`)."""
+
+    def __init__(self):
+        self._expected: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._grads: tuple[torch.Tensor, ...] | None = None
+
+    def expect(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        self._expected = (q, k)
+
+    def takes(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether the auxiliary pass of these q, k posts its gradients here (they are the base pass's own)."""
+        expected, self._expected = self._expected, None
+        return expected is not None and expected[0] is q and expected[1] is k
+
+    def post(self, dq: torch.Tensor, dk: torch.Tensor, dk_extra: torch.Tensor) -> None:
+        self._grads = tuple(x.contiguous() for x in (dq, dk, dk_extra))
+
+    def collect(self) -> tuple[torch.Tensor, ...] | None:
+        grads, self._grads = self._grads, None
+        return grads
+
+
 def _grid_v(name: str, V: int) -> tuple[int, dict]:
     """The number of V tiles and the launch options of one of this module's kernels."""
     opts = launch_options(name, V, LAUNCH)
@@ -338,10 +379,13 @@ class DeltaTwoReads(torch.autograd.Function):
     delta rule S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T (module docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, S0, layout: Layout, scale: float, chunk: int, wy: WY, cu):
+    def forward(ctx, q, k, v, g, beta, S0, layout: Layout, scale: float, chunk: int, wy: WY, cu,
+                mail: GradientMail | None):
         B, T, H, K = q.shape
         V = v.shape[-1]
         dev, dt = q.device, q.dtype
+        if mail is not None:
+            mail.expect(q, k)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         g32 = g.float().clamp_min(FLOOR).contiguous()  # the kernels' floor (docs/MATH.md), here for the WY step too
         beta_c = beta.contiguous()
@@ -362,6 +406,7 @@ class DeltaTwoReads(torch.autograd.Function):
                     scale=float(scale), **consts, **opts)
         ctx.save_for_backward(q, k, v, g32, beta_c, w, hS, N_)
         ctx.saved, ctx.layout, ctx.scale, ctx.chunk, ctx.wy, ctx.cu = saved, layout, float(scale), chunk, wy, cu
+        ctx.mail = mail
         ctx.has_S0, ctx.dtypes = S0 is not None, (g.dtype, beta.dtype)
         return BQ, P, ST
 
@@ -399,7 +444,8 @@ class DeltaTwoReads(torch.autograd.Function):
         Z_P = torch.empty(NK, C * H, dtype=torch.float32, device=dev)
         delta_bwd_dqk((NK, C, H), q=q, k=k, g=g32, dBQ=dBQ, dP=dP, N_=N_, DN=DN, hS=hS, dhS=dhS, dQ=dQ, dK=dK, dW=dW,
                       E_P=E_P, K_P=K_P, Z_P=Z_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale, H=H,
-                      K=K, V=V, BT=chunk, BK=BKt, BV=max(MIN_TILE, triton.next_power_of_2(V)), **opts)
+                      K=K, V=V, BT=chunk, BK=BKt, BV=max(MIN_TILE, triton.next_power_of_2(V)),
+                      mailed=ctx.mail.collect() if ctx.mail is not None else None, **opts)
         dk_wy, dv, dbeta, db_wy = ctx.wy.bwd(k, v, beta_c, g32, ctx.saved, dW, DN, layout, ctx.cu, chunk)
         # our fp32 dk plus the WY step's, summed in fp32 and stored in the inputs' dtype by one elementwise kernel
         dK = torch.add(dK, dk_wy, out=torch.empty(B, T, H, K, dtype=dt, device=dev))
@@ -408,7 +454,7 @@ class DeltaTwoReads(torch.autograd.Function):
         dg = chunk_gate_gradient(layout, terms, E, Z_P, H).view(B, T, H)
         g_dtype, beta_dtype = ctx.dtypes
         return (dQ, dK, dv.to(v.dtype), dg.to(g_dtype), dbeta.to(beta_dtype), dS0 if ctx.has_S0 else None,
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 class DeltaKeepStates(torch.autograd.Function):
@@ -419,10 +465,11 @@ class DeltaKeepStates(torch.autograd.Function):
     in its backward, to spare memory. Here the forward's w, h and the pass's writes v_new are kept, so the backward
     starts at dh: per layer 8 bytes a token per unit of mixer width more (h at chunk 64 and K = 128 is 4 of them),
     for one state pass and one WY recomputation less. The kernels and their order are FLA's
-    (`chunk_gated_delta_rule_fwd` / `_bwd`); states are [N, H, V, K] (state_v_first)."""
+    (`chunk_gated_delta_rule_fwd` / `_bwd`); states are [N, H, V, K] (state_v_first). With a mail, its q and k
+    gradients go to the base pass's backward (`GradientMail`) instead of autograd."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale: float, h0, cu_seqlens, chunk: int):
+    def forward(ctx, q, k, v, g, beta, scale: float, h0, cu_seqlens, chunk: int, mail: GradientMail | None):
         from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h
         from fla.ops.common.chunk_o import chunk_fwd_o
         from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra
@@ -440,7 +487,7 @@ class DeltaKeepStates(torch.autograd.Function):
                                                      state_v_first=True, chunk_size=chunk, **seq)
         o = chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g_cs, scale=scale, state_v_first=True, chunk_size=chunk, **seq)
         ctx.save_for_backward(q, k, v, g_cs, beta, A, w, h, v_new, h0)
-        ctx.scale, ctx.chunk, ctx.cu, ctx.ci, ctx.dtype = scale, chunk, cu_seqlens, ci, g.dtype
+        ctx.scale, ctx.chunk, ctx.cu, ctx.ci, ctx.dtype, ctx.mail = scale, chunk, cu_seqlens, ci, g.dtype, mail
         return o.to(q.dtype), h_T
 
     @staticmethod
@@ -461,16 +508,22 @@ class DeltaKeepStates(torch.autograd.Function):
         dq, dk, dw, dg = chunk_bwd_dqkwg(q=q, k=k, v=v_new, w=w, g=g_cs, h=h, dv=dv, do=do, dh=dh, scale=scale,
                                          state_v_first=True, chunk_size=chunk, **seq)
         dk2, dv, db, dg2 = prepare_wy_repr_bwd(k=k, v=v, beta=beta, g=g_cs, A=A, dw=dw, du=dv, **seq)
-        dk.add_(dk2)
         dg.add_(dg2)
         dg = chunk_local_cumsum(dg, chunk_size=chunk, reverse=True, **seq)
-        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg.to(ctx.dtype), db.to(beta.dtype), None,
-                dh0 if ctx.needs_input_grad[6] else None, None, None)
+        if ctx.mail is not None:
+            ctx.mail.post(dq, dk, dk2)
+            dq = dk = None
+        else:
+            dq, dk = dq.to(q.dtype), dk.add_(dk2).to(k.dtype)
+        return (dq, dk, dv.to(v.dtype), dg.to(ctx.dtype), db.to(beta.dtype), None,
+                dh0 if ctx.needs_input_grad[6] else None, None, None, None)
 
 
-def delta_keep_states(q, k, v, g, beta, scale, h0, cu_seqlens):
-    """`DeltaKeepStates` with the signature of the composition's delta kernel (fla_backend.DeltaKernel): (o, h_T)."""
-    return DeltaKeepStates.apply(q, k, v, g, beta, scale, h0, cu_seqlens, CHUNK)
+def delta_keep_states(q, k, v, g, beta, scale, h0, cu_seqlens, mail: GradientMail | None = None):
+    """`DeltaKeepStates` with the signature of the composition's delta kernel (fla_backend.DeltaKernel): (o, h_T).
+    mail: the base pass's `GradientMail`; q and k's gradients go there if these are the base pass's q and k."""
+    posts = mail is not None and mail.takes(q, k)
+    return DeltaKeepStates.apply(q, k, v, g, beta, scale, h0, cu_seqlens, CHUNK, mail if posts else None)
 
 
 def covers(q: torch.Tensor, v: torch.Tensor, spec) -> bool:
@@ -481,12 +534,13 @@ def covers(q: torch.Tensor, v: torch.Tensor, spec) -> bool:
 
 
 def delta_two_reads(q, k, v, g, beta, S0, scale: float, cu_seqlens: torch.Tensor | None = None,
-                    wy: WY = FLA_WY, chunk: int = CHUNK):
+                    wy: WY = FLA_WY, chunk: int = CHUNK, mail: GradientMail | None = None):
     """(scale S_{t-1} q_t, S_{t-1} k_t, S_T) of the gated delta rule; q, k [B, T, H, K], S0 [N, H, V, K] fp32 or None.
 
-    Packed sequences as in FLA: B = 1 and cu_seqlens [N + 1]."""
+    Packed sequences as in FLA: B = 1 and cu_seqlens [N + 1]. mail: where the auxiliary pass of the same q and k
+    leaves its gradients for this backward to add (`GradientMail`)."""
     B, T = q.shape[:2]
     layout = Layout.batched(B, T, chunk, q.device) if cu_seqlens is None else Layout(B, T, cu_seqlens, chunk, q.device)
     cu = cu_seqlens.long() if cu_seqlens is not None else None
     return DeltaTwoReads.apply(q, k, v, g, beta, S0.float().contiguous() if S0 is not None else None, layout,
-                               scale, chunk, wy, cu)
+                               scale, chunk, wy, cu, mail)

@@ -392,14 +392,14 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
         o_R = (b_do.to(tl.float32) * (b_gamma if GATES else tl.full([BT], 1.0, tl.float32))[:, None]).to(dt)
         # the residual read: o += c scale (exp(b) q R_c^T + (q k^T * decay incl. the diagonal) w)
         Rm = (tl.dot(o_R, tl.trans(b_w)) * _decay(b, b, rt[:, None] >= rt[None, :])).to(dt)
-        dqR = tl.exp(b)[:, None] * tl.dot(o_R, tl.load(hR + o_state, mask=m_state, other=0.0).to(dt)) \
-            + tl.dot(Rm, b_k)
+        b_hR = tl.load(hR + o_state, mask=m_state, other=0.0).to(dt)  # loaded once: dq's read and dg's end term
+        dqR = tl.exp(b)[:, None] * tl.dot(o_R, b_hR) + tl.dot(Rm, b_k)
         dq += scale * dqR
         e_q += scale * tl.sum(q32 * dqR, axis=1)
         dkW += scale * tl.dot(tl.trans(Rm), b_q)
         b_dhR = tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt)
         sw += tl.dot(b_w, b_dhR)
-        z += tl.exp(b_L) * tl.sum(tl.load(hR + o_state, mask=m_state, other=0.0).to(tl.float32) * b_dhR.to(tl.float32))
+        z += tl.exp(b_L) * tl.sum(b_hR.to(tl.float32) * b_dhR.to(tl.float32))
     sw = tl.exp(b_L - b)[:, None] * sw
     dkW += sw
     z += tl.sum(tl.sum(k32 * sw, axis=1))
