@@ -1,0 +1,91 @@
+"""GPU memory a training process holds outside PyTorch's caching allocator (what packing calls its context).
+
+    python benchmarks/process_memory.py proxy-lm-rla [--graphs true|false] [--tokens 1048576] [--limit 110]
+
+Runs `rla-sweep train MODEL` (the proxy study's code-LM shape: 32 x 512 bytes a micro batch, batches of 65,536
+tokens, bf16, fused glue) in this process on an otherwise idle GPU, and samples every 50 ms the device's used bytes
+(`torch.cuda.mem_get_info`, less what was used before this process started) against the allocator's reserved
+bytes. Their difference is what the process holds beyond its allocator: the CUDA context, loaded kernels and the
+local memory the driver keeps for kernels that spill registers. `--limit` seconds end the run early; the summary
+prints every 10 s, so a run cut by a node's time limit still reports. Packing adds this per process to every job's
+estimate (`CONTEXT_BYTES`, rla_ablate/sweep/calibration.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import tempfile
+import threading
+import time
+
+import torch
+
+GiB = 2**30
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="a model preset (proxy-lm-rla) or YAML path")
+    parser.add_argument("--graphs", choices=["true", "false"], default="true", help="train.cuda_graphs")
+    parser.add_argument("--tokens", type=int, default=1_048_576)
+    parser.add_argument("--limit", type=float, default=0, help="stop after this many seconds (0: run to the end)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks/process_memory.py needs a CUDA GPU")
+    from rla_ablate.cli import main as cli
+
+    torch.cuda.init()
+    free, total = torch.cuda.mem_get_info()
+    before = total - free
+    samples: list[tuple[float, int, int]] = []  # (seconds, device bytes used by this process, reserved bytes)
+    done = threading.Event()
+    t0 = time.time()
+
+    def summary(final: bool) -> str:
+        t, used, reserved = samples[-1]
+        most = max(u - r for _, u, r in samples)
+        if final:
+            return json.dumps({"model": args.model, "graphs": args.graphs, "seconds": round(t, 1),
+                               "device_used_gib": round(max(u for _, u, _ in samples) / GiB, 3),
+                               "reserved_gib": round(max(r for _, _, r in samples) / GiB, 3),
+                               "outside_allocator_gib": round(most / GiB, 3)})
+        return (f"t={t:.0f}s used {used / GiB:.2f} GiB, reserved {reserved / GiB:.2f}, outside the allocator "
+                f"{(used - reserved) / GiB:.2f} (most so far {most / GiB:.2f})")
+
+    def sample() -> None:
+        shown = 0.0
+        while not done.is_set():
+            free, _ = torch.cuda.mem_get_info()
+            samples.append((time.time() - t0, total - free - before, torch.cuda.memory_reserved()))
+            if samples[-1][0] - shown >= 10:
+                shown = samples[-1][0]
+                print(summary(False), flush=True)
+            time.sleep(0.05)
+
+    def time_is_up(*_) -> None:
+        raise KeyboardInterrupt
+
+    if args.limit:  # as Ctrl-C: the training command stops at the step it is in
+        signal.signal(signal.SIGALRM, time_is_up)
+        signal.alarm(int(args.limit))
+    threading.Thread(target=sample, daemon=True).start()
+    out = tempfile.mkdtemp(prefix="process-memory-")
+    try:
+        cli(["train", args.model, "--out", out, "--profile", "cpu", "--set", "train.device=cuda",
+             "--set", f"train.cuda_graphs={args.graphs}", "--set", f"train.tokens={args.tokens}",
+             "--set", "train.seq_len=512", "--set", "train.micro_batch_size=32", "--set", "train.batch_tokens=65536",
+             "--set", "train.precision=bf16", "--set", f"train.eval_every_tokens={args.tokens}",
+             "--set", f"train.checkpoint_every_tokens={args.tokens}", "--set", "train.log_every_tokens=262144"])
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    done.set()
+    time.sleep(0.1)
+    print(summary(True), flush=True)
+    shutil.rmtree(out, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
