@@ -7,6 +7,9 @@ import hashlib
 import io
 import json
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -175,6 +178,19 @@ def test_json_tokenizer(tmp_path, text_dir):
     assert int(batch.input_ids.max()) < vocab_size(cfg)
     with pytest.raises(UserError, match="eos_token"):
         open_source(TextData(path=text_dir, tokenizer=path, eos_token="<nope>"))
+
+
+def test_eos_token_without_a_tokenizer_file_is_refused(tmp_path, text_dir):
+    """The byte tokenizer ends documents with its own token: an eos_token there would be silently ignored."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="without one"):
+        TextData(path=text_dir, eos_token="</s>")
+    out = tmp_path / "shards"
+    proc = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "data", "prepare", str(text_dir), str(out),
+                           "--eos-token", "</s>"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--eos-token" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not out.exists()
 
 
 def test_hf_disk(tmp_path):

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 def _existing(p: Path | None, what: str) -> Path | None:
@@ -48,6 +48,15 @@ class _Tokenized(_Strict):
         if p is not None and not p.is_file():
             raise ValueError(f"tokenizer must be a JSON file, got a folder: {p}")
         return p
+
+    @field_validator("eos_token")
+    @classmethod
+    def _eos_needs_tokenizer(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # a tokenizer that failed its own check is missing from info.data: that error is the one to report
+        if v is not None and "tokenizer" in info.data and info.data["tokenizer"] is None:
+            raise ValueError("names a token of a tokenizer file; without one (tokenizer, --tokenizer) the text is "
+                             "read as UTF-8 bytes, whose documents end with their own token (256)")
+        return v
 
 
 class StdlibData(_Tokenized):
