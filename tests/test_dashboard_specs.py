@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +175,28 @@ def test_metrics_and_params_no_run_has_are_noted_with_the_closest(tmp_path):
                                       "  - {metric: eval/*/accuracy}\n"
                                       "  - {metric: eval/piqa/acc, fallback: {metric: eval/*/loss}}\n"))
     assert unlogged(table, runs) == ["no run of this sweep logged eval/*/accuracy (did you mean eval/val/acc?)"]
+
+
+def test_labels_that_name_no_series_are_noted_with_the_closest(tmp_path):
+    """A misspelt `labels` key leaves its series under the default name: the notes say so; keys that are the
+    joined series values of a run, or one value a run has (a tag or a config value), are not noted."""
+    from types import SimpleNamespace
+
+    from rla_ablate.dashboard.render import unlogged, unmatched_labels
+    from rla_ablate.tracking.read import RunRecord
+
+    runs = SimpleNamespace(jobs=[
+        RunRecord("a", "e", "finished", {"family": "rla", "ablations": "none"}, {"model.clip": "1.0"}, {"train/loss": 3.0}),
+        RunRecord("b", "e", "finished", {"family": "rla", "ablations": "tied_gamma"}, {"model.clip": "1.0"},
+                  {"train/loss": 3.1})])
+    spec = load_spec(write(tmp_path, "kind: curve\ntitle: t\ny: train/loss\nlabels:\n  rla/tied_gamma: RLA, tied\n"
+                                     "  none: independent\n  '1.0': clip 1\n  rla/tied_gama: typo\n  nonee: typo\n"))
+    assert unlogged(spec, runs) == [
+        "labels: 'rla/tied_gama' names no series of this sweep (did you mean rla/tied_gamma, tied_gamma?)",
+        "labels: 'nonee' names no series of this sweep (did you mean none, rla/none?)"]
+    # values the spec's runs filter allows are labels for series this sweep lacks, not typos (the shipped specs)
+    spec = load_spec(write(tmp_path, "kind: curve\ntitle: t\ny: train/loss\nruns: {family: [rla, rdn], ablations: "
+                                     "[none, no_clip]}\nlabels:\n  no_clip: w/o clip\n  rdn/none: RDN\n"))
+    assert unlogged(spec, runs) == []
+    for path in sorted((Path(__file__).resolve().parents[1] / "dashboards").rglob("*.yaml")):  # no shipped spec labels what it cannot draw
+        assert unmatched_labels(load_spec(path), SimpleNamespace(jobs=[])) == [], path

@@ -640,7 +640,37 @@ def unlogged(spec: FigureSpec, runs: SweepRuns) -> list[str]:
     for axis in spec.x if isinstance(spec, ScatterSpec) else []:
         if axis.param not in params:
             notes.append(f"no run of this sweep has param {axis.param}" + did_you_mean(axis.param, params, n=3))
+    notes += unmatched_labels(spec, runs)
     return notes
+
+
+def unmatched_labels(spec: FigureSpec, runs: SweepRuns) -> list[str]:
+    """Notes for `labels` keys that name no series (a misspelt key leaves its series under the default name, with
+    nothing to say the label was not used). A key names a series when it is the '/'-joined values of the spec's
+    series keys, or one value, that some run has (a tag or a config value, as labels are looked up) or that the
+    spec's own `runs` filter allows: a shipped spec labels every value it filters for, which a sweep may lack."""
+    from rla_ablate.errors import did_you_mean
+
+    if not spec.labels:
+        return []
+    jobs = runs.jobs
+    allowed = {k: {D.spelled(v) for v in (f if isinstance(f, list) else [f])} for k, f in spec.runs.items()}
+    for r in jobs:
+        for k in spec.series:
+            allowed.setdefault(k, set()).add(D.value_of(r, k) or "?")
+    values = {v for r in jobs for v in (*r.tags.values(), *r.params.values()) if isinstance(v, str)}
+    values |= {v for k in spec.series for v in allowed.get(k, ())}
+
+    def names_a_series(key: str) -> bool:
+        parts = key.split("/")
+        if len(parts) == len(spec.series) > 1 and all(p in allowed.get(k, ()) for p, k in zip(parts, spec.series)):
+            return True
+        return key in values
+
+    shown = sorted({"/".join(D.value_of(r, k) or "?" for k in spec.series) for r in jobs}
+                   | {v for k in spec.series for v in allowed.get(k, ())})
+    return [f"labels: '{key}' names no series of this sweep" + did_you_mean(key, shown, n=3)
+            for key in spec.labels if not names_a_series(key)]
 
 
 def render(spec: FigureSpec, runs: SweepRuns, out_dir: Path, run_url=lambda run_id: None,
