@@ -461,7 +461,10 @@ class TrackingServer:
         return False
 
     def stop(self) -> None:
-        self._stopping.set()
+        # Under the lock: a restart checks the flag and starts its replacement under it, so a replacement either
+        # exists before the flag is set (and is stopped below) or is never started.
+        with self._lock:
+            self._stopping.set()
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None and watchdog is not threading.current_thread():
             watchdog.join(timeout=self.startup_timeout + 15)
