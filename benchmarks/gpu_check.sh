@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One entry point on the GPU node, after the bundle is installed (PYTHONPATH=/tmp/site:$PWD):
-#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|glue|graph|scales|train-step|calibrate|rdn|bench|profile|tune|train|train-profile|save-tuning|all]
+#   bash benchmarks/gpu_check.sh [tests|triton-tests|models|glue|graph|scales|train-step|calibrate|rdn|memory|bench|profile|tune|train|train-profile|save-tuning|all]
 #                                [pytest -k expr]
 # GPU tests write a junit file, a log and every measured error to $OUT; the kernel table prints last.
 #
@@ -111,6 +111,17 @@ if [[ $what == rdn ]]; then
     python3 benchmarks/train_gpu.py --scale 100m --families rdn gdn --graph off on --steps 6 --warmup 2 --calibrate \
         --json "$OUT/rdn-100m.json" 2>&1 | tee "$OUT/rdn-100m.log" || rc=1
     cp rla_ablate/sweep/calibration/h200.json "$OUT/h200.json"
+fi
+if [[ $what == memory ]]; then
+    # What a training process holds outside its allocator (packing reserves CONTEXT_BYTES for it), one model after
+    # another alone on the GPU, then the compiled Triton kernels with the largest per-thread stack: the driver keeps
+    # local memory for every thread slot of the device at the largest stack a launched kernel needed
+    for model in proxy-lm-rla proxy-lm-sgla proxy-lm-transformer proxy-mqar-rla 100m-rla; do
+        python3 benchmarks/process_memory.py "$model" --tokens 524288 --limit 100 2>&1 | grep -E '^\{|Error' \
+            | tee -a "$OUT/memory.log" || rc=1
+    done
+    python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import process_memory as p
+for s, r, n in p.largest_stacks(20): print(f'stack {s:>7,} B/thread  {r:>3} registers  {n}')" | tee -a "$OUT/memory.log"
 fi
 if [[ $what == profile || $what == tune ]]; then
     python3 benchmarks/kernels.py --$what --seq-lens 2048 2>&1 | tee "$OUT/$what.log" || rc=1

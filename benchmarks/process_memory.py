@@ -1,6 +1,7 @@
 """GPU memory a training process holds outside PyTorch's caching allocator (what packing calls its context).
 
     python benchmarks/process_memory.py proxy-lm-rla [--graphs true|false] [--tokens 1048576] [--limit 110]
+                                        [--stacks 15]
 
 Runs `rla-sweep train MODEL` (the proxy study's code-LM shape: 32 x 512 bytes a micro batch, batches of 65,536
 tokens, bf16, fused glue) in this process on an otherwise idle GPU, and samples every 50 ms the device's used bytes
@@ -9,12 +10,17 @@ bytes. Their difference is what the process holds beyond its allocator: the CUDA
 local memory the driver keeps for kernels that spill registers. `--limit` seconds end the run early; the summary
 prints every 10 s, so a run cut by a node's time limit still reports. Packing adds this per process to every job's
 estimate (`CONTEXT_BYTES`, rla_ablate/sweep/calibration.py).
+
+`--stacks N` then lists the N compiled Triton kernels in $TRITON_CACHE_DIR with the largest per-thread stack
+(`cuobjdump -res-usage` of each cubin): the driver reserves local memory for the whole device (every thread slot
+of every SM) at the largest stack a launched kernel needs, and keeps it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import tempfile
@@ -32,6 +38,8 @@ def main() -> None:
     parser.add_argument("--graphs", choices=["true", "false"], default="true", help="train.cuda_graphs")
     parser.add_argument("--tokens", type=int, default=1_048_576)
     parser.add_argument("--limit", type=float, default=0, help="stop after this many seconds (0: run to the end)")
+    parser.add_argument("--stacks", type=int, default=0, metavar="N",
+                        help="then list the N Triton kernels of $TRITON_CACHE_DIR with the largest stack")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/process_memory.py needs a CUDA GPU")
@@ -85,6 +93,28 @@ def main() -> None:
     time.sleep(0.1)
     print(summary(True), flush=True)
     shutil.rmtree(out, ignore_errors=True)
+    if args.stacks:
+        for stack, regs, name in largest_stacks(args.stacks):
+            print(f"  stack {stack:>7,} B/thread  {regs:>3} registers  {name}")
+
+
+def largest_stacks(n: int) -> list[tuple[int, int, str]]:
+    """(stack bytes a thread, registers, kernel) of the n compiled kernels in the Triton cache with the largest stack,
+    by `cuobjdump -res-usage` (Triton's bundled copy) of each cubin."""
+    import re
+    import subprocess
+    from pathlib import Path
+
+    import triton
+
+    cache = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    rows = []
+    for cubin in cache.rglob("*.cubin"):
+        text = subprocess.run([str(tool), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
+        for name, regs, stack in re.findall(r"Function (\S+):\s+REG:(\d+) STACK:(\d+)", text):
+            rows.append((int(stack), int(regs), name))
+    return sorted(rows, reverse=True)[:n]
 
 
 if __name__ == "__main__":
