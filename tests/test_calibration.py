@@ -157,6 +157,12 @@ def test_a_graphed_job_is_estimated_with_its_graph_pool(table):
     assert C.gpu_share(graphed, GPU, 0.15) > C.gpu_share(eager, GPU, 0.15)
     assert graphed.as_dict()["graph_pool"] == graphed.graph_pool
     assert C.GRAPH_EXTRA > 0.202  # the 100M Transformer's graphed reserved peak was 20.2% over its eager peak
+    # at a proxy's size the pool's allocator segments are most of the peak: it is at least GRAPH_POOL_MIN
+    tiny = job("proxy-mqar-rdn", mb=16, seq=64).model_copy(deep=True)
+    tiny.train.__dict__.update(cuda_graphs=True)
+    small = C.estimate_memory(tiny)
+    assert small.graph_pool == C.GRAPH_POOL_MIN > C.GRAPH_EXTRA * (small.total - small.graph_pool)
+    assert small.gib > 0.43  # the largest graphed MQAR reserved peak measured (H100)
 
 
 def test_coefficient_interpolates_in_log_width_and_clamps_outside(table):

@@ -61,6 +61,10 @@ TABLE = "h200.json"
 # else, so a graphed job's peak is its reserved peak. Measured (`benchmarks/train_gpu.py --graph off on`, H100,
 # every family at 100M and 1.5B): the graphed reserved peak exceeds the eager allocated peak by 11.2-20.2%.
 GRAPH_EXTRA = 0.25
+# ... and at least this much: a graph's pool takes whole allocator segments for what its capture allocates, which at a
+# proxy's size is most of its peak (graphed MQAR jobs of 0.38M parameters: reserved peaks of 0.18-0.43 GiB against
+# eager estimates of 0.03-0.05 GiB, H100).
+GRAPH_POOL_MIN = int(0.5 * GiB)
 # The chunk of RDN's auxiliary pass, whose chunk states it keeps (`kept_state_bytes`).
 KEPT_STATE_CHUNK = 64
 
@@ -82,7 +86,8 @@ class MemoryEstimate:
     glue: str
     """The glue the estimate is for: "fused" (FLA's kernels) or "torch" (module docstring)."""
     graph_pool: int = 0
-    """What a CUDA graph's pool holds beyond the eager peak (train.cuda_graphs; GRAPH_EXTRA of the rest), or 0."""
+    """What a CUDA graph's pool holds beyond the eager peak (train.cuda_graphs; GRAPH_EXTRA of the rest, at least
+    GRAPH_POOL_MIN), or 0."""
 
     @property
     def total(self) -> int:
@@ -249,7 +254,7 @@ def estimate_memory(job: Any, name: str = TABLE) -> MemoryEstimate:
                            activations=int(acts), loss=int(n * loss), a_f=a_f, source=source, glue=glue)
     if not train.cuda_graphs:
         return eager
-    return replace(eager, graph_pool=int(GRAPH_EXTRA * eager.total))
+    return replace(eager, graph_pool=max(int(GRAPH_EXTRA * eager.total), GRAPH_POOL_MIN))
 
 
 def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedEstimate:
