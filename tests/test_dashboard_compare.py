@@ -669,3 +669,16 @@ def test_a_missing_claim_names_the_arms_it_needs_on_both_sides():
         "add a gdn arm to models:; add a rdn arm to models:")
     # without the control in any run, it is asked for too
     assert "add matched_state to controls:" in for_claim(spec, at_state, True, families, {"none"}).hint
+
+
+def test_results_table_rounds_the_grid_and_search_values_runs_keep_as_strings():
+    """`results` (text): an Optuna float comes back from MLflow as the string it was logged as; the table shows 6
+    significant digits, like the metrics, and leaves other strings alone (--csv and --json keep them whole)."""
+    from rla_ablate.commands.results import _text
+
+    assert _text("0.0012345678901234567", "point.train.lr") == "0.00123457"
+    assert _text("1e-3", "point.train.lr") == "0.001"
+    assert _text("clip", "point.model.target") == "clip"
+    assert _text("2", "point.model.num_layers") == "2"
+    assert _text("0.0012345678901234567", "name") == "0.0012345678901234567"
+    assert _text(3.14159265, "eval/val/loss") == "3.14159" and _text(None, "x") == ""

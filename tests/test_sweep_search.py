@@ -91,3 +91,32 @@ def test_a_continued_study_draws_new_parameters_and_a_new_one_repeats_its_seed(t
     more = draw(f"sqlite:///{tmp_path / 'a.db'}", 3)      # the same study, continued
     assert len({p["train.lr"] for p in first + more}) == 6, (first, more)
     assert draw(f"sqlite:///{tmp_path / 'b.db'}", 3) == first
+
+
+def test_a_trial_enqueued_again_after_an_interrupted_launch_keeps_its_jobs_name(tmp_path):
+    """A launch killed mid-trial leaves the trial running in the study; the next launch marks it interrupted and
+    enqueues its parameters, which Optuna asks as a new trial number but which give the same job: the job keeps the
+    name it was listed under (status, results and the launch's progress lines say the same trial-NNN)."""
+    from types import SimpleNamespace
+
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.sweep.search import OptunaSource
+    from rla_ablate.sweep.state import SweepDir
+
+    f = tmp_path / "search.yaml"
+    f.write_text(yaml.safe_dump(SEARCH))
+    sweep = load_sweep(f)
+    sdir = SweepDir(tmp_path / "runs", sweep.name)
+    sdir.path.mkdir(parents=True)
+    runner = SimpleNamespace(summary=SimpleNamespace(pruned=0), progress=SimpleNamespace(note=print))
+
+    first = OptunaSource(sweep, sdir)
+    first.start(runner)
+    job = next(first.next_jobs(1))  # asked and started, never told: the launch was killed
+    assert job.name == "trial-000"
+
+    again = OptunaSource(sweep, sdir)
+    again.start(runner)
+    resumed = next(again.next_jobs(1))
+    assert resumed.job_id == job.job_id and again.trials[job.job_id].number == 1
+    assert resumed.name == "trial-000" and [r["name"] for r in sdir.job_list()] == ["trial-000"]

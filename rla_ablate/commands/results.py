@@ -29,9 +29,16 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _text(value) -> str:
+def _text(value, column: str = "") -> str:
+    """A cell of the text table: floats to 6 significant digits, and so are the grid and search values (point.*),
+    which runs keep as the strings they were logged as (an Optuna float: 0.0012345678901234567)."""
     if value is None:
         return ""
+    if isinstance(value, str) and column.startswith("point.") and any(c in value for c in ".eE"):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)
@@ -69,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         # what ran (kernels, glue) is in --csv and --json; the table keeps to what is compared
         hidden = ("run_id", "job_id", *PROVENANCE)
         shown = [c for c in columns if c not in hidden and any(r[c] is not None for r in rows)]
-        cells = [[escape(_text(r[c])) for c in shown] for r in rows]
+        cells = [[escape(_text(r[c], c)) for c in shown] for r in rows]
         console = stdout_console(pipe_width=400)
         # a narrow terminal keeps the names, what tells the runs apart and the first metrics; the rest is in --csv
         first = [c for c in ("version", "preset", "series", "arm", "control", "tokens") if c in shown]

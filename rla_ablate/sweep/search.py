@@ -157,7 +157,9 @@ class OptunaSource:
             trial = study.ask()
             params = suggest(trial, cfg.params)
             job = expand(self.sweep.config, self.sweep.source, points=[params])[0]
-            job.name = f"trial-{trial.number:03d}"
+            # a job is named after the first trial that ran it: parameters enqueued again after an interrupted
+            # launch (or proposed again by the sampler) give the same job, which keeps its name everywhere
+            job.name = self.known[job.job_id]["name"] if job.job_id in self.known else f"trial-{trial.number:03d}"
             trial.set_user_attr("job_id", job.job_id)
             if job.job_id not in self.known:
                 rec = job.describe()
@@ -229,8 +231,11 @@ class OptunaSource:
 
         study = self.study
         if any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
-            self.runner.progress.note(f"best trial {study.best_trial.number}: {self.cfg.metric} = "
-                                      f"{study.best_value:.4f} with {study.best_trial.params}")
+            best = study.best_trial
+            job = self.known.get(best.user_attrs.get("job_id"), {}).get("name", f"trial-{best.number:03d}")
+            params = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in best.params.items())
+            self.runner.progress.note(f"best trial {best.number} (job {job}): {self.cfg.metric} = "
+                                      f"{study.best_value:.4f} with {params}")
 
 
 def _values(sdir: Any, job_id: str, metric: str) -> dict[str, float]:
