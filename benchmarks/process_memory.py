@@ -78,17 +78,19 @@ def main() -> None:
 
     if args.limit:  # as Ctrl-C: the training command stops at the step it is in
         signal.signal(signal.SIGALRM, time_is_up)
-        signal.alarm(int(args.limit))
+        signal.setitimer(signal.ITIMER_REAL, args.limit)
     threading.Thread(target=sample, daemon=True).start()
     out = tempfile.mkdtemp(prefix="process-memory-")
+    code = 0
     try:
-        cli(["train", args.model, "--out", out, "--profile", "cpu", "--set", "train.device=cuda",
+        code = cli(["train", args.model, "--out", out, "--profile", "cpu", "--set", "train.device=cuda",
              "--set", f"train.cuda_graphs={args.graphs}", "--set", f"train.tokens={args.tokens}",
              "--set", "train.seq_len=512", "--set", "train.micro_batch_size=32", "--set", "train.batch_tokens=65536",
              "--set", "train.precision=bf16", "--set", f"train.eval_every_tokens={args.tokens}",
              "--set", f"train.checkpoint_every_tokens={args.tokens}", "--set", "train.log_every_tokens=262144"])
-    except (KeyboardInterrupt, SystemExit):
+    except KeyboardInterrupt:  # the time limit: what was sampled so far is the result
         pass
+    signal.setitimer(signal.ITIMER_REAL, 0)
     done.set()
     time.sleep(0.1)
     print(summary(True), flush=True)
@@ -96,6 +98,9 @@ def main() -> None:
     if args.stacks:
         for stack, regs, name in largest_stacks(args.stacks):
             print(f"  stack {stack:>7,} B/thread  {regs:>3} registers  {name}")
+    if code not in (0, 130):  # refused or failed (130: stopped by the time limit)
+        raise SystemExit(f"benchmarks/process_memory.py: the training command exited with {code}: the figures above "
+                         "are not a training process's")
 
 
 def largest_stacks(n: int) -> list[tuple[int, int, str]]:

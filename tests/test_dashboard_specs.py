@@ -198,5 +198,11 @@ def test_labels_that_name_no_series_are_noted_with_the_closest(tmp_path):
     spec = load_spec(write(tmp_path, "kind: curve\ntitle: t\ny: train/loss\nruns: {family: [rla, rdn], ablations: "
                                      "[none, no_clip]}\nlabels:\n  no_clip: w/o clip\n  rdn/none: RDN\n"))
     assert unlogged(spec, runs) == []
+    # a value with '/' in it (a data file) joins with the others as the runs have it
+    path_runs = SimpleNamespace(jobs=[RunRecord("c", "e", "finished", {"family": "rla"},
+                                                {"data.path": "configs/code.yaml"}, {"train/loss": 3.0})])
+    spec = load_spec(write(tmp_path, "kind: curve\ntitle: t\ny: train/loss\nseries: [family, data.path]\n"
+                                     "labels:\n  rla/configs/code.yaml: RLA on code\n"))
+    assert unlogged(spec, path_runs) == []
     for path in sorted((Path(__file__).resolve().parents[1] / "dashboards").rglob("*.yaml")):  # no shipped spec labels what it cannot draw
         assert unmatched_labels(load_spec(path), SimpleNamespace(jobs=[])) == [], path

@@ -4,7 +4,8 @@ Our four kernels (S pass, the two old reads, the local write gradients, the dS p
 interpreter in fp32; the WY step is the PyTorch one (`TORCH_WY`: FLA's fused WY kernels do not run in the
 interpreter; the GPU tests run them), the auxiliary recurrence the naive delta rule, its q and k gradients posted
 to the base pass's backward through a `GradientMail` as the backend does (dk split in two shares, as FLA's dq/dk
-kernel and WY step give it), and once added by autograd instead. Against the float64 naive
+kernel and WY step give it), and once added by autograd instead; a graph kept for a second backward whose first
+needed the auxiliary pass alone (its mail must not reach the second). Against the float64 naive
 contract: outputs, final states and all eight gradients for every fit x target x gates, chunks of 16 (T=37: three
 chunks, the last partial), clip=0.7; packed sequences of uneven lengths (one of a single token, one empty) with
 gates of -1e5 and -300, heads that are not powers of two (K=24, V=20), K=80 (two K tiles in dq/dk, a masked K row
@@ -44,16 +45,19 @@ def check_all() -> None:
             o, (S, _) = _per_sequence(naive_residual_attention, q, k, v, g, beta, None, off, scale, state, cu)
         return o.to(q.dtype), S
 
-    class PostQK(torch.autograd.Function):  # identity on q, k whose backward posts their gradients to the mail
-        @staticmethod
-        def forward(ctx, q, k, mail):
-            ctx.mail = mail
-            return q.view_as(q), k.view_as(k)
+    class PostQK(torch.autograd.Function):
+        """Identity on the auxiliary pass's q, k and step size, one node as DeltaKeepStates is: its backward runs
+        for any of their gradients, and posts q's and k's to the mail."""
 
         @staticmethod
-        def backward(ctx, dq, dk):
+        def forward(ctx, q, k, beta, mail):
+            ctx.mail = mail
+            return q.view_as(q), k.view_as(k), beta.view_as(beta)
+
+        @staticmethod
+        def backward(ctx, dq, dk, dbeta):
             ctx.mail.post(dq, 0.25 * dk, 0.75 * dk)
-            return None, None, None
+            return None, None, dbeta, None
 
     def rdn(q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens=None, mailed=True):
         mail = GradientMail() if mailed else None
@@ -61,7 +65,7 @@ def check_all() -> None:
         def auxiliary(q, k, v, g, beta, scale, h0, cu):
             if mail is not None:
                 assert mail.takes(q, k), "the auxiliary pass was not given the base pass's q and k"
-                q, k = PostQK.apply(q, k, mail)
+                q, k, beta = PostQK.apply(q, k, beta, mail)
             return exact_delta(q, k, v, g, beta, scale, h0, cu)
 
         reads = lambda q, k, v, g, beta, S0, scale, cu: delta_two_reads(  # noqa: E731
@@ -87,6 +91,19 @@ def check_all() -> None:
     compare("autograd-adds-qk", run(naive_residual_attention, master, spec, torch.float64),
             run(rdn, master, spec, torch.float32, mailed=False))
 
+    # a graph kept for a second backward: the first needs the auxiliary pass alone (gamma), the second the base pass
+    # alone (S_T by q and k); the first's mail must not reach the second
+    x = {n: t.to(torch.float32).requires_grad_(True) for n, t in make().items()}
+    ref = {n: t.detach().double().requires_grad_(True) for n, t in x.items()}
+    grads = []
+    for fn, inp in ((rdn, x), (naive_residual_attention, ref)):
+        o, (S, _) = fn(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], inp["gamma"], spec, 0.3,
+                       (inp["S0"], inp["R0"]))
+        torch.autograd.grad(o.sum(), [inp["gamma"]], retain_graph=True)
+        dq, dk = torch.autograd.grad(S.sum(), [inp["q"], inp["k"]], allow_unused=True)  # S_T does not read q
+        grads.append({"dq": torch.zeros_like(inp["q"]) if dq is None else dq, "dk": dk})
+    compare("retained-graph", grads[1], grads[0])
+
     master = make(T=50)
     compare("no-initial-state", run(naive_residual_attention, master, spec, torch.float64, with_state=False),
             run(rdn, master, spec, torch.float32, with_state=False))
@@ -96,7 +113,7 @@ def check_all() -> None:
 def test_one_pass_delta_rule_matches_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=19, timeout=900)
+    run_interpreted(__file__, checks=20, timeout=900)
 
 
 def test_torch_wy_step_solves_the_chunk_recurrence_of_the_delta_rule():

@@ -173,15 +173,15 @@ def test_oom_on_a_gpu_fraction_reruns_with_twice_the_share_then_alone_on_a_gpu(t
     from rla_ablate.sweep.packing import Placement
 
     gpu = 140 * 2**30
-    runner, job = _runner(tmp_path, num_gpus=0.02, retries=0)
+    runner, job = _runner(tmp_path, num_gpus=0.06, retries=0)
     runner.gpu_bytes = gpu
-    placement = Placement(0.02, allocator_cap(0.02, gpu), 1.5)
+    placement = Placement(0.06, allocator_cap(0.06, gpu), 2.5)
     assert runner._allocator_cap(placement, runner.task_options["j1"]) == placement.cap
     # A share a little short of the peak: twice the share, still packed, its allocator capped at the new share.
-    assert runner._retry(job, oom(1.9)) == "rerunning from its last checkpoint with more memory (num_gpus=0.04)"
-    assert runner.more_memory == {"j1": {"num_gpus": 0.04}}
+    assert runner._retry(job, oom(3.5)) == "rerunning from its last checkpoint with more memory (num_gpus=0.12)"
+    assert runner.more_memory == {"j1": {"num_gpus": 0.12}}
     runner.task_options["j1"] = {"num_cpus": 1, **runner.more_memory["j1"]}
-    assert runner._allocator_cap(placement, runner.task_options["j1"]) == allocator_cap(0.04, gpu)
+    assert runner._allocator_cap(placement, runner.task_options["j1"]) == allocator_cap(0.12, gpu) > placement.cap
     # Past half a GPU, the whole GPU (no cap); with the whole GPU there is no more memory to give: reported.
     runner.tries["j1"] = 2
     runner.task_options["j1"] = {"num_cpus": 1, "num_gpus": 0.3}

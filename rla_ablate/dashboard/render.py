@@ -661,14 +661,15 @@ def unmatched_labels(spec: FigureSpec, runs: SweepRuns) -> list[str]:
     values = {v for r in jobs for v in (*r.tags.values(), *r.params.values()) if isinstance(v, str)}
     values |= {v for k in spec.series for v in allowed.get(k, ())}
 
-    def names_a_series(key: str) -> bool:
-        parts = key.split("/")
-        if len(parts) == len(spec.series) > 1 and all(p in allowed.get(k, ()) for p, k in zip(parts, spec.series)):
-            return True
-        return key in values
+    joined = {"/".join(D.value_of(r, k) or "?" for k in spec.series) for r in jobs}
 
-    shown = sorted({"/".join(D.value_of(r, k) or "?" for k in spec.series) for r in jobs}
-                   | {v for k in spec.series for v in allowed.get(k, ())})
+    def names_a_series(key: str) -> bool:
+        if key in joined or key in values:  # as a run has it (a value may hold '/' itself: a file path)
+            return True
+        parts = key.split("/")
+        return len(parts) == len(spec.series) > 1 and all(p in allowed.get(k, ()) for p, k in zip(parts, spec.series))
+
+    shown = sorted(joined | {v for k in spec.series for v in allowed.get(k, ())})
     return [f"labels: '{key}' names no series of this sweep" + did_you_mean(key, shown, n=3)
             for key in spec.labels if not names_a_series(key)]
 

@@ -72,7 +72,7 @@ def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale
         return rla_triton(q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens)
     if impl == RDN_READS:
         # one mail per call: the auxiliary pass's q, k gradients go to the base pass's dq/dk kernel (rdn.GradientMail)
-        mail = rdn.GradientMail() if RDN.mail else None
+        mail = rdn.GradientMail() if RDN.mail and spec.fit == "residual" else None  # fit none: no auxiliary pass
         auxiliary = partial(RDN.auxiliary, mail=mail) if mail is not None else RDN.auxiliary
         return compose_residual_attention(BaseKernels(additive=FLA_KERNELS.additive, delta=auxiliary), q, k, v, g, beta,
                                           gamma, spec, scale, initial_state, cu_seqlens, glue=TRITON_GLUE,

@@ -346,11 +346,14 @@ class GradientMail:
     backward needs dp, the gradient of its prediction, which comes through the residual from the auxiliary pass's
     gradient; a backward that does not reach the auxiliary pass posts nothing and the base pass adds nothing. One
     mail per call: the base forward names its q and k (`expect`), and the auxiliary forward posts only when it was
-    given those very tensors (`takes`)."""
+    given those very tensors (`takes`). A mail is collected only by the backward that posted it: a graph kept with
+    retain_graph whose first backward needed the auxiliary pass alone (a gradient of gamma) must not hand those
+    gradients to a later backward that reaches the base pass without it."""
 
     def __init__(self):
         self._expected: tuple[torch.Tensor, torch.Tensor] | None = None
         self._grads: tuple[torch.Tensor, ...] | None = None
+        self._task = -1
 
     def expect(self, q: torch.Tensor, k: torch.Tensor) -> None:
         self._expected = (q, k)
@@ -362,10 +365,11 @@ class GradientMail:
 
     def post(self, dq: torch.Tensor, dk: torch.Tensor, dk_extra: torch.Tensor) -> None:
         self._grads = tuple(x.contiguous() for x in (dq, dk, dk_extra))
+        self._task = torch._C._current_graph_task_id()
 
     def collect(self) -> tuple[torch.Tensor, ...] | None:
         grads, self._grads = self._grads, None
-        return grads
+        return grads if grads is not None and self._task == torch._C._current_graph_task_id() else None
 
 
 def _grid_v(name: str, V: int) -> tuple[int, dict]:
