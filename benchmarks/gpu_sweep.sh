@@ -115,6 +115,12 @@ report)
     python3 -m rla_ablate.cli status "$arg" --root "$ROOT" --json >"$OUT/status.json"
     python3 benchmarks/sweep_report.py "$arg" --root "$ROOT" --json "$OUT/report.json" | tee "$OUT/report.txt"
     python3 -m rla_ablate.cli dashboard "$arg" --root "$ROOT" "$@" 2>&1 | tail -n 20
+    # the launch's own log and the last lines of every attempt that failed (an out-of-memory report names what
+    # each process on the GPU held), so a report says why jobs reran without a second call to the node
+    cp "$ROOT"/launch.log "$ROOT"/resume.log "$OUT"/ 2>/dev/null
+    for f in "$ROOT/$arg"/jobs/*/error.log; do
+        [[ -f $f ]] && { echo "== $f"; tail -n 8 "$f"; }
+    done >"$OUT/errors.txt"
     # The sweep and its tracking store, so the dashboards can be rendered again elsewhere (`--root` at the unpacked
     # folder) and a sweep that did not finish goes on there (`restore`, then `resume`).
     pack
