@@ -233,6 +233,11 @@ def test_resume_hint_only_when_a_resume_can_help():
     # A job stopped by Ctrl-C resumes; so does one left pending.
     assert LaunchSummary("s", counts={"failed": 1, "cancelled": 1}, failed=[compile_]).resume_helps
     assert not LaunchSummary("s", counts={"finished": 3}).resume_helps
+    # A search stopped between trials: every trial it counts is done (one pruned), the ones not asked for yet are in
+    # no count; the launch is not ok (exit 130) and a resume helps.
+    stopped = LaunchSummary("s", counts={"finished": 4, "cancelled": 1}, pruned=1, interrupted=True)
+    assert not stopped.ok and stopped.resume_helps
+    assert LaunchSummary("s", counts={"finished": 4, "cancelled": 1}, pruned=1).ok
 
 
 def test_gpu_jobs_run_in_a_fresh_process_each():

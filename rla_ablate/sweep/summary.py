@@ -37,9 +37,10 @@ class LaunchSummary:
 
     @property
     def ok(self) -> bool:
-        # A diverged job is a result (it never reruns), like a finished one.
+        # A diverged job is a result (it never reruns), like a finished one. An interrupted launch is not done even
+        # when every job it counts is: a search's trials not yet asked for are in no count.
         unfinished = sum(n for k, n in self.counts.items() if k not in (Status.FINISHED, Status.DIVERGED))
-        return unfinished == self.pruned
+        return unfinished == self.pruned and not self.interrupted
 
     @property
     def resume_helps(self) -> bool:
