@@ -120,3 +120,36 @@ def test_a_trial_enqueued_again_after_an_interrupted_launch_keeps_its_jobs_name(
     resumed = next(again.next_jobs(1))
     assert resumed.job_id == job.job_id and again.trials[job.job_id].number == 1
     assert resumed.name == "trial-000" and [r["name"] for r in sdir.job_list()] == ["trial-000"]
+
+
+def test_a_continued_study_refuses_another_metric_direction_or_search_space(tmp_path):
+    """Optuna loads an existing study as it was: a relaunch whose file asks for another metric, direction or search
+    space would rank the new trials' values with the old ones. Refused, at the file's line; a larger n_trials (or
+    another sampler, pruner, seed) continues the study."""
+    import copy
+
+    from rla_ablate.errors import UserError
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.sweep.search import check_study, make_study
+    from rla_ablate.sweep.state import SweepDir
+
+    def sweep_with(**search):
+        cfg = copy.deepcopy(SEARCH)
+        cfg["search"].update(search)
+        f = tmp_path / "search.yaml"
+        f.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return load_sweep(f)
+
+    sdir = SweepDir(tmp_path / "runs", SEARCH["name"])
+    uri = f"sqlite:///{tmp_path / 'optuna.db'}"
+    first = sweep_with()
+    check_study(make_study(first.config.search, first.name, uri), first, sdir)  # records the question
+    lr = dict(SEARCH["search"]["params"]["train.lr"], high=3.0e-2)
+    for change, key in (({"metric": "eval/val/acc"}, "search.metric"), ({"direction": "maximize"}, "search.direction"),
+                        ({"params": {**SEARCH["search"]["params"], "train.lr": lr}}, "search.params.train.lr")):
+        sweep = sweep_with(**change)
+        with pytest.raises(UserError, match="was made with") as err:
+            check_study(make_study(sweep.config.search, sweep.name, uri), sweep, sdir)
+        assert err.value.key == key and err.value.line is not None, (change, err.value)
+    more = sweep_with(n_trials=5, sampler="random", seed=3)
+    check_study(make_study(more.config.search, more.name, uri), more, sdir)

@@ -54,6 +54,53 @@ def make_study(cfg: SearchConfig, name: str, storage: Any):
     return study
 
 
+# The study's user attribute that records the question it answers (`check_study`).
+QUESTION = "rla.question"
+
+
+def _question(cfg: SearchConfig) -> dict[str, Any]:
+    """What a study's trials must share to be compared: the metric, its direction and the search space."""
+    return {"metric": cfg.metric, "direction": cfg.direction,
+            "params": {k: p.model_dump(mode="json") for k, p in cfg.params.items()}}
+
+
+def _spelled(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items() if v not in (None, False)) + "}"
+    return str(value)
+
+
+def check_study(study: Any, sweep: Any, sdir: Any) -> None:
+    """Refuse to continue a study with another metric, direction or search space than it was made with: Optuna
+    loads an existing study as it was (its direction included) and would rank the new trials' values among the old
+    ones (an accuracy among losses), draw from the old space's history, and report a best trial the file no longer
+    asks for. A study made before this record gets it now; n_trials, sampler, pruner and seed may change (a
+    continued study)."""
+    from rla_ablate.sweep.expand import _err
+
+    want, have = _question(sweep.config.search), study.user_attrs.get(QUESTION)
+    if have is None:
+        study.set_user_attr(QUESTION, want)
+        return
+    if have == want:
+        return
+    changed = [k for k in ("metric", "direction") if have.get(k) != want[k]]
+    path: tuple = ("search", changed[0]) if changed else ("search", "params")
+    if changed:
+        what = f"search.{changed[0]} {have.get(changed[0])!r}; this file asks for {want[changed[0]]!r}"
+    else:
+        old, new = have.get("params", {}), want["params"]
+        key = next(k for k in [*new, *old] if old.get(k) != new.get(k))
+        if key in new:
+            path = ("search", "params", key)
+        what = (f"search.params.{key} {_spelled(old[key]) if key in old else '(not searched)'}; this file asks for "
+                f"{_spelled(new[key]) if key in new else '(not searched)'}")
+    raise _err(sweep.source, path,
+               f"the study in {sdir.path / 'optuna.db'} ({len(study.trials)} trials) was made with {what}. Its trials "
+               "would be ranked with the new ones as if they answered the same question. Give the sweep its own "
+               "`name:` for a new study, or set it back to continue this one")
+
+
 def suggest(trial: Any, params: dict[str, SearchParam]) -> dict[str, Any]:
     out = {}
     for key, p in params.items():
@@ -95,6 +142,7 @@ def study_done(sweep: Any, sdir: Any) -> bool:
     from optuna.trial import TrialState
 
     study = make_study(sweep.config.search, sweep.name, sdir.optuna_uri)
+    check_study(study, sweep, sdir)
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
     return not running and _counted(study) >= sweep.config.search.n_trials
 
@@ -141,6 +189,7 @@ class OptunaSource:
         self.runner = runner
         storage = _storage(self.sdir.optuna_uri)
         self.study = make_study(self.cfg, self.sweep.name, storage)
+        check_study(self.study, self.sweep, self.sdir)
         study_id = storage.get_study_id_from_name(self.sweep.name)
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             storage.set_trial_user_attr(storage.get_trial_id_from_study_id_trial_number(study_id, t.number),
