@@ -284,10 +284,16 @@ BAD = {
     # a float range on an int key: its whole-number ends validate, the trials' draws would not (caught at plan)
     "search_float_on_int": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                             "    model.num_layers: {type: float, low: 1, high: 2}\n  n_trials: 2\n", 5,
-                            "search.params.model.num_layers: Input should be a valid integer"),
+                            "search.params.model.num_layers.type: its ends validate, but the trials draw "
+                            "fractions such as 1.382 from the range"),
     "search_int_fraction": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                             "    model.num_layers: {type: int, low: 1, high: 2.5}\n  n_trials: 2\n", 5,
                             "an int parameter needs whole-number bounds (got low 1, high 2.5)"),
+    # a bad choice of the second key: reported at its own key and line, not at the first key's
+    "search_choice_second": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                             "    model.clip: {type: float, low: 0.5, high: 2.0}\n"
+                             "    model.target: {type: categorical, choices: [clip, bogus]}\n  n_trials: 2\n", 6,
+                             "search.params.model.target: 'bogus' is not allowed"),
     "search_choice": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                       "    model.target: {type: categorical, choices: [clip, tanhh, tanh]}\n  n_trials: 2\n", 5,
                       "model.target"),

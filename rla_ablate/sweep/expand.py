@@ -202,14 +202,21 @@ def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> N
         else:
             cast = int if p.type == "int" else float
             ends[0][key], ends[1][key] = cast(p.low), cast(p.high)
-    # Every categorical choice, the other keys at their lows; the numeric ranges at both ends; each float range
-    # also at a point inside it with a fraction (its ends may be whole numbers that an int key accepts, and the
-    # trials' draws are not)
-    inside = [{**ends[0], key: _fractional_point(p.low, p.high)} for key, p in params.items()
-              if p.type == "float" and p.low is not None and p.high is not None and p.low < p.high]
-    probes = ends + inside + [{**ends[0], key: c} for key, p in params.items() if p.type == "categorical"
-                              for c in (p.choices or [])[1:-1]]
-    expand(cfg, located, points=probes)
+    # Each key alone first, so that a bad value is reported at its own key and line: every categorical choice, the
+    # numeric ranges at both ends, each float range also at a point inside it with a fraction (its ends may be whole
+    # numbers that an int key accepts, and the trials' draws are not); then all keys together at both ends
+    for key, p in params.items():
+        values = list(p.choices or []) if p.type == "categorical" else [ends[0][key], ends[1][key]]
+        expand(cfg, located, points=[{key: v} for v in values])
+        if p.type == "float" and p.low is not None and p.high is not None and p.low < p.high:
+            x = _fractional_point(p.low, p.high)
+            try:
+                expand(cfg, located, points=[{key: x}])
+            except UserError as exc:
+                raise _err(located, ("search", "params", key, "type"),
+                           f"its ends validate, but the trials draw fractions such as {x:.4g} from the range, and "
+                           f"{key} refuses them ({exc.message}); use type: int") from None
+    expand(cfg, located, points=ends)
     metric, allowed = cfg.search.metric, base.job.logged_metrics()
     if metric not in allowed:
         raise _err(located, ("search", "metric"),
