@@ -278,6 +278,10 @@ BAD = {
     "search_metric": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                       "    train.lr: {type: float, low: 1.0e-4, high: 1.0e-2}\n  n_trials: 2\n"
                       "  metric: eval/vall/loss\n", 7, "did you mean 'eval/val/loss'"),
+    # a GPU-only metric where the trials train on the CPU (resources.gpus 0): every trial would fail to report
+    "search_gpu_metric": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                          "    train.lr: {type: float, low: 1.0e-4, high: 1.0e-2}\n  n_trials: 2\n"
+                          "  metric: train/mfu\n", 7, "'train/mfu' is logged by jobs on a GPU only"),
     "search_key": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                    "    train.lrr: {type: float, low: 1.0e-4, high: 1.0e-2}\n  n_trials: 2\n", 5,
                    "did you mean 'train.lr'"),

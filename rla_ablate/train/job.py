@@ -35,6 +35,7 @@ def _default_eval() -> list[EvalConfig]:
 TRAIN_METRICS = ("train/loss", "train/grad_norm", "train/lr", "train/skipped_steps", "train/tokens_per_s", "train/mfu",
                  "train/peak_mem_gib")
 EVAL_METRICS = ("loss", "ppl", "acc")
+GPU_METRICS = ("train/mfu", "train/peak_mem_gib")  # logged by jobs that train on a GPU only
 
 
 class JobConfig(BaseModel):
