@@ -282,6 +282,8 @@ BAD = {
     "search_gpu_metric": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                           "    train.lr: {type: float, low: 1.0e-4, high: 1.0e-2}\n  n_trials: 2\n"
                           "  metric: train/mfu\n", 7, "'train/mfu' is logged by jobs on a GPU only"),
+    "search_no_params": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params: {}\n  n_trials: 2\n", 4,
+                         "at least one parameter"),
     "search_key": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                    "    train.lrr: {type: float, low: 1.0e-4, high: 1.0e-2}\n  n_trials: 2\n", 5,
                    "did you mean 'train.lr'"),

@@ -181,6 +181,9 @@ class SearchConfig(_Strict):
     @field_validator("params")
     @classmethod
     def _keys_dotted(cls, v: dict) -> dict:
+        if not v:
+            raise ValueError("a search needs at least one parameter to search (e.g. train.lr: {type: float, low: "
+                             "1.0e-4, high: 1.0e-2, log: true})")
         for key in v:
             if key.split(".")[0] not in ("model", "train", "data"):
                 raise ValueError(f"search key '{key}' must start with model., train. or data.")
