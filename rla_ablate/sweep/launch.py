@@ -303,9 +303,17 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         progress.note(f"starting {'Ray (joining ' + opts.address + ')' if opts.address else 'a local Ray instance'} "
                       f"and {'the MLflow server' if opts.tracking_uri is None else 'the MLflow client'}: "
                       "usually 5-20 s")
-        services.spawn_tracking()
-        cluster = services.start_ray()
+        # SIGTERM stops a launch like Ctrl-C from here on; ray.init installs a handler of its own, which exits
+        # (SystemExit 15): during start-up that is an interrupt too, and ours goes in again once Ray is up
         previous_term = _term_as_interrupt()
+        services.spawn_tracking()
+        try:
+            cluster = services.start_ray()
+        except SystemExit as exc:
+            if exc.code == signal.SIGTERM:
+                raise KeyboardInterrupt from None
+            raise
+        _term_as_interrupt()
         progress.note(f"Ray: {'joined ' + opts.address if opts.address else 'local instance'}, "
                       f"{cluster.get('CPU', 0):g} CPUs, {cluster.get('GPU', 0):g} GPUs ({time.monotonic() - t0:.1f} s)")
         if opts.address is not None:
@@ -490,7 +498,8 @@ def order_longest_first(sweep: Sweep, sdir: SweepDir, source: JobSource, placeme
 def _term_as_interrupt() -> Any:
     """SIGTERM (a scheduler's or `kill`'s stop) stops the sweep like Ctrl-C: jobs checkpoint, services stop.
 
-    Installed after ray.init, whose own handler would end the driver at once; returns the handler it replaced."""
+    Installed before ray.init and again after it, whose own handler would end the driver at once; returns the
+    handler it replaced."""
     if threading.current_thread() is not threading.main_thread():
         return None
 
