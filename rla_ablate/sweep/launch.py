@@ -352,6 +352,8 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         summary.interrupted = bool(runner.stop_reason)
         summary.output_closed = progress.closed
         summary.counts = count_statuses(sdir, (j.job_id for j in source.jobs))
+        if sweep.config.search is not None:
+            summary.study_counts = count_statuses(sdir, (r["job_id"] for r in sdir.job_list()))
         # Every run is completed from its job's metrics.jsonl: wait for a server that is being restarted.
         runner.tracking_notes()
         services.wait_tracking()

@@ -261,9 +261,15 @@ class Progress:
     def final(self, summary: Any, sdir: Any) -> None:
         self.stop()
         counts = ", ".join(f"{n} {k}" for k, n in sorted(summary.counts.items()))
-        self.console.print(f"sweep {self.sweep}: {counts} in {self._elapsed()} "
-                           f"({count(summary.ran, 'attempt')} run; {count(summary.skipped, 'job')} "
-                           f"{'was' if summary.skipped == 1 else 'were'} already done)")
+        if summary.study_counts is not None:  # a search: this launch's trials, then the whole study's
+            study = ", ".join(f"{n} {k}" for k, n in sorted(summary.study_counts.items()))
+            self.console.print(f"sweep {self.sweep}: this launch's trials {counts or 'none'} in {self._elapsed()} "
+                               f"({count(summary.ran, 'attempt')} run; {summary.pruned} pruned); the study's jobs: "
+                               f"{study}")
+        else:
+            self.console.print(f"sweep {self.sweep}: {counts} in {self._elapsed()} "
+                               f"({count(summary.ran, 'attempt')} run; {count(summary.skipped, 'job')} "
+                               f"{'was' if summary.skipped == 1 else 'were'} already done)")
         meta = sdir.meta()
         store = meta.get("backend_uri") if meta.get("embedded_tracking") else meta.get("tracking_uri")
         if store:

@@ -34,6 +34,9 @@ class LaunchSummary:
     """Stopped by Ctrl-C, SIGTERM, `rla-sweep cancel` or a closed output."""
     output_closed: bool = False
     """The launch's output pipe was closed by its reader (`| head`, quitting `| less`): it stopped (exit 141)."""
+    study_counts: dict[str, int] | None = None
+    """A search: the counts by status of every job of its study, earlier launches' included (`counts` are this
+    launch's trials)."""
 
     @property
     def ok(self) -> bool:
