@@ -153,3 +153,37 @@ def test_a_continued_study_refuses_another_metric_direction_or_search_space(tmp_
         assert err.value.key == key and err.value.line is not None, (change, err.value)
     more = sweep_with(n_trials=5, sampler="random", seed=3)
     check_study(make_study(more.config.search, more.name, uri), more, sdir)
+
+
+def test_a_search_sweeps_dashboard_says_what_its_study_did_and_asks_for_no_grid_edit(tmp_path):
+    """The page of a search sweep opens with its study (trials by state, the best with its job and parameters),
+    and the claims it cannot test point to a grid sweep instead of edits a search file refuses."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from rla_ablate.dashboard.build import search_note, untested_lines
+    from rla_ablate.dashboard.coverage import Untested
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.sweep.search import make_study
+    from rla_ablate.sweep.state import SweepDir
+
+    f = tmp_path / "search.yaml"
+    f.write_text(yaml.safe_dump(SEARCH))
+    sweep = load_sweep(f)
+    sdir = SweepDir(tmp_path / "runs", sweep.name)
+    sdir.path.mkdir(parents=True)
+    assert search_note(sdir) is None  # no study: not a search page
+    study = make_study(sweep.config.search, sweep.name, sdir.optuna_uri)
+    jobs = []
+    for value, state in ((3.5, TrialState.COMPLETE), (3.25, TrialState.COMPLETE), (None, TrialState.PRUNED)):
+        trial = study.ask({"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+        trial.set_user_attr("job_id", f"job{trial.number}")
+        jobs.append({"job_id": f"job{trial.number}", "name": f"trial-{trial.number:03d}"})
+        study.tell(trial, value, state=state)
+    sdir.write_job_list(jobs)
+    note = search_note(sdir)
+    assert note.startswith("a search sweep: its runs are the trials of one Optuna study (3 trials: 2 complete, "
+                           "1 pruned); best: trial 1 (job trial-001), 3.25 with train.lr="), note
+    untested = [Untested("table4", "a claim", "family=rla, ablations=no_fitting", "ablations=none", "", False)]
+    assert "from a grid sweep" in untested_lines(untested, 1, search=True)[0]
+    assert "add them to the sweep file" in untested_lines(untested, 1)[0]

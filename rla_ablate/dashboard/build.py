@@ -13,6 +13,7 @@ says what it is doing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import sys
@@ -54,8 +55,9 @@ class Dashboard:
         return [v for r in self.rendered for v in r.verdicts]
 
 
-def untested_lines(untested: list[Untested], n_specs: int) -> list[str]:
-    """A heading and one line per claim the sweep cannot test ([] when it tests every one)."""
+def untested_lines(untested: list[Untested], n_specs: int, search: bool = False) -> list[str]:
+    """A heading and one line per claim the sweep cannot test ([] when it tests every one). `search`: the sweep is
+    a search, whose file holds no ablations or controls (the runs come from a grid sweep instead)."""
     if not untested:
         return []
     claims = sum(u.claim is not None for u in untested)
@@ -63,7 +65,9 @@ def untested_lines(untested: list[Untested], n_specs: int) -> list[str]:
     head = (f"not tested by this sweep: {claims} claim{'s' if claims != 1 else ''}"
             + (f"; {skipped} of {n_specs} specs {'has' if skipped == 1 else 'have'} nothing to compare here and "
                f"{'is' if skipped == 1 else 'are'} not drawn" if skipped else "")
-            + " (each needs the runs named; add them to the sweep file and relaunch: only new jobs run)")
+            + (" (each needs the runs named, from a grid sweep: a search file holds no ablations or controls)"
+               if search else " (each needs the runs named; add them to the sweep file and relaunch: only new jobs "
+                              "run)"))
     return [head] + [f"  {u.line()}" for u in untested]
 
 
@@ -163,6 +167,33 @@ def read_runs(sweep: str, root: str | Path, uri: str, *, include_stale: bool = F
     return runs, selection
 
 
+def search_note(sdir: SweepDir) -> str | None:
+    """What a search sweep's page says first: its runs are the trials of one Optuna study (how many ended how, the
+    best), and the paper's comparisons need a grid sweep; None for a sweep without a study."""
+    if not (sdir.path / "optuna.db").is_file():
+        return None
+    import optuna
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.load_study(study_name=sdir.name, storage=sdir.optuna_uri)
+    except KeyError:  # the database holds no study of this name (yet)
+        return None
+    trials = study.get_trials(deepcopy=False)
+    states = {state: sum(t.state == state for t in trials) for state in TrialState}
+    ended = ", ".join(f"{n} {state.name.lower()}" for state, n in states.items() if n)
+    text = f"a search sweep: its runs are the trials of one Optuna study ({len(trials)} trials: {ended or 'none'})"
+    if states[TrialState.COMPLETE]:
+        best = study.best_trial
+        names = {r["job_id"]: r.get("name") for r in sdir.job_list()}
+        values = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in best.params.items())
+        text += (f"; best: trial {best.number} (job {names.get(best.user_attrs.get('job_id'), '?')}), "
+                 f"{best.value:.6g} with {values}")
+    return (text + ". The figures compare ablations and controls, which a search file cannot hold: run those as "
+            "a grid sweep (docs/SWEEPS.md)")
+
+
 def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str | Path | None = None,
                     out_dir: str | Path | None = None, tracking_uri: str | None = None, ui_url: str = UI_URL,
                     log_artifacts: bool = True, progress=None, include_stale: bool = False,
@@ -219,6 +250,10 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         rendered = [r for r in every if r.drawn]
         untested = [u for r in every for u in r.untested]
         notes = selection.notes() + adjust_for_many([v for r in rendered for v in r.verdicts])
+        study = search_note(sdir)
+        if study is not None:  # a search file holds no ablations, controls or grid: no such edit to suggest
+            notes.insert(0, study)
+            untested = [dataclasses.replace(u, hint="") for u in untested]
         tell(f"writing {out / 'index.html'} and verdicts.json")
         out.mkdir(parents=True, exist_ok=True)          # no spec drawn: the page still lists what was not tested
         page = write_page(out / "index.html", sweep, rendered, tracking=uri, run_url=run_url, n_runs=counts,
@@ -233,7 +268,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         if not tracking_uri and shared is None:
             tell("stopping the MLflow server")
     return Dashboard(page, out, rendered, uri, logged, synced,
-                     unlogged + notes + untested_lines(untested, len(specs)), untested)
+                     unlogged + notes + untested_lines(untested, len(specs), search=study is not None), untested)
 
 
 FIGURES = "figures.json"
