@@ -673,7 +673,8 @@ def test_a_missing_claim_names_the_arms_it_needs_on_both_sides():
 
 def test_results_table_rounds_the_grid_and_search_values_runs_keep_as_strings():
     """`results` (text): an Optuna float comes back from MLflow as the string it was logged as; the table shows 6
-    significant digits, like the metrics, and leaves other strings alone (--csv and --json keep them whole)."""
+    significant digits, like the metrics, and leaves other strings alone (--csv keeps them whole, --json as
+    numbers)."""
     from rla_ablate.commands.results import _text
 
     assert _text("0.0012345678901234567", "point.train.lr") == "0.00123457"
@@ -682,3 +683,10 @@ def test_results_table_rounds_the_grid_and_search_values_runs_keep_as_strings():
     assert _text("2", "point.model.num_layers") == "2"
     assert _text("0.0012345678901234567", "name") == "0.0012345678901234567"
     assert _text(3.14159265, "eval/val/loss") == "3.14159" and _text(None, "x") == ""
+    # --json: the grid and search values as numbers, for pandas; other strings and columns as they are
+    from rla_ablate.commands.results import _json_value
+
+    assert _json_value("0.0012345678901234567", "point.train.lr") == 0.0012345678901234567
+    assert _json_value("2", "point.model.num_layers") == 2 and _json_value("1e-3", "point.train.lr") == 0.001
+    assert _json_value("clip", "point.model.target") == "clip" and _json_value("nan", "point.x") == "nan"
+    assert _json_value("12", "seed") == "12"

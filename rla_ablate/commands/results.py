@@ -44,6 +44,22 @@ def _text(value, column: str = "") -> str:
     return str(value)
 
 
+def _json_value(value, column: str):
+    """A grid or search value (point.*) as the number it was logged from ('0.00123' -> 0.00123, '2' -> 2), so that
+    pandas reads the column as numbers; other strings (clip, true) stay strings."""
+    if not (isinstance(value, str) and column.startswith("point.")):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    return number if number == number and abs(number) != float("inf") else value
+
+
 def run(args: argparse.Namespace) -> int:
     import contextlib
 
@@ -63,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         runs, selection = read_runs(name, args.root, uri, include_stale=args.include_stale)
     columns, rows = result_rows(runs.jobs)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps([{c: _json_value(v, c) for c, v in row.items()} for row in rows], indent=1))
     elif args.csv:
         writer = csv.DictWriter(sys.stdout, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
