@@ -29,21 +29,6 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _text(value, column: str = "") -> str:
-    """A cell of the text table: floats to 6 significant digits, and so are the grid and search values (point.*),
-    which runs keep as the strings they were logged as (an Optuna float: 0.0012345678901234567)."""
-    if value is None:
-        return ""
-    if isinstance(value, str) and column.startswith("point.") and any(c in value for c in ".eE"):
-        try:
-            value = float(value)
-        except ValueError:
-            pass
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    return str(value)
-
-
 def _json_value(value, column: str):
     """A grid or search value (point.*) as the number it was logged from ('0.00123' -> 0.00123, '2' -> 2), so that
     pandas reads the column as numbers; other strings (clip, true) stay strings."""
@@ -58,6 +43,17 @@ def _json_value(value, column: str):
     except ValueError:
         return value
     return number if number == number and abs(number) != float("inf") else value
+
+
+def _text(value, column: str = "") -> str:
+    """A cell of the text table: floats to 6 significant digits, and so are the grid and search values (point.*),
+    which runs keep as the strings they were logged as (an Optuna float: 0.0012345678901234567)."""
+    if value is None:
+        return ""
+    value = _json_value(value, column)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -175,6 +175,8 @@ def search_note(sdir: SweepDir) -> str | None:
     import optuna
     from optuna.trial import TrialState
 
+    from rla_ablate.sweep.search import params_text
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = optuna.load_study(study_name=sdir.name, storage=sdir.optuna_uri)
@@ -187,9 +189,8 @@ def search_note(sdir: SweepDir) -> str | None:
     if states[TrialState.COMPLETE]:
         best = study.best_trial
         names = {r["job_id"]: r.get("name") for r in sdir.job_list()}
-        values = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in best.params.items())
         text += (f"; best: trial {best.number} (job {names.get(best.user_attrs.get('job_id'), '?')}), "
-                 f"{best.value:.6g} with {values}")
+                 f"{best.value:.6g} with {params_text(best.params)}")
     return (text + ". The figures compare ablations and controls, which a search file cannot hold: run those as "
             "a grid sweep (docs/SWEEPS.md)")
 

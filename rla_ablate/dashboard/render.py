@@ -658,9 +658,8 @@ def unmatched_labels(spec: FigureSpec, runs: SweepRuns) -> list[str]:
     for r in jobs:
         for k in spec.series:
             allowed.setdefault(k, set()).add(D.value_of(r, k) or "?")
-    values = {v for r in jobs for v in (*r.tags.values(), *r.params.values()) if isinstance(v, str)}
-    values |= {v for k in spec.series for v in allowed.get(k, ())}
-
+    series_values = {v for k in spec.series for v in allowed.get(k, ())}
+    values = series_values | {v for r in jobs for v in (*r.tags.values(), *r.params.values()) if isinstance(v, str)}
     joined = {"/".join(D.value_of(r, k) or "?" for k in spec.series) for r in jobs}
 
     def names_a_series(key: str) -> bool:
@@ -669,7 +668,7 @@ def unmatched_labels(spec: FigureSpec, runs: SweepRuns) -> list[str]:
         parts = key.split("/")
         return len(parts) == len(spec.series) > 1 and all(p in allowed.get(k, ()) for p, k in zip(parts, spec.series))
 
-    shown = sorted(joined | {v for k in spec.series for v in allowed.get(k, ())})
+    shown = sorted(joined | series_values)
     return [f"labels: '{key}' names no series of this sweep" + did_you_mean(key, shown, n=3)
             for key in spec.labels if not names_a_series(key)]
 

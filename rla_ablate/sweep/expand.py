@@ -217,17 +217,16 @@ def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> N
                            f"its ends validate, but the trials draw fractions such as {x:.4g} from the range, and "
                            f"{key} refuses them ({exc.message}); use type: int") from None
     expand(cfg, located, points=ends)
-    metric, allowed = cfg.search.metric, base.job.logged_metrics()
-    on_cpu = base.job.train.device == "cpu" or (cfg.resources.gpus == 0 and base.job.train.device != "cuda")
-    if on_cpu:
-        from rla_ablate.train.job import GPU_METRICS
+    from rla_ablate.train.job import GPU_METRICS
 
-        if metric in GPU_METRICS:
-            raise _err(located, ("search", "metric"),
-                       f"'{metric}' is logged by jobs on a GPU only, and this sweep's trials train on the CPU "
-                       f"({'train.device cpu' if base.job.train.device == 'cpu' else 'resources.gpus 0'}): no trial "
-                       "would report a value")
-        allowed = [m for m in allowed if m not in GPU_METRICS]
+    metric = cfg.search.metric
+    on_cpu = base.job.train.device == "cpu" or (cfg.resources.gpus == 0 and base.job.train.device != "cuda")
+    if on_cpu and metric in GPU_METRICS:
+        raise _err(located, ("search", "metric"),
+                   f"'{metric}' is logged by jobs on a GPU only, and this sweep's trials train on the CPU "
+                   f"({'train.device cpu' if base.job.train.device == 'cpu' else 'resources.gpus 0'}): no trial "
+                   "would report a value")
+    allowed = base.job.logged_metrics(on_gpu=not on_cpu)
     if metric not in allowed:
         raise _err(located, ("search", "metric"),
                    f"no trial logs '{metric}'{did_you_mean(metric, allowed)}; the trials log: {', '.join(allowed)}")

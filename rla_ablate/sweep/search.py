@@ -64,6 +64,11 @@ def _question(cfg: SearchConfig) -> dict[str, Any]:
             "params": {k: p.model_dump(mode="json") for k, p in cfg.params.items()}}
 
 
+def params_text(params: dict[str, Any]) -> str:
+    """A trial's parameters in a line: train.lr=0.00927766, model.target=tanh (floats to 6 significant digits)."""
+    return ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+
+
 def _spelled(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ", ".join(f"{k}: {v}" for k, v in value.items() if v not in (None, False)) + "}"
@@ -282,9 +287,8 @@ class OptunaSource:
         if any(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False)):
             best = study.best_trial
             job = self.known.get(best.user_attrs.get("job_id"), {}).get("name", f"trial-{best.number:03d}")
-            params = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in best.params.items())
             self.runner.progress.note(f"best trial {best.number} (job {job}): {self.cfg.metric} = "
-                                      f"{study.best_value:.4f} with {params}")
+                                      f"{study.best_value:.4f} with {params_text(best.params)}")
 
 
 def _values(sdir: Any, job_id: str, metric: str) -> dict[str, float]:

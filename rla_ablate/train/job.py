@@ -70,11 +70,12 @@ class JobConfig(BaseModel):
                              "batch_tokens counts train.seq_len tokens per training sequence")
         return self
 
-    def logged_metrics(self) -> list[str]:
+    def logged_metrics(self, on_gpu: bool = True) -> list[str]:
         """The step-indexed metrics the trainer logs for this job (metrics.jsonl and MLflow), the ones a search can
-        optimize: `train/*` every log interval (`train/mfu` and `train/peak_mem_gib` on a GPU only) and, per eval
-        set, `eval/<name>/{loss,ppl,acc}` at each evaluation. Layer stats and diagnostics are not in this list."""
-        return [*TRAIN_METRICS, *(f"eval/{e.name}/{m}" for e in self.eval for m in EVAL_METRICS)]
+        optimize: `train/*` every log interval (GPU_METRICS only `on_gpu`) and, per eval set,
+        `eval/<name>/{loss,ppl,acc}` at each evaluation. Layer stats and diagnostics are not in this list."""
+        train = [m for m in TRAIN_METRICS if on_gpu or m not in GPU_METRICS]
+        return [*train, *(f"eval/{e.name}/{m}" for e in self.eval for m in EVAL_METRICS)]
 
     def canonical_json(self) -> str:
         """Sorted keys, no whitespace, ASCII: equal configs give equal strings on every machine."""
