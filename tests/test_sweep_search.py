@@ -157,14 +157,16 @@ def test_a_continued_study_refuses_another_metric_direction_or_search_space(tmp_
 
 def test_a_search_sweeps_dashboard_says_what_its_study_did_and_asks_for_no_grid_edit(tmp_path):
     """The page of a search sweep opens with its study (trials by state, the best with its job and parameters),
-    and the claims it cannot test point to a grid sweep instead of edits a search file refuses."""
-    import optuna
+    draws it (the value by trial, against each parameter), lists the trials best first, and the claims it cannot
+    test point to a grid sweep instead of edits a search file refuses."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
     from optuna.trial import TrialState
 
-    from rla_ablate.dashboard.build import search_note, untested_lines
+    from rla_ablate.dashboard.build import untested_lines
     from rla_ablate.dashboard.coverage import Untested
+    from rla_ablate.dashboard.search import search_part
     from rla_ablate.sweep.expand import load_sweep
-    from rla_ablate.sweep.search import make_study
+    from rla_ablate.sweep.search import check_study, make_study
     from rla_ablate.sweep.state import SweepDir
 
     f = tmp_path / "search.yaml"
@@ -172,18 +174,42 @@ def test_a_search_sweeps_dashboard_says_what_its_study_did_and_asks_for_no_grid_
     sweep = load_sweep(f)
     sdir = SweepDir(tmp_path / "runs", sweep.name)
     sdir.path.mkdir(parents=True)
-    assert search_note(sdir) is None  # no study: not a search page
+    out = tmp_path / "dash"
+    assert search_part(sdir, out) is None  # no study: not a search page
     study = make_study(sweep.config.search, sweep.name, sdir.optuna_uri)
-    jobs = []
-    for value, state in ((3.5, TrialState.COMPLETE), (3.25, TrialState.COMPLETE), (None, TrialState.PRUNED)):
-        trial = study.ask({"train.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+    check_study(study, sweep, sdir)  # as a launch does: the study records its metric
+    space = {"train.lr": FloatDistribution(1e-4, 1e-2, log=True),
+             "model.target": CategoricalDistribution(["clip", "tanh"])}
+    trial = study.ask(space)
+    study.tell(trial, state=TrialState.FAIL)
+    part = search_part(sdir, out)
+    assert part.section is None and "(1 trials: 1 fail)" in part.note  # nothing to draw yet
+    jobs = [{"job_id": "job0", "name": "trial-000"}]
+    for value, state in ((3.5, TrialState.COMPLETE), (3.25, TrialState.COMPLETE), (None, TrialState.PRUNED),
+                         (3.75, TrialState.COMPLETE)):
+        trial = study.ask(space)
         trial.set_user_attr("job_id", f"job{trial.number}")
         jobs.append({"job_id": f"job{trial.number}", "name": f"trial-{trial.number:03d}"})
+        if state == TrialState.PRUNED:
+            trial.report(4.5, 2)
         study.tell(trial, value, state=state)
     sdir.write_job_list(jobs)
-    note = search_note(sdir)
-    assert note.startswith("a search sweep: its runs are the trials of one Optuna study (3 trials: 2 complete, "
-                           "1 pruned); best: trial 1 (job trial-001), 3.25 with train.lr="), note
+    part = search_part(sdir, out, run_url=lambda run: f"http://ui/{run}", run_ids={"job2": "run2"})
+    assert part.note.startswith("a search sweep: its runs are the trials of one Optuna study (5 trials: 3 complete, "
+                                "1 pruned, 1 fail); best: trial 2 (job trial-002), 3.25 with "), part.note
+    sec = part.section
+    assert sec.png.is_file() and sec.svg.is_file()
+    svg = sec.svg.read_text()
+    for text in ("against train.lr", "against model.target", "pruned (last report)", "best so far"):
+        assert text in svg, text
+    assert sec.header == ["trial", "job", "eval/val/loss", "model.target", "train.lr"]
+    assert [row[0].text for row in sec.rows] == ["2", "1", "4"]  # completed, best first (minimized)
+    assert [row[0].best for row in sec.rows] == [True, False, False]
+    assert sec.rows[0][1].link == "http://ui/run2" and sec.rows[1][1].link is None
+    from rla_ablate.dashboard.html import _section
+
+    html = _section(sec, lambda run: run)
+    assert "<img" in html and html.count("<tr>") == 4, html
     untested = [Untested("table4", "a claim", "family=rla, ablations=no_fitting", "ablations=none", "", False)]
     assert "from a grid sweep" in untested_lines(untested, 1, search=True)[0]
     assert "add them to the sweep file" in untested_lines(untested, 1)[0]

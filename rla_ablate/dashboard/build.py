@@ -24,10 +24,12 @@ from pathlib import Path
 from rla_ablate.dashboard.coverage import Untested
 from rla_ablate.dashboard.html import write_page
 from rla_ablate.dashboard.render import Rendered, has_comparison, render, validity_index
+from rla_ablate.dashboard.search import search_part
 from rla_ablate.dashboard.spec import load_specs
 from rla_ablate.dashboard.verdict import adjust_for_many
 from rla_ablate.errors import UserError
 from rla_ablate.sweep.state import SweepDir
+from rla_ablate.tracking.runs import JOB_ID
 
 log = logging.getLogger(__name__)
 UI_PORT = 5050
@@ -167,34 +169,6 @@ def read_runs(sweep: str, root: str | Path, uri: str, *, include_stale: bool = F
     return runs, selection
 
 
-def search_note(sdir: SweepDir) -> str | None:
-    """What a search sweep's page says first: its runs are the trials of one Optuna study (how many ended how, the
-    best), and the paper's comparisons need a grid sweep; None for a sweep without a study."""
-    if not (sdir.path / "optuna.db").is_file():
-        return None
-    import optuna
-    from optuna.trial import TrialState
-
-    from rla_ablate.sweep.search import params_text
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.load_study(study_name=sdir.name, storage=sdir.optuna_uri)
-    except KeyError:  # the database holds no study of this name (yet)
-        return None
-    trials = study.get_trials(deepcopy=False)
-    states = {state: sum(t.state == state for t in trials) for state in TrialState}
-    ended = ", ".join(f"{n} {state.name.lower()}" for state, n in states.items() if n)
-    text = f"a search sweep: its runs are the trials of one Optuna study ({len(trials)} trials: {ended or 'none'})"
-    if states[TrialState.COMPLETE]:
-        best = study.best_trial
-        names = {r["job_id"]: r.get("name") for r in sdir.job_list()}
-        text += (f"; best: trial {best.number} (job {names.get(best.user_attrs.get('job_id'), '?')}), "
-                 f"{best.value:.6g} with {params_text(best.params)}")
-    return (text + ". The figures compare ablations and controls, which a search file cannot hold: run those as "
-            "a grid sweep (docs/SWEEPS.md)")
-
-
 def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str | Path | None = None,
                     out_dir: str | Path | None = None, tracking_uri: str | None = None, ui_url: str = UI_URL,
                     log_artifacts: bool = True, progress=None, include_stale: bool = False,
@@ -251,10 +225,12 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         rendered = [r for r in every if r.drawn]
         untested = [u for r in every for u in r.untested]
         notes = selection.notes() + adjust_for_many([v for r in rendered for v in r.verdicts])
-        study = search_note(sdir)
-        if study is not None:  # a search file holds no ablations, controls or grid: no such edit to suggest
-            notes.insert(0, study)
+        search = search_part(sdir, out, run_url, {r.tags.get(JOB_ID): r.run_id for r in runs.jobs if r.run_id})
+        if search is not None:  # a search file holds no ablations, controls or grid: no such edit to suggest
+            notes.insert(0, search.note)
             untested = [dataclasses.replace(u, hint="") for u in untested]
+            if search.section is not None:
+                rendered.insert(0, search.section)
         tell(f"writing {out / 'index.html'} and verdicts.json")
         out.mkdir(parents=True, exist_ok=True)          # no spec drawn: the page still lists what was not tested
         page = write_page(out / "index.html", sweep, rendered, tracking=uri, run_url=run_url, n_runs=counts,
@@ -269,7 +245,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         if not tracking_uri and shared is None:
             tell("stopping the MLflow server")
     return Dashboard(page, out, rendered, uri, logged, synced,
-                     unlogged + notes + untested_lines(untested, len(specs), search=study is not None), untested)
+                     unlogged + notes + untested_lines(untested, len(specs), search=search is not None), untested)
 
 
 FIGURES = "figures.json"

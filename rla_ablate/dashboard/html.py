@@ -96,7 +96,16 @@ def _section(r: Rendered, run_url) -> str:
     parts = [f'<section id="{escape(r.name)}" data-kind="{escape(r.kind)}">', f"<h2>{escape(r.title)}</h2>"]
     if r.caption:
         parts.append(f'<p class="caption">{escape(r.caption)}</p>')
-    if r.kind == "validity":
+    if r.kind == "search":
+        # the study drawn, then its trials best first (the best marked), each linked to its run
+        if r.png is not None and r.png.exists():
+            data = base64.b64encode(r.png.read_bytes()).decode()
+            parts.append(f'<figure><img alt="{escape(r.title)}" src="data:image/png;base64,{data}"></figure>')
+        parts.append('<table class="results"><thead><tr>' + "".join(f"<th>{escape(h)}</th>" for h in r.header)
+                     + "</tr></thead><tbody>")
+        parts += ["<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in r.rows]
+        parts.append("</tbody></table>")
+    elif r.kind == "validity":
         # The panel is a figure too (its PNG), then the same rows as a table with links.
         if r.png is not None and r.png.exists():
             data = base64.b64encode(r.png.read_bytes()).decode()
@@ -146,8 +155,12 @@ def _section(r: Rendered, run_url) -> str:
 def write_page(path: Path, sweep: str, rendered: list[Rendered], *, tracking: str, ui_hint: str, run_url,
                n_runs: dict[str, int], notes: Sequence[str] = (), untested: Sequence[Untested] = ()) -> Path:
     counts = ", ".join(f"{n} {s}" for s, n in sorted(n_runs.items())) or "no job runs"
-    nav = '<a href="#verdicts">Verdicts</a>' + ('<a href="#untested">Not tested</a>' if untested else "") + "".join(f'<a href="#{escape(r.name)}">{escape(r.title)}</a>'
-                                                       for r in rendered)
+    # a search sweep's study leads its page: its runs are trials, not the ablations the verdicts need
+    lead = [r for r in rendered if r.kind == "search"]
+    rest = [r for r in rendered if r.kind != "search"]
+    nav = ("".join(f'<a href="#{escape(r.name)}">{escape(r.title)}</a>' for r in lead)
+           + '<a href="#verdicts">Verdicts</a>' + ('<a href="#untested">Not tested</a>' if untested else "")
+           + "".join(f'<a href="#{escape(r.name)}">{escape(r.title)}</a>' for r in rest))
     verdicts = [v for r in rendered for v in r.verdicts]
     summary = ('<section id="verdicts" data-kind="verdicts"><h2>Verdicts on the paper\'s claims</h2>'
                '<p class="caption">Each claim\'s rule is in its spec (claims:). Δ = treatment − reference, paired '
@@ -169,7 +182,7 @@ def write_page(path: Path, sweep: str, rendered: list[Rendered], *, tracking: st
                   "them to the sweep file and relaunch (only the new jobs run).</p>"
                   + _untested_list(untested, with_spec=True) if untested else "")
                + "</section>")
-    body = summary + "\n" + "\n".join(_section(r, run_url) for r in rendered)
+    body = "\n".join([_section(r, run_url) for r in lead] + [summary] + [_section(r, run_url) for r in rest])
     page_notes = "".join(f'<p class="page-notes">{escape(n)}</p>' for n in notes)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     page = f"""<!doctype html>

@@ -1,0 +1,171 @@
+"""A search sweep's own part of its dashboard: the Optuna study's trials.
+
+A grid sweep's figures compare ablations and controls; a search sweep's runs are trials of one study, so its page
+opens with a note (how many trials ended how, the best one) and a section that draws the search: the metric by
+trial number with the best value so far, and the metric against each searched parameter (log axes where the
+parameter was drawn on a log scale, a category's choices side by side), then lists the trials best first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+from rla_ablate.dashboard.render import COLORS, STYLE, Cell, Rendered, plt
+from rla_ablate.sweep.state import SweepDir
+
+NAME = "search"
+LISTED = 20
+"""Trials listed in the section's table (best first); the figure draws every trial."""
+
+
+@dataclass
+class Search:
+    note: str
+    """The page's first note: the study's trials by state, the best one, where the paper's comparisons belong."""
+    section: Rendered | None
+    """The drawn search; None while no trial has a value."""
+
+
+def load_study(sdir: SweepDir):
+    """The sweep's Optuna study, or None for a sweep without one (a grid sweep, a search not launched yet)."""
+    if not (sdir.path / "optuna.db").is_file():
+        return None
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=sdir.name, storage=sdir.optuna_uri)
+    except KeyError:  # the database holds no study of this name (yet)
+        return None
+
+
+def search_part(sdir: SweepDir, out_dir: Path, run_url=lambda run_id: None,
+                run_ids: dict[str, str] | None = None) -> Search | None:
+    """The note and the drawn section of a search sweep; None for a sweep without a study. `run_ids` maps job ids
+    to MLflow run ids (the table's links)."""
+    from optuna.trial import TrialState
+
+    from rla_ablate.sweep.search import QUESTION, params_text
+
+    study = load_study(sdir)
+    if study is None:
+        return None
+    trials = study.get_trials(deepcopy=False)
+    names = {r["job_id"]: r.get("name") for r in sdir.job_list()}
+    states = {state: sum(t.state == state for t in trials) for state in TrialState}
+    ended = ", ".join(f"{n} {state.name.lower()}" for state, n in states.items() if n)
+    note = f"a search sweep: its runs are the trials of one Optuna study ({len(trials)} trials: {ended or 'none'})"
+    complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+    best = study.best_trial if complete else None
+    if best is not None:
+        note += (f"; best: trial {best.number} (job {names.get(best.user_attrs.get('job_id'), '?')}), "
+                 f"{best.value:.6g} with {params_text(best.params)}")
+    note += (". The figures compare ablations and controls, which a search file cannot hold: run those as a grid "
+             "sweep (docs/SWEEPS.md)")
+    question = study.user_attrs.get(QUESTION) or {}
+    metric = question.get("metric", "the objective")
+    minimize = study.direction.name == "MINIMIZE"
+    for stale in (out_dir / f"{NAME}.png", out_dir / f"{NAME}.svg"):
+        stale.unlink(missing_ok=True)
+    if best is None:
+        return Search(note, None)
+    out = Rendered(NAME, f"The search: {metric} by trial and parameter",
+                   f"{len(complete)} completed trials of {len(trials)} ({ended}); "
+                   f"{'lower' if minimize else 'higher'} is better ({study.direction.name.lower()}). Left: each "
+                   "completed trial's value by trial number, the best so far as a line, pruned trials at the last "
+                   "value they reported. Then the value against each searched parameter; the best trial is the "
+                   "star. Trials that failed or were interrupted have no value and are not drawn.", NAME)
+    params = sorted({k for t in trials for k in t.params})
+    with plt.rc_context(cast(Any, STYLE)):
+        fig = _draw(trials, complete, best, params, metric, minimize)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        out.png, out.svg = out_dir / f"{NAME}.png", out_dir / f"{NAME}.svg"
+        fig.savefig(out.png, dpi=150, bbox_inches="tight")
+        fig.savefig(out.svg, bbox_inches="tight")
+        plt.close(fig)
+    run_ids = run_ids or {}
+    out.header = ["trial", "job", metric] + params
+    ranked = sorted(complete, key=lambda t: t.value if minimize else -t.value)
+    for t in ranked[:LISTED]:
+        job = t.user_attrs.get("job_id")
+        run = run_ids.get(job)
+        out.rows.append([Cell(str(t.number), best=t.number == best.number),
+                         Cell(names.get(job) or f"trial-{t.number:03d}", link=run_url(run) if run else None),
+                         Cell(f"{t.value:.6g}")] + [Cell(_value_text(t.params.get(k))) for k in params])
+        if run:
+            out.runs.append((f"trial {t.number}", names.get(job) or "", run))
+    if len(ranked) > LISTED:
+        out.notes.append(f"the table lists the best {LISTED} of {len(ranked)} completed trials; "
+                         "`rla-sweep results` lists every job")
+    out.drawn = True
+    return Search(note, out)
+
+
+def _value_text(value: Any) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool):
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState
+
+    cols = min(1 + len(params), 4)
+    rows = math.ceil((1 + len(params)) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows + 0.5), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    ax = flat[0]
+    xs = [t.number for t in complete]
+    ys = [t.value for t in complete]
+    ax.scatter(xs, ys, s=18, color=COLORS[0], label="completed", zorder=3)
+    pruned = [(t.number, t.intermediate_values[max(t.intermediate_values)]) for t in trials
+              if t.state == TrialState.PRUNED and t.intermediate_values]
+    if pruned:
+        ax.scatter(*zip(*pruned), s=22, marker="x", color="0.55", label="pruned (last report)", zorder=2)
+    so_far, line = None, []
+    for x, y in sorted(zip(xs, ys)):
+        so_far = y if so_far is None else (min(so_far, y) if minimize else max(so_far, y))
+        line.append((x, so_far))
+    last = max(t.number for t in trials)
+    if line[-1][0] < last:  # the best so far holds to the last trial drawn
+        line.append((last, line[-1][1]))
+    ax.step(*zip(*line), where="post", color=COLORS[1], label="best so far", zorder=4)
+    ax.scatter([best.number], [best.value], marker="*", s=140, color=COLORS[3], zorder=5, label="best")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(metric)
+    ax.set_title("by trial")
+    ax.legend(loc="best")
+    for ax, name in zip(flat[1:], params):
+        have = [t for t in complete if name in t.params]
+        dist = next((t.distributions[name] for t in have if name in t.distributions), None)
+        values = [t.params[name] for t in have]
+        if isinstance(dist, CategoricalDistribution) or any(isinstance(v, (str, bool)) or v is None for v in values):
+            choices = list(dist.choices) if isinstance(dist, CategoricalDistribution) else sorted({str(v) for v in values})
+            where = {str(c): i for i, c in enumerate(choices)}
+            xs_p = [where.get(str(v), 0) for v in values]
+            ax.set_xticks(range(len(choices)), [str(c) for c in choices])
+            best_x = where.get(str(best.params.get(name)))
+        else:
+            xs_p = values
+            if getattr(dist, "log", False):
+                from matplotlib import ticker
+
+                ax.set_xscale("log")
+                ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+                ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+                ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+            best_x = best.params.get(name)
+        ax.scatter(xs_p, [t.value for t in have], s=18, color=COLORS[0], zorder=3)
+        if best_x is not None:
+            ax.scatter([best_x], [best.value], marker="*", s=140, color=COLORS[3], zorder=5)
+        ax.set_xlabel(name)
+        ax.set_title(f"against {name}")
+    for ax in flat[1 + len(params):]:
+        ax.axis("off")
+    fig.suptitle(f"The search: {metric} ({'minimized' if minimize else 'maximized'})", fontsize=11)
+    fig.tight_layout()
+    return fig
