@@ -2,6 +2,7 @@
 
     python benchmarks/process_memory.py proxy-lm-rla [--graphs true|false] [--tokens 1048576] [--limit 110]
                                         [--stacks 15]
+    python benchmarks/process_memory.py --phases [--families rla rdn] [--stacks 15]
 
 Runs `rla-sweep train MODEL` (the proxy study's code-LM shape: 32 x 512 bytes a micro batch, batches of 65,536
 tokens, bf16, fused glue) in this process on an otherwise idle GPU, and samples every 50 ms the device's used bytes
@@ -10,6 +11,12 @@ bytes. Their difference is what the process holds beyond its allocator: the CUDA
 local memory the driver keeps for kernels that spill registers. `--limit` seconds end the run early; the summary
 prints every 10 s, so a run cut by a node's time limit still reports. Packing adds this per process to every job's
 estimate (`CONTEXT_BYTES`, rla_ablate/sweep/calibration.py).
+
+`--phases` instead runs, in one process, a bf16 matmul and then one eager training micro step of each proxy code-LM
+family (Transformer, sGLA, GDN, RLA, RDN; `--families` to choose), and prints after each how much the memory
+outside the allocator grew and the driver's per-thread stack size (`cuCtxGetLimit`): local memory is kept for
+every thread slot of the device at the largest stack a launched kernel needed, so a growth that follows the stack
+size names the family whose kernels spill.
 
 `--stacks N` then lists the N compiled Triton kernels in $TRITON_CACHE_DIR with the largest per-thread stack
 (`cuobjdump -res-usage` of each cubin): the driver reserves local memory for the whole device (every thread slot
@@ -34,17 +41,26 @@ GiB = 2**30
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", help="a model preset (proxy-lm-rla) or YAML path")
+    parser.add_argument("model", nargs="?", help="a model preset (proxy-lm-rla) or YAML path")
     parser.add_argument("--graphs", choices=["true", "false"], default="true", help="train.cuda_graphs")
     parser.add_argument("--tokens", type=int, default=1_048_576)
     parser.add_argument("--limit", type=float, default=0, help="stop after this many seconds (0: run to the end)")
+    parser.add_argument("--phases", action="store_true", help="attribute the growth to each family's first step")
+    parser.add_argument("--families", nargs="+", default=["transformer", "sgla", "gdn", "rla", "rdn"])
     parser.add_argument("--stacks", type=int, default=0, metavar="N",
                         help="then list the N Triton kernels of $TRITON_CACHE_DIR with the largest stack")
     args = parser.parse_args()
+    if not args.phases and not args.model:
+        parser.error("name a model, or pass --phases")
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/process_memory.py needs a CUDA GPU")
     from rla_ablate.cli import main as cli
 
+    if args.phases:
+        phases(args.families)
+        if args.stacks:
+            print_stacks(args.stacks)
+        return
     torch.cuda.init()
     free, total = torch.cuda.mem_get_info()
     before = total - free
@@ -96,11 +112,76 @@ def main() -> None:
     print(summary(True), flush=True)
     shutil.rmtree(out, ignore_errors=True)
     if args.stacks:
-        for stack, regs, name in largest_stacks(args.stacks):
-            print(f"  stack {stack:>7,} B/thread  {regs:>3} registers  {name}")
+        print_stacks(args.stacks)
     if code not in (0, 130):  # refused or failed (130: stopped by the time limit)
         raise SystemExit(f"benchmarks/process_memory.py: the training command exited with {code}: the figures above "
                          "are not a training process's")
+
+
+def stack_limit() -> int | None:
+    """The current context's per-thread stack size in bytes (the driver's CU_LIMIT_STACK_SIZE), None without
+    libcuda."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    value = ctypes.c_size_t()
+    return value.value if lib.cuCtxGetLimit(ctypes.byref(value), 0) == 0 else None
+
+
+def phases(families: list[str]) -> None:
+    """One process: a matmul, then one eager bf16 micro step (32 x 512 bytes) of each proxy code-LM family; after
+    each, the memory outside the allocator and the driver's stack size."""
+    from rla_ablate.models import build_model, load_preset
+
+    device = torch.device("cuda")
+    torch.cuda.init()
+    free, total = torch.cuda.mem_get_info()
+    before = total - free  # other processes (none on an idle GPU); this process's context comes next
+
+    def outside() -> int:
+        torch.cuda.synchronize()
+        free, _ = torch.cuda.mem_get_info()
+        return total - free - before - torch.cuda.memory_reserved()
+
+    last = 0
+
+    def report(what: str, seconds: float) -> None:
+        nonlocal last
+        now = outside()
+        stack = stack_limit()
+        print(json.dumps({"phase": what, "seconds": round(seconds, 1), "outside_allocator_gib": round(now / GiB, 3),
+                          "grew_gib": round((now - last) / GiB, 3), "stack_bytes_per_thread": stack}), flush=True)
+        last = now
+
+    t = time.time()
+    torch.zeros(1, device=device)
+    report("context", time.time() - t)
+    t = time.time()
+    a = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16, requires_grad=True)
+    (a @ a).float().sum().backward()
+    report("bf16 matmul", time.time() - t)
+    del a
+    for family in families:
+        t = time.time()
+        cfg = load_preset(f"proxy-lm-{family}")
+        torch.manual_seed(0)
+        with device:
+            model = build_model(cfg)
+        ids = torch.randint(0, cfg.vocab_size, (32, 513), device=device)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(ids[:, :-1], labels=ids[:, 1:])
+        loss.backward()
+        report(f"proxy-lm-{family} step", time.time() - t)
+        del model, loss
+        torch.cuda.empty_cache()
+
+
+def print_stacks(n: int) -> None:
+    for stack, regs, name in largest_stacks(n):
+        print(f"  stack {stack:>7,} B/thread  {regs:>3} registers  {name}")
 
 
 def largest_stacks(n: int) -> list[tuple[int, int, str]]:
