@@ -437,6 +437,26 @@ def test_claim_direction_of_a_metric():
     assert Claim(**base, metric="eval/mqar_kv32/acc").better_is_higher
     assert not Claim(**base, metric="eval/val/loss").better_is_higher
     assert not Claim(**base, metric="eval/x/acc", higher_is_better=False).better_is_higher
+    assert Claim(**base, metric="eval/mqar_kv8/acc_area").better_is_higher   # the area under an accuracy curve
+    assert not Claim(**base, metric="eval/val/loss_area").better_is_higher
+
+
+def test_an_area_claim_says_when_the_two_sides_were_evaluated_at_other_tokens():
+    """eval/<set>/acc_area sums each evaluation over the tokens since the one before: two evaluation schedules are
+    two quadratures, which a verdict on the areas names (the metric's own schedule only; other metrics say nothing)."""
+    from rla_ablate.dashboard.verdict import _schedule_note
+    from rla_ablate.tracking.read import RunRecord
+
+    def series(every, status="finished"):
+        runs = [RunRecord(f"r{seed}", "0", status, {"seed": str(seed)}, {"train.eval_every_tokens": every}, {})
+                for seed in (0, 1)]
+        return D.Series(("s",), {}, "x", runs)
+
+    assert _schedule_note("eval/mqar_kv8/acc_area", series("262144"), series("262144")) == ""
+    note = _schedule_note("eval/mqar_kv8/acc_area", series("262144"), series("524288"))
+    assert "different evaluation schedules (train.eval_every_tokens 262144, 524288)" in note, note
+    assert _schedule_note("eval/mqar_kv8/acc", series("262144"), series("524288")) == ""
+    assert _schedule_note("eval/mqar_kv8/acc_area", series("262144"), series("524288", "failed")) == ""
 
 
 def test_smoke_sweep_dashboard_has_the_validity_panel_and_a_verdict_per_claim(server, tmp_path):

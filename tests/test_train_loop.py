@@ -44,7 +44,8 @@ def tiny_job(model: dict | None = None, **train) -> JobConfig:
 
 def curves(out: Path) -> dict[str, list]:
     records = read_jsonl(out / "metrics.jsonl")
-    return {key: metric_series(records, key) for key in ("train/loss", "train/grad_norm", "train/lr", "eval/val/loss")}
+    return {key: metric_series(records, key) for key in ("train/loss", "train/grad_norm", "train/lr", "eval/val/loss",
+                                                          "eval/val/acc_area")}
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,13 @@ def test_finishes_with_every_metric(straight):
     assert c["train/loss"][-1][1] < c["train/loss"][0][1] - 0.5
     assert c["train/lr"][-1][1] == pytest.approx(3e-4)
     assert result.metrics["eval/val/ppl"] == pytest.approx(math.exp(result.metrics["eval/val/loss"]))
+    # the area under the accuracy curve so far: each evaluation's accuracy weighted by the tokens since the one before
+    acc = metric_series(read_jsonl(out / "metrics.jsonl"), "eval/val/acc")
+    area, before = 0.0, 0
+    for (t, a), (t_area, got) in zip(acc, c["eval/val/acc_area"], strict=True):
+        area, before = area + a * (t - before), t
+        assert t_area == t and got == pytest.approx(area / t, rel=1e-12)
+    assert min(a for _, a in acc) < result.metrics["eval/val/acc_area"] < max(a for _, a in acc)
     assert [t for t, _ in list_checkpoints(out)] == [9216, 10752, 12288]
 
 
@@ -176,6 +184,34 @@ def test_resume_in_a_new_process_is_bit_exact(model, request, tmp_path):
         for key, value in state.items():
             assert torch.equal(value, got["optimizer"]["state"][pid][key]), (pid, key)
     assert ref["data"] == got["data"]
+
+
+@pytest.mark.parametrize("log", ["kept", "lost"])
+def test_resume_from_a_checkpoint_without_curves(log, straight, tmp_path):
+    """A checkpoint of an earlier version holds no accuracy-curve area: the resumed run sums the evaluations in its
+    metrics.jsonl and logs the uninterrupted run's areas; with that log gone it logs no area (and keeps none from
+    the checkpoint as a final value) rather than one that misses the evaluations before the checkpoint."""
+    ref_out, ref = straight
+    job_file = tmp_path / "job.pkl"
+    job_file.write_bytes(pickle.dumps(tiny_job()))
+    out = tmp_path / "run"
+    assert _child(job_file, out, kill_at=9).returncode == 17
+    tokens, path = list_checkpoints(out)[-1]
+    state = load_checkpoint(path)
+    assert tokens == 3072 and state["curves"]["tokens"] == 2048
+    del state["curves"]
+    torch.save(state, path)
+    if log == "lost":
+        (out / "metrics.jsonl").unlink()
+    resumed = _child(job_file, out, kill_at=0)
+    assert resumed.returncode == 0, resumed.stderr
+    area = curves(out)["eval/val/acc_area"]
+    if log == "kept":
+        assert area == curves(ref_out)["eval/val/acc_area"]
+    else:
+        assert area == []
+        assert "eval/val/acc_area" not in load_checkpoint(list_checkpoints(out)[-1][1])["metrics"]
+        assert "eval/val/acc" in load_checkpoint(list_checkpoints(out)[-1][1])["metrics"]
 
 
 def test_finished_job_reruns_as_a_no_op(straight):

@@ -130,13 +130,15 @@ class Claim(_Strict):
     both series end within min_effect of it, the comparison cannot test the claim: unresolved, "not learned"."""
     higher_is_better: Optional[bool] = None
     """Whether a larger value of the metric is the better model; by default true for accuracies (a metric whose
-    last part is `acc` or `accuracy`) and false otherwise (losses). A run that diverged counts as the worse side."""
+    last part is `acc`, `accuracy` or `acc_norm`, or one of these with `_area`) and false otherwise (losses). A run
+    that diverged counts as the worse side."""
 
     @property
     def better_is_higher(self) -> bool:
         if self.higher_is_better is not None:
             return self.higher_is_better
-        return self.metric.rsplit("/", 1)[-1] in ("acc", "accuracy", "acc_norm")
+        # an accuracy, or the area under its curve over training (eval/<set>/acc_area)
+        return self.metric.rsplit("/", 1)[-1].removesuffix("_area") in ("acc", "accuracy", "acc_norm")
 
     @field_validator("treatment", "reference")
     @classmethod

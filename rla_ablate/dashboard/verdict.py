@@ -206,6 +206,20 @@ def _seeds_note(t: D.Series, ref: D.Series, treated: dict, reference: dict) -> s
            f"{ref.label or 'reference'}: {have(ref, reference)}"
 
 
+def _schedule_note(key: str, t: D.Series, ref: D.Series) -> str:
+    """An area under an accuracy curve (eval/<set>/acc_area) sums each evaluation's value over the tokens since the
+    one before: runs evaluated at other tokens have other quadratures, which the paired difference would mix in."""
+    if not key.endswith("_area"):
+        return ""
+    every = {r.params.get("train.eval_every_tokens") for s in (t, ref) for r in s.runs if r.finished}
+    every.discard(None)
+    if len(every) < 2:
+        return ""
+    return ("the areas were summed over different evaluation schedules (train.eval_every_tokens "
+            f"{', '.join(sorted(every, key=lambda v: float(v)))}): their quadratures differ; evaluate both sides "
+            "at the same tokens")
+
+
 OFF_NO_POWER = "more seeds do not help until the mechanism is engaged"
 NO_POWER = {V.OFF: OFF_NO_POWER, V.IDENTICAL: "more seeds do not help: the results are identical",
             "not learned": "more seeds do not help until a model learns the task",
@@ -271,6 +285,8 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
                 if note := _divergence_note(t, ref):
                     reason += f"; {note}"
                 if note := _seeds_note(t, ref, treated, reference):
+                    reason += f"; {note}"
+                if note := _schedule_note(key, t, ref):
                     reason += f"; {note}"
                 if not floor and (note := _learned_note(claim, treated, reference)):
                     reason += f"; {note}"

@@ -34,7 +34,7 @@ def _default_eval() -> list[EvalConfig]:
 # What Trainer logs (rla_ablate.train.loop: _flush_window and evaluate); tests/test_train_loop.py holds it to that.
 TRAIN_METRICS = ("train/loss", "train/grad_norm", "train/lr", "train/skipped_steps", "train/tokens_per_s", "train/mfu",
                  "train/peak_mem_gib")
-EVAL_METRICS = ("loss", "ppl", "acc")
+EVAL_METRICS = ("loss", "ppl", "acc", "acc_area")
 GPU_METRICS = ("train/mfu", "train/peak_mem_gib")  # logged by jobs that train on a GPU only
 
 
@@ -73,7 +73,7 @@ class JobConfig(BaseModel):
     def logged_metrics(self, on_gpu: bool = True) -> list[str]:
         """The step-indexed metrics the trainer logs for this job (metrics.jsonl and MLflow), the ones a search can
         optimize: `train/*` every log interval (GPU_METRICS only `on_gpu`) and, per eval set,
-        `eval/<name>/{loss,ppl,acc}` at each evaluation. Layer stats and diagnostics are not in this list."""
+        `eval/<name>/{loss,ppl,acc,acc_area}` at each evaluation. Layer stats and diagnostics are not in this list."""
         train = [m for m in TRAIN_METRICS if on_gpu or m not in GPU_METRICS]
         return [*train, *(f"eval/{e.name}/{m}" for e in self.eval for m in EVAL_METRICS)]
 

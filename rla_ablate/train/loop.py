@@ -31,7 +31,8 @@ from rla_ablate.train.checkpoint import capture_rng, load_latest, restore_rng, s
 from rla_ablate.train.graphs import GraphedMicroStep, peak_memory_bytes
 from rla_ablate.train.guard import DivergenceGuard
 from rla_ablate.train.job import JobConfig, JobResult, another_job
-from rla_ablate.train.loggers import CompositeLogger, JSONLLogger, MetricLogger, NullLogger, truncate_jsonl
+from rla_ablate.train.loggers import (CompositeLogger, JSONLLogger, MetricLogger, NullLogger, read_jsonl,
+                                     truncate_jsonl)
 from rla_ablate.train.parallel import WorkerContext, make_parallel
 from rla_ablate.train.schedule import lr_at
 
@@ -136,6 +137,60 @@ class _LogWindow:
         self.steps = int(state["steps"])
 
 
+class _Curves:
+    """The area under each eval set's accuracy curve so far, over the tokens trained: at an evaluation at t tokens,
+    `eval/<set>/acc_area` = sum_i acc_i (t_i - t_(i-1)) / t over the evaluations so far (t_0 = 0; each value stands
+    for the tokens since the one before). It is the mean accuracy over training: 1 for a model right from the start,
+    low for one that learned late or never, where the final accuracy of both can be 1. Part of the checkpoint, so a
+    resumed run logs the uninterrupted run's values; for a checkpoint written without it, `rebuild` sums the
+    evaluations in the job's metrics.jsonl, and where they are not all there the run logs no area rather than one
+    that misses some."""
+
+    def __init__(self):
+        self.area: dict[str, float] = {}
+        self.tokens = 0
+        self.known = True
+
+    def add(self, evals: dict[str, float], tokens: int) -> dict[str, float]:
+        if not self.known or tokens <= self.tokens:
+            return {}
+        span, out = tokens - self.tokens, {}
+        for key, value in evals.items():
+            if key.endswith("/acc"):
+                self.area[key] = self.area.get(key, 0.0) + value * span
+                out[f"{key}_area"] = self.area[key] / tokens
+        self.tokens = tokens
+        return out
+
+    def state_dict(self) -> dict:
+        return {"area": dict(self.area), "tokens": self.tokens}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.area = {k: float(v) for k, v in state["area"].items()}
+        self.tokens = int(state["tokens"])
+
+    def rebuild(self, records: list[dict], tokens: int, metrics: dict[str, float]) -> None:
+        """The state at `tokens` from a job's logged evaluations (metrics.jsonl `records`); `metrics`, the
+        checkpoint's last values, lose their areas when an evaluation they name is missing from the records."""
+        points: dict[str, dict[int, float]] = {}
+        for r in records:
+            if r.get("type") == "metrics" and int(r["step"]) <= tokens:
+                for key, value in r["values"].items():
+                    if key.startswith("eval/") and key.endswith("/acc"):
+                        points.setdefault(key, {})[int(r["step"])] = float(value)
+        for key, by_step in points.items():
+            before = 0
+            for t in sorted(by_step):
+                self.area[key] = self.area.get(key, 0.0) + by_step[t] * (t - before)
+                before = t
+            self.tokens = max(self.tokens, before)
+        last = {key for key in metrics if key.startswith("eval/") and key.endswith("/acc")}
+        if not last <= points.keys() or any(max(by_step) != self.tokens for by_step in points.values()):
+            self.known = False
+            for key in [k for k in metrics if k.startswith("eval/") and k.endswith("/acc_area")]:
+                del metrics[key]
+
+
 class Trainer:
     """The state of one worker's training run; `run()` returns the JobResult."""
 
@@ -150,6 +205,7 @@ class Trainer:
         self.step = 0
         self.tokens = 0
         self.window = _LogWindow()
+        self.curves = _Curves()
         self.pending_state: dict | None = None
         # The last training micro batch: the stats forward's input when the job has no eval batches.
         self.last_batch: Batch | None = None
@@ -172,7 +228,7 @@ class Trainer:
     def stateful(self) -> dict[str, Any]:
         """The components a checkpoint holds besides the model, the optimizer and the RNGs, by checkpoint key:
         `save` and `restore` both iterate this one table."""
-        return {"data": self.stream, "guard": self.guard, "log_window": self.window}
+        return {"data": self.stream, "guard": self.guard, "log_window": self.window, "curves": self.curves}
 
     def setup(self) -> dict | None:
         """Build everything; returns the checkpoint state a resume starts from, if any."""
@@ -252,9 +308,12 @@ class Trainer:
         # over at the end of the checkpoint's step.
         self.raw_model.hand_over_clip_rms()
         for key, part in self.stateful().items():
-            part.load_state_dict(state[key])
+            if key in state or key != "curves":
+                part.load_state_dict(state[key])
         self.metrics = {k: float(v) for k, v in state["metrics"].items()}
         self.step, self.tokens = int(state["step"]), int(state["tokens"])
+        if "curves" not in state:  # a checkpoint of an earlier version: the evaluations so far are in the log
+            self.curves.rebuild(read_jsonl(self.out_dir / "metrics.jsonl"), self.tokens, self.metrics)
         restore_rng(state["rng"][self.ctx.rank])
 
     def _lr(self, tokens: int) -> float:
@@ -463,7 +522,7 @@ class Trainer:
             if next_step % cfg.eval_every_steps == 0 or last:
                 evals, stats = self.evaluate(want_stats)
                 self._log(stats)
-                self._log(evals)
+                self._log(evals | self.curves.add(evals, self.tokens))
             elif want_stats:
                 self._log(self.collect_stats())
             if last:
