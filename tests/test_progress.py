@@ -22,7 +22,7 @@ class Clock:
 
 
 def job(job_id: str, name: str, tokens: int) -> SimpleNamespace:
-    return SimpleNamespace(job_id=job_id, name=name, job=SimpleNamespace(train=SimpleNamespace(tokens=tokens)))
+    return SimpleNamespace(job_id=job_id, name=name, tokens_target=tokens)
 
 
 def test_fmt_duration():

@@ -109,6 +109,9 @@ def test_proxy_study_arms_tasks_and_controls():
         assert control.job.data == ref.data and control.job.model.family == base
         ratio = speeds[base] / speeds[residual]
         assert control.job.train.tokens == math.ceil(ref.train.tokens * ratio)
+        # status and the progress lines count to the tokens it trains: its budget rounded up to whole batches
+        batch = control.job.train.batch_tokens
+        assert control.tokens_target % batch == 0 and 0 <= control.tokens_target - control.job.train.tokens < batch
         assert control.control_report["speed_ratio"] == pytest.approx(ratio)
         assert estimate_speed(control.job, 400.0).tokens_per_s != speeds[base]  # not the table's
     # the ids of docs/study/results.csv, controls included

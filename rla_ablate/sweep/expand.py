@@ -56,8 +56,9 @@ class ResolvedJob:
 
     @property
     def tokens_target(self) -> int:
-        """The job's training budget in tokens (`train.tokens`)."""
-        return int(self.job.train.tokens)
+        """The tokens the job trains on: `train.tokens` rounded up to whole batches (a matched wall-clock control's
+        budget, the reference's tokens times a speed ratio, is seldom a whole number of batches)."""
+        return int(self.job.train.total_tokens)
 
     def identity_tags(self) -> dict[str, str]:
         """The tags that name this job's series in MLflow: arm, preset, control, point.<key>, series."""

@@ -680,7 +680,7 @@ class _Runner:
         self.on_event("queued", {"job_id": job.job_id})
         run_id = self.ensure_run(job)
         st = self.sdir.status(job.job_id)
-        self.sdir.set_status(job.job_id, status=Status.PENDING, tokens_target=int(job.job.train.tokens),
+        self.sdir.set_status(job.job_id, status=Status.PENDING, tokens_target=job.tokens_target,
                              attempts=st.attempts + 1, error=None, cause=None, traceback=None, notice=None)
         # Multi-worker jobs start their own Ray Train workers (one GPU each); the task itself only coordinates.
         multi = job.job.train.num_workers > 1

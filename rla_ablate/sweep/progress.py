@@ -127,7 +127,7 @@ class Progress:
     def update(self, job: Any, status: str, tokens: int | None = None, target: int | None = None) -> None:
         now = self.clock()
         row = self.rows.setdefault(job.job_id, {"name": job.name, "status": None, "tokens": 0,
-                                                "target": int(job.job.train.tokens), "changed": 0.0, "meter": None})
+                                                "target": job.tokens_target, "changed": 0.0, "meter": None})
         if target is not None:
             row["target"] = target
         changed = row["status"] != status
