@@ -116,7 +116,9 @@ if [[ $what == memory ]]; then
     # What a training process holds outside its allocator (packing reserves CONTEXT_BYTES for it), one model after
     # another alone on the GPU, then the compiled Triton kernels with the largest per-thread stack: the driver keeps
     # local memory for every thread slot of the device at the largest stack a launched kernel needed
-    # (the byte-level code-LM shape for each: MQAR's presets have a vocabulary of 128, too small for byte data)
+    # (the byte-level code-LM shape for each: MQAR's presets have a vocabulary of 128, too small for byte data).
+    # First, in one process, which family's first step makes it grow, with the driver's stack size after each.
+    python3 benchmarks/process_memory.py --phases 2>&1 | tee "$OUT/memory-phases.log" | grep -E '^\{|rror' || rc=1
     for model in proxy-lm-rla proxy-lm-sgla proxy-lm-transformer 100m-rla; do
         python3 benchmarks/process_memory.py "$model" --tokens 524288 --limit 100 >"$OUT/memory-$model.log" 2>&1 || rc=1
         grep -iE '^\{|error' "$OUT/memory-$model.log" | tee -a "$OUT/memory.log"

@@ -159,3 +159,18 @@ def test_a_step_captured_in_a_cuda_graph_trains_as_the_eager_step(tmp_path):
     for r in graphed:
         assert "error" not in r, r
         assert r["tokens_per_s"] > 0 and r["graph_vs_eager"] <= 1e-3, (r["family"], r["graph_vs_eager"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_process_memory_attributes_growth_to_each_familys_first_step():
+    """`process_memory.py --phases`: one JSON line per phase (the context, a matmul, each family's first step) with
+    the memory outside the allocator, its growth and the driver's stack size, which only grows."""
+    proc = subprocess.run([sys.executable, "benchmarks/process_memory.py", "--phases", "--families", "sgla", "rla"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["phase"] for r in rows] == ["context", "bf16 matmul", "proxy-lm-sgla step", "proxy-lm-rla step"]
+    assert rows[0]["outside_allocator_gib"] > 0
+    stacks = [r["stack_bytes_per_thread"] for r in rows]
+    assert all(isinstance(s, int) for s in stacks) and stacks == sorted(stacks), stacks
