@@ -6,9 +6,9 @@
 
 Runs `rla-sweep train MODEL` (the proxy study's code-LM shape: 32 x 512 bytes a micro batch, batches of 65,536
 tokens, bf16, fused glue) in this process on an otherwise idle GPU, and samples every 50 ms the device's used bytes
-(`torch.cuda.mem_get_info`, less what was used before this process started) against the allocator's reserved
-bytes. Their difference is what the process holds beyond its allocator: the CUDA context, loaded kernels and the
-local memory the driver keeps for kernels that spill registers. `--limit` seconds end the run early; the summary
+(`torch.cuda.mem_get_info`, less what nvidia-smi saw in use before this process created its CUDA context) against
+the allocator's reserved bytes. Their difference is what the process holds beyond its allocator: the CUDA context,
+loaded kernels and the local memory the driver keeps for kernels that spill registers. `--limit` seconds end the run early; the summary
 prints every 10 s, so a run cut by a node's time limit still reports. Packing adds this per process to every job's
 estimate (`CONTEXT_BYTES`, rla_ablate/sweep/calibration.py).
 
@@ -61,9 +61,10 @@ def main() -> None:
         if args.stacks:
             print_stacks(args.stacks)
         return
+    used_before = used_before_cuda()  # before this process's CUDA context exists
     torch.cuda.init()
     free, total = torch.cuda.mem_get_info()
-    before = total - free
+    before = used_before if used_before is not None else total - free
     samples: list[tuple[float, int, int]] = []  # (seconds, device bytes used by this process, reserved bytes)
     done = threading.Event()
     t0 = time.time()
@@ -118,6 +119,22 @@ def main() -> None:
                          "are not a training process's")
 
 
+def used_before_cuda() -> int | None:
+    """Bytes in use on the GPU this process will use, read with nvidia-smi before the process creates its CUDA
+    context (any CUDA call, `mem_get_info` included, creates it): the baseline that counts the context as the
+    process's. None where nvidia-smi cannot say; the baseline is then taken after the context, which it leaves
+    out (say 0.5 GiB)."""
+    import subprocess
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", visible, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30)
+        return int(float(out.stdout.split()[0]) * 2**20) if out.returncode == 0 else None
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return None
+
+
 def stack_limit() -> int | None:
     """The current context's per-thread stack size in bytes (the driver's CU_LIMIT_STACK_SIZE), None without
     libcuda."""
@@ -137,9 +154,10 @@ def phases(families: list[str]) -> None:
     from rla_ablate.models import build_model, load_preset
 
     device = torch.device("cuda")
+    used_before = used_before_cuda()  # other processes (none on an idle GPU), before this one's context
     torch.cuda.init()
-    free, total = torch.cuda.mem_get_info()
-    before = total - free  # other processes (none on an idle GPU); this process's context comes next
+    free, total = torch.cuda.mem_get_info()  # the context exists from here on
+    before = used_before if used_before is not None else total - free
 
     def outside() -> int:
         torch.cuda.synchronize()

@@ -442,21 +442,28 @@ def test_claim_direction_of_a_metric():
 
 
 def test_an_area_claim_says_when_the_two_sides_were_evaluated_at_other_tokens():
-    """eval/<set>/acc_area sums each evaluation over the tokens since the one before: two evaluation schedules are
-    two quadratures, which a verdict on the areas names (the metric's own schedule only; other metrics say nothing)."""
+    """eval/<set>/acc_area averages each evaluation over the tokens since the one before: two evaluation schedules or
+    two budgets are two grids, which a verdict on the areas names (the metric's own schedule only; other metrics say
+    nothing); an unset eval_every_tokens (logged as null: 10 evaluations a run) is a schedule too."""
     from rla_ablate.dashboard.verdict import _schedule_note
     from rla_ablate.tracking.read import RunRecord
 
-    def series(every, status="finished"):
-        runs = [RunRecord(f"r{seed}", "0", status, {"seed": str(seed)}, {"train.eval_every_tokens": every}, {})
-                for seed in (0, 1)]
+    key = "eval/mqar_kv8/acc_area"
+
+    def series(every, last=4096, status="finished"):
+        runs = [RunRecord(f"r{seed}", "0", status, {"seed": str(seed)}, {"train.eval_every_tokens": every}, {},
+                          steps={key: last}) for seed in (0, 1)]
         return D.Series(("s",), {}, "x", runs)
 
-    assert _schedule_note("eval/mqar_kv8/acc_area", series("262144"), series("262144")) == ""
-    note = _schedule_note("eval/mqar_kv8/acc_area", series("262144"), series("524288"))
-    assert "different evaluation schedules (train.eval_every_tokens 262144, 524288)" in note, note
+    assert _schedule_note(key, series("262144"), series("262144")) == ""
+    note = _schedule_note(key, series("262144"), series("524288"))
+    assert "different evaluation schedules or budgets (every 262144 tokens to 4,096; every 524288 tokens to 4,096" in note
     assert _schedule_note("eval/mqar_kv8/acc", series("262144"), series("524288")) == ""
-    assert _schedule_note("eval/mqar_kv8/acc_area", series("262144"), series("524288", "failed")) == ""
+    assert _schedule_note(key, series("262144"), series("524288", status="failed")) == ""
+    assert _schedule_note(key, series("null"), series("null")) == ""
+    note = _schedule_note(key, series("null", last=4096), series("null", last=4608))  # a longer control
+    assert "(10 evaluations a run to 4,096; 10 evaluations a run to 4,608)" in note, note
+    assert "10 evaluations a run" in _schedule_note(key, series("null"), series("1024"))
 
 
 def test_smoke_sweep_dashboard_has_the_validity_panel_and_a_verdict_per_claim(server, tmp_path):

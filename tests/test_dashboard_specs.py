@@ -51,6 +51,10 @@ def test_committed_specs_load():
         assert kinds.count("mqar") == kinds.count("stdlib") == len(kinds) // 2, spec.name
         assert all(c.treatment.get("data.kind") == "mqar" and c.better_is_higher
                    for c in spec.claims if c not in final), spec.name
+        # an accuracy column (or the area under its curve) marks its largest mean as the best
+        for column in getattr(spec, "columns", []):
+            accuracy = column.metric.rsplit("/", 1)[-1].removesuffix("_area") == "acc"
+            assert column.higher_is_better == accuracy, (spec.name, column.metric)
     questions = {s.name: s for s in load_specs(spec_dir() / "questions")}
     assert questions["clip_radius"].series == ["model.clip"] and questions["clip_radius"].claims
 

@@ -167,6 +167,13 @@ def test_sweep_evals_stage_reaches_mlflow_and_table5_and_is_not_rescored(tmp_pat
                            timeout=300, env=env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"tiny-rla/seed0 ({job['job_id'][:8]}): " in again.stdout and "already scored" in again.stdout
+    # A quicker check on fewer examples is printed and kept in its file, not logged over the stage's scores
+    check = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "eval", "evals-e2e", "--root", str(root),
+                            "--tasks", "rla_choice", "--limit", "2"], cwd=REPO, capture_output=True, text=True,
+                           timeout=300, env=env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "not the MLflow run's: it keeps those of " + scored.name in check.stderr, check.stderr
+    assert [m.value for m in MlflowClient(store).get_metric_history(run_id, "eval/rla_choice/acc")] == [acc]
 
     from rla_ablate.dashboard.build import build_dashboard
 
@@ -281,3 +288,37 @@ def test_hf_tokenizer_matches_the_jobs_data_tokenizer(tmp_path):
         assert fast.eos_token_id == reference.eos_id == fast.pad_token_id
     with pytest.raises(UserError, match="MQAR"):
         hf_tokenizer(MQARData())
+
+
+def test_the_run_keeps_the_most_complete_scoring_and_an_unfinished_job_is_noted(tmp_path, capsys):
+    """Per metric and checkpoint, a scoring on more examples (none: all) holds the MLflow run's value, whichever
+    ran last; scoring a job folder before its training ended says so."""
+    from rla_ablate.commands.eval import _note_unfinished
+    from rla_ablate.evals.core import EvalResult, kept_by_more_complete
+    from rla_ablate.models import load_preset
+    from rla_ablate.train import JobConfig
+
+    evals = tmp_path / "evals"
+    evals.mkdir()
+
+    def result(limit, tokens=512, tasks=("a", "b")):
+        return EvalResult(tasks=list(tasks), limit=limit, tokens=tokens, checkpoint="c",
+                          metrics={f"eval/{t}/acc": 0.5 for t in tasks})
+
+    (evals / f"{512:015d}-full.json").write_text(result(None, tasks=("a",)).model_dump_json())
+    (evals / f"{512:015d}-l100.json").write_text(result(100).model_dump_json())
+    (evals / f"{256:015d}-old.json").write_text(result(None).model_dump_json())   # another checkpoint
+    assert kept_by_more_complete(tmp_path, result(4)) == {"eval/a/acc": f"{512:015d}-full.json",
+                                                          "eval/b/acc": f"{512:015d}-l100.json"}
+    assert kept_by_more_complete(tmp_path, result(100)) == {"eval/a/acc": f"{512:015d}-full.json"}
+    assert kept_by_more_complete(tmp_path, result(None)) == {}
+    assert kept_by_more_complete(tmp_path, result(4, tokens=1024)) == {}
+
+    job = JobConfig.model_validate({"model": load_preset("tiny-rla").replace(vocab_size=257, **TINY).model_dump(),
+                                    "train": {**TRAIN, "tokens": 1000}, "data": {"kind": "stdlib"}, "eval": EVAL})
+    (tmp_path / "job.json").write_text(job.model_dump_json())
+    _note_unfinished(tmp_path, result(None, tokens=512), None)
+    assert "the job has not finished: this scored its last checkpoint, at 512 of 1,024 tokens" in capsys.readouterr().err
+    for tokens, checkpoint in ((1024, None), (512, 512)):   # finished; or a checkpoint asked for by name
+        _note_unfinished(tmp_path, result(None, tokens=tokens), checkpoint)
+        assert capsys.readouterr().err == ""

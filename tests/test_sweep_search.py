@@ -198,7 +198,7 @@ def test_a_search_sweeps_dashboard_says_what_its_study_did_and_asks_for_no_grid_
     assert part.note.startswith("a search sweep: its runs are the trials of one Optuna study (5 trials: 3 complete, "
                                 "1 pruned, 1 fail); best: trial 2 (job trial-002), 3.25 with "), part.note
     sec = part.section
-    assert sec.png.is_file() and sec.svg.is_file()
+    assert sec.png.name == "optuna_study.png" and sec.png.is_file() and sec.svg.is_file()
     svg = sec.svg.read_text()
     for text in ("against train.lr", "against model.target", "pruned (last report)", "best so far"):
         assert text in svg, text

@@ -210,8 +210,23 @@ def test_resume_from_a_checkpoint_without_curves(log, straight, tmp_path):
         assert area == curves(ref_out)["eval/val/acc_area"]
     else:
         assert area == []
-        assert "eval/val/acc_area" not in load_checkpoint(list_checkpoints(out)[-1][1])["metrics"]
-        assert "eval/val/acc" in load_checkpoint(list_checkpoints(out)[-1][1])["metrics"]
+        last = load_checkpoint(list_checkpoints(out)[-1][1])
+        assert "eval/val/acc_area" not in last["metrics"] and "eval/val/acc" in last["metrics"]
+        assert last["curves"]["known"] is False  # and a later resume does not start the area from zero
+
+
+def test_an_unknown_area_stays_unknown_through_later_resumes():
+    from rla_ablate.train.loop import _Curves
+
+    lost = _Curves()
+    lost.rebuild([], 3072, {"eval/val/acc": 0.25, "eval/val/acc_area": 0.2})
+    assert not lost.known and lost.add({"eval/val/acc": 0.5}, 4096) == {}
+    again = _Curves()
+    again.load_state_dict(lost.state_dict())
+    assert not again.known and again.add({"eval/val/acc": 0.5}, 6144) == {}
+    old = _Curves()
+    old.load_state_dict({"area": {"eval/val/acc": 512.0}, "tokens": 2048})  # a state without the flag
+    assert old.add({"eval/val/acc": 0.5}, 4096) == {"eval/val/acc_area": (512.0 + 1024.0) / 4096}
 
 
 def test_finished_job_reruns_as_a_no_op(straight):

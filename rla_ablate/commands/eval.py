@@ -74,6 +74,7 @@ def run(args) -> int:
     if (target / "job.json").is_file() or (target.is_dir() and not is_sweep):
         result = score_job(target, req, tokens=args.checkpoint, force=args.force, device=args.device)
         _print(str(target), result)
+        _note_unfinished(target, result, args.checkpoint)
         return 0
     if args.checkpoint is not None:
         raise UserError("--checkpoint applies to a job folder; a sweep scores each job's final checkpoint",
@@ -86,7 +87,31 @@ def run(args) -> int:
 
 
 def _print(where: str, result) -> None:
+    import sys
+
     state = "already scored" if result.skipped else f"scored in {result.seconds:.1f} s"
     print(f"{where}: {result.checkpoint} ({result.tokens} tokens), {state}")
     for key, value in sorted(result.metrics.items()):
         print(f"  {key} = {value:.4f}")
+    if result.kept and not result.skipped:
+        files = ", ".join(sorted(set(result.kept.values())))
+        print(f"note: {len(result.kept)} of these scores are not the MLflow run's: it keeps those of {files}, which "
+              f"scored the same checkpoint on more examples (--limit {result.limit} here)", file=sys.stderr)
+
+
+def _note_unfinished(job_dir: Path, result, checkpoint: int | None) -> None:
+    """A job folder scored before its training ended: its final checkpoint is a partial one, which the run's scores
+    then stand for until the finished job is scored (as `export` notes)."""
+    import sys
+
+    from rla_ablate.train import JobConfig
+
+    if checkpoint is not None:
+        return
+    try:
+        total = JobConfig.model_validate_json((job_dir / "job.json").read_text(encoding="utf-8")).train.total_tokens
+    except (OSError, ValueError):
+        return
+    if result.tokens < total:
+        print(f"note: the job has not finished: this scored its last checkpoint, at {result.tokens:,} of {total:,} "
+              "tokens; score it again once it has finished (resume it to train the rest)", file=sys.stderr)

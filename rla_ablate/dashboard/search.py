@@ -16,7 +16,10 @@ from typing import Any, cast
 from rla_ablate.dashboard.render import COLORS, STYLE, Cell, Rendered, plt
 from rla_ablate.sweep.state import SweepDir
 
-NAME = "search"
+NAME = "optuna_study"
+"""The section's id and its figure's file name (no spec of dashboards/ has it)."""
+KIND = "search"
+"""The section's kind: the page puts it first and draws it with its table (rla_ablate.dashboard.html)."""
 LISTED = 20
 """Trials listed in the section's table (best first); the figure draws every trial."""
 
@@ -77,10 +80,14 @@ def search_part(sdir: SweepDir, out_dir: Path, run_url=lambda run_id: None,
                    f"{'lower' if minimize else 'higher'} is better ({study.direction.name.lower()}). Left: each "
                    "completed trial's value by trial number, the best so far as a line, pruned trials at the last "
                    "value they reported. Then the value against each searched parameter; the best trial is the "
-                   "star. Trials that failed or were interrupted have no value and are not drawn.", NAME)
+                   "star. Trials that failed or were interrupted have no value and are not drawn.", KIND)
     params = sorted({k for t in trials for k in t.params})
+    drawn = [t for t in complete if math.isfinite(t.value)]
+    if len(drawn) < len(complete):
+        out.caption += (f" {len(complete) - len(drawn)} completed trials with an infinite value are listed, not "
+                        "drawn.")
     with plt.rc_context(cast(Any, STYLE)):
-        fig = _draw(trials, complete, best, params, metric, minimize)
+        fig = _draw(trials, drawn or [best], best, params, metric, minimize)
         out_dir.mkdir(parents=True, exist_ok=True)
         out.png, out.svg = out_dir / f"{NAME}.png", out_dir / f"{NAME}.svg"
         fig.savefig(out.png, dpi=150, bbox_inches="tight")
@@ -135,6 +142,9 @@ def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool
         line.append((last, line[-1][1]))
     ax.step(*zip(*line), where="post", color=COLORS[1], label="best so far", zorder=4)
     ax.scatter([best.number], [best.value], marker="*", s=140, color=COLORS[3], zorder=5, label="best")
+    from matplotlib import ticker
+
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_xlabel("trial")
     ax.set_ylabel(metric)
     ax.set_title("by trial")

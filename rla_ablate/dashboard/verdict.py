@@ -207,16 +207,23 @@ def _seeds_note(t: D.Series, ref: D.Series, treated: dict, reference: dict) -> s
 
 
 def _schedule_note(key: str, t: D.Series, ref: D.Series) -> str:
-    """An area under an accuracy curve (eval/<set>/acc_area) sums each evaluation's value over the tokens since the
-    one before: runs evaluated at other tokens have other quadratures, which the paired difference would mix in."""
+    """An area under an accuracy curve (eval/<set>/acc_area) averages each evaluation's value over the tokens since
+    the one before, up to the run's last evaluation: runs evaluated at other tokens or trained for other budgets (a
+    matched wall-clock control) average over other grids, which the paired difference would mix in."""
     if not key.endswith("_area"):
         return ""
-    every = {r.params.get("train.eval_every_tokens") for s in (t, ref) for r in s.runs if r.finished}
-    every.discard(None)
-    if len(every) < 2:
+    plans = set()
+    for series in (t, ref):
+        for r in series.runs:
+            if r.finished:
+                every = r.params.get("train.eval_every_tokens")
+                plans.add((f"every {every} tokens" if every not in (None, "", "null", "None")
+                           else "10 evaluations a run", r.steps.get(key)))
+    if len(plans) < 2:
         return ""
-    return ("the areas were summed over different evaluation schedules (train.eval_every_tokens "
-            f"{', '.join(sorted(every, key=lambda v: float(v)))}): their quadratures differ; evaluate both sides "
+    spelled = "; ".join(every + (f" to {last:,}" if last is not None else "")
+                        for every, last in sorted(plans, key=str))
+    return (f"the areas average over different evaluation schedules or budgets ({spelled}): compare runs evaluated "
             "at the same tokens")
 
 

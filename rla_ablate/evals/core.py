@@ -72,6 +72,28 @@ class EvalResult(BaseModel):
     seconds: float = 0.0
     skipped: bool = False
     """True when the file already held these scores and nothing ran."""
+    kept: dict[str, str] = {}
+    """Metrics not logged to MLflow because a more complete scoring of the same checkpoint holds them there:
+    metric -> that result's file name (not written to the file)."""
+
+
+def _more_complete(limit: int | None, than: int | None) -> bool:
+    """Whether a scoring with `limit` examples per task (None: all) used more examples than one with `than`."""
+    return than is not None and (limit is None or limit > than)
+
+
+def kept_by_more_complete(job_dir: Path, result: EvalResult) -> dict[str, str]:
+    """The metrics of `result` that another result file of the same checkpoint scored on more examples (a full
+    scoring against a `--limit` check), with that file's name: the MLflow run keeps those, whichever ran last."""
+    kept: dict[str, str] = {}
+    for path in sorted((Path(job_dir) / "evals").glob(f"{int(result.tokens):015d}-*.json")):
+        try:
+            other = EvalResult.model_validate_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if _more_complete(other.limit, result.limit):
+            kept.update({k: path.name for k in result.metrics if k in other.metrics and k not in kept})
+    return kept
 
 
 def result_path(job_dir: Path, tokens: int, req: EvalRequest) -> Path:
@@ -370,12 +392,16 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
                         seconds=round(time.monotonic() - t0, 2))
     if tracking_uri is None or run_id is None:
         tracking_uri, run_id = tracking_target(job_dir)
-    if tracking_uri and run_id:
-        log_to_mlflow(tracking_uri, run_id, result.metrics, tokens)
+    # The run's value of a metric at this step is the most complete scoring of it, not the last request: a
+    # `--limit` check after the full scoring must not replace the full scores in results and dashboards.
+    result.kept = kept_by_more_complete(job_dir, result)
+    logged = {k: v for k, v in result.metrics.items() if k not in result.kept}
+    if tracking_uri and run_id and logged:
+        log_to_mlflow(tracking_uri, run_id, logged, tokens)
     from rla_ablate.fileio import atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, result.model_dump_json(indent=1, exclude={"skipped"}))
+    atomic_write_text(path, result.model_dump_json(indent=1, exclude={"skipped", "kept"}))
     return result
 
 

@@ -163,15 +163,18 @@ class _Curves:
         return out
 
     def state_dict(self) -> dict:
-        return {"area": dict(self.area), "tokens": self.tokens}
+        return {"area": dict(self.area), "tokens": self.tokens, "known": self.known}
 
     def load_state_dict(self, state: dict) -> None:
         self.area = {k: float(v) for k, v in state["area"].items()}
         self.tokens = int(state["tokens"])
+        self.known = bool(state.get("known", True))  # unknown stays unknown through every later resume
 
     def rebuild(self, records: list[dict], tokens: int, metrics: dict[str, float]) -> None:
-        """The state at `tokens` from a job's logged evaluations (metrics.jsonl `records`); `metrics`, the
-        checkpoint's last values, lose their areas when an evaluation they name is missing from the records."""
+        """The state at `tokens` from a job's logged evaluations (metrics.jsonl `records`). Where the records
+        lack an eval set that `metrics` (the checkpoint's last values) has, or its sets end at different tokens, the
+        area is unknown and `metrics` lose their areas. An evaluation missing between two logged ones (a log edited
+        by hand) is not detected: the log is appended to and cut back only to a checkpoint."""
         points: dict[str, dict[int, float]] = {}
         for r in records:
             if r.get("type") == "metrics" and int(r["step"]) <= tokens:
