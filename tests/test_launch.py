@@ -141,6 +141,38 @@ def test_launch_runs_every_job_and_tracks_it(campaign):
     campaign["first"] = {j["job_id"]: j for j in doc["jobs"]}
 
 
+def most_at_once(job_dirs: list[Path]) -> int:
+    """The most jobs whose logs were open at one time (first to last record of each metrics.jsonl)."""
+    from rla_ablate.train.loggers import read_jsonl
+
+    edges = []
+    for d in job_dirs:
+        times = [r["time"] for r in read_jsonl(d / "metrics.jsonl") if "time" in r]
+        edges += [(min(times), 1), (max(times), -1)]
+    now = most = 0
+    for _, step in sorted(edges):
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_cpus_bound_how_many_jobs_run_at_once(tmp_path):
+    """`cpus: 1` on a local Ray instance of this machine's CPUs runs at most that many jobs at once. A job's
+    progress reports must not block on the driver's reply: a Ray task blocked in ray.get gives its CPUs back, and
+    Ray started a third job on two CPUs."""
+    sweep = {**SWEEP, "name": "bound", "models": [{"preset": "tiny-rla"}], "ablations": [],
+             "seeds": list(range((os.cpu_count() or 1) + 2)),
+             "base": {**SWEEP["base"], "train": {"tokens": 32768, "seq_len": 128, "micro_batch_size": 8,
+                                                 "batch_tokens": 1024, "warmup_tokens": 1024,
+                                                 "eval_every_tokens": 8192, "cpu_threads": 1}}}
+    root = tmp_path / "runs"
+    out = cli("launch", str(write(tmp_path / "bound.yaml", sweep)), "--root", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    jobs = sorted((root / "bound" / "jobs").iterdir())
+    assert len(jobs) == len(sweep["seeds"])
+    assert most_at_once(jobs) <= (os.cpu_count() or 1), out.stdout
+
+
 def test_relaunch_same_file_runs_nothing(launched):
     root = launched["root"]
     mtimes = {p: p.stat().st_mtime_ns for p in (root / "e2e" / "jobs").glob("*/metrics.jsonl")}
@@ -265,3 +297,42 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
         assert assert_no_duplicate_steps(doc["tracking_uri"], j["mlflow_run_id"]) == 131072
         assert_run_has_every_metric(doc["tracking_uri"], j["mlflow_run_id"], root / "e2e-kill" / "jobs" / j["job_id"])
         assert runs_by_id(runs)[j["mlflow_run_id"]].info.status == "FINISHED"
+
+
+def test_resume_reads_the_files_relative_paths_as_the_launch_did(tmp_path):
+    """A sweep file's relative paths mean the folder it was launched from (data) and its own folder (evals'
+    include_path). `resume` reads the copy under --root, from wherever it is typed: it runs from the launch's
+    folder, so the data is the launch's (not a same-named file here, which was another job) and the task folder
+    is found."""
+    import shutil as sh
+
+    here, elsewhere = tmp_path / "study", tmp_path / "elsewhere"
+    (here / "tasks").mkdir(parents=True)
+    elsewhere.mkdir()
+    text = (REPO / "README.md").read_text(encoding="utf-8")[:20000]
+    (here / "notes.txt").write_text(text, encoding="utf-8")
+    (elsewhere / "notes.txt").write_text(text + "another file under the same name\n", encoding="utf-8")
+    shipped = REPO / "rla_ablate" / "evals" / "tasks"
+    (here / "tasks" / "my_choice.yaml").write_text(
+        (shipped / "rla_choice.yaml").read_text().replace("task: rla_choice", "task: my_choice"))
+    sh.copy(shipped / "rla_choice.jsonl", here / "tasks")
+    sweep = {"name": "rel", "models": [{"preset": "tiny-rla", "overrides": TINY}],
+             "base": {**SWEEP["base"], "train": {**SWEEP["base"]["train"], "tokens": 1024},
+                      "data": {"kind": "text", "path": "notes.txt"}},
+             "evals": {"tasks": ["my_choice"], "include_path": ["tasks"], "limit": 2, "batch_size": 2},
+             "resources": {"cpus": 1}}
+    write(here / "rel.yaml", sweep)
+    root = tmp_path / "runs"
+
+    def run(cwd, *args):
+        return subprocess.run([sys.executable, "-m", "rla_ablate.cli", *args], cwd=cwd, capture_output=True,
+                              text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    first = run(here, "launch", "rel.yaml", "--root", str(root))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "evals: 1 job(s) scored on my_choice" in first.stdout
+    again = run(elsewhere, "resume", "rel", "--root", str(root))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"resume: from {here}" in again.stderr
+    assert "nothing to run (1 finished)" in again.stdout and "1 already scored" in again.stdout
+    assert len(json.loads((root / "rel" / "jobs.json").read_text())) == 1

@@ -31,4 +31,28 @@ def run(args: argparse.Namespace) -> int:
                         f"again: `rla-sweep launch FILE --root {sdir.root}`")
     if not saved.is_file():
         raise no_sweep(sdir)
+    saved = saved.resolve()
+    _from_launch_folder(args, sdir)
     return exit_code(launch(saved, options(args)))
+
+
+def _from_launch_folder(args: argparse.Namespace, sdir) -> None:
+    """Run from the folder the sweep was launched in: the saved file's relative data paths meant that folder, and
+    read from another they name other files (a missing one, or another job under the same name)."""
+    import os
+    import sys
+    from pathlib import Path
+
+    cwd = sdir.meta().get("cwd")
+    if not cwd or Path(cwd).resolve() == Path.cwd().resolve():
+        return
+    if not Path(cwd).is_dir():
+        print(f"note: the folder sweep '{args.name}' was launched from, {cwd}, is gone: its file's relative paths "
+              "are read from this one", file=sys.stderr)
+        return
+    args.root = str(Path(args.root).resolve())
+    if args.tracking_uri and args.tracking_uri.startswith("sqlite:///") and not args.tracking_uri[10:].startswith("/"):
+        args.tracking_uri = "sqlite:///" + str(Path(args.tracking_uri[10:]).resolve())
+    os.chdir(cwd)
+    print(f"resume: from {cwd}, the folder '{args.name}' was launched from (its file's relative paths mean that one)",
+          file=sys.stderr)

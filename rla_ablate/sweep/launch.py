@@ -37,7 +37,7 @@ from rla_ablate.ray_local import init_local_ray
 from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep, refuse_cuda_jobs
 from rla_ablate.sweep.sources import GridSource, JobSource, count_statuses
 from rla_ablate.sweep.summary import FailedJob, LaunchSummary
-from rla_ablate.sweep.state import SweepDir
+from rla_ablate.sweep.state import SweepDir, read_json
 
 DEFAULT_ROOT = "rla-runs"
 # Seconds jobs get to write a checkpoint and return after Ctrl-C or `rla-sweep cancel`.
@@ -290,7 +290,9 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         sdir.path.mkdir(parents=True, exist_ok=True)
         Path(sdir.path / "sweep.yaml").write_text(Path(sweep.source.file).read_text(encoding="utf-8"), encoding="utf-8")
         if (sdir.path / "sweep.yaml").resolve() != Path(sweep.source.file).resolve():  # not `resume`
-            sdir.write_meta(sweep_file=str(Path(sweep.source.file).resolve()))
+            # where the file's relative paths point: data paths from the folder it was launched in, evals'
+            # include_path from its own folder (`resume` runs the copy above from there)
+            sdir.write_meta(sweep_file=str(Path(sweep.source.file).resolve()), cwd=os.getcwd())
         if left_out:
             progress.note(left_out)
         source.prepare()
@@ -412,9 +414,13 @@ def _check_version(sweep: Sweep, sdir: SweepDir, opts: LaunchOptions) -> str | N
 
 
 def _eval_request(sweep: Sweep):
-    """The sweep's `evals:` section as a request, its task folders resolved against the sweep file's folder."""
+    """The sweep's `evals:` section as a request, its task folders resolved against the sweep file's folder (for
+    `resume`, which reads the copy under --root, the folder of the file it copies: its sweep.json says which)."""
     cfg = sweep.config.evals
-    base = Path(sweep.source.file).resolve().parent
+    here = Path(sweep.source.file).resolve()
+    meta = (read_json(here.parent / "sweep.json", {}) or {}) if here.name == "sweep.yaml" else {}
+    original = meta.get("sweep_file")
+    base = Path(original).parent if original and Path(original) != here else here.parent
     return cfg.model_copy(update={"include_path": [base / p for p in cfg.include_path]})
 
 

@@ -113,6 +113,7 @@ class SweepLogger:
         self._values: list[tuple[int, float]] = []
         self._stop = False
         self._last_report = 0.0
+        self._pending: tuple[Any, list[tuple[int, float]]] | None = None  # (the last report's reply, its values)
         self._closed = False
         self._fail_at = self._parse_fail_once()
 
@@ -150,7 +151,7 @@ class SweepLogger:
         if self._closed:
             return
         self._closed = True
-        self._report(force=True)
+        self._report(force=True, wait=True)
         if self.inner is not None:
             self.inner.close(status, reason)
 
@@ -166,17 +167,43 @@ class SweepLogger:
         self._report()
         return self._stop
 
-    def _report(self, force: bool = False) -> None:
+    def _report(self, force: bool = False, wait: bool = False) -> None:
+        """Send the driver the tokens and the watched values since the last report; its reply (stop or not) is
+        read at a later report. Training never waits for it: a Ray task blocked in `ray.get` gives its CPUs back
+        to the scheduler, which starts another job in them (three jobs of `cpus: 1` ran on two CPUs). `wait`
+        (the job's last report) waits for both replies."""
         now = time.monotonic()
         if self.monitor is None or (not force and now - self._last_report < REPORT_EVERY_S):
             return
+        self._collect(wait)
+        if self._pending is not None:
+            return  # the reply is still in flight; what this report would carry waits for the next one
         self._last_report = now
         values, self._values = self._values, []
         try:
-            self._stop = bool(ray.get(self.monitor.report.remote(self.job_id, self.tokens, values), timeout=30))
+            self._pending = (self.monitor.report.remote(self.job_id, self.tokens, values), values)
+        except Exception:
+            self._values = values + self._values
+            return
+        if wait:
+            self._collect(True)
+
+    def _collect(self, wait: bool) -> None:
+        """Read the reply to the report in flight, if it has come (or within 30 s when `wait`)."""
+        if self._pending is None:
+            return
+        ref, sent = self._pending
+        try:
+            ready, _ = ray.wait([ref], timeout=30 if wait else 0)
+            if not ready and not wait:
+                return
+            if not ready:
+                raise TimeoutError("no reply from the driver in 30 s")
+            self._stop = bool(ray.get(ref))
         except Exception:
             # The driver is gone or slow; keep training, the checkpoint makes stopping later cheap.
-            self._values = values + self._values
+            self._values = sent + self._values
+        self._pending = None
 
 
 def gpu_memory_gib(allocator_cap: float | None = None) -> float | None:
