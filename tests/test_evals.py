@@ -130,6 +130,46 @@ def test_bad_task_missing_checkpoint_and_bad_checkpoint_are_user_errors(job_dir,
     assert "not a job folder" in capsys.readouterr().err
     assert main(["eval", "no-such-sweep", "--tasks", "rla_choice", "--root", str(tmp_path)]) == 2
     assert "no sweep 'no-such-sweep'" in capsys.readouterr().err
+    # A torn newest checkpoint, one of another model, a corrupt job.json: exit 2 naming the file, nothing written
+    import shutil as sh
+
+    from rla_ablate.models import load_preset
+    from rla_ablate.train import JobConfig
+
+    torn = tmp_path / "torn"
+    sh.copytree(job_dir, torn, ignore=sh.ignore_patterns("evals"))
+    newest = sorted((torn / "checkpoints").glob("ckpt-*.pt"))[-1]
+    newest.write_bytes(newest.read_bytes()[:5000])
+    for argv in (["eval", str(torn), "--tasks", "rla_choice"], ["export", str(torn), str(tmp_path / "out1")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"the newest checkpoint, {newest}, is unreadable" in err and "--checkpoint TOKENS (256)" in err, err
+    assert main(["eval", str(torn), "--tasks", "rla_choice", "--checkpoint", "512"]) == 2
+    assert f"{newest} does not load" in capsys.readouterr().err
+    other = tmp_path / "other"
+    sh.copytree(job_dir, other, ignore=sh.ignore_patterns("evals"))
+    job = JobConfig.model_validate_json((other / "job.json").read_text())
+    wider = job.model_copy(update={"model": load_preset("tiny-rla").replace(vocab_size=257, **{**TINY, "hidden_size": 48})})
+    (other / "job.json").write_text(wider.model_dump_json())
+    for argv in (["eval", str(other), "--tasks", "rla_choice"], ["export", str(other), str(tmp_path / "out2")]):
+        assert main(argv) == 2
+        assert "does not hold the model of" in capsys.readouterr().err
+    (other / "job.json").write_text("{not json")
+    assert main(["eval", str(other), "--tasks", "rla_choice"]) == 2
+    assert "job.json is not a job config rla-sweep wrote" in capsys.readouterr().err
+    assert not (tmp_path / "out1").exists() and not (tmp_path / "out2").exists()
+    # a task file whose data file is missing
+    tasks = tmp_path / "badtasks"
+    tasks.mkdir()
+    shipped = (REPO / "rla_ablate" / "evals" / "tasks" / "rla_choice.yaml").read_text()
+    (tasks / "broken.yaml").write_text(shipped.replace("task: rla_choice", "task: broken")
+                                       .replace("rla_choice.jsonl", "missing.jsonl"))
+    before = sorted(job_dir.glob("evals/*"))
+    assert main(["eval", str(job_dir), "--tasks", "broken", "--include-path", str(tasks), "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--tasks: a task's data could not be read" in err and "missing.jsonl" in err and "Traceback" not in err
+    assert sorted(job_dir.glob("evals/*")) == before
+    assert not list(torn.glob("evals/*")) and not list(other.glob("evals/*"))
 
 
 def test_sweep_evals_stage_reaches_mlflow_and_table5_and_is_not_rescored(tmp_path):
@@ -322,3 +362,18 @@ def test_the_run_keeps_the_most_complete_scoring_and_an_unfinished_job_is_noted(
     for tokens, checkpoint in ((1024, None), (512, 512)):   # finished; or a checkpoint asked for by name
         _note_unfinished(tmp_path, result(None, tokens=tokens), checkpoint)
         assert capsys.readouterr().err == ""
+
+
+def test_a_launch_whose_evals_stopped_fails_and_asks_for_the_tasks_to_be_fixed():
+    """The evals stage stopping (a task's data missing) fails the launch after its runs are closed; with every job
+    trained, resuming the jobs is not the remedy."""
+    from rla_ablate.commands.launch import exit_code
+    from rla_ablate.outcome import Status
+    from rla_ablate.sweep.summary import LaunchSummary
+
+    done = LaunchSummary(sweep="s", counts={Status.FINISHED: 2})
+    assert done.ok and exit_code(done) == 0
+    stopped = LaunchSummary(sweep="s", counts={Status.FINISHED: 2}, evals_error="UserError: no data")
+    assert not stopped.ok and not stopped.resume_helps and exit_code(stopped) == 1
+    partial = LaunchSummary(sweep="s", counts={Status.FINISHED: 1, Status.FAILED: 1}, evals_error="x")
+    assert partial.resume_helps

@@ -112,12 +112,26 @@ def load_job(job_dir: str | Path, tokens: int | None = None, sweep_names: bool =
         raise UserError(f"{job_dir} is not a job folder (no job.json); give a folder written by `rla-sweep train "
                         "--out` or a sweep's jobs/<id>" + (", or a sweep name" if sweep_names else ""),
                         key="JOB_DIR")
-    job = JobConfig.model_validate_json(spec.read_text(encoding="utf-8"))
+    try:
+        job = JobConfig.model_validate_json(spec.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{spec} is not a job config rla-sweep wrote ({first}); give the folder of a job written by "
+                        "`rla-sweep train --out` or a sweep's jobs/<id>", key="JOB_DIR") from None
     found = list_checkpoints(job_dir)
     if not found:
         raise UserError(f"no checkpoint in {job_dir / 'checkpoints'}: train the job first", key="JOB_DIR")
     if tokens is None:
-        return job, *found[-1]
+        import zipfile
+
+        newest_tokens, newest = found[-1]
+        if not zipfile.is_zipfile(newest):  # torn or truncated (a torch checkpoint is a zip archive)
+            older = ", ".join(str(t) for t, p in found[:-1] if zipfile.is_zipfile(p))
+            raise UserError(f"the newest checkpoint, {newest}, is unreadable (truncated or torn); "
+                            + (f"give an older one with --checkpoint TOKENS ({older})" if older
+                               else "no older checkpoint reads either: train or resume the job"),
+                            key="JOB_DIR")
+        return job, newest_tokens, newest
     for t, path in found:
         if t == tokens:
             return job, t, path
@@ -186,17 +200,35 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, [chr(c) for c in cs]))
 
 
+def load_weights(model: Any, checkpoint: Path) -> None:
+    """The checkpoint's weights into `model` (the job's, from its job.json), or a UserError naming the file: one
+    that does not load, or one written for another model."""
+    from rla_ablate.train.checkpoint import load_checkpoint
+
+    try:
+        state = load_checkpoint(checkpoint)
+    except Exception as exc:  # noqa: BLE001 - torch raises OSError, RuntimeError, pickle and zip errors here
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{checkpoint} does not load ({type(exc).__name__}: {first}); give another with "
+                        "--checkpoint TOKENS", key="--checkpoint") from None
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0][:200]
+        raise UserError(f"{checkpoint} does not hold the model of {checkpoint.parent.parent / 'job.json'} "
+                        f"({first}): the folder mixes two jobs", key="JOB_DIR") from None
+
+
 def build_lm(job: Any, checkpoint: Path, batch_size: int, device: str | None = None):
     """lm-eval's HFLM around the job's model at `checkpoint`, with the job's tokenizer and context length."""
     import torch
     from lm_eval.models.huggingface import HFLM
 
     from rla_ablate.models.hf import RLASweepForCausalLM
-    from rla_ablate.train.checkpoint import load_checkpoint
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     hf = RLASweepForCausalLM.from_model_config(job.model)
-    hf.model.load_state_dict(load_checkpoint(checkpoint)["model"])
+    load_weights(hf.model, checkpoint)
     hf.to(device).eval()
     # As in training: bf16 autocast on CUDA (fp32 weights), fp32 on the CPU.
     autocast = torch.bfloat16 if str(device).startswith("cuda") else None
@@ -383,10 +415,13 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
     tm, tasks, local = resolve_tasks(req)
     with offline(local), quiet(silent):
         lm = build_lm(job, ckpt, req.batch_size, device)
-        results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=req.limit,
-                                          batch_size=req.batch_size, bootstrap_iters=0, log_samples=False,
-                                          random_seed=0, numpy_random_seed=0, torch_random_seed=0,
-                                          fewshot_random_seed=0)
+        try:
+            results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=req.limit,
+                                              batch_size=req.batch_size, bootstrap_iters=0, log_samples=False,
+                                              random_seed=0, numpy_random_seed=0, torch_random_seed=0,
+                                              fewshot_random_seed=0)
+        except FileNotFoundError as exc:  # a task file whose data file is not where it says
+            raise UserError(f"a task's data could not be read: {exc}", key="--tasks") from None
     result = EvalResult(tasks=req.tasks, limit=req.limit, tokens=tokens, checkpoint=ckpt.name,
                         metrics=flatten_results(results), lm_eval_version=getattr(lm_eval, "__version__", ""),
                         seconds=round(time.monotonic() - t0, 2))

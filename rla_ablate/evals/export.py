@@ -31,9 +31,8 @@ def export_job(job_dir: str | Path, out: str | Path, tokens: int | None = None, 
                force: bool = False) -> tuple[Path, int, int]:
     """Write the job's final (or `tokens`) checkpoint to `out` as an HF folder; returns (`out`, the checkpoint's
     tokens, the job's token budget)."""
-    from rla_ablate.evals.core import hf_tokenizer, load_job
+    from rla_ablate.evals.core import hf_tokenizer, load_job, load_weights
     from rla_ablate.models.hf import RLASweepForCausalLM
-    from rla_ablate.train.checkpoint import load_checkpoint
 
     job, tokens, ckpt = load_job(job_dir, tokens, sweep_names=False)
     out = Path(out)
@@ -41,7 +40,7 @@ def export_job(job_dir: str | Path, out: str | Path, tokens: int | None = None, 
     if out.exists() and any(out.iterdir()) and not force:
         raise UserError(f"{out} exists and is not empty; give a new folder or --force", key="OUT")
     hf = RLASweepForCausalLM.from_model_config(job.model)
-    hf.model.load_state_dict(load_checkpoint(ckpt)["model"])
+    load_weights(hf.model, ckpt)
     hf.config.auto_map = dict(AUTO_MAP)
     # lm-eval and generate read the context length from here.
     hf.config.max_position_embeddings = int(job.train.seq_len)

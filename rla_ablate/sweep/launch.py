@@ -298,7 +298,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         source.prepare()
         summary = LaunchSummary(sweep=sweep.name)
         if source.nothing_to_do(summary):
-            score_evals(sweep, sdir, None, progress)
+            summary.evals_error = score_evals(sweep, sdir, None, progress)
             progress.nothing_to_do(summary)
             return summary
         t0 = time.monotonic()
@@ -348,10 +348,10 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         runner.run(source)
         runner.summary.skipped = summary.skipped
         summary = runner.summary
-        if not runner.stopping:
-            score_evals(sweep, sdir, services.tracking_uri, progress)
+        evals_error = None if runner.stopping else score_evals(sweep, sdir, services.tracking_uri, progress)
         # Ctrl-C, SIGTERM and `rla-sweep cancel` alike: the launch was stopped (exit 130).
         summary.interrupted = bool(runner.stop_reason)
+        summary.evals_error = evals_error
         summary.output_closed = progress.closed
         summary.counts = count_statuses(sdir, (j.job_id for j in source.jobs))
         if sweep.config.search is not None:
@@ -440,20 +440,27 @@ def check_evals(sweep: Sweep) -> None:
                         file=sweep.source.file, line=sweep.source.line(key), key=".".join(key)) from None
 
 
-def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress: Any) -> None:
+def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress: Any) -> str | None:
     """The `evals:` stage after training: score every finished job not yet scored on the sweep's tasks, one after
-    another in this process (rla_ablate.evals); None as tracking URI logs to the sweep's own store."""
+    another in this process (rla_ablate.evals); None as tracking URI logs to the sweep's own store. Returns why the
+    stage stopped (a task's data missing, a checkpoint that does not load), None when it ran: the launch then still
+    closes its runs and fails, and the jobs scored so far keep their scores."""
     cfg = sweep.config.evals
     if cfg is None or not sdir.has_job_list():
-        return
+        return None
     from rla_ablate.evals.core import score_sweep
 
     req = _eval_request(sweep)  # task folders in a sweep file are relative to it
     t0 = time.monotonic()
-    results = score_sweep(sdir.root, sweep.name, req, tracking_uri=tracking_uri, silent=True)
+    try:
+        results = score_sweep(sdir.root, sweep.name, req, tracking_uri=tracking_uri, silent=True)
+    except Exception as exc:  # noqa: BLE001 - the trained jobs stand; the launch reports this and fails
+        why = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {why}" if not isinstance(exc, UserError) else str(exc)
     scored = sum(not r.skipped for r in results.values())
     progress.note(f"evals: {scored} job(s) scored on {', '.join(cfg.tasks)}, {len(results) - scored} already scored "
                   f"({time.monotonic() - t0:.1f} s)")
+    return None
 
 
 def default_window(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any] | None = None,

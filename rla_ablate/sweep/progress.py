@@ -257,6 +257,10 @@ class Progress:
     def nothing_to_do(self, summary: Any) -> None:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(summary.counts.items()))
         self.console.print(f"sweep {self.sweep}: nothing to run ({counts}); no job started, no MLflow run created")
+        if summary.evals_error is not None:
+            self.console.print(f"  [red]evals stopped[/]: {escape(summary.evals_error)}")
+            print("fix the evals: section (or its task files) and launch again: only the jobs not scored yet are "
+                  "scored", file=sys.stderr)
 
     def final(self, summary: Any, sdir: Any) -> None:
         self.stop()
@@ -280,9 +284,14 @@ class Progress:
                                f"{escape(f.error)}")
             if f.log is not None:
                 self.console.print(f"    traceback: {escape(str(f.log))}")
+        if summary.evals_error is not None:
+            self.console.print(f"  [red]evals stopped[/]: {escape(summary.evals_error)}")
         if summary.resume_helps:
             print(f"rerun `rla-sweep resume {self.sweep} --root {sdir.root}` to resume unfinished jobs from their "
                   "checkpoints", file=sys.stderr)
+        elif summary.evals_error is not None:
+            print(f"fix the evals: section (or its task files), then `rla-sweep resume {self.sweep} --root "
+                  f"{sdir.root}` scores the jobs not scored yet", file=sys.stderr)
         elif not summary.ok:
             print("every failure above repeats on each attempt (cause config, compile or checkpoint): fix the sweep "
                   "file, the code or the checkpoints, then launch again", file=sys.stderr)

@@ -34,6 +34,8 @@ class LaunchSummary:
     """Stopped by Ctrl-C, SIGTERM, `rla-sweep cancel` or a closed output."""
     output_closed: bool = False
     """The launch's output pipe was closed by its reader (`| head`, quitting `| less`): it stopped (exit 141)."""
+    evals_error: str | None = None
+    """Why the `evals:` stage stopped (a task whose data is missing): the training results stand, the launch fails."""
     study_counts: dict[str, int] | None = None
     """A search: the counts by status of every job of its study, earlier launches' included (`counts` are this
     launch's trials)."""
@@ -43,7 +45,7 @@ class LaunchSummary:
         # A diverged job is a result (it never reruns), like a finished one. An interrupted launch is not done even
         # when every job it counts is: a search's trials not yet asked for are in no count.
         unfinished = sum(n for k, n in self.counts.items() if k not in (Status.FINISHED, Status.DIVERGED))
-        return unfinished == self.pruned and not self.interrupted
+        return unfinished == self.pruned and not self.interrupted and self.evals_error is None
 
     @property
     def resume_helps(self) -> bool:
@@ -51,5 +53,7 @@ class LaunchSummary:
         if self.ok:
             return False
         unfinished = sum(n for k, n in self.counts.items() if k not in (Status.FINISHED, Status.DIVERGED)) - self.pruned
+        if self.evals_error is not None and not unfinished:
+            return False  # every job trained: the tasks need fixing, not the jobs resuming
         deterministic = [f for f in self.failed if f.cause is not None and f.cause.deterministic]
         return not (self.failed and len(deterministic) == len(self.failed) == unfinished)
