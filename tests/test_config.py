@@ -132,6 +132,9 @@ class Listed(BaseModel):
     ("names:\n  - alpa\n", "s.yaml:2: names.0: ", "unknown name 'alpa' (did you mean 'alpha'?); allowed: alpha, beta"),
     ("names:\n  - {name: alpa}\n", "s.yaml:2: names.0.name: ", "'alpa' is not allowed; allowed: alpha, beta"),
     ("share: lots\n", "s.yaml:1: share: ", "Input should be a valid number or 'auto' (got 'lots')"),
+    # a long value (a text file read as YAML): its start and its length, not the whole of it
+    ("share: " + "word " * 400 + "\n", "s.yaml:1: share: ",
+     "Input should be a valid number or 'auto' (got '" + ("word " * 12)[:59] + "... (1,999 characters))"),
 ])
 def test_a_value_that_fits_no_member_of_a_union_is_one_problem(text, where, says):
     with pytest.raises(UserError) as info:

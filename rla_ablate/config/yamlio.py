@@ -268,7 +268,10 @@ def _describe(err: dict, model: type[BaseModel], loc: tuple, name: str | None = 
     else:
         msg = err["msg"]
     if err["type"] != "missing" and not isinstance(got, (dict, list)):
-        msg += f" (got {got!r})"
+        shown = repr(got)
+        if len(shown) > 80:  # a text file read as YAML is one long string: its start says what it is
+            shown = f"{shown[:60]}... ({len(str(got)):,} characters)"
+        msg += f" (got {shown})"
     return msg
 
 
