@@ -180,6 +180,49 @@ def test_json_tokenizer(tmp_path, text_dir):
         open_source(TextData(path=text_dir, tokenizer=path, eos_token="<nope>"))
 
 
+def test_an_eval_set_tokenized_otherwise_than_the_training_data_is_refused(tmp_path, text_dir):
+    """A model trained on a BPE tokenizer's ids and scored on byte tokens gets a meaningless eval loss: `plan` (at
+    the sweep file's line) and the job itself refuse it; the same tokenizer in another file, shards prepared with
+    it, and MQAR eval sets (synthetic ids) are fine."""
+    import shutil
+
+    import yaml
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from rla_ablate.data import MQARData, ShardsData, tokenizer_mismatch
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([p.read_text() for p in sorted(text_dir.rglob("*.txt"))],
+                            trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"]))
+    path = tmp_path / "tok.json"
+    tok.save(str(path))
+    shutil.copy(path, tmp_path / "same.json")
+    bpe, same, raw = (TextData(path=text_dir, tokenizer=path), TextData(path=text_dir, tokenizer=tmp_path / "same.json"),
+                      TextData(path=text_dir))
+    assert tokenizer_mismatch(bpe, same) is None and tokenizer_mismatch(raw, raw) is None
+    assert tokenizer_mismatch(bpe, MQARData()) is None
+    why = tokenizer_mismatch(bpe, raw)
+    assert why.startswith(f"the eval set's text is tokenized by UTF-8 bytes, the training data's by the tokenizer "
+                          f"{path}"), why
+    shards = tmp_path / "shards"
+    proc = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "data", "prepare", str(text_dir), str(shards),
+                           "--tokenizer", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert tokenizer_mismatch(ShardsData(path=shards), bpe) is None
+    assert tokenizer_mismatch(ShardsData(path=shards), raw) is not None
+    sweep = {"name": "mixed", "models": [{"preset": "tiny-rla", "overrides": {"vocab_size": 257}}],
+             "base": {"train": {"tokens": 1024, "seq_len": 32, "micro_batch_size": 2, "batch_tokens": 64},
+                      "data": {"kind": "shards", "path": str(shards)},
+                      "eval": [{"name": "val", "data": {"kind": "text", "path": str(text_dir)}, "tokens": 64}]}}
+    f = tmp_path / "mixed.yaml"
+    f.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    line = next(i for i, text in enumerate(f.read_text().splitlines(), 1) if text.strip() == "eval:")
+    proc = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "plan", str(f)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"mixed.yaml:{line + 1}: base.eval.0: job tiny-rla/seed0, eval set 'val': the eval set's text" in proc.stderr
+
+
 def test_eos_token_without_a_tokenizer_file_is_refused(tmp_path, text_dir):
     """The byte tokenizer ends documents with its own token: an eos_token there would be silently ignored."""
     from pydantic import ValidationError

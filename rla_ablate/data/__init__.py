@@ -31,6 +31,7 @@ from rla_ablate.data.stream import (
     cu_seqlens_from_starts,
     make_eval_batches,
     make_train_stream,
+    tokenizer_mismatch,
     vocab_size,
 )
 
@@ -49,5 +50,6 @@ __all__ = [
     "cu_seqlens_from_starts",
     "make_eval_batches",
     "make_train_stream",
+    "tokenizer_mismatch",
     "vocab_size",
 ]

@@ -97,6 +97,40 @@ def vocab_size(cfg) -> int:
     return load_tokenizer(cfg.tokenizer, cfg.eos_token).vocab_size
 
 
+def tokenizer_identity(cfg) -> str | None:
+    """What turns a text-like data config's text into token ids: "bytes", or "sha256:<hash>" of its tokenizer file
+    (equal files are one tokenizer wherever they lie); None for MQAR, whose token ids are synthetic."""
+    if isinstance(cfg, MQARData):
+        return None
+    if isinstance(cfg, NIAHData):
+        return tokenizer_identity(cfg.haystack)
+    if isinstance(cfg, ShardsData):
+        name = json.loads((cfg.path / "index.json").read_text())["tokenizer"]
+        file = None if name == "bytes" else cfg.path / name
+    else:
+        file = cfg.tokenizer
+    return "bytes" if file is None else "sha256:" + hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+
+
+def tokenizer_mismatch(train_data, eval_data) -> str | None:
+    """Why an eval set cannot score a model trained on `train_data`: its text is tokenized otherwise, so its loss
+    and accuracy would compare the model's predictions with token ids it never learned; None when they agree (or
+    either side is MQAR)."""
+    a, b = tokenizer_identity(train_data), tokenizer_identity(eval_data)
+    if a is None or b is None or a == b:
+        return None
+
+    def said(identity: str, cfg) -> str:
+        if identity == "bytes":
+            return "UTF-8 bytes"
+        where = getattr(cfg, "tokenizer", None) or getattr(getattr(cfg, "haystack", None), "tokenizer", None)
+        return f"the tokenizer {where}" if where else f"the tokenizer of {getattr(cfg, 'path', cfg.kind)}"
+
+    return (f"the eval set's text is tokenized by {said(b, eval_data)}, the training data's by "
+            f"{said(a, train_data)}: its scores would compare the model with token ids it never trained on; give "
+            "it the training data's tokenizer")
+
+
 def _recall_len(cfg, seq_len: int) -> int:
     own = cfg.seq_len if isinstance(cfg, MQARData) else cfg.context_length
     return own or seq_len

@@ -234,8 +234,9 @@ def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> N
 
 
 def check_vocab(jobs: list[ResolvedJob], located: LocatedYAML) -> None:
-    """Every model's vocabulary covers its data's token ids (caught here, not in a worker an hour later)."""
-    from rla_ablate.data import vocab_size
+    """Every model's vocabulary covers its data's token ids, and every eval set's text is tokenized as its training
+    data's (caught here, not in a worker an hour later)."""
+    from rla_ablate.data import tokenizer_mismatch, vocab_size
     from rla_ablate.sweep.ids import canonical_json
 
     by_json: dict[str, int] = {}
@@ -250,12 +251,23 @@ def check_vocab(jobs: list[ResolvedJob], located: LocatedYAML) -> None:
             by_object[id(data)] = by_json[key]
         return by_object[id(data)]
 
+    mismatch: dict[tuple[str, str], str | None] = {}
     for job in jobs:
         want = max([need(job.job.data)] + [need(e.data) for e in job.job.eval])
         if job.job.model.vocab_size < want:
             raise _err(located, ("models", job.arm),
                        f"the model's vocab_size is {job.job.model.vocab_size} but the data needs {want} token ids "
                        f"(bytes + end-of-document = 257); add `overrides: {{vocab_size: {want}}}`")
+        for i, e in enumerate(job.job.eval):
+            key = (canonical_json(job.job.data), canonical_json(e.data))
+            if key not in mismatch:
+                mismatch[key] = tokenizer_mismatch(job.job.data, e.data)
+            if mismatch[key]:
+                arms = located.data.get("models") if isinstance(located.data, dict) else None
+                arm = arms[job.arm] if isinstance(arms, list) and job.arm is not None and job.arm < len(arms) else {}
+                own = isinstance(arm, dict) and isinstance(arm.get("base"), dict) and "eval" in arm["base"]
+                raise _err(located, ("models", job.arm, "base", "eval", i) if own else ("base", "eval", i),
+                           f"job {job.name}, eval set '{e.name}': {mismatch[key]}")
 
 
 def _err(located: LocatedYAML, path: tuple, message: str) -> UserError:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from rla_ablate import __version__
-from rla_ablate.data import make_eval_batches, make_train_stream, vocab_size
+from rla_ablate.data import make_eval_batches, make_train_stream, tokenizer_mismatch, vocab_size
 from rla_ablate.data.stream import Batch
 from rla_ablate.errors import UserError
 from rla_ablate.models import aggregate_diagnostics, build_model, flops_per_token, fusion
@@ -47,11 +47,15 @@ PEAK_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 
 
 
 def check_job(job: JobConfig) -> None:
-    """What can be checked before anything is built: the model's vocabulary covers every token of the data."""
+    """What can be checked before anything is built: the model's vocabulary covers every token of the data, and
+    each eval set's text is tokenized as the training data's."""
     need = max([vocab_size(job.data)] + [vocab_size(e.data) for e in job.eval])
     if need > job.model.vocab_size:
         raise UserError(f"the model's vocab_size is {job.model.vocab_size} but the data needs {need} token ids "
                         f"(e.g. bytes + end-of-document = 257); set model.vocab_size={need}", key="model.vocab_size")
+    for i, e in enumerate(job.eval):
+        if why := tokenizer_mismatch(job.data, e.data):
+            raise UserError(f"eval set '{e.name}': {why}", key=f"eval.{i}.data")
 
 
 def check_device(train: Any) -> None:
