@@ -244,3 +244,14 @@ def test_a_cuda_sweep_without_a_gpu_is_refused_before_anything_starts(tmp_path, 
     assert f"s.yaml:{line}: train.cuda_graphs: 2 job(s) need CUDA" in err, err
     assert "allowed here: train.device auto or cpu and train.cuda_graphs false" in err
     assert not (tmp_path / "runs2").exists()
+
+
+def test_every_command_prints_through_a_console_that_handles_a_closed_pipe():
+    """rich's own Console exits 1 from inside print() when its reader goes away (`rla-sweep dashboard X | head -0`
+    did); the commands' consoles are PipeConsoles, which the CLI turns into 141."""
+    import re
+
+    plain = [f"{p.name}:{i}" for p in sorted((REPO / "rla_ablate").rglob("*.py"))
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"(?<![A-Za-z_])Console\(", line) and "class " not in line]
+    assert plain == [], plain

@@ -57,14 +57,15 @@ def run(args: argparse.Namespace) -> int:
         args.tracking_uri = reader_uri(args.tracking_uri)
     # The imports and the specs' validation take seconds before build_dashboard reports its phases.
     print(f"dashboard {args.name}: loading the specs", file=sys.stderr, flush=True)
-    from rich.console import Console
     from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn
 
     from rla_ablate.dashboard.build import build_dashboard
     from rla_ablate.dashboard.spec import load_specs
 
-    console = Console()
+    from rla_ablate.terminal import PipeConsole
+
+    console = PipeConsole()  # a reader that goes away (`| head`) ends the command with 141, as for every command
     n = len(load_specs(args.specs))
     columns = (TextColumn("[bold]dashboard[/] {task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total}"))

@@ -169,9 +169,9 @@ class ProgressLogger:
     every_s = 30.0
 
     def __init__(self, description: str = "train", console=None, interactive: bool | None = None):
-        from rich.console import Console
+        from rla_ablate.terminal import PipeConsole
 
-        self.console = console or Console(stderr=True)
+        self.console = console or PipeConsole(stderr=True)
         self.interactive = self.console.is_terminal if interactive is None else interactive
         self.description = description
         self._progress: Progress | None = None
