@@ -128,6 +128,16 @@ def test_bad_task_missing_checkpoint_and_bad_checkpoint_are_user_errors(job_dir,
     assert "allowed: 256, 512" in capsys.readouterr().err
     assert main(["export", str(tmp_path), str(tmp_path / "x")]) == 2
     assert "not a job folder" in capsys.readouterr().err
+    # a job id as `status` shows it (8 of its 12 characters), and a folder that does not exist
+    full = tmp_path / "jobs" / "0123456789ab"
+    full.mkdir(parents=True)
+    (full / "job.json").write_text((job_dir / "job.json").read_text())
+    prefix = full.parent / "01234567"
+    for argv in (["export", str(prefix), str(tmp_path / "x")], ["eval", str(prefix), "--tasks", "rla_choice"]):
+        assert main(argv) == 2
+        assert f"{prefix} does not exist; did you mean {full}?" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "nope" / "x"), "--tasks", "rla_choice"]) == 2
+    assert capsys.readouterr().err.endswith(f"{tmp_path / 'nope' / 'x'} does not exist\n")
     assert main(["eval", "no-such-sweep", "--tasks", "rla_choice", "--root", str(tmp_path)]) == 2
     assert "no sweep 'no-such-sweep'" in capsys.readouterr().err
     # A torn newest checkpoint, one of another model, a corrupt job.json: exit 2 naming the file, nothing written

@@ -71,7 +71,9 @@ def run(args) -> int:
 
     target = Path(args.target)
     is_sweep = "/" not in args.target and SweepDir(args.root, args.target).has_job_list()
-    if (target / "job.json").is_file() or (target.is_dir() and not is_sweep):
+    # a path (it has a folder in it) that does not exist is a job folder mistyped, not a sweep's name
+    if (target / "job.json").is_file() or (target.is_dir() and not is_sweep) or ("/" in args.target
+                                                                              and not target.exists()):
         result = score_job(target, req, tokens=args.checkpoint, force=args.force, device=args.device)
         _print(str(target), result)
         _note_unfinished(target, result, args.checkpoint)

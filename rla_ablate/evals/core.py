@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import glob
 import hashlib
 import json
 import os
@@ -108,6 +109,13 @@ def load_job(job_dir: str | Path, tokens: int | None = None, sweep_names: bool =
 
     job_dir = Path(job_dir)
     spec = job_dir / "job.json"
+    if not job_dir.exists():
+        # `status` shows a job id's first 8 characters; its folder has all 12
+        like = sorted(d for d in job_dir.parent.glob(f"{glob.escape(job_dir.name)}*") if (d / "job.json").is_file()) \
+            if job_dir.parent.is_dir() and job_dir.name else []
+        raise UserError(f"{job_dir} does not exist" + (f"; did you mean {like[0]}?" if len(like) == 1 else
+                        f"; {len(like)} job folders start so: {', '.join(d.name for d in like)}" if like else ""),
+                        key="JOB_DIR")
     if not spec.is_file():
         raise UserError(f"{job_dir} is not a job folder (no job.json); give a folder written by `rla-sweep train "
                         "--out` or a sweep's jobs/<id>" + (", or a sweep name" if sweep_names else ""),
