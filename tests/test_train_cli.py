@@ -69,7 +69,19 @@ def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "finished after 2,048 tokens" in err and "eval/val/loss" in err
     assert main(argv) == 0
-    assert "resuming from" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "already finished:" in err and "(2,048 tokens); its results follow" in err and "resuming" not in err
+    # a torn newest checkpoint: the command names the one it resumes from, and the one it skips
+    import shutil
+
+    torn = tmp_path / "torn"
+    shutil.copytree(out, torn)
+    newest = sorted((torn / "checkpoints").glob("ckpt-*.pt"))[-1]
+    newest.write_bytes(newest.read_bytes()[:5000])
+    assert main(["train", "tiny-rla", "--out", str(torn), "--profile", "cpu"]
+                + [a for s in SMALL for a in ("--set", s)]) == 0
+    err = capsys.readouterr().err.replace("\n", "")  # rich wraps at the test console's width
+    assert f"skipping the unreadable newer {newest.name}" in err and "UserWarning" not in err, err
     # more tokens into the same folder: another job, refused before anything is written, naming what differs
     record = (out / "job.json").read_bytes()
     assert main(argv + ["--set", "train.tokens=4096"]) == 2

@@ -161,7 +161,19 @@ def run(args: argparse.Namespace) -> int:
     # The same record a sweep keeps beside each job: what ran, readable without the command line.
     (out / "job.json").write_text(job.model_dump_json(indent=1))
     if done:
-        console.print(f"resuming from {done[-1][1]} ({done[-1][0]:,} tokens)")
+        import warnings
+        import zipfile
+
+        # the newest checkpoint that is whole (a torch checkpoint is a zip archive); the trainer loads from it
+        whole = [(t, path) for t, path in done if zipfile.is_zipfile(path)]
+        torn = [path.name for t, path in done if not whole or t > whole[-1][0]]
+        if whole and whole[-1][0] >= job.train.total_tokens:
+            console.print(f"already finished: {whole[-1][1]} ({whole[-1][0]:,} tokens); its results follow")
+        elif whole:
+            console.print(f"resuming from {whole[-1][1]} ({whole[-1][0]:,} tokens)"
+                          + (f"; skipping the unreadable newer {', '.join(torn)}" if torn else ""))
+        # said here; the trainer's warning would repeat it with a source line
+        warnings.filterwarnings("ignore", message="skipped unreadable checkpoints")
 
     def on_sigint(signum, frame):
         if stop["requested"]:
