@@ -262,6 +262,28 @@ def test_cancel_checkpoints_and_resume_finishes(tmp_path):
     assert m["train/mfu"] == pytest.approx(flops_per_token(job.model, 64) * m["train/tokens_per_s"] / 1e11)
 
 
+def test_a_cancel_right_after_a_checkpoint_does_not_write_it_again(tmp_path):
+    """A stop at the step after a regular checkpoint (a closed progress pipe stops at the next print) finds the state
+    saved already: one checkpoint event at those tokens, not two (at 1.5B each is gigabytes)."""
+    job = tiny_job(tokens=2048, eval_every_tokens=None, checkpoint_every_tokens=1024)
+    calls = {"n": 0}
+
+    def stop_after_the_checkpoint():
+        calls["n"] += 1
+        return calls["n"] == 3   # steps of 512 tokens: the checkpoint at 1024 is step 2's
+
+    cancelled = run_job(job, tmp_path, should_stop=stop_after_the_checkpoint)
+    assert (cancelled.status, cancelled.tokens_done) == ("cancelled", 1024)
+    saves = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r.get("name") == "checkpoint"]
+    assert saves == [1024]
+    # a stop at once after a resume finds its state in the checkpoint it resumed from
+    calls["n"] = 0
+    again = run_job(job, tmp_path, should_stop=lambda: True)
+    assert (again.status, again.tokens_done) == ("cancelled", 1024)
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if r.get("name") == "checkpoint"] == [1024]
+    assert run_job(job, tmp_path).status == "finished"
+
+
 def test_vocab_too_small_for_the_data_is_a_user_error(tmp_path):
     job = tiny_job()
     job = job.model_copy(update={"model": job.model.replace(vocab_size=256)})

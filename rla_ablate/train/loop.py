@@ -483,9 +483,11 @@ class Trainer:
         })
         self.model.train()
         backend_reported = False
+        saved_at = self.tokens if self.tokens else -1  # a resumed run's checkpoint holds this state already
         while self.step < cfg.total_steps:
             if self._stop_requested():
-                self.save()
+                if saved_at != self.tokens:  # the step before may have written this very state (at 1.5B, gigabytes)
+                    self.save()
                 return self.result(Status.CANCELLED, f"cancelled at {self.tokens} tokens")
             lr = self._lr(self.tokens + cfg.batch_tokens)
             for group in self.optimizer.param_groups:
@@ -536,6 +538,7 @@ class Trainer:
                 self.save(finished=True)
             elif next_step % cfg.checkpoint_every_steps == 0:
                 self.save()
+                saved_at = self.tokens
         return self.result(Status.FINISHED, None)
 
     def result(self, status: Status, reason: str | None) -> JobResult:
