@@ -387,3 +387,25 @@ def test_a_launch_whose_evals_stopped_fails_and_asks_for_the_tasks_to_be_fixed()
     assert not stopped.ok and not stopped.resume_helps and exit_code(stopped) == 1
     partial = LaunchSummary(sweep="s", counts={Status.FINISHED: 1, Status.FAILED: 1}, evals_error="x")
     assert partial.resume_helps
+
+
+def test_lm_eval_asks_no_git_and_its_instance_warning_is_dropped(caplog):
+    """Outside a git checkout lm-eval's commit probe printed `fatal: not a git repository` once per scored job;
+    and it warns on every model instance, which is how rla-sweep always passes one. Both only while scoring."""
+    import logging
+
+    import lm_eval.evaluator as evaluator
+
+    from rla_ablate.evals.core import lm_eval_quirks
+
+    probe = evaluator.get_git_commit_hash
+    log = logging.getLogger("lm_eval.models.huggingface")
+    with caplog.at_level(logging.WARNING, logger="lm_eval.models.huggingface"):
+        with lm_eval_quirks():
+            assert evaluator.get_git_commit_hash() is None
+            log.warning("`pretrained` model kwarg is not of type `str`. Many other model arguments may be ignored.")
+            log.warning("another warning")
+        log.warning("`pretrained` model kwarg is not of type `str` (after)")
+    assert evaluator.get_git_commit_hash is probe
+    assert [r.getMessage() for r in caplog.records] == ["another warning",
+                                                       "`pretrained` model kwarg is not of type `str` (after)"]

@@ -299,6 +299,37 @@ def quiet(enabled: bool = True):
             lg.setLevel(level)
 
 
+class _DropKnown:
+    """A logging filter that drops the records whose message contains one of `parts`."""
+
+    def __init__(self, *parts: str):
+        self.parts = parts
+
+    def filter(self, record) -> bool:
+        return not any(part in record.getMessage() for part in self.parts)
+
+
+@contextlib.contextmanager
+def lm_eval_quirks():
+    """Two things lm-eval does that say nothing about a job's scores: it asks git for the working folder's commit
+    (`fatal: not a git repository` on the terminal outside one, once per job) and warns that the model it is given
+    is an instance, not a name (as rla-sweep always gives it)."""
+    import logging
+
+    import lm_eval.evaluator as evaluator
+
+    probe = evaluator.get_git_commit_hash
+    evaluator.get_git_commit_hash = lambda: None
+    drop = _DropKnown("`pretrained` model kwarg is not of type `str`")
+    logger = logging.getLogger("lm_eval.models.huggingface")
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        evaluator.get_git_commit_hash = probe
+        logger.removeFilter(drop)
+
+
 def _local_config(entry: Any) -> dict | None:
     """A task's config with its local `data_files` resolved next to its YAML file; None if it reads the hub."""
     import yaml
@@ -421,7 +452,7 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
 
     t0 = time.monotonic()
     tm, tasks, local = resolve_tasks(req)
-    with offline(local), quiet(silent):
+    with offline(local), quiet(silent), lm_eval_quirks():
         lm = build_lm(job, ckpt, req.batch_size, device)
         try:
             results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=req.limit,
