@@ -150,6 +150,10 @@ def test_validator_messages_have_no_pydantic_prefix():
     with pytest.raises(UserError) as info:
         validate(SweepConfig, load_yaml_text("name: x\nmodels: [{preset: a}]\nseeds: [0, 1, 0, 1, 2]\n", "s.yaml"))
     assert str(info.value) == "s.yaml:3: seeds: seeds 0, 1 listed more than once; each seed runs once per job"
+    with pytest.raises(UserError) as info:   # a grid value twice is one job listed twice: said, not dropped
+        validate(SweepConfig, load_yaml_text("name: x\nmodels: [{preset: a}]\ngrid: {model.clip: [0.5, 0.5, 1]}\n",
+                                             "s.yaml"))
+    assert str(info.value) == "s.yaml:3: grid: 'model.clip' lists 0.5 more than once; each value runs once"
 
 
 def test_validation_message_leaves_out_the_key_it_is_reported_at():

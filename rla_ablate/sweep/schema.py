@@ -245,6 +245,20 @@ class SweepConfig(_Strict):
                 raise ValueError(f"'{key}' has no values")
         return v
 
+    @field_validator("grid")
+    @classmethod
+    def _grid_values_once(cls, v: dict) -> dict:
+        # a repeated value would be one job listed twice (expansion keeps one): said, as for seeds. zip rows may
+        # repeat a value of one key beside different values of another.
+        import json
+
+        for key, values in v.items():
+            spelled = [json.dumps(x, sort_keys=True) for x in values]
+            repeated = sorted({x for x in spelled if spelled.count(x) > 1})
+            if repeated:
+                raise ValueError(f"'{key}' lists {', '.join(repeated)} more than once; each value runs once")
+        return v
+
     @field_validator("zip")
     @classmethod
     def _zip_lengths(cls, v: dict) -> dict:
