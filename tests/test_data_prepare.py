@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -109,3 +110,12 @@ def test_show_prints_a_config(tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text("kind: mqar\nnum_kv: 3\n")
     assert main(["data", "show", str(tmp_path / "bad.yaml")]) == 2
     assert "bad.yaml:2: data.num_kv: unknown key 'num_kv' (did you mean 'num_kv_pairs'?)" in capsys.readouterr().err
+    # a sweep file, or a mapping that names no kind: what to give instead, not pydantic's discriminator wording
+    assert main(["data", "show", str(Path(__file__).resolve().parents[1] / "sweeps" / "smoke.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "smoke.yaml:1: is a sweep file, not a data config (its data is under base: data:)" in err
+    assert "discriminator" not in err
+    (tmp_path / "nokind.yaml").write_text("path: corpus\n")
+    assert main(["data", "show", str(tmp_path / "nokind.yaml")]) == 2
+    assert "nokind.yaml:1: is not a data config: it names no kind; give a YAML file holding `data: {kind: ..." \
+        in capsys.readouterr().err

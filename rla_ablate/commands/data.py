@@ -106,6 +106,12 @@ def validate_data_file(located):
     class _File(BaseModel):
         data: DataConfig
 
+    if isinstance(located.data, dict) and "data" not in located.data and "kind" not in located.data:
+        sweep = {"models", "base", "grid", "seeds", "search"} & set(located.data)
+        raise UserError(("is a sweep file, not a data config (its data is under base: data:); " if sweep else
+                         "is not a data config: it names no kind; ")
+                        + "give a YAML file holding `data: {kind: ..., ...}`, or that mapping alone; kinds: stdlib, "
+                          "text, shards, hf_disk, mqar, niah (docs/DATA.md)", file=located.file, line=1)
     if not (isinstance(located.data, dict) and "data" in located.data):
         located = LocatedYAML({"data": located.data}, located.file,
                               {("data",) + k: line for k, line in located.lines.items()})
