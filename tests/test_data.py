@@ -27,7 +27,7 @@ from rla_ablate.data import (
     vocab_size,
 )
 from rla_ablate.data.rng import Permutation, random_below
-from rla_ablate.data.sources import MANIFEST, SNAPSHOT, open_source
+from rla_ablate.data.sources import MANIFEST, SNAPSHOT, iter_documents, open_source
 from rla_ablate.data.tokenizer import ByteTokenizer
 from rla_ablate.errors import UserError
 
@@ -290,3 +290,16 @@ def test_runtime_errors_name_the_key(tmp_path, text_dir):
     (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(UserError, match="not UTF-8"):
         open_source(TextData(path=tmp_path / "bin.txt"))
+
+
+def test_a_file_that_is_not_utf8_says_how_to_fix_it(tmp_path):
+    """A single file is converted or replaced; a folder's glob is narrowed (naming the glob it has)."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("fine\n")
+    (tmp_path / "d" / "b.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(UserError, match="convert it to UTF-8, or point path at UTF-8 text") as info:
+        list(iter_documents(TextData(path=tmp_path / "d" / "b.txt")))
+    assert info.value.key == "path"
+    with pytest.raises(UserError, match=r"narrow glob \(now \*\*/\*.txt\) to the UTF-8 files") as info:
+        list(iter_documents(TextData(path=tmp_path / "d")))
+    assert info.value.key == "glob"

@@ -99,8 +99,10 @@ def iter_documents(cfg: StdlibData | TextData | HFDiskData) -> Iterator[str]:
             try:
                 yield p.read_bytes().decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise UserError(f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start}); narrow glob",
-                                key="path") from None
+                how = ("convert it to UTF-8, or point path at UTF-8 text" if cfg.path.is_file()
+                       else f"narrow glob (now {cfg.glob}) to the UTF-8 files, or convert this one")
+                raise UserError(f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start}); {how}",
+                                key="path" if cfg.path.is_file() else "glob") from None
     else:
         ds = _hf_dataset(cfg)
         for batch in ds.iter(batch_size=1000):
