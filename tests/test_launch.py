@@ -336,3 +336,23 @@ def test_resume_reads_the_files_relative_paths_as_the_launch_did(tmp_path):
     assert f"resume: from {here}" in again.stderr
     assert "nothing to run (1 finished)" in again.stdout and "1 already scored" in again.stdout
     assert len(json.loads((root / "rel" / "jobs.json").read_text())) == 1
+
+
+def test_a_cancel_during_start_up_starts_no_job(tmp_path):
+    """`rla-sweep cancel` while Ray and MLflow start: the launch stops before it submits anything (no attempt, each
+    job cancelled before it started, exit 130), and `resume` would start them."""
+    from cli_run import cli_background
+
+    sweep = {**SWEEP, "name": "early", "models": [{"preset": "tiny-rla", "overrides": TINY}], "ablations": []}
+    root = tmp_path / "runs"
+    proc = cli_background("launch", str(write(tmp_path / "early.yaml", sweep)), "--root", str(root))
+    deadline = time.monotonic() + 120
+    while not (root / "early" / "launch.json").is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stopped = cli("cancel", "early", "--root", str(root))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 130, out + stopped.stdout + stopped.stderr
+    assert "(0 attempts run;" in out and "running" not in out, out
+    doc = status(root, "early")
+    assert [(j["status"], j["error"]) for j in doc["jobs"]] == [
+        ("cancelled", "cancelled by `rla-sweep cancel` before it started")]

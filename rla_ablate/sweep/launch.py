@@ -718,6 +718,8 @@ class _Runner:
         source.start(self)
         self.names = {j.job_id: j.name for j in source.jobs}
         reruns: deque[ResolvedJob] = deque()
+        if self.sdir.cancel_requested():  # asked for while Ray and MLflow were starting: no job starts
+            self.stop("cancelled by `rla-sweep cancel`")
         while True:
             try:
                 while reruns and self.capacity > 0 and not self.stopping:
