@@ -221,6 +221,20 @@ def test_an_eval_set_tokenized_otherwise_than_the_training_data_is_refused(tmp_p
     proc = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "plan", str(f)], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"mixed.yaml:{line + 1}: base.eval.0: job tiny-rla/seed0, eval set 'val': the eval set's text" in proc.stderr
+    # no eval: at all: the built-in set reads bytes; said at base:, with what to add
+    del sweep["base"]["eval"]
+    f.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    proc = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "plan", str(f)], capture_output=True, text=True)
+    base = next(i for i, text in enumerate(f.read_text().splitlines(), 1) if text.strip() == "base:")
+    assert proc.returncode == 2 and f"mixed.yaml:{base}: base: job tiny-rla/seed0: the file gives no eval:" in proc.stderr
+    # `train --data` of such shards leaves the built-in eval set out and says so (the README's workflow)
+    from rla_ablate.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "tiny-rla", "--out", str(out), "--data", str(shards), "--set", "model.vocab_size=257",
+                 "--set", "train.tokens=512", "--set", "train.seq_len=32", "--set", "train.batch_tokens=64",
+                 "--set", "train.micro_batch_size=2", "--set", "train.cpu_threads=1"]) == 0
+    assert json.loads((out / "job.json").read_text())["eval"] == []
 
 
 def test_eos_token_without_a_tokenizer_file_is_refused(tmp_path, text_dir):

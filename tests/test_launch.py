@@ -141,38 +141,6 @@ def test_launch_runs_every_job_and_tracks_it(campaign):
     campaign["first"] = {j["job_id"]: j for j in doc["jobs"]}
 
 
-def most_at_once(job_dirs: list[Path]) -> int:
-    """The most jobs whose logs were open at one time (first to last record of each metrics.jsonl)."""
-    from rla_ablate.train.loggers import read_jsonl
-
-    edges = []
-    for d in job_dirs:
-        times = [r["time"] for r in read_jsonl(d / "metrics.jsonl") if "time" in r]
-        edges += [(min(times), 1), (max(times), -1)]
-    now = most = 0
-    for _, step in sorted(edges):
-        now += step
-        most = max(most, now)
-    return most
-
-
-def test_cpus_bound_how_many_jobs_run_at_once(tmp_path):
-    """`cpus: 1` on a local Ray instance of this machine's CPUs runs at most that many jobs at once. A job's
-    progress reports must not block on the driver's reply: a Ray task blocked in ray.get gives its CPUs back, and
-    Ray started a third job on two CPUs."""
-    sweep = {**SWEEP, "name": "bound", "models": [{"preset": "tiny-rla"}], "ablations": [],
-             "seeds": list(range((os.cpu_count() or 1) + 2)),
-             "base": {**SWEEP["base"], "train": {"tokens": 32768, "seq_len": 128, "micro_batch_size": 8,
-                                                 "batch_tokens": 1024, "warmup_tokens": 1024,
-                                                 "eval_every_tokens": 8192, "cpu_threads": 1}}}
-    root = tmp_path / "runs"
-    out = cli("launch", str(write(tmp_path / "bound.yaml", sweep)), "--root", str(root))
-    assert out.returncode == 0, out.stdout + out.stderr
-    jobs = sorted((root / "bound" / "jobs").iterdir())
-    assert len(jobs) == len(sweep["seeds"])
-    assert most_at_once(jobs) <= (os.cpu_count() or 1), out.stdout
-
-
 def test_relaunch_same_file_runs_nothing(launched):
     root = launched["root"]
     mtimes = {p: p.stat().st_mtime_ns for p in (root / "e2e" / "jobs").glob("*/metrics.jsonl")}

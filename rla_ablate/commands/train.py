@@ -139,6 +139,13 @@ def run(args: argparse.Namespace) -> int:
     what = "the job (checkpoints, metrics.jsonl)"
     check_folder(out, "--out", what)
     job = build_job(args.model, args.sets, args.data, profile)
+    dropped = False
+    if args.data and not any(a.split("=", 1)[0].strip().startswith("eval") for a in args.sets):
+        from rla_ablate.data import tokenizer_mismatch
+
+        # the built-in eval set scores bytes: with --data of another tokenizer it would score ids never trained on
+        if any(tokenizer_mismatch(job.data, e.data) for e in job.eval):
+            job, dropped = job.model_copy(update={"eval": []}), True
     check_device(job.train)
     # A reader that goes away (`2>&1 | head`) stops the job gracefully: a checkpoint, then exit 141.
     stop = {"requested": False, "closed": False}
@@ -147,8 +154,12 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]{job.model.family}[/] {args.model}: {count_params(job.model):,} params; profile {profile}"
                   f"{' (auto)' if args.profile == 'auto' else ''}: {t.total_tokens:,} tokens in {count(t.total_steps, 'step')} "
                   f"of {t.batch_tokens:,}, seq_len {t.seq_len}; data {job.data.kind}; eval "
-                  + ", ".join(f"{e.name} ({e.data.kind})" for e in job.eval))
-    if any(e.data.kind != job.data.kind for e in job.eval):
+                  + (", ".join(f"{e.name} ({e.data.kind})" for e in job.eval) or "none"))
+    if dropped:
+        console.print("note: no eval set: the built-in one reads UTF-8 bytes and --data another tokenizer; "
+                      "--set 'eval.0={name: ..., data: {kind: ..., ...}}' evaluates on data tokenized as yours "
+                      "(docs/DATA.md)")
+    elif any(e.data.kind != job.data.kind for e in job.eval):
         # --data replaces the training data only: the eval sets stay the profile's (the embedded text's validation
         # split) unless --set eval.0.data... says otherwise
         console.print(f"note: the eval set(s) read other data than training ({job.data.kind}); "

@@ -221,7 +221,7 @@ def load_weights(model: Any, checkpoint: Path) -> None:
                         "--checkpoint TOKENS", key="--checkpoint") from None
     try:
         model.load_state_dict(state["model"])
-    except (RuntimeError, KeyError) as exc:
+    except (RuntimeError, KeyError, TypeError) as exc:
         first = str(exc).strip().splitlines()[0][:200]
         raise UserError(f"{checkpoint} does not hold the model of {checkpoint.parent.parent / 'job.json'} "
                         f"({first}): the folder mixes two jobs", key="JOB_DIR") from None

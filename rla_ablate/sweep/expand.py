@@ -252,6 +252,7 @@ def check_vocab(jobs: list[ResolvedJob], located: LocatedYAML) -> None:
         return by_object[id(data)]
 
     mismatch: dict[tuple[str, str], str | None] = {}
+    mismatch_of: dict[tuple[int, int], str | None] = {}
     for job in jobs:
         want = max([need(job.job.data)] + [need(e.data) for e in job.job.eval])
         if job.job.model.vocab_size < want:
@@ -259,15 +260,27 @@ def check_vocab(jobs: list[ResolvedJob], located: LocatedYAML) -> None:
                        f"the model's vocab_size is {job.job.model.vocab_size} but the data needs {want} token ids "
                        f"(bytes + end-of-document = 257); add `overrides: {{vocab_size: {want}}}`")
         for i, e in enumerate(job.job.eval):
-            key = (canonical_json(job.job.data), canonical_json(e.data))
-            if key not in mismatch:
-                mismatch[key] = tokenizer_mismatch(job.job.data, e.data)
-            if mismatch[key]:
-                arms = located.data.get("models") if isinstance(located.data, dict) else None
+            # jobs share their data objects (as for `need`): the JSON and the tokenizer files are read once
+            pair = (id(job.job.data), id(e.data))
+            if pair not in mismatch_of:
+                key = (canonical_json(job.job.data), canonical_json(e.data))
+                if key not in mismatch:
+                    mismatch[key] = tokenizer_mismatch(job.job.data, e.data)
+                mismatch_of[pair] = mismatch[key]
+            key = pair
+            if mismatch_of[key]:
+                data = located.data if isinstance(located.data, dict) else {}
+                arms = data.get("models")
                 arm = arms[job.arm] if isinstance(arms, list) and job.arm is not None and job.arm < len(arms) else {}
                 own = isinstance(arm, dict) and isinstance(arm.get("base"), dict) and "eval" in arm["base"]
+                shared = isinstance(data.get("base"), dict) and "eval" in data["base"]
+                if not own and not shared:  # the built-in eval set, which reads the embedded corpus as bytes
+                    raise _err(located, ("base",),
+                               f"job {job.name}: the file gives no eval: and the built-in eval set reads UTF-8 bytes, "
+                               "while the training data has another tokenizer: add base: eval: [{name: val, data: "
+                               "{...}}] with data tokenized as the training data's")
                 raise _err(located, ("models", job.arm, "base", "eval", i) if own else ("base", "eval", i),
-                           f"job {job.name}, eval set '{e.name}': {mismatch[key]}")
+                           f"job {job.name}, eval set '{e.name}': {mismatch_of[key]}")
 
 
 def _err(located: LocatedYAML, path: tuple, message: str) -> UserError:

@@ -454,9 +454,15 @@ def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress
     t0 = time.monotonic()
     try:
         results = score_sweep(sdir.root, sweep.name, req, tracking_uri=tracking_uri, silent=True)
+    except UserError as exc:
+        return str(exc)
     except Exception as exc:  # noqa: BLE001 - the trained jobs stand; the launch reports this and fails
+        import traceback
+
+        log = sdir.path / "evals-error.log"
+        log.write_text(traceback.format_exc(), encoding="utf-8")
         why = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        return f"{type(exc).__name__}: {why}" if not isinstance(exc, UserError) else str(exc)
+        return f"{type(exc).__name__}: {why} (traceback: {log})"
     scored = sum(not r.skipped for r in results.values())
     progress.note(f"evals: {scored} job(s) scored on {', '.join(cfg.tasks)}, {len(results) - scored} already scored "
                   f"({time.monotonic() - t0:.1f} s)")

@@ -259,8 +259,8 @@ class Progress:
         self.console.print(f"sweep {self.sweep}: nothing to run ({counts}); no job started, no MLflow run created")
         if summary.evals_error is not None:
             self.console.print(f"  [red]evals stopped[/]: {escape(summary.evals_error)}")
-            print("fix the evals: section (or its task files) and launch again: only the jobs not scored yet are "
-                  "scored", file=sys.stderr)
+            print("fix the task files or the sweep file's evals: section and launch the file again: only the jobs "
+                  "not scored yet are scored", file=sys.stderr)
 
     def final(self, summary: Any, sdir: Any) -> None:
         self.stop()
@@ -290,8 +290,9 @@ class Progress:
             print(f"rerun `rla-sweep resume {self.sweep} --root {sdir.root}` to resume unfinished jobs from their "
                   "checkpoints", file=sys.stderr)
         elif summary.evals_error is not None:
-            print(f"fix the evals: section (or its task files), then `rla-sweep resume {self.sweep} --root "
-                  f"{sdir.root}` scores the jobs not scored yet", file=sys.stderr)
+            print(f"a task file fixed: `rla-sweep resume {self.sweep} --root {sdir.root}` scores the jobs not scored "
+                  "yet; the evals: section fixed: launch the sweep file again (resume reads the copy it saved)",
+                  file=sys.stderr)
         elif not summary.ok:
             print("every failure above repeats on each attempt (cause config, compile or checkpoint): fix the sweep "
                   "file, the code or the checkpoints, then launch again", file=sys.stderr)

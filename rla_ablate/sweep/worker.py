@@ -113,7 +113,7 @@ class SweepLogger:
         self._values: list[tuple[int, float]] = []
         self._stop = False
         self._last_report = 0.0
-        self._pending: tuple[Any, list[tuple[int, float]]] | None = None  # (the last report's reply, its values)
+        self._pending: tuple[Any, list[tuple[int, float]]] | None = None  # (the reply's future, the values sent)
         self._closed = False
         self._fail_at = self._parse_fail_once()
 
@@ -168,20 +168,25 @@ class SweepLogger:
         return self._stop
 
     def _report(self, force: bool = False, wait: bool = False) -> None:
-        """Send the driver the tokens and the watched values since the last report; its reply (stop or not) is
-        read at a later report. Training never waits for it: a Ray task blocked in `ray.get` gives its CPUs back
-        to the scheduler, which starts another job in them (three jobs of `cpus: 1` ran on two CPUs). `wait`
-        (the job's last report) waits for both replies."""
-        now = time.monotonic()
-        if self.monitor is None or (not force and now - self._last_report < REPORT_EVERY_S):
+        """Send the driver the tokens and the watched values since the last report; its reply (stop or not) is read
+        once it has come, at any later call. Training never waits for it, not even by asking Ray whether it is
+        there (`ray.get`, and `ray.wait` on a reply still on its way, count as blocked: Ray lends the task's CPUs
+        to another job, and three jobs of `cpus: 1` ran on two CPUs); the reply's future is a plain Python one.
+        `wait` (the job's last report) waits for both replies."""
+        if self.monitor is None:
             return
-        self._collect(wait)
+        self._collect(False)  # a stop that has arrived is seen at once, whatever the rate limit
+        now = time.monotonic()
+        if not force and now - self._last_report < REPORT_EVERY_S:
+            return
+        if wait:
+            self._collect(True)
         if self._pending is not None:
             return  # the reply is still in flight; what this report would carry waits for the next one
         self._last_report = now
         values, self._values = self._values, []
         try:
-            self._pending = (self.monitor.report.remote(self.job_id, self.tokens, values), values)
+            self._pending = (self.monitor.report.remote(self.job_id, self.tokens, values).future(), values)
         except Exception:
             self._values = values + self._values
             return
@@ -189,17 +194,14 @@ class SweepLogger:
             self._collect(True)
 
     def _collect(self, wait: bool) -> None:
-        """Read the reply to the report in flight, if it has come (or within 30 s when `wait`)."""
+        """Read the reply to the report in flight if it has come (or within 30 s when `wait`)."""
         if self._pending is None:
             return
-        ref, sent = self._pending
+        future, sent = self._pending
+        if not wait and not future.done():
+            return
         try:
-            ready, _ = ray.wait([ref], timeout=30 if wait else 0)
-            if not ready and not wait:
-                return
-            if not ready:
-                raise TimeoutError("no reply from the driver in 30 s")
-            self._stop = bool(ray.get(ref))
+            self._stop = bool(future.result(timeout=30))
         except Exception:
             # The driver is gone or slow; keep training, the checkpoint makes stopping later cheap.
             self._values = sent + self._values
