@@ -160,15 +160,21 @@ def test_text_split_by_file(text_dir):
     assert ByteTokenizer().decode(open_source(md).window(0, 100)).startswith("not matched")
 
 
-def test_json_tokenizer(tmp_path, text_dir):
+def small_bpe(text_dir, path):
+    """A 120-token BPE tokenizer of the test corpus, saved at `path` (with </s> for the document ends)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.train_from_iterator([p.read_text() for p in sorted(text_dir.rglob("*.txt"))],
                             trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"]))
-    path = tmp_path / "tok.json"
     tok.save(str(path))
+    return tok
+
+
+def test_json_tokenizer(tmp_path, text_dir):
+    path = tmp_path / "tok.json"
+    tok = small_bpe(text_dir, path)
     cfg = TextData(path=text_dir, tokenizer=path)
     src = open_source(cfg)
     assert src.eos_id == tok.token_to_id("</s>") and vocab_size(cfg) == tok.get_vocab_size()
@@ -187,16 +193,11 @@ def test_an_eval_set_tokenized_otherwise_than_the_training_data_is_refused(tmp_p
     import shutil
 
     import yaml
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     from rla_ablate.data import MQARData, ShardsData, tokenizer_mismatch
 
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([p.read_text() for p in sorted(text_dir.rglob("*.txt"))],
-                            trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"]))
     path = tmp_path / "tok.json"
-    tok.save(str(path))
+    small_bpe(text_dir, path)
     shutil.copy(path, tmp_path / "same.json")
     bpe, same, raw = (TextData(path=text_dir, tokenizer=path), TextData(path=text_dir, tokenizer=tmp_path / "same.json"),
                       TextData(path=text_dir))
