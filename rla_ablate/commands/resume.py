@@ -50,9 +50,7 @@ def _from_launch_folder(args: argparse.Namespace, sdir) -> None:
         print(f"note: the folder sweep '{args.name}' was launched from, {cwd}, is gone: its file's relative paths "
               "are read from this one", file=sys.stderr)
         return
-    args.root = str(Path(args.root).resolve())
-    if args.tracking_uri and args.tracking_uri.startswith("sqlite:///") and not args.tracking_uri[10:].startswith("/"):
-        args.tracking_uri = "sqlite:///" + str(Path(args.tracking_uri[10:]).resolve())
+    args.root = str(Path(args.root).resolve())  # the only path among the options (--tracking-uri is http(s))
     os.chdir(cwd)
     print(f"resume: from {cwd}, the folder '{args.name}' was launched from (its file's relative paths mean that one)",
           file=sys.stderr)
