@@ -43,3 +43,9 @@ def did_you_mean(word: str, choices: Iterable[str], *, n: int = 1, prefix: str =
     if n == 1:
         return f" (did you mean '{prefix}{close[0]}'?)"
     return f" (did you mean {', '.join(prefix + c for c in close)}?)"
+
+
+def exception_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception in one line: its type and its message's first non-empty line (cut at `limit` characters)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return f"{type(exc).__name__}: {lines[0][:limit]}" if lines else type(exc).__name__

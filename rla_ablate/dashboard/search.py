@@ -118,6 +118,7 @@ def _value_text(value: Any) -> str:
 
 
 def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool):
+    from matplotlib import ticker
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState
 
@@ -142,8 +143,6 @@ def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool
         line.append((last, line[-1][1]))
     ax.step(*zip(*line), where="post", color=COLORS[1], label="best so far", zorder=4)
     ax.scatter([best.number], [best.value], marker="*", s=140, color=COLORS[3], zorder=5, label="best")
-    from matplotlib import ticker
-
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_xlabel("trial")
     ax.set_ylabel(metric)
@@ -162,8 +161,6 @@ def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool
         else:
             xs_p = values
             if getattr(dist, "log", False):
-                from matplotlib import ticker
-
                 ax.set_xscale("log")
                 ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
                 ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rla_ablate.errors import UserError, did_you_mean
+from rla_ablate.errors import UserError, did_you_mean, exception_line
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 # lm-eval metric keys are "<metric>,<filter>"; MLflow names allow no comma, so "acc,none" -> "acc" and
@@ -216,8 +216,7 @@ def load_weights(model: Any, checkpoint: Path) -> None:
     try:
         state = load_checkpoint(checkpoint)
     except Exception as exc:  # noqa: BLE001 - torch raises OSError, RuntimeError, pickle and zip errors here
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{checkpoint} does not load ({type(exc).__name__}: {first}); give another with "
+        raise UserError(f"{checkpoint} does not load ({exception_line(exc)}); give another with "
                         "--checkpoint TOKENS", key="--checkpoint") from None
     try:
         model.load_state_dict(state["model"])

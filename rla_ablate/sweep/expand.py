@@ -239,20 +239,24 @@ def check_vocab(jobs: list[ResolvedJob], located: LocatedYAML) -> None:
     from rla_ablate.data import tokenizer_mismatch, vocab_size
     from rla_ablate.sweep.ids import canonical_json
 
-    by_json: dict[str, int] = {}
-    by_object: dict[int, int] = {}
+    def cached(fn):
+        """`fn` of data configs, once per config: jobs share their data objects, and distinct objects with equal
+        configs share the answer (a tokenizer file is read once)."""
+        by_json: dict[tuple, Any] = {}
+        by_object: dict[tuple, Any] = {}
 
-    def need(data: BaseModel) -> int:
-        # Jobs of one point share their data objects; distinct objects with equal configs share the answer.
-        if id(data) not in by_object:
-            key = canonical_json(data)
-            if key not in by_json:
-                by_json[key] = vocab_size(data)
-            by_object[id(data)] = by_json[key]
-        return by_object[id(data)]
+        def call(*data: BaseModel):
+            ids = tuple(id(d) for d in data)
+            if ids not in by_object:
+                key = tuple(canonical_json(d) for d in data)
+                if key not in by_json:
+                    by_json[key] = fn(*data)
+                by_object[ids] = by_json[key]
+            return by_object[ids]
 
-    mismatch: dict[tuple[str, str], str | None] = {}
-    mismatch_of: dict[tuple[int, int], str | None] = {}
+        return call
+
+    need, mismatch = cached(vocab_size), cached(tokenizer_mismatch)
     for job in jobs:
         want = max([need(job.job.data)] + [need(e.data) for e in job.job.eval])
         if job.job.model.vocab_size < want:
@@ -260,15 +264,8 @@ def check_vocab(jobs: list[ResolvedJob], located: LocatedYAML) -> None:
                        f"the model's vocab_size is {job.job.model.vocab_size} but the data needs {want} token ids "
                        f"(bytes + end-of-document = 257); add `overrides: {{vocab_size: {want}}}`")
         for i, e in enumerate(job.job.eval):
-            # jobs share their data objects (as for `need`): the JSON and the tokenizer files are read once
-            pair = (id(job.job.data), id(e.data))
-            if pair not in mismatch_of:
-                key = (canonical_json(job.job.data), canonical_json(e.data))
-                if key not in mismatch:
-                    mismatch[key] = tokenizer_mismatch(job.job.data, e.data)
-                mismatch_of[pair] = mismatch[key]
-            key = pair
-            if mismatch_of[key]:
+            why = mismatch(job.job.data, e.data)
+            if why:
                 data = located.data if isinstance(located.data, dict) else {}
                 arms = data.get("models")
                 arm = arms[job.arm] if isinstance(arms, list) and job.arm is not None and job.arm < len(arms) else {}
@@ -280,7 +277,7 @@ def check_vocab(jobs: list[ResolvedJob], located: LocatedYAML) -> None:
                                "while the training data has another tokenizer: add base: eval: [{name: val, data: "
                                "{...}}] with data tokenized as the training data's")
                 raise _err(located, ("models", job.arm, "base", "eval", i) if own else ("base", "eval", i),
-                           f"job {job.name}, eval set '{e.name}': {mismatch_of[key]}")
+                           f"job {job.name}, eval set '{e.name}': {why}")
 
 
 def _err(located: LocatedYAML, path: tuple, message: str) -> UserError:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from rla_ablate import environment
-from rla_ablate.errors import UserError
+from rla_ablate.errors import UserError, exception_line
 from rla_ablate.outcome import ENDED, Cause, JobOutcome, Status
 from rla_ablate.ray_local import init_local_ray
 from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep, refuse_cuda_jobs
@@ -461,8 +461,7 @@ def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress
 
         log = sdir.path / "evals-error.log"
         log.write_text(traceback.format_exc(), encoding="utf-8")
-        why = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        return f"{type(exc).__name__}: {why} (traceback: {log})"
+        return f"{exception_line(exc, 300)} (traceback: {log})"
     scored = sum(not r.skipped for r in results.values())
     progress.note(f"evals: {scored} job(s) scored on {', '.join(cfg.tasks)}, {len(results) - scored} already scored "
                   f"({time.monotonic() - t0:.1f} s)")

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rla_ablate.errors import CheckpointError
+from rla_ablate.errors import CheckpointError, exception_line
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^ckpt-(\d{15})\.pt$")
@@ -117,11 +117,6 @@ def load_checkpoint(path: str | Path) -> dict:
     return state
 
 
-def _why(exc: Exception) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
-
-
 def load_latest(out_dir: str | Path, skipped: list[str] | None = None) -> tuple[Path, dict] | None:
     """The newest checkpoint that loads, or None when there is none. An unreadable newest file falls back to the
     one before (with a warning; "NAME: why" per skipped file is appended to `skipped` when given); when none loads,
@@ -131,7 +126,7 @@ def load_latest(out_dir: str | Path, skipped: list[str] | None = None) -> tuple[
         try:
             state = load_checkpoint(path)
         except Exception as exc:
-            errors.append(f"{path.name}: {_why(exc)}")
+            errors.append(f"{path.name}: {exception_line(exc)}")
             continue
         if errors:
             warnings.warn(f"skipped unreadable checkpoints: {'; '.join(errors)}", stacklevel=2)

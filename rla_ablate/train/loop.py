@@ -160,7 +160,7 @@ class _Curves:
             return {}
         span, out = tokens - self.tokens, {}
         for key, value in evals.items():
-            if key.endswith("/acc"):
+            if _is_acc(key):
                 self.area[key] = self.area.get(key, 0.0) + value * span
                 out[f"{key}_area"] = self.area[key] / tokens
         self.tokens = tokens
@@ -179,23 +179,25 @@ class _Curves:
         lack an eval set that `metrics` (the checkpoint's last values) has, or its sets end at different tokens, the
         area is unknown and `metrics` lose their areas. An evaluation missing between two logged ones (a log edited
         by hand) is not detected: the log is appended to and cut back only to a checkpoint."""
-        points: dict[str, dict[int, float]] = {}
+        by_step: dict[int, dict[str, float]] = {}
         for r in records:
             if r.get("type") == "metrics" and int(r["step"]) <= tokens:
                 for key, value in r["values"].items():
-                    if key.startswith("eval/") and key.endswith("/acc"):
-                        points.setdefault(key, {})[int(r["step"])] = float(value)
-        for key, by_step in points.items():
-            before = 0
-            for t in sorted(by_step):
-                self.area[key] = self.area.get(key, 0.0) + by_step[t] * (t - before)
-                before = t
-            self.tokens = max(self.tokens, before)
-        last = {key for key in metrics if key.startswith("eval/") and key.endswith("/acc")}
-        if not last <= points.keys() or any(max(by_step) != self.tokens for by_step in points.values()):
+                    if _is_acc(key):
+                        by_step.setdefault(int(r["step"]), {})[key] = float(value)
+        for step in sorted(by_step):  # each logged evaluation again, as the run made them
+            self.add(by_step[step], step)
+        sets = {key for values in by_step.values() for key in values}
+        last = {key for key in metrics if _is_acc(key)}
+        if not last <= sets or (by_step and by_step[max(by_step)].keys() != sets):
             self.known = False
             for key in [k for k in metrics if k.startswith("eval/") and k.endswith("/acc_area")]:
                 del metrics[key]
+
+
+def _is_acc(key: str) -> bool:
+    """An eval set's accuracy (eval/<set>/acc), whose curve `_Curves` sums."""
+    return key.startswith("eval/") and key.endswith("/acc")
 
 
 class Trainer:
