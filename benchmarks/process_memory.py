@@ -8,9 +8,11 @@ Runs `rla-sweep train MODEL` (the proxy study's code-LM shape: 32 x 512 bytes a 
 tokens, bf16, fused glue) in this process on an otherwise idle GPU, and samples every 50 ms the device's used bytes
 (`torch.cuda.mem_get_info`, less what nvidia-smi saw in use before this process created its CUDA context) against
 the allocator's reserved bytes. Their difference is what the process holds beyond its allocator: the CUDA context,
-loaded kernels and the local memory the driver keeps for kernels that spill registers. `--limit` seconds end the run early; the summary
-prints every 10 s, so a run cut by a node's time limit still reports. Packing adds this per process to every job's
-estimate (`CONTEXT_BYTES`, rla_ablate/sweep/calibration.py).
+loaded kernels and the local memory the driver keeps for kernels that spill registers, until the training loop
+gives it back after its first steps (the lines `gave back the local memory`; rla_ablate/train/local_memory.py).
+`--limit` seconds end the run early; the summary prints every 10 s, so a run cut by a node's time limit still
+reports. Packing adds the tuned process's figure to every job's estimate (`CONTEXT_BYTES`) and keeps the growth
+while kernels autotune free once per GPU (`TUNING_BYTES`, rla_ablate/sweep/calibration.py).
 
 `--phases` instead runs, in one process, a bf16 matmul and then one eager training micro step of each proxy code-LM
 family (Transformer, sGLA, GDN, RLA, RDN; `--families` to choose), and prints after each how much the memory
@@ -111,12 +113,26 @@ def main() -> None:
     done.set()
     time.sleep(0.1)
     print(summary(True), flush=True)
+    print_releases(os.path.join(out, "metrics.jsonl"))
     shutil.rmtree(out, ignore_errors=True)
     if args.stacks:
         print_stacks(args.stacks)
     if code not in (0, 130):  # refused or failed (130: stopped by the time limit)
         raise SystemExit(f"benchmarks/process_memory.py: the training command exited with {code}: the figures above "
                          "are not a training process's")
+
+
+def print_releases(metrics: str) -> None:
+    """The training run's gives-back of spilled-stack memory (rla_ablate.train.local_memory), from its event log."""
+    from rla_ablate.train import read_jsonl
+
+    if not os.path.exists(metrics):
+        return
+    for r in read_jsonl(metrics):
+        released = r.get("detail", {}).get("local_memory_released") if r["type"] == "event" else None
+        if released:
+            print(f"  gave back the local memory at {r['step']:,} tokens: stack {released['stack_bytes_per_thread']:,} -> "
+                  f"{released['now']:,} B a thread", flush=True)
 
 
 def used_before_cuda() -> int | None:
@@ -135,23 +151,11 @@ def used_before_cuda() -> int | None:
         return None
 
 
-def stack_limit() -> int | None:
-    """The current context's per-thread stack size in bytes (the driver's CU_LIMIT_STACK_SIZE), None without
-    libcuda."""
-    import ctypes
-
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    value = ctypes.c_size_t()
-    return value.value if lib.cuCtxGetLimit(ctypes.byref(value), 0) == 0 else None
-
-
 def phases(families: list[str]) -> None:
     """One process: a matmul, then one eager bf16 micro step (32 x 512 bytes) of each proxy code-LM family; after
     each, the memory outside the allocator and the driver's stack size."""
     from rla_ablate.models import build_model, load_preset
+    from rla_ablate.train.local_memory import stack_limit
 
     device = torch.device("cuda")
     used_before = used_before_cuda()  # other processes (none on an idle GPU), before this one's context
@@ -169,7 +173,7 @@ def phases(families: list[str]) -> None:
     def report(what: str, seconds: float) -> None:
         nonlocal last
         now = outside()
-        stack = stack_limit()
+        stack = stack_limit(device)
         print(json.dumps({"phase": what, "seconds": round(seconds, 1), "outside_allocator_gib": round(now / GiB, 3),
                           "grew_gib": round((now - last) / GiB, 3), "stack_bytes_per_thread": stack}), flush=True)
         last = now

@@ -278,14 +278,16 @@ def test_auto_packs_by_estimate_with_margin_and_context(tmp_path, table):
     by_family = {j.family: placed[j.job_id] for j in sweep.jobs}
     for fam, peak in (("rla", 44.6), ("sgla", 38.9)):
         p = by_family[fam]
-        usable = GPU - C.DRIVER_RESERVED_BYTES
+        usable = GPU - C.DRIVER_RESERVED_BYTES - C.TUNING_BYTES  # the one autotuning process's room stays free
         assert p.gpus == pytest.approx(math.ceil((peak * C.GiB * 1.1 + C.CONTEXT_BYTES) / usable * 100) / 100)
         # the allocator's cap leaves the context outside and still holds the estimate plus margin
         assert p.cap * GPU >= peak * C.GiB * 1.1 - 1e-6
         assert p.cap < p.gpus
-    # caps plus contexts of jobs whose shares add up to one GPU never exceed what processes can allocate
+    # caps plus contexts of jobs whose shares add up to one GPU never exceed what processes can allocate less one
+    # autotuning process's room
+    assert C.usable_bytes(GPU) == GPU - C.DRIVER_RESERVED_BYTES - C.TUNING_BYTES
     assert sum(p.cap * GPU + C.CONTEXT_BYTES for p in placed.values()) <= \
-        sum(p.gpus for p in placed.values()) * (GPU - C.DRIVER_RESERVED_BYTES) + 1e-3
+        sum(p.gpus for p in placed.values()) * C.usable_bytes(GPU) + 1e-3
     # 0.36 + 0.31: three jobs of these fit on one GPU at once
     assert 2.5 < jobs_per_gpu(placed) < 3.5
     assert all(p.gpus == 0 and p.cap is None for p in place(sweep, None).values())  # no GPU: CPU
@@ -310,7 +312,7 @@ def test_an_explicit_share_too_small_for_its_job_is_refused(tmp_path, table):
     need = C.gpu_share(C.estimate_memory(job("100m-rla")), GPU, 0.15)  # the default margin
     assert "100m-rla" in str(exc.value) and f"gpus: {need:.2f}" in str(exc.value)
     ok = place(write_sweep(tmp_path, "{gpus: 0.5}"), GPU)
-    usable = GPU - C.DRIVER_RESERVED_BYTES
+    usable = C.usable_bytes(GPU)
     assert all(p.gpus == 0.5 and p.cap == pytest.approx((0.5 * usable - C.CONTEXT_BYTES) / GPU) for p in ok.values())
     whole = place(write_sweep(tmp_path, "{gpus: 1}"), GPU)
     assert all(p.gpus == 1 and p.cap is None for p in whole.values())

@@ -238,3 +238,53 @@ def test_a_graphed_micro_step_gives_the_eager_gradients_whatever_the_scale():
                     if not math.isnan(scale):
                         p -= 1e-3 * p.grad  # a plain SGD step, the same on both
             model.zero_grad(set_to_none=False)
+
+
+# A kernel that spills: a 32,768-element tile on one warp holds about a thousand values a thread.
+SPILLING_SCRIPT = '''
+import json, sys
+import torch, triton, triton.language as tl
+from rla_ablate.train.local_memory import LocalMemory, stack_limit
+
+
+@triton.jit
+def spill(x, y, N: tl.constexpr):
+    r = tl.arange(0, N)
+    a = tl.load(x + r)
+    tl.store(y + r, tl.cumsum(tl.sort(a) * a, 0) + tl.flip(a, 0))
+
+
+device = torch.device("cuda")
+x = torch.randn(32768, device=device)
+y = torch.empty_like(x)
+memory = LocalMemory(device)
+spill[(1024,)](x, y, N=32768, num_warps=1)
+torch.cuda.synchronize()
+grown, free_grown = stack_limit(device), torch.cuda.mem_get_info()[0]
+want = y.clone()
+released = memory.release()
+free_released = torch.cuda.mem_get_info()[0]
+spill[(1024,)](x, y, N=32768, num_warps=1)  # grows the stack again, as the first launch did
+torch.cuda.synchronize()
+print(json.dumps({"baseline": memory.baseline, "grown": grown, "released": released, "given_back": free_released - free_grown,
+                  "again": stack_limit(device), "same": bool(torch.equal(y, want))}))
+'''
+
+
+def test_the_local_memory_a_spilling_kernel_grew_is_given_back(tmp_path):
+    """`LocalMemory.release` (called by the training loop after its first steps and evaluations) sets the driver's
+    stack limit back and the device gets the memory back; a later launch that needs the stack still runs right.
+    In a fresh process: the driver's limit only grows within one."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "spill.py"
+    script.write_text(SPILLING_SCRIPT)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["grown"] > got["baseline"], got
+    assert got["released"] == [got["grown"], got["baseline"]], got
+    assert got["given_back"] > 2**27, got  # the stack of every thread slot of the device: hundreds of MiB at least
+    assert got["again"] == got["grown"] and got["same"], got

@@ -47,13 +47,18 @@ from rla_ablate import environment
 GiB = 2**30
 # Per glue: bytes per token of the MLP (per unit of intermediate width) and of the loss (per vocabulary entry).
 GLUE_BYTES = {"torch": (8, 12), "fused": (6, 2)}
-# What a training process holds outside the caching allocator's cap (the CUDA context, loaded kernels, and the local
-# memory the driver keeps, sized for the whole device, for the kernels that spill registers). Measured with FLA's
-# fused glue: 4.40-4.47 GiB for a proxy code-LM RLA job alone on an H100, eager or graphed, its Triton cache seeded
-# or not (`benchmarks/process_memory.py`), 4.97-4.99 GiB for each of 12 jobs packed under MPS (their CUDA
-# out-of-memory reports); it grows in steps of about 1.6 GiB within the first steps while the allocator's reserve
-# stays under 1 GiB. 0.73 GiB was measured before the fused glue. Rounded up.
-CONTEXT_BYTES = int(5.25 * GiB)
+# What a training process holds outside the caching allocator's cap once its kernels are tuned: the CUDA context,
+# the loaded kernels, and the local memory the driver keeps for the stacks of the kernels it runs. Measured with
+# FLA's fused glue, the Triton cache seeded from benchmarks/gpu-tuning (`benchmarks/process_memory.py`, H100): 0.60
+# GiB after the context alone, 0.73 for a whole proxy code-LM RLA run eager and 0.81 graphed. Rounded up.
+CONTEXT_BYTES = int(1.0 * GiB)
+# ... and what a process may hold besides while its kernels autotune: FLA's autotuner launches candidates that spill
+# heavily, and the driver keeps local memory for every thread slot of the device at the largest stack one needed
+# (5.05 GiB in all for that run with an empty Triton cache; 4.97-4.99 GiB for each of 11 packed jobs that ran out
+# of memory together when packing reserved 1 GiB a process). A training process gives it back after its first
+# steps and evaluations, and packed jobs go through those one at a time per GPU (rla_ablate.train.local_memory), so
+# packing reserves it once per GPU, not once per job.
+TUNING_BYTES = int(4.5 * GiB)
 # nvidia-smi's memory.total exceeds what processes can allocate: 140.4 GiB on an H200, of which torch sees 139.8.
 DRIVER_RESERVED_BYTES = int(1.0 * GiB)
 TABLE = "h200.json"
@@ -304,15 +309,21 @@ def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedE
     return SpeedEstimate(achieved / flops, f"measured {label(r0)} .. {label(r1)}")
 
 
+def usable_bytes(gpu_bytes: int) -> int:
+    """What the jobs on one GPU share: the device's memory less what the driver keeps and the one autotuning
+    process's room (`TUNING_BYTES`)."""
+    return gpu_bytes - DRIVER_RESERVED_BYTES - TUNING_BYTES
+
+
 def gpu_share(estimate: MemoryEstimate, gpu_bytes: int, margin: float) -> float:
-    """The fraction of one GPU a job needs: its estimate plus `margin`, plus the process's context, over what
-    processes can allocate of the device, rounded up to a hundredth (Ray's fractional GPUs add up exactly at that
+    """The fraction of one GPU a job needs: its estimate plus `margin`, plus the process's context, over what the
+    jobs on a device share (`usable_bytes`), rounded up to a hundredth (Ray's fractional GPUs add up exactly at that
     grain)."""
     need = estimate.total * (1.0 + margin) + CONTEXT_BYTES
-    return math.ceil(need / (gpu_bytes - DRIVER_RESERVED_BYTES) * 100 - 1e-9) / 100
+    return math.ceil(need / usable_bytes(gpu_bytes) * 100 - 1e-9) / 100
 
 
 def allocator_cap(share: float, gpu_bytes: int) -> float:
     """What `torch.cuda.set_per_process_memory_fraction` (a fraction of the device's total) gets for a share: the
     share of the allocatable memory less the context, which lives outside the cap."""
-    return max(0.01, (share * (gpu_bytes - DRIVER_RESERVED_BYTES) - CONTEXT_BYTES) / gpu_bytes)
+    return max(0.01, (share * usable_bytes(gpu_bytes) - CONTEXT_BYTES) / gpu_bytes)

@@ -255,7 +255,7 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
         logger = SweepLogger(inner, monitor, job_id, out, watch=watch)
         logger.announce()
         started = time.time()
-        outcome = run_job(job, out, logger, should_stop=logger.should_stop)
+        outcome = run_job(job, out, logger, should_stop=logger.should_stop, shares_gpu=allocator_cap is not None)
         ended = time.time()
         outcome.metrics = {k: float(v) for k, v in (outcome.metrics or {}).items()}
         outcome.gpu_memory_gib = gpu_memory_gib(allocator_cap)

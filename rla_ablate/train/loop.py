@@ -28,9 +28,10 @@ from rla_ablate.errors import UserError
 from rla_ablate.models import aggregate_diagnostics, build_model, flops_per_token, fusion
 from rla_ablate.outcome import Status
 from rla_ablate.train.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
-from rla_ablate.train.graphs import GraphedMicroStep, peak_memory_bytes
+from rla_ablate.train.graphs import WARMUP_STEPS, GraphedMicroStep, peak_memory_bytes
 from rla_ablate.train.guard import DivergenceGuard
 from rla_ablate.train.job import JobConfig, JobResult, another_job
+from rla_ablate.train.local_memory import LocalMemory, TuningGate
 from rla_ablate.train.loggers import (CompositeLogger, JSONLLogger, MetricLogger, NullLogger, read_jsonl,
                                      truncate_jsonl)
 from rla_ablate.train.parallel import WorkerContext, make_parallel
@@ -204,9 +205,12 @@ class Trainer:
     """The state of one worker's training run; `run()` returns the JobResult."""
 
     def __init__(self, job: JobConfig, out_dir: Path, logger: MetricLogger | None, ctx: WorkerContext,
-                 should_stop: Callable[[], bool] | None):
+                 should_stop: Callable[[], bool] | None, shares_gpu: bool = False):
         self.job, self.cfg, self.out_dir, self.ctx = job, job.train, Path(out_dir), ctx
         self.should_stop = should_stop
+        self.shares_gpu = shares_gpu
+        # packed on a GPU with other jobs: the steps that may autotune go through the GPU's gate (setup builds it)
+        self.gate: TuningGate | None = None
         self.user_logger = logger
         self.logger: MetricLogger = NullLogger()
         self.jsonl: JSONLLogger | None = None
@@ -265,6 +269,9 @@ class Trainer:
         self.guard = DivergenceGuard(cfg.max_skipped_steps, cfg.spike_zscore)
         self.flops_per_token = flops_per_token(job.model, cfg.seq_len)
         self.peak_flops = _peak_flops(job, self.device)
+        self.local_memory = LocalMemory(self.device)
+        if self.shares_gpu:
+            self.gate = TuningGate(self.device, self._stop_requested)
         if cfg.cuda_graphs:
             # The micro step the graph records is the eager one: autocast is entered inside the recording, so its
             # cast cache ends there too and every replay casts the weights the last step updated.
@@ -437,6 +444,29 @@ class Trainer:
             stats = self.collect_stats()
         return out, stats
 
+    def _enter_gate(self) -> bool:
+        """Wait for the GPU's tuning gate when the job shares its GPU (rla_ablate.train.local_memory.TuningGate);
+        False when a stop was requested while waiting."""
+        if self.gate is None or self.gate.held:
+            return True
+        if not self.gate.enter():
+            return False
+        if self.gate.waited_s >= 1.0:
+            self.logger.event("info", self.tokens, {"tuning_gate_wait_s": round(self.gate.waited_s, 1)})
+        return True
+
+    def _leave_gate(self) -> None:
+        if self.gate is not None:
+            self.gate.leave()
+
+    def _release_local_memory(self) -> None:
+        """Give back the local memory that spilling kernels (FLA's autotune candidates) made the driver keep
+        (rla_ablate.train.local_memory); the event says how much stack a thread it had grown to."""
+        released = self.local_memory.release()
+        if released is not None:
+            self.logger.event("info", self.tokens, {"local_memory_released": {
+                "stack_bytes_per_thread": released[0], "now": released[1]}})
+
     def _log(self, values: dict[str, float]) -> None:
         if not values:
             return
@@ -485,6 +515,7 @@ class Trainer:
         })
         self.model.train()
         backend_reported = False
+        steps_here, evaluated_here = 0, False
         saved_at = self.tokens if self.tokens else -1  # a resumed run's checkpoint holds this state already
         while self.step < cfg.total_steps:
             if self._stop_requested():
@@ -496,6 +527,8 @@ class Trainer:
                 group["lr"] = lr
             next_step = self.step + 1
             last = next_step == cfg.total_steps
+            if steps_here == 0 and not self._enter_gate():
+                continue  # stopped while waiting for the gate: the check above ends the run
             started = time.perf_counter()
             loss, grad_norm = self.train_step()
             verdict = self.guard.check(loss, grad_norm)
@@ -512,6 +545,11 @@ class Trainer:
                                                         "glue": self.raw_model.glue_used,
                                                         "first_step_s": round(time.perf_counter() - started, 3)})
                 backend_reported = True
+            steps_here += 1
+            if steps_here <= WARMUP_STEPS + 1:  # this process's steps that compile, autotune and capture
+                self._release_local_memory()
+                if steps_here == WARMUP_STEPS + 1:
+                    self._leave_gate()
             if verdict.skip:
                 self.logger.event("skipped_step", self.tokens,
                                   {"loss": loss, "grad_norm": grad_norm, "skipped": self.guard.skipped})
@@ -531,7 +569,13 @@ class Trainer:
                 self._flush_window(lr)
             want_stats = next_step % cfg.stats_every_steps == 0 or last
             if next_step % cfg.eval_every_steps == 0 or last:
+                if not evaluated_here:  # the first evaluation of a process compiles and tunes its shapes
+                    self._enter_gate()
                 evals, stats = self.evaluate(want_stats)
+                self._release_local_memory()
+                if not evaluated_here:
+                    self._leave_gate()
+                    evaluated_here = True
                 self._log(stats)
                 self._log(evals | self.curves.add(evals, self.tokens))
             elif want_stats:
@@ -553,11 +597,12 @@ class Trainer:
 
 
 def train_worker(job: JobConfig, out_dir: str | Path, logger: MetricLogger | None,
-                 should_stop: Callable[[], bool] | None, ctx: WorkerContext) -> JobResult:
-    """The training run of one worker (the whole job when it runs alone)."""
+                 should_stop: Callable[[], bool] | None, ctx: WorkerContext, shares_gpu: bool = False) -> JobResult:
+    """The training run of one worker (the whole job when it runs alone). `shares_gpu`: other jobs run on the same
+    GPU (packing), so the steps that may autotune pass the GPU's `TuningGate`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(job, out_dir, logger, ctx, should_stop)
+    trainer = Trainer(job, out_dir, logger, ctx, should_stop, shares_gpu)
     try:
         state = trainer.setup()
     except UserError:
@@ -583,6 +628,7 @@ def train_worker(job: JobConfig, out_dir: str | Path, logger: MetricLogger | Non
         # the graph refers back to the trainer (its forward): dropped here, its memory pool goes with the trainer
         # rather than with the next garbage collection
         trainer.graphs = None
+        trainer._leave_gate()
     trainer.logger.close(result.status, _reason(result))
     return result
 

@@ -1,0 +1,138 @@
+"""The local memory the CUDA driver keeps for kernels that spill registers, given back once the kernels are tuned.
+
+The driver sizes a context's local memory for every thread slot of the device (2,048 a streaming multiprocessor) at
+the largest per-thread stack that any kernel it launched needed, and keeps it: its stack limit
+(CU_LIMIT_STACK_SIZE) grows with each launch that needs more and never shrinks by itself. FLA's autotuner launches
+every candidate configuration of a kernel once, and some candidates spill heavily, so a small training process
+whose Triton cache lacked the autotune results kept about 5 GiB outside its allocator, against 0.7-0.8 GiB with
+them (docs/RESULTS.md): memory that packing must reserve for every process on a shared GPU.
+
+Setting the limit back to its starting value makes the driver give that memory back (it waits for the work already
+queued). A later launch that needs a larger stack grows it again, as the first one did: `release` is safe to call
+at any point between steps. The training loop calls it after each of its first steps and after evaluations (new
+shapes autotune there too); each call that finds nothing to give back costs one driver query.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+CU_LIMIT_STACK_SIZE = 0
+
+
+@functools.lru_cache(maxsize=1)
+def _driver() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def stack_limit(device: torch.device) -> int | None:
+    """The per-thread stack limit in bytes of `device`'s CUDA context (PyTorch's, the primary one); None without a
+    CUDA driver."""
+    lib = _driver()
+    if lib is None:
+        return None
+    value = ctypes.c_size_t()
+    with torch.cuda.device(device):  # makes the device's context the calling thread's current one
+        return value.value if lib.cuCtxGetLimit(ctypes.byref(value), CU_LIMIT_STACK_SIZE) == 0 else None
+
+
+class LocalMemory:
+    """Gives a training process's spilled-stack memory back to the device (module docstring).
+
+    `baseline` is the stack limit when the process starts training (the driver's default, 1,024 bytes, unless a
+    kernel needed more before); `release()` sets the limit back to it when a launch grew it, and returns
+    (limit before, limit after) in bytes a thread, or None when there was nothing to give back."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.baseline = stack_limit(device) if device.type == "cuda" else None
+
+    def release(self) -> tuple[int, int] | None:
+        if self.baseline is None:
+            return None
+        grown = stack_limit(self.device)
+        if grown is None or grown <= self.baseline:
+            return None
+        lib = _driver()
+        assert lib is not None
+        with torch.cuda.device(self.device):
+            if lib.cuCtxSetLimit(CU_LIMIT_STACK_SIZE, ctypes.c_size_t(self.baseline)) != 0:
+                return None
+        after = stack_limit(self.device)
+        return grown, after if after is not None else self.baseline
+
+
+class TuningGate:
+    """One packed job at a time per GPU through the steps that may autotune: a process's first training steps and
+    its first evaluation (new kernels, new shapes).
+
+    Those are the steps in which a job may hold several GiB of spilled-stack memory (module docstring) until
+    `LocalMemory.release` gives it back; a packed GPU reserves that room once for all its jobs
+    (`rla_ablate.sweep.calibration.TUNING_BYTES`) rather than once per job, and this gate keeps that true. It also
+    spares concurrent jobs of one shape from autotuning the same kernels side by side, timing candidates on a GPU
+    the others are loading: the first tunes, the next ones read its results from the shared Triton cache.
+
+    A flock on a file named by the GPU's UUID in the machine's temporary directory: every process on the machine
+    that uses that GPU, of any sweep, sees it, and the kernel drops it when a process dies. `enter` waits, polling
+    `should_stop` (a job stopped while waiting starts nothing)."""
+
+    POLL_S = 0.25
+
+    def __init__(self, device: torch.device, should_stop=None, directory: str | os.PathLike | None = None):
+        self.device, self.should_stop = device, should_stop
+        base = Path(directory) if directory is not None else Path(tempfile.gettempdir()) / "rla-sweep-gpu-gates"
+        self.path = base / f"{_gpu_uuid(device)}.lock"
+        self._fd: int | None = None
+        self.waited_s = 0.0
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def enter(self) -> bool:
+        """Wait for the gate; True once held, False when `should_stop` said stop first."""
+        if self._fd is not None:
+            return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        started = time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if self.should_stop is not None and self.should_stop():
+                    os.close(fd)
+                    return False
+                time.sleep(self.POLL_S)
+        self._fd = fd
+        self.waited_s = time.monotonic() - started
+        return True
+
+    def leave(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def _gpu_uuid(device: torch.device) -> str:
+    """The GPU's UUID (one name for it in every process, whatever CUDA_VISIBLE_DEVICES numbers it), else the
+    device's type and index."""
+    if device.type == "cuda":
+        try:
+            return str(torch.cuda.get_device_properties(device).uuid)
+        except (AttributeError, RuntimeError, AssertionError):
+            pass
+    return f"{device.type}{device.index or 0}"

@@ -1,0 +1,126 @@
+"""What a packed training process does about the local memory of spilling kernels (rla_ablate.train.local_memory):
+the tuning gate that lets one job per GPU at a time through its autotuning steps (a real flock, real processes, the
+real training loop on the CPU), and the release of the driver's stack limit (a fake driver here; the real one in
+tests/test_train_gpu.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+import torch
+
+from rla_ablate.train import read_jsonl, run_job
+from rla_ablate.train import local_memory as lm
+from tests.test_train_loop import tiny_job
+
+CPU = torch.device("cpu")
+
+
+def test_one_holder_at_a_time_and_a_stop_ends_the_wait(tmp_path):
+    first, second = lm.TuningGate(CPU, directory=tmp_path), lm.TuningGate(CPU, directory=tmp_path)
+    assert first.path == second.path and first.enter() and first.held
+    polls = []
+    waiting = lm.TuningGate(CPU, lambda: polls.append(1) or len(polls) >= 3, directory=tmp_path)
+    assert waiting.enter() is False and not waiting.held and len(polls) == 3
+    entered = threading.Event()
+    threading.Thread(target=lambda: second.enter() and entered.set(), daemon=True).start()
+    assert not entered.wait(0.6)  # still held by the first
+    first.leave()
+    assert entered.wait(5) and second.held and second.waited_s >= 0.5
+    second.leave()
+
+
+def test_a_dead_holder_frees_the_gate(tmp_path):
+    script = ("import sys, time, torch\nfrom rla_ablate.train.local_memory import TuningGate\n"
+              f"g = TuningGate(torch.device('cpu'), directory={str(tmp_path)!r})\nassert g.enter()\n"
+              "print('held', flush=True)\ntime.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        stop_after = time.monotonic() + 0.6
+        assert not lm.TuningGate(CPU, lambda: time.monotonic() > stop_after, directory=tmp_path).enter()
+        holder.kill()
+        holder.wait(10)
+        gate = lm.TuningGate(CPU, directory=tmp_path)
+        assert gate.enter()  # the kernel dropped the dead process's lock
+        gate.leave()
+    finally:
+        holder.kill()
+
+
+@pytest.fixture
+def gates(tmp_path, monkeypatch):
+    """The gates' default directory under this test's tmp_path."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path / "rla-sweep-gpu-gates"
+
+
+def test_a_packed_job_waits_at_the_gate_and_stops_there_without_a_step(gates, tmp_path):
+    holder = lm.TuningGate(CPU)
+    assert holder.enter() and holder.path.parent == gates
+    polls = []
+    result = run_job(tiny_job(tokens=2048), tmp_path / "job", shares_gpu=True,
+                     should_stop=lambda: polls.append(1) or len(polls) > 4)
+    holder.leave()
+    assert result.status == "cancelled" and result.tokens_done == 0, result
+    records = read_jsonl(tmp_path / "job" / "metrics.jsonl")
+    assert not [r for r in records if r["type"] == "metrics"]
+
+
+def test_a_packed_job_trains_as_an_unpacked_one_and_leaves_the_gate_free(gates, tmp_path):
+    holder = lm.TuningGate(CPU)
+    assert holder.enter()
+    threading.Timer(1.5, holder.leave).start()
+    packed = run_job(tiny_job(tokens=4096), tmp_path / "packed", shares_gpu=True)
+    alone = run_job(tiny_job(tokens=4096), tmp_path / "alone")
+    assert packed.status == alone.status == "finished"
+    numbers = lambda result: {k: v for k, v in result.metrics.items() if k == "train/loss" or k.startswith("eval/")}  # noqa: E731
+    assert numbers(packed) == numbers(alone) and "eval/val/loss" in numbers(packed)
+    events = [r["detail"] for r in read_jsonl(tmp_path / "packed" / "metrics.jsonl")
+              if r["type"] == "event" and "tuning_gate_wait_s" in r.get("detail", {})]
+    assert len(events) == 1 and events[0]["tuning_gate_wait_s"] >= 1.0, events
+    free = lm.TuningGate(CPU, lambda: True)
+    assert free.enter()  # nothing holds it after the job
+    free.leave()
+
+
+class FakeDriver:
+    """cuCtxGetLimit / cuCtxSetLimit over one stack limit, as libcuda's."""
+
+    def __init__(self, stack: int):
+        self.stack, self.sets = stack, []
+
+    def cuCtxGetLimit(self, ref, limit):
+        assert limit == lm.CU_LIMIT_STACK_SIZE
+        ctypes.cast(ref, ctypes.POINTER(ctypes.c_size_t)).contents.value = self.stack
+        return 0
+
+    def cuCtxSetLimit(self, limit, value):
+        self.sets.append(value.value)
+        self.stack = value.value
+        return 0
+
+
+def test_release_sets_the_stack_back_only_when_a_launch_grew_it(monkeypatch):
+    driver = FakeDriver(1024)
+    monkeypatch.setattr(lm, "_driver", lambda: driver)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    memory = lm.LocalMemory(torch.device("cuda"))
+    assert memory.baseline == 1024
+    assert memory.release() is None and driver.sets == []  # nothing grew: one query, no set
+    driver.stack = 19_456
+    assert memory.release() == (19_456, 1024) and driver.sets == [1024]
+    assert lm.LocalMemory(CPU).release() is None  # no CUDA: nothing to do
+
+
+def test_without_a_driver_nothing_is_released(monkeypatch):
+    monkeypatch.setattr(lm, "_driver", lambda: None)
+    memory = lm.LocalMemory(torch.device("cuda"))
+    assert memory.baseline is None and memory.release() is None
