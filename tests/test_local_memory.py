@@ -77,7 +77,15 @@ def test_a_packed_job_waits_at_the_gate_and_stops_there_without_a_step(gates, tm
 def test_a_packed_job_trains_as_an_unpacked_one_and_leaves_the_gate_free(gates, tmp_path):
     holder = lm.TuningGate(CPU)
     assert holder.enter()
-    threading.Timer(1.5, holder.leave).start()
+    log = tmp_path / "packed" / "metrics.jsonl"
+
+    def leave_once_the_job_waits():  # its start event comes just before its first step, which waits at the gate
+        while not (log.exists() and '"start"' in log.read_text()):
+            time.sleep(0.05)
+        time.sleep(1.2)
+        holder.leave()
+
+    threading.Thread(target=leave_once_the_job_waits, daemon=True).start()
     packed = run_job(tiny_job(tokens=4096), tmp_path / "packed", shares_gpu=True)
     alone = run_job(tiny_job(tokens=4096), tmp_path / "alone")
     assert packed.status == alone.status == "finished"
