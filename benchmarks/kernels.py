@@ -3,6 +3,8 @@
     python benchmarks/kernels.py [--tokens 65536] [--seq-lens 2048 8192 32768] [--long 131072] [--json out.json]
     python benchmarks/kernels.py --profile [--seq-lens 2048]     # GPU time per kernel, fwd+bwd, from torch.profiler
     python benchmarks/kernels.py --tune [--seq-lens 2048]        # RLA [triton] fwd+bwd with each kernel at other warp counts
+    python benchmarks/kernels.py --backends triton --rla-residual-apart   # adds RLA's forward with its residuals in a
+                                                                          # kernel of their own, as it was
 
 Each T runs B = tokens / T sequences of H=16 heads of dimension 128; --long adds one forward-only row set at B=1.
 Baselines: FLA chunk_simple_gla (sGLA, the additive base) and chunk_gated_delta_rule (Gated DeltaNet, the delta
@@ -40,7 +42,7 @@ def make_inputs(B, T, grad):
     return tensors
 
 
-def candidates(backends):
+def candidates(backends, residual_apart=False):
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.simple_gla import chunk_simple_gla
 
@@ -57,7 +59,21 @@ def candidates(backends):
         for name, rule in (("RLA", "additive"), ("RDN", "delta")):
             runs[f"{name} [{backend}]"] = (rule, lambda x, rule=rule, backend=backend: residual_attention(
                 x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], rule=rule, backend=backend)[0])
+    if residual_apart and "triton" in backends:
+        runs["RLA [triton, res. apart]"] = ("additive", residual_kernel_apart)
     return runs
+
+
+def residual_kernel_apart(x):
+    """RLA on the `triton` backend with S's pass and the residuals in two kernels (`_fwd_residual`), as before
+    `_s_pass_residual` made them in one."""
+    from rla_ablate.ops.triton import rla
+
+    rla.RESIDUAL_IN_S_PASS = False
+    try:
+        return residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], backend="triton")[0]
+    finally:
+        rla.RESIDUAL_IN_S_PASS = True
 
 
 def bench(fn, x, mode):
@@ -135,10 +151,12 @@ def main():
     parser.add_argument("--json", default=None, help="write every measurement here")
     parser.add_argument("--profile", action="store_true", help="per-kernel GPU time instead of the table")
     parser.add_argument("--tune", action="store_true", help="time the fused RLA kernels' launch options")
+    parser.add_argument("--rla-residual-apart", action="store_true",
+                        help="add RLA [triton] with its forward's residuals in a kernel of their own")
     args = parser.parse_args()
     _load_gpu_backends()
     backends = args.backends or [b for b in BACKENDS if b not in ("naive", "chunk")]
-    runs = candidates(backends)
+    runs = candidates(backends, args.rla_residual_apart)
     if args.profile:
         for T in args.seq_lens:
             profile(runs, T, args.tokens, [n for n in runs if n != "SDPA causal"])

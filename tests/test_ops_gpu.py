@@ -171,6 +171,23 @@ def test_triton_splits_a_long_sequence_over_segments_as_the_unsplit_pass(fit, mo
         assert_close(f"triton-split-{fit} {name}", want.double(), split[name], ratio=1e-2, atol=1e-3)
 
 
+@pytest.mark.parametrize("T", [2048, 20_000], ids=["T2048", "T20000-split"])
+def test_triton_residuals_made_in_s_pass_as_in_their_own_kernel(T, monkeypatch):
+    """RLA's forward makes the residuals inside S's pass (`_s_pass_residual`); with them in a kernel of their own
+    (`_fwd_residual`) outputs, final states and every gradient agree to bf16 rounding (the same products on the same
+    rounded state; a split pass too)."""
+    import rla_ablate.ops.triton.rla as fused
+
+    master = make_inputs(B=2 if T == 2048 else 1, T=T)
+    combo = ("additive", "residual", "clip", True)
+    together = run_case(leaves(master, torch.bfloat16), "triton", combo)
+    monkeypatch.setattr(fused, "RESIDUAL_IN_S_PASS", False)
+    apart = run_case(leaves(master, torch.bfloat16), "triton", combo)
+    for name, want in apart.items():
+        assert torch.isfinite(together[name]).all(), name
+        assert_close(f"triton-residual-in-pass-T{T} {name}", want.double(), together[name], ratio=1e-2, atol=1e-3)
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["batched", "packed"])
 def test_rdn_auxiliary_pass_keeping_its_states_matches_fla_recomputing_them(packed):
     """RDN's auxiliary recurrence on the triton backend (`rdn.DeltaKeepStates`: FLA's kernels, w, h and v_new kept

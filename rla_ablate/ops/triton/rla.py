@@ -57,6 +57,8 @@ LAUNCH = {
     "state_pass": dict(BK=64, BV=64, num_warps=4),
     "state_pass_2": dict(BK=64, BV=64, num_warps=4),
     "fwd_residual": dict(BV=64, num_warps=4),
+    # S's pass making the residuals (`_s_pass_residual`): one BV x K fp32 tile a program
+    "s_pass_residual": dict(BV=64, num_warps=4),
     "fwd_output": dict(BV=64, num_warps=4),
     "bwd_residual": dict(BV=64, num_warps=4),
     "bwd_dv": dict(BV=64, num_warps=4),
@@ -189,6 +191,52 @@ def _fwd_residual(k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip,
     if FIT_RES:
         w = w * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
     tl.store(W + o_tv, w.to(W.dtype.element_ty), mask=m_tv)
+
+
+@triton.jit
+def _s_pass_residual(k, v, g, beta, gamma, D0, hS, ST, X, W, cu, coff, c_clip,
+                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                     BV: tl.constexpr, HAS_D0: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr):
+    """S's pass with the old reads and residuals of each chunk made from the state it holds (grid V tiles x
+    sequences*heads; one BV x K fp32 tile, the whole K, as RDN's passes): per chunk, stores S_c (hS), then
+
+        p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v),   x = v - p,   w = gamma T(x) (or T(x))
+        S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k
+
+    storing x (fp32) and w, what `_fwd_residual` computes from the stored S_c in a kernel of its own. The same
+    numbers: S_c enters the read rounded to the inputs' dtype, as stored. Spares the residual's reading of hS and a
+    second reading of k and v (over a fifth of RLA's forward traffic at head_dim 128)."""
+    h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
+        cu, coff, D0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_D0)
+    rt = tl.arange(0, BT)
+    NC = tl.cdiv(eos - bos, BT)
+    for c in range(NC):
+        tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
+        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
+        o_tv = tok[:, None] * V + rv[None, :]
+        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        dt = b_k.dtype
+        b_v = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+        b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
+        bv = b_v * b_beta[:, None]
+        M = tl.dot(b_k, tl.trans(b_k)) * _decay(bp, b, rt[:, None] > rt[None, :])
+        p = tl.exp(bp)[:, None] * tl.dot(b_k, tl.trans(S.to(dt))) + tl.dot(M.to(dt), bv.to(dt))
+        x = b_v - p
+        tl.store(X + o_tv, x, mask=m_tv)
+        w = _target(x, c_clip, TARGET)
+        if FIT_RES:
+            w = w * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
+        tl.store(W + o_tv, w.to(W.dtype.element_ty), mask=m_tv)
+        coef = tl.exp(b_L - b) * b_beta  # as `_state_pass` (CA = COEF_TO_END, sa = beta): the same rounding
+        S = S * tl.exp(b_L) + tl.dot(tl.trans((b_v * coef[:, None]).to(dt)), b_k)
+    tl.store(ST + o_seq + o_state, S, mask=m_state)
+
+
+def s_pass_residual(grid, *, k, v, g, beta, gamma, D0, hS, ST, X, W, cu, coff, c_clip, H, K, V, BT, BK, BV, HAS_D0,
+                    TARGET, FIT_RES, **options):
+    """`_s_pass_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+    _s_pass_residual[grid](k, v, g, beta, gamma, D0, hS, ST, X, W, cu, coff, c_clip, H=H, K=K, V=V, BT=BT, BK=BK,
+                           BV=BV, HAS_D0=HAS_D0, TARGET=TARGET, FIT_RES=FIT_RES, **options)
 
 
 def fwd_residual(grid, *, k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip, H, K, V, BT, BK, BV, TARGET, FIT_RES,
@@ -451,6 +499,9 @@ class SplitRule:
 
 
 SPLIT = SplitRule()
+# The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
+# (`_fwd_residual`); benchmarks/kernels.py --rla-forward times both.
+RESIDUAL_IN_S_PASS = True
 
 
 class Segments:
@@ -499,23 +550,53 @@ def run_state_pass(layout: Layout, two_terms: bool, *, g, D0, hD, DT, HAS_D0: bo
     linear: end = decay * start + that end state; `_segment_carry`), and a second pass from those starts stores the
     chunk states the unsplit pass would (to fp32 rounding). Three launches and no PyTorch operation: an eager
     caller's host time stays near the unsplit pass's."""
-    dev = g.device
     grid, state = _state_launch(two_terms, H, K, V, chunk, layout.N * H)
-    segs = _segments(layout, grid[0] * grid[1] * grid[2], chunk, dev)
+    segs = _segments(layout, grid[0] * grid[1] * grid[2], chunk, g.device)
     if segs is None:
         state_pass(grid, g=g, D0=D0, hD=hD, DT=DT, cu=layout.cu, coff=layout.coff, REVERSE=REVERSE, HAS_D0=HAS_D0,
                    **terms, **state)
         return
-    split = (grid[0], grid[1], segs.count * H)
-    E = torch.empty(segs.count, H, V, K, dtype=torch.float32, device=dev)
-    LD = torch.empty(segs.count, H, dtype=torch.float32, device=dev)
-    state_pass(split, g=g, D0=E, hD=hD, DT=E, LD=LD, cu=segs.cu, coff=segs.coff, REVERSE=REVERSE, HAS_D0=False,
+    E, starts = _segment_starts(segs, two_terms, g=g, D0=D0, hD=hD, DT=DT, HAS_D0=HAS_D0, REVERSE=REVERSE, H=H, K=K,
+                                V=V, chunk=chunk, **terms)
+    state_pass((grid[0], grid[1], segs.count * H), g=g, D0=starts, hD=hD, DT=E, cu=segs.cu, coff=segs.coff,
+               REVERSE=REVERSE, HAS_D0=True, **terms, **state)
+
+
+def _segment_starts(segs: Segments, two_terms: bool, *, g, D0, hD, DT, HAS_D0: bool, REVERSE: bool, H: int, K: int,
+                    V: int, chunk: int, **terms) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first two launches of a split pass (`run_state_pass`): each segment's end state from zero and its log
+    decay, then the carry, which writes the sequences' end states to DT. Returns (scratch for the second pass's
+    end states, the state each segment starts from)."""
+    grid, state = _state_launch(two_terms, H, K, V, chunk, segs.count * H)
+    E = torch.empty(segs.count, H, V, K, dtype=torch.float32, device=g.device)
+    LD = torch.empty(segs.count, H, dtype=torch.float32, device=g.device)
+    state_pass(grid, g=g, D0=E, hD=hD, DT=E, LD=LD, cu=segs.cu, coff=segs.coff, REVERSE=REVERSE, HAS_D0=False,
                STORE_H=False, **terms, **state)
     starts = torch.empty_like(E)
-    segment_carry(grid, E=E, LD=LD, D0=D0, STARTS=starts, DT=DT, first=segs.first, REVERSE=REVERSE, HAS_D0=HAS_D0,
-                  H=H, K=K, V=V, BK=state["BK"], BV=state["BV"], num_warps=state["num_warps"])
-    state_pass(split, g=g, D0=starts, hD=hD, DT=E, cu=segs.cu, coff=segs.coff, REVERSE=REVERSE, HAS_D0=True,
-               **terms, **state)
+    N = (segs.first.numel() - 1)
+    segment_carry((grid[0], grid[1], N * H), E=E, LD=LD, D0=D0, STARTS=starts, DT=DT, first=segs.first,
+                  REVERSE=REVERSE, HAS_D0=HAS_D0, H=H, K=K, V=V, BK=state["BK"], BV=state["BV"],
+                  num_warps=state["num_warps"])
+    return E, starts
+
+
+def run_s_pass_residual(layout: Layout, *, k, v, g, beta, gamma, D0, hS, ST, X, W, HAS_D0: bool, c_clip: float,
+                        TARGET: int, FIT_RES: bool, H: int, K: int, V: int, chunk: int) -> None:
+    """S's pass with the residuals made in it (`_s_pass_residual`): hS, ST, X and W as S's pass and
+    `_fwd_residual` give them. A long sequence on few programs is split as `run_state_pass` splits it: the plain
+    pass and the carry give each segment's start, then the fused pass runs from those."""
+    opts = launch_options("s_pass_residual", V, LAUNCH)
+    nv = triton.cdiv(V, opts["BV"])
+    fused = dict(k=k, v=v, g=g, beta=beta, gamma=gamma, hS=hS, X=X, W=W, c_clip=c_clip, H=H, K=K, V=V, BT=chunk,
+                 BK=max(MIN_TILE, triton.next_power_of_2(K)), TARGET=TARGET, FIT_RES=FIT_RES, **opts)
+    segs = _segments(layout, nv * layout.N * H, chunk, g.device)
+    if segs is None:
+        s_pass_residual((nv, layout.N * H), D0=D0, ST=ST, cu=layout.cu, coff=layout.coff, HAS_D0=HAS_D0, **fused)
+        return
+    E, starts = _segment_starts(segs, False, g=g, D0=D0, hD=hS, DT=ST, HAS_D0=HAS_D0, REVERSE=False, H=H, K=K, V=V,
+                                chunk=chunk, ka=k, ua=v, sa=beta, kb=k, ub=v, scale_a=1.0, sign_b=0.0,
+                                CA=COEF_TO_END.value, CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False)
+    s_pass_residual((nv, segs.count * H), D0=starts, ST=E, cu=segs.cu, coff=segs.coff, HAS_D0=True, **fused)
 
 
 class RLAFunction(torch.autograd.Function):
@@ -541,13 +622,18 @@ class RLAFunction(torch.autograd.Function):
         C = max(NT, 1)
         dims = dict(H=H, K=K, V=V, chunk=chunk)
         # S's pass; the old reads and residuals from its chunk states; R's pass over the residuals
-        run_state_pass(layout, False, ka=k, ua=v, sa=beta_c, kb=k, ub=v, g=g32, D0=S0 if S0 is not None else ST,
-                       hD=hS, DT=ST, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
-                       CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False, HAS_D0=S0 is not None, **dims)
-        opts = launch_options("fwd_residual", V, LAUNCH)
-        fwd_residual((triton.cdiv(V, opts["BV"]), C, H), k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, hS=hS, X=X,
-                     W=W, cu=layout.cu, cidx=layout.cidx, c_clip=float(spec.clip), TARGET=TARGET_CODES[spec.target],
-                     FIT_RES=fit_res, **consts, **opts)
+        if RESIDUAL_IN_S_PASS:
+            run_s_pass_residual(layout, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, D0=S0 if S0 is not None else ST,
+                                hS=hS, ST=ST, X=X, W=W, HAS_D0=S0 is not None, c_clip=float(spec.clip),
+                                TARGET=TARGET_CODES[spec.target], FIT_RES=fit_res, **dims)
+        else:
+            run_state_pass(layout, False, ka=k, ua=v, sa=beta_c, kb=k, ub=v, g=g32, D0=S0 if S0 is not None else ST,
+                           hD=hS, DT=ST, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
+                           CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False, HAS_D0=S0 is not None, **dims)
+            opts = launch_options("fwd_residual", V, LAUNCH)
+            fwd_residual((triton.cdiv(V, opts["BV"]), C, H), k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, hS=hS,
+                         X=X, W=W, cu=layout.cu, cidx=layout.cidx, c_clip=float(spec.clip),
+                         TARGET=TARGET_CODES[spec.target], FIT_RES=fit_res, **consts, **opts)
         if fit_res:
             run_state_pass(layout, False, ka=k, ua=W, sa=beta_c, kb=k, ub=W, g=g32, D0=R0 if R0 is not None else RT,
                            hD=hR, DT=RT, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
