@@ -23,11 +23,10 @@ b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "
                 output gates' dgamma
       dq, dk    (parallel over K tiles x chunks): dq, dk, and for dg each tile's share of the per-token terms of
                 d/db (reads minus writes); dg is their reverse cumulative sum per sequence.
-The residual, its gradient and dv are made inside S's, dR's and dS's passes (`_s_pass_residual`, `_dr_pass_residual`,
-`_ds_pass_dv`: one BV x K tile a program, the whole K that the reads contract) rather than by the parallel kernels
-above, which then only `RESIDUALS_IN_PASSES = False` runs (and fit="none", which has no R pass, for the residual's
-gradient): three readings of the chunk states and of the token tiles fewer, over a fifth of the forward's memory
-traffic at head_dim 128 and about a seventh of the backward's.
+The residual and its gradient are made inside S's and dR's passes (`_s_pass_residual`, `_dr_pass_residual`: one BV x
+K tile a program, the whole K that the reads contract) rather than by the parallel kernels above, which then only
+fit="none" (no R pass) and `RESIDUALS_IN_PASSES = False` run: the forward and the backward each read the chunk
+states and the token tiles once less, over a fifth of the forward's memory traffic at head_dim 128.
 The residual couples the recurrences only through x (forward) and dx (backward), both per token: splitting each
 direction into two plain state passes and a parallel kernel keeps every sequential kernel to one fp32 state tile
 (carrying S and R, or dS and dR, together at full K spills registers, and gives a B = 1 sequence only 32
@@ -66,7 +65,6 @@ LAUNCH = {
     # BV x K fp32 tile a program
     "s_pass_residual": dict(BV=64, num_warps=4),
     "dr_pass_residual": dict(BV=64, num_warps=4),
-    "ds_pass_dv": dict(BV=64, num_warps=4),  # dS's pass making dv
     "fwd_output": dict(BV=64, num_warps=4),
     "bwd_residual": dict(BV=64, num_warps=4),
     "bwd_dv": dict(BV=64, num_warps=4),
@@ -433,59 +431,6 @@ def _bwd_dv(q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx
                  mask=mt)
 
 
-@triton.jit
-def _ds_pass_dv(q, k, v, g, beta, DX, CORR, dO, D0, dhS, dS0, dV, dBETA_P, dGAMMA_P, cu, coff, NTH, scale,
-                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr, HAS_D0: tl.constexpr, GATES: tl.constexpr):
-    """dS's pass with dv made from the state it holds (grid V tiles x sequences*heads; one BV x K fp32 tile, the whole
-    K), in reverse: per chunk, stores dS where the chunk ends (dhS), then what `_bwd_dv` computes from the stored
-    dS_end, the same numbers (dS_end enters rounded to the inputs' dtype, as stored):
-
-        U = exp(b_L - b) k dS_end^T + scale (q k^T * Dq)^T do - (k k^T * Dp)^T dx,   dv = beta U + dx
-        dS <- exp(b_L) dS + (scale do exp(eq))^T q - (dx exp(b'))^T k        (eq = b with output gates, else b')
-
-    and this V tile's shares of dbeta (v . U) and of the gates' dgamma (do . corr)."""
-    h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
-        cu, coff, D0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_D0)
-    rt = tl.arange(0, BT)
-    strict = rt[:, None] > rt[None, :]
-    NC = tl.cdiv(eos - bos, BT)
-    for i in range(NC):
-        c = NC - 1 - i
-        tl.store(dhS + ((c0 + c) * H + h) * V * K + o_state, D.to(dhS.dtype.element_ty), mask=m_state)
-        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
-        o_tv = tok[:, None] * V + rv[None, :]
-        b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
-        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
-        dt = b_k.dtype
-        eq = b if GATES else bp
-        b_do32 = tl.load(dO + o_tv, mask=m_tv, other=0.0).to(tl.float32)
-        b_dx32 = tl.load(DX + o_tv, mask=m_tv, other=0.0).to(tl.float32)
-        Uk = tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(D.to(dt))) \
-            + scale * tl.dot(tl.trans(_decay(eq, b, strict) * tl.dot(b_q, tl.trans(b_k))).to(dt), b_do32.to(dt)) \
-            - tl.dot(tl.trans(_decay(bp, b, strict) * tl.dot(b_k, tl.trans(b_k))).to(dt), b_dx32.to(dt))
-        b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
-        tl.store(dV + o_tv, (b_beta[:, None] * Uk + b_dx32).to(dV.dtype.element_ty), mask=m_tv)
-        o_part = tl.program_id(0).to(tl.int64) * NTH + tok
-        tl.store(dBETA_P + o_part, tl.sum(tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) * Uk, axis=1),
-                 mask=mt)
-        if GATES:
-            tl.store(dGAMMA_P + o_part,
-                     tl.sum(b_do32 * tl.load(CORR + o_tv, mask=m_tv, other=0.0).to(tl.float32), axis=1), mask=mt)
-        # as `_state_pass` with two terms (CA = COEF_B or COEF_B_PRIME, scale_a = scale; CB = COEF_B_PRIME,
-        # sign_b = -1): the same rounding
-        D = D * tl.exp(b_L) + tl.dot(tl.trans((b_do32 * (tl.exp(eq) * scale)[:, None]).to(dt)), b_q)
-        D += tl.dot(tl.trans((b_dx32 * (tl.exp(bp) * -1.0)[:, None]).to(dt)), b_k)
-    tl.store(dS0 + o_seq + o_state, D, mask=m_state)
-
-
-def ds_pass_dv(grid, *, q, k, v, g, beta, DX, CORR, dO, D0, dhS, dS0, dV, dBETA_P, dGAMMA_P, cu, coff, NTH, scale, H,
-               K, V, BT, BK, BV, HAS_D0, GATES, **options):
-    """`_ds_pass_dv` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _ds_pass_dv[grid](q, k, v, g, beta, DX, CORR, dO, D0, dhS, dS0, dV, dBETA_P, dGAMMA_P, cu, coff, NTH, scale, H=H,
-                      K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_D0=HAS_D0, GATES=GATES, **options)
-
-
 def bwd_dv(grid, *, q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale, H, K, V, BT, BK,
            BV, GATES, **options):
     """`_bwd_dv` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
@@ -609,10 +554,9 @@ class SplitRule:
 
 
 SPLIT = SplitRule()
-# The residuals, their gradients and dv are made inside S's, dR's and dS's passes (`_s_pass_residual`,
-# `_dr_pass_residual`, `_ds_pass_dv`) rather than in parallel kernels after them (`_fwd_residual`, `_bwd_residual`,
-# `_bwd_dv`; fit "none", which has no R pass, always takes `_bwd_residual`); benchmarks/kernels.py
-# --rla-residual-apart times both.
+# The residuals are made inside S's pass and their gradients inside dR's (`_s_pass_residual`, `_dr_pass_residual`)
+# rather than in parallel kernels after them (`_fwd_residual`, `_bwd_residual`; fit "none", which has no R pass,
+# always takes `_bwd_residual`); benchmarks/kernels.py --rla-residual-apart times both.
 RESIDUALS_IN_PASSES = True
 
 
@@ -734,30 +678,6 @@ def run_dr_pass_residual(layout: Layout, *, q, k, g, gamma, dO, X, D0, hdR, dR0,
     return dGR_P
 
 
-def run_ds_pass_dv(layout: Layout, *, q, k, v, g, beta, gamma, DX, CORR, dO, D0, dhS, dS0, dV, HAS_D0: bool,
-                   scale: float, GATES: bool, H: int, K: int, V: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """dS's pass with dv made in it (`_ds_pass_dv`): dhS, dS0 and dV as dS's pass and `_bwd_dv` give them; returns
-    the V tiles' shares of dbeta and of the gates' dgamma. Split as `run_s_pass_residual` splits."""
-    opts = launch_options("ds_pass_dv", V, LAUNCH)
-    nv = triton.cdiv(V, opts["BV"])
-    NTH = dV.shape[0] * H
-    dBETA_P = torch.empty(nv, NTH, dtype=torch.float32, device=dV.device)
-    dGAMMA_P = torch.empty_like(dBETA_P) if GATES else dBETA_P.new_empty(1)
-    fused = dict(q=q, k=k, v=v, g=g, beta=beta, DX=DX, CORR=CORR, dO=dO, dhS=dhS, dV=dV, dBETA_P=dBETA_P,
-                 dGAMMA_P=dGAMMA_P, NTH=NTH, scale=scale, H=H, K=K, V=V, BT=chunk,
-                 BK=max(MIN_TILE, triton.next_power_of_2(K)), GATES=GATES, **opts)
-    segs = _segments(layout, nv * layout.N * H, chunk, g.device)
-    if segs is None:
-        ds_pass_dv((nv, layout.N * H), D0=D0, dS0=dS0, cu=layout.cu, coff=layout.coff, HAS_D0=HAS_D0, **fused)
-        return dBETA_P, dGAMMA_P
-    E, starts = _segment_starts(segs, True, g=g, D0=D0, hD=dhS, DT=dS0, HAS_D0=HAS_D0, REVERSE=True, H=H, K=K, V=V,
-                                chunk=chunk, ka=q, ua=dO, sa=gamma, kb=k, ub=DX, scale_a=scale, sign_b=-1.0,
-                                CA=(COEF_B if GATES else COEF_B_PRIME).value, CB=COEF_B_PRIME.value, HAS_SA=False,
-                                HAS_B=True)
-    ds_pass_dv((nv, segs.count * H), D0=starts, dS0=E, cu=segs.cu, coff=segs.coff, HAS_D0=True, **fused)
-    return dBETA_P, dGAMMA_P
-
-
 class RLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, gamma, S0, R0, layout: Layout, spec: ResidualSpec, scale: float, chunk: int):
@@ -860,27 +780,21 @@ class RLAFunction(torch.autograd.Function):
             bwd_residual((NVr, C, H), q=q, k=k, g=g32, gamma=gamma_c, dO=dO, X=X, hdR=dhR,
                          dRT=dRT if dRT is not None else dS0, DX=DX, dGR_P=dGR_P, cu=layout.cu, cidx=layout.cidx,
                          NTH=NTH, scale=scale, c_clip=float(spec.clip), HAS_DRT=dRT is not None, **consts, **opts)
+        run_state_pass(layout, True, ka=q, ua=dO, sa=gamma_c, kb=k, ub=DX, g=g32, D0=dST if dST is not None else dS0,
+                       hD=dhS, DT=dS0, scale_a=scale, sign_b=-1.0, REVERSE=True,
+                       CA=(COEF_B if spec.output_gates else COEF_B_PRIME).value, CB=COEF_B_PRIME.value, HAS_SA=False,
+                       HAS_B=True, HAS_D0=dST is not None, **dims)
         # every element of dq, dk, dv is written once, by one program: stored in the inputs' dtype straight away
         dQ = torch.empty(B * T, H, K, dtype=q.dtype, device=dev)
         dK = torch.empty(B * T, H, K, dtype=k.dtype, device=dev)
         dV = torch.empty(B * T, H, V, dtype=v.dtype, device=dev)
-        dS_start = dST if dST is not None else dS0
-        if RESIDUALS_IN_PASSES:
-            dBETA_P, dGAMMA_P = run_ds_pass_dv(layout, q=q, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, DX=DX,
-                                               CORR=CORR, dO=dO, D0=dS_start, dhS=dhS, dS0=dS0, dV=dV,
-                                               HAS_D0=dST is not None, scale=scale, GATES=spec.output_gates, **dims)
-        else:
-            run_state_pass(layout, True, ka=q, ua=dO, sa=gamma_c, kb=k, ub=DX, g=g32, D0=dS_start, hD=dhS, DT=dS0,
-                           scale_a=scale, sign_b=-1.0, REVERSE=True,
-                           CA=(COEF_B if spec.output_gates else COEF_B_PRIME).value, CB=COEF_B_PRIME.value,
-                           HAS_SA=False, HAS_B=True, HAS_D0=dST is not None, **dims)
-            opts = launch_options("bwd_dv", V, LAUNCH)
-            NV = triton.cdiv(V, opts["BV"])
-            dBETA_P = torch.empty(NV, NTH, dtype=torch.float32, device=dev)
-            dGAMMA_P = torch.empty_like(dBETA_P) if spec.output_gates else dBETA_P.new_empty(1)
-            bwd_dv((NV, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, DX=DX, CORR=CORR, dO=dO, dhS=dhS, dV=dV,
-                   dBETA_P=dBETA_P, dGAMMA_P=dGAMMA_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, scale=scale, H=H, K=K,
-                   V=V, BT=chunk, BK=BK, GATES=spec.output_gates, **opts)
+        opts = launch_options("bwd_dv", V, LAUNCH)
+        NV = triton.cdiv(V, opts["BV"])
+        dBETA_P = torch.empty(NV, NTH, dtype=torch.float32, device=dev)
+        dGAMMA_P = torch.empty_like(dBETA_P) if spec.output_gates else dBETA_P.new_empty(1)
+        bwd_dv((NV, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, DX=DX, CORR=CORR, dO=dO, dhS=dhS, dV=dV,
+               dBETA_P=dBETA_P, dGAMMA_P=dGAMMA_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, scale=scale, H=H, K=K, V=V,
+               BT=chunk, BK=BK, GATES=spec.output_gates, **opts)
         opts = launch_options("bwd_dqk", V, LAUNCH)
         BKt = opts.pop("BK")
         NK = triton.cdiv(K, BKt)
