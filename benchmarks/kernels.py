@@ -3,8 +3,8 @@
     python benchmarks/kernels.py [--tokens 65536] [--seq-lens 2048 8192 32768] [--long 131072] [--json out.json]
     python benchmarks/kernels.py --profile [--seq-lens 2048]     # GPU time per kernel, fwd+bwd, from torch.profiler
     python benchmarks/kernels.py --tune [--seq-lens 2048]        # RLA [triton] fwd+bwd with each kernel at other warp counts
-    python benchmarks/kernels.py --backends triton --rla-residual-apart   # adds RLA with its residuals and their
-                                                                          # gradients in kernels of their own
+    python benchmarks/kernels.py --backends triton --rla-residual-apart   # adds RLA's forward with its residuals in a
+                                                                          # kernel of their own, as it was
 
 Each T runs B = tokens / T sequences of H=16 heads of dimension 128; --long adds one forward-only row set at B=1.
 Baselines: FLA chunk_simple_gla (sGLA, the additive base) and chunk_gated_delta_rule (Gated DeltaNet, the delta
@@ -65,15 +65,15 @@ def candidates(backends, residual_apart=False):
 
 
 def residual_kernel_apart(x):
-    """RLA on the `triton` backend with the residuals and their gradients in kernels of their own (`_fwd_residual`,
-    `_bwd_residual`) after plain state passes, as before S's and dR's passes made them (`RESIDUALS_IN_PASSES`)."""
+    """RLA on the `triton` backend with S's pass and the residuals in two kernels (`_fwd_residual`), as before
+    `_s_pass_residual` made them in one."""
     from rla_ablate.ops.triton import rla
 
-    rla.RESIDUALS_IN_PASSES = False
+    rla.RESIDUAL_IN_S_PASS = False
     try:
         return residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], backend="triton")[0]
     finally:
-        rla.RESIDUALS_IN_PASSES = True
+        rla.RESIDUAL_IN_S_PASS = True
 
 
 def bench(fn, x, mode):
@@ -152,7 +152,7 @@ def main():
     parser.add_argument("--profile", action="store_true", help="per-kernel GPU time instead of the table")
     parser.add_argument("--tune", action="store_true", help="time the fused RLA kernels' launch options")
     parser.add_argument("--rla-residual-apart", action="store_true",
-                        help="add RLA [triton] with its residuals and their gradients in kernels of their own")
+                        help="add RLA [triton] with its forward's residuals in a kernel of their own")
     args = parser.parse_args()
     _load_gpu_backends()
     backends = args.backends or [b for b in BACKENDS if b not in ("naive", "chunk")]

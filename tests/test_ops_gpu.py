@@ -173,15 +173,15 @@ def test_triton_splits_a_long_sequence_over_segments_as_the_unsplit_pass(fit, mo
 
 @pytest.mark.parametrize("T", [2048, 20_000], ids=["T2048", "T20000-split"])
 def test_triton_residuals_made_in_s_pass_as_in_their_own_kernel(T, monkeypatch):
-    """RLA makes the residuals inside S's pass and their gradients inside dR's (`_s_pass_residual`,
-    `_dr_pass_residual`); with them in kernels of their own (`_fwd_residual`, `_bwd_residual`) outputs, final states
-    and every gradient agree to bf16 rounding (the same products on the same rounded states; split passes too)."""
+    """RLA's forward makes the residuals inside S's pass (`_s_pass_residual`); with them in a kernel of their own
+    (`_fwd_residual`) outputs, final states and every gradient agree to bf16 rounding (the same products on the same
+    rounded state; a split pass too)."""
     import rla_ablate.ops.triton.rla as fused
 
     master = make_inputs(B=2 if T == 2048 else 1, T=T)
     combo = ("additive", "residual", "clip", True)
     together = run_case(leaves(master, torch.bfloat16), "triton", combo)
-    monkeypatch.setattr(fused, "RESIDUALS_IN_PASSES", False)
+    monkeypatch.setattr(fused, "RESIDUAL_IN_S_PASS", False)
     apart = run_case(leaves(master, torch.bfloat16), "triton", combo)
     for name, want in apart.items():
         assert torch.isfinite(together[name]).all(), name

@@ -7,7 +7,7 @@ three chunks, the last one partial; clip=0.7 puts many residuals outside the cli
 lengths (one of a single token, one empty), K and V that are not powers of two (masked tiles) and wider than
 one tile (K=80, V=72: partial sums over tiles), gates of -1e5 and -300, and a call without initial states. Then
 every state pass split into segments (`run_state_pass`, forced down to one and two chunks a segment), batched and
-packed, and the residuals and their gradients in kernels of their own rather than in S's and dR's passes. Measured: every error
+packed, and the forward with its residuals in a kernel of their own rather than in S's pass. Measured: every error
 <= 1.1e-6 (relative RMS), tolerance 1e-5.
 """
 
@@ -72,9 +72,9 @@ def check_all() -> None:
     master["g"][0, 30, 0], master["g"][0, 60, 1] = -1e5, -300.0
     compare("split1-packed", per_sequence_reference(master, spec, cu),
             run(rla_triton, master, spec, torch.float32, cu_seqlens=cu, chunk=16))
-    # the residuals and their gradients in kernels of their own (`_fwd_residual`, `_bwd_residual`), which
-    # benchmarks/kernels.py times against S's and dR's passes making them: split and unsplit
-    fused.RESIDUALS_IN_PASSES = False
+    # the forward with its residuals in a kernel of their own (`_fwd_residual`), which benchmarks/kernels.py times
+    # against S's pass making them: split and unsplit
+    fused.RESIDUAL_IN_S_PASS = False
     for per in (1, 2):
         fused.SPLIT = fused.SplitRule(programs=10**9 if per == 1 else 0, chunks=1)
         spec = ResidualSpec(rule="additive", clip=0.7)
@@ -82,7 +82,7 @@ def check_all() -> None:
         compare(f"residual-apart{'-split' if per == 1 else ''}",
                 run(naive_residual_attention, master, spec, torch.float64),
                 run(rla_triton, master, spec, torch.float32, chunk=16))
-    fused.RESIDUALS_IN_PASSES = True
+    fused.RESIDUAL_IN_S_PASS = True
     fused.SPLIT = fused.SplitRule()
     check_carry(compare)
 

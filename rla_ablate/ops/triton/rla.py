@@ -1,4 +1,4 @@
-"""RLA (the additive rule) in Triton kernels of our own (seven launches with fit="residual"), one autograd Function.
+"""RLA (the additive rule) in six Triton kernels of our own (nine launches), one autograd Function.
 
 The `fla` composition runs the base recurrence twice over (once per query, [q; k]) and the auxiliary one after it,
 with PyTorch glue in between. Here, per head and chunk of BT tokens (b = the chunk-local cumsum of g, b' = b - g,
@@ -23,10 +23,6 @@ b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "
                 output gates' dgamma
       dq, dk    (parallel over K tiles x chunks): dq, dk, and for dg each tile's share of the per-token terms of
                 d/db (reads minus writes); dg is their reverse cumulative sum per sequence.
-The residual and its gradient are made inside S's and dR's passes (`_s_pass_residual`, `_dr_pass_residual`: one BV x
-K tile a program, the whole K that the reads contract) rather than by the parallel kernels above, which then only
-fit="none" (no R pass) and `RESIDUALS_IN_PASSES = False` run: the forward and the backward each read the chunk
-states and the token tiles once less, over a fifth of the forward's memory traffic at head_dim 128.
 The residual couples the recurrences only through x (forward) and dx (backward), both per token: splitting each
 direction into two plain state passes and a parallel kernel keeps every sequential kernel to one fp32 state tile
 (carrying S and R, or dS and dR, together at full K spills registers, and gives a B = 1 sequence only 32
@@ -61,10 +57,8 @@ LAUNCH = {
     "state_pass": dict(BK=64, BV=64, num_warps=4),
     "state_pass_2": dict(BK=64, BV=64, num_warps=4),
     "fwd_residual": dict(BV=64, num_warps=4),
-    # S's pass making the residuals, dR's making their gradients (`_s_pass_residual`, `_dr_pass_residual`): one
-    # BV x K fp32 tile a program
+    # S's pass making the residuals (`_s_pass_residual`): one BV x K fp32 tile a program
     "s_pass_residual": dict(BV=64, num_warps=4),
-    "dr_pass_residual": dict(BV=64, num_warps=4),
     "fwd_output": dict(BV=64, num_warps=4),
     "bwd_residual": dict(BV=64, num_warps=4),
     "bwd_dv": dict(BV=64, num_warps=4),
@@ -340,55 +334,6 @@ def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, sca
     tl.store(DX + o_tv, dx.to(DX.dtype.element_ty), mask=m_tv)
 
 
-@triton.jit
-def _dr_pass_residual(q, k, g, gamma, dO, X, D0, hdR, dR0, DX, dGR_P, cu, coff, NTH, scale, c_clip,
-                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                      BV: tl.constexpr, HAS_D0: tl.constexpr, TARGET: tl.constexpr, GATES: tl.constexpr):
-    """dR's pass (fit residual) with the residual's gradient of each chunk made from the state it holds (grid V
-    tiles x sequences*heads; one BV x K fp32 tile, the whole K), in reverse: per chunk, stores dR where the chunk
-    ends (hdR), then
-
-        dw = exp(b_L - b) k dR_end^T + scale sum_{s >= t, chunk} exp(b_s - b_t) (k_t . q_s) o_R,s,   dx = gamma T'(x) dw
-        dR <- exp(b_L) dR + (scale o_R exp(b))^T q          (o_R = gamma do with output gates, else do)
-
-    storing dx and this V tile's share of dgamma, T(x) . dw: what `_bwd_residual` computes from the stored dR_end
-    in a kernel of its own, the same numbers (dR_end enters rounded to the inputs' dtype, as stored)."""
-    h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
-        cu, coff, D0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_D0)
-    rt = tl.arange(0, BT)
-    NC = tl.cdiv(eos - bos, BT)
-    for i in range(NC):
-        c = NC - 1 - i
-        tl.store(hdR + ((c0 + c) * H + h) * V * K + o_state, D.to(hdR.dtype.element_ty), mask=m_state)
-        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
-        o_tv = tok[:, None] * V + rv[None, :]
-        b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
-        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
-        dt = b_k.dtype
-        b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
-        b_do = tl.load(dO + o_tv, mask=m_tv, other=0.0).to(tl.float32)
-        o_R = b_do * b_gamma[:, None] if GATES else b_do
-        M = tl.dot(b_k, tl.trans(b_q)) * _decay(-b, -b, rt[:, None] <= rt[None, :]) * scale
-        dw = tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(D.to(dt))) + tl.dot(M.to(dt), o_R.to(dt))
-        b_x = tl.load(X + o_tv, mask=m_tv, other=0.0)
-        dx = _target_slope(b_x, c_clip, TARGET) * dw * b_gamma[:, None]
-        tl.store(dGR_P + tl.program_id(0).to(tl.int64) * NTH + tok, tl.sum(_target(b_x, c_clip, TARGET) * dw, axis=1),
-                 mask=mt)
-        tl.store(DX + o_tv, dx.to(DX.dtype.element_ty), mask=m_tv)
-        coef = tl.exp(b)  # as `_state_pass` (CA = COEF_B, sa = gamma with output gates, scale_a = scale)
-        if GATES:
-            coef = coef * b_gamma
-        D = D * tl.exp(b_L) + tl.dot(tl.trans((b_do * (coef * scale)[:, None]).to(dt)), b_q)
-    tl.store(dR0 + o_seq + o_state, D, mask=m_state)
-
-
-def dr_pass_residual(grid, *, q, k, g, gamma, dO, X, D0, hdR, dR0, DX, dGR_P, cu, coff, NTH, scale, c_clip, H, K, V,
-                     BT, BK, BV, HAS_D0, TARGET, GATES, **options):
-    """`_dr_pass_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _dr_pass_residual[grid](q, k, g, gamma, dO, X, D0, hdR, dR0, DX, dGR_P, cu, coff, NTH, scale, c_clip, H=H, K=K,
-                            V=V, BT=BT, BK=BK, BV=BV, HAS_D0=HAS_D0, TARGET=TARGET, GATES=GATES, **options)
-
-
 def bwd_residual(grid, *, q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip, H, K, V, BT, BK, BV,
                  TARGET, FIT_RES, GATES, HAS_DRT, **options):
     """`_bwd_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
@@ -554,10 +499,9 @@ class SplitRule:
 
 
 SPLIT = SplitRule()
-# The residuals are made inside S's pass and their gradients inside dR's (`_s_pass_residual`, `_dr_pass_residual`)
-# rather than in parallel kernels after them (`_fwd_residual`, `_bwd_residual`; fit "none", which has no R pass,
-# always takes `_bwd_residual`); benchmarks/kernels.py --rla-residual-apart times both.
-RESIDUALS_IN_PASSES = True
+# The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
+# (`_fwd_residual`); benchmarks/kernels.py --rla-forward times both.
+RESIDUAL_IN_S_PASS = True
 
 
 class Segments:
@@ -655,29 +599,6 @@ def run_s_pass_residual(layout: Layout, *, k, v, g, beta, gamma, D0, hS, ST, X, 
     s_pass_residual((nv, segs.count * H), D0=starts, ST=E, cu=segs.cu, coff=segs.coff, HAS_D0=True, **fused)
 
 
-def run_dr_pass_residual(layout: Layout, *, q, k, g, gamma, dO, X, D0, hdR, dR0, DX, HAS_D0: bool, scale: float,
-                         c_clip: float, TARGET: int, GATES: bool, H: int, K: int, V: int, chunk: int) -> torch.Tensor:
-    """dR's pass with the residual's gradient made in it (`_dr_pass_residual`): hdR, dR0, DX as dR's pass and
-    `_bwd_residual` give them; returns the V tiles' shares of dgamma [V tiles, tokens * H]. Split as
-    `run_s_pass_residual` splits."""
-    opts = launch_options("dr_pass_residual", V, LAUNCH)
-    nv = triton.cdiv(V, opts["BV"])
-    NTH = X.shape[0] * H
-    dGR_P = torch.empty(nv, NTH, dtype=torch.float32, device=X.device)
-    fused = dict(q=q, k=k, g=g, gamma=gamma, dO=dO, X=X, hdR=hdR, DX=DX, dGR_P=dGR_P, NTH=NTH, scale=scale,
-                 c_clip=c_clip, H=H, K=K, V=V, BT=chunk, BK=max(MIN_TILE, triton.next_power_of_2(K)), TARGET=TARGET,
-                 GATES=GATES, **opts)
-    segs = _segments(layout, nv * layout.N * H, chunk, g.device)
-    if segs is None:
-        dr_pass_residual((nv, layout.N * H), D0=D0, dR0=dR0, cu=layout.cu, coff=layout.coff, HAS_D0=HAS_D0, **fused)
-        return dGR_P
-    E, starts = _segment_starts(segs, False, g=g, D0=D0, hD=hdR, DT=dR0, HAS_D0=HAS_D0, REVERSE=True, H=H, K=K, V=V,
-                                chunk=chunk, ka=q, ua=dO, sa=gamma, kb=q, ub=dO, scale_a=scale, sign_b=0.0,
-                                CA=COEF_B.value, CB=COEF_TO_END.value, HAS_SA=GATES, HAS_B=False)
-    dr_pass_residual((nv, segs.count * H), D0=starts, dR0=E, cu=segs.cu, coff=segs.coff, HAS_D0=True, **fused)
-    return dGR_P
-
-
 class RLAFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, gamma, S0, R0, layout: Layout, spec: ResidualSpec, scale: float, chunk: int):
@@ -701,7 +622,7 @@ class RLAFunction(torch.autograd.Function):
         C = max(NT, 1)
         dims = dict(H=H, K=K, V=V, chunk=chunk)
         # S's pass; the old reads and residuals from its chunk states; R's pass over the residuals
-        if RESIDUALS_IN_PASSES:
+        if RESIDUAL_IN_S_PASS:
             run_s_pass_residual(layout, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, D0=S0 if S0 is not None else ST,
                                 hS=hS, ST=ST, X=X, W=W, HAS_D0=S0 is not None, c_clip=float(spec.clip),
                                 TARGET=TARGET_CODES[spec.target], FIT_RES=fit_res, **dims)
@@ -761,25 +682,18 @@ class RLAFunction(torch.autograd.Function):
         NTH = B * T * H
         C = max(NT, 1)
         dims = dict(H=H, K=K, V=V, chunk=chunk)
-        if fit_res and RESIDUALS_IN_PASSES:
-            # dR's pass making dw, dx as it goes (it does not depend on dS); then dS's pass, which needs dx
-            dGR_P = run_dr_pass_residual(layout, q=q, k=k, g=g32, gamma=gamma_c, dO=dO, X=X,
-                                         D0=dRT if dRT is not None else dS0, hdR=dhR, dR0=dR0, DX=DX,
-                                         HAS_D0=dRT is not None, scale=scale, c_clip=float(spec.clip),
-                                         TARGET=TARGET_CODES[spec.target], GATES=spec.output_gates, **dims)
-        else:
-            if fit_res:
-                # dR's pass; then dw, dx in parallel; then dS's pass, which needs dx
-                run_state_pass(layout, False, ka=q, ua=dO, sa=gamma_c, kb=q, ub=dO, g=g32,
-                               D0=dRT if dRT is not None else dS0, hD=dhR, DT=dR0, scale_a=scale, sign_b=0.0,
-                               REVERSE=True, CA=COEF_B.value, CB=COEF_TO_END.value, HAS_SA=spec.output_gates,
-                               HAS_B=False, HAS_D0=dRT is not None, **dims)
-            opts = launch_options("bwd_residual", V, LAUNCH)
-            NVr = triton.cdiv(V, opts["BV"])
-            dGR_P = torch.empty(NVr, NTH, dtype=torch.float32, device=dev) if fit_res else DX.new_empty(1)
-            bwd_residual((NVr, C, H), q=q, k=k, g=g32, gamma=gamma_c, dO=dO, X=X, hdR=dhR,
-                         dRT=dRT if dRT is not None else dS0, DX=DX, dGR_P=dGR_P, cu=layout.cu, cidx=layout.cidx,
-                         NTH=NTH, scale=scale, c_clip=float(spec.clip), HAS_DRT=dRT is not None, **consts, **opts)
+        if fit_res:
+            # dR's pass (it does not depend on dS); then dw, dx in parallel; then dS's pass, which needs dx
+            run_state_pass(layout, False, ka=q, ua=dO, sa=gamma_c, kb=q, ub=dO, g=g32,
+                           D0=dRT if dRT is not None else dS0, hD=dhR, DT=dR0, scale_a=scale, sign_b=0.0, REVERSE=True,
+                           CA=COEF_B.value, CB=COEF_TO_END.value, HAS_SA=spec.output_gates, HAS_B=False,
+                           HAS_D0=dRT is not None, **dims)
+        opts = launch_options("bwd_residual", V, LAUNCH)
+        NVr = triton.cdiv(V, opts["BV"])
+        dGR_P = torch.empty(NVr, NTH, dtype=torch.float32, device=dev) if fit_res else DX.new_empty(1)
+        bwd_residual((NVr, C, H), q=q, k=k, g=g32, gamma=gamma_c, dO=dO, X=X, hdR=dhR,
+                     dRT=dRT if dRT is not None else dS0, DX=DX, dGR_P=dGR_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH,
+                     scale=scale, c_clip=float(spec.clip), HAS_DRT=dRT is not None, **consts, **opts)
         run_state_pass(layout, True, ka=q, ua=dO, sa=gamma_c, kb=k, ub=DX, g=g32, D0=dST if dST is not None else dS0,
                        hD=dhS, DT=dS0, scale_a=scale, sign_b=-1.0, REVERSE=True,
                        CA=(COEF_B if spec.output_gates else COEF_B_PRIME).value, CB=COEF_B_PRIME.value, HAS_SA=False,
