@@ -240,7 +240,7 @@ def test_a_graphed_micro_step_gives_the_eager_gradients_whatever_the_scale():
             model.zero_grad(set_to_none=False)
 
 
-# A kernel that spills: a 32,768-element tile on one warp holds about a thousand values a thread.
+# A kernel that spills: 128 x 128 tiles on one warp hold over a thousand values a thread.
 SPILLING_SCRIPT = '''
 import json, sys
 import torch, triton, triton.language as tl
@@ -250,21 +250,23 @@ from rla_ablate.train.local_memory import LocalMemory, stack_limit
 @triton.jit
 def spill(x, y, N: tl.constexpr):
     r = tl.arange(0, N)
-    a = tl.load(x + r)
-    tl.store(y + r, tl.cumsum(tl.sort(a) * a, 0) + tl.flip(a, 0))
+    o = r[:, None] * N + r[None, :]
+    a = tl.load(x + o)
+    b = tl.cumsum(a, 1)
+    tl.store(y + o, tl.cumsum(b, 0) + tl.trans(a) * b)
 
 
 device = torch.device("cuda")
-x = torch.randn(32768, device=device)
+x = torch.randn(128 * 128, device=device)
 y = torch.empty_like(x)
 memory = LocalMemory(device)
-spill[(1024,)](x, y, N=32768, num_warps=1)
+spill[(1024,)](x, y, N=128, num_warps=1)
 torch.cuda.synchronize()
 grown, free_grown = stack_limit(device), torch.cuda.mem_get_info()[0]
 want = y.clone()
 released = memory.release()
 free_released = torch.cuda.mem_get_info()[0]
-spill[(1024,)](x, y, N=32768, num_warps=1)  # grows the stack again, as the first launch did
+spill[(1024,)](x, y, N=128, num_warps=1)  # grows the stack again, as the first launch did
 torch.cuda.synchronize()
 print(json.dumps({"baseline": memory.baseline, "grown": grown, "released": released, "given_back": free_released - free_grown,
                   "again": stack_limit(device), "same": bool(torch.equal(y, want))}))
