@@ -1,16 +1,18 @@
-"""RLA (the additive rule) in six Triton kernels of our own (nine launches), one autograd Function.
+"""RLA (the additive rule) in Triton kernels of our own (eight launches), one autograd Function.
 
 The `fla` composition runs the base recurrence twice over (once per query, [q; k]) and the auxiliary one after it,
 with PyTorch glue in between. Here, per head and chunk of BT tokens (b = the chunk-local cumsum of g, b' = b - g,
 b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "chunked RLA"):
 
     forward
-      S pass    (sequential over chunks; grid K tiles x V tiles x sequences x heads, one state tile each, as FLA's
-                chunk_fwd_h): S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k, storing every S_c; a long
-                sequence on few programs is cut into segments that run side by side (`run_state_pass`)
-      residual  (parallel over chunks): p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v)   the old read
-                x = v - p,  w = gamma T(x)  (fit="none": w = T(x)); stores x (fp32) and w
-      R pass    the S pass over w: R_{c+1} = exp(b_L) R_c + (w * exp(b_L - b))^T k
+      S pass    (sequential over chunks; grid V tiles x sequences x heads, one BV x K state tile each):
+                S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k, storing every S_c, and from S_c, before the
+                update, each chunk's residuals (`_s_pass_residual`):
+                p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v)   the old read
+                x = v - p,  w = gamma T(x)  (fit="none": w = T(x)); stores x (fp32) and w.
+                A long sequence on few programs is cut into segments that run side by side (`run_state_pass`)
+      R pass    a plain state pass over w (grid K tiles x V tiles x sequences x heads, one 64 x 64 state tile
+                each, as FLA's chunk_fwd_h): R_{c+1} = exp(b_L) R_c + (w * exp(b_L - b))^T k
       output    (parallel): o = scale (exp(b) q S_c^T + (q k^T * exp(b_t - b_s)[s<t]) (beta v))
                               + gamma scale (exp(b) q R_c^T + (q k^T * exp(b_t - b_s)[s<=t]) w)
                 (no output gates: b' replaces b in the base read and gamma goes).
@@ -23,10 +25,12 @@ b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "
                 output gates' dgamma
       dq, dk    (parallel over K tiles x chunks): dq, dk, and for dg each tile's share of the per-token terms of
                 d/db (reads minus writes); dg is their reverse cumulative sum per sequence.
-The residual couples the recurrences only through x (forward) and dx (backward), both per token: splitting each
-direction into two plain state passes and a parallel kernel keeps every sequential kernel to one fp32 state tile
-(carrying S and R, or dS and dR, together at full K spills registers, and gives a B = 1 sequence only 32
-programs).
+The residual couples the recurrences only through x (forward) and dx (backward), both per token: each direction
+runs two state passes, and every sequential kernel holds one fp32 state tile (carrying S and R, or dS and dR,
+together at full K spills registers, and gives a B = 1 sequence only 32 programs). Making the residuals in S's pass
+spares a reading of the chunk states and of k and v (`RESIDUAL_IN_S_PASS`; `_fwd_residual` does it after a plain
+pass); the backward's parallel kernels stay apart from their passes, where the same fusion was slower
+(docs/RESULTS.md).
 
 Every input is flattened to packed sequences (B sequences of T tokens are cu_seqlens = 0, T, 2T, ...), so varlen
 and batched inputs share one code path. Chunk states are kept in the input dtype (as FLA does), the running states
