@@ -268,14 +268,24 @@ released = memory.release()
 free_released = torch.cuda.mem_get_info()[0]
 spill[(1024,)](x, y, N=128, num_warps=1)  # grows the stack again, as the first launch did
 torch.cuda.synchronize()
+again, same = stack_limit(device), bool(torch.equal(y, want))
+# a CUDA graph captured before a release replays after it (the training loop releases after its capture step)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    spill[(1024,)](x, y, N=128, num_warps=1)
+y.zero_()
+memory.release()
+graph.replay()
+torch.cuda.synchronize()
 print(json.dumps({"baseline": memory.baseline, "grown": grown, "released": released, "given_back": free_released - free_grown,
-                  "again": stack_limit(device), "same": bool(torch.equal(y, want))}))
+                  "again": again, "same": same, "replayed": bool(torch.equal(y, want))}))
 '''
 
 
 def test_the_local_memory_a_spilling_kernel_grew_is_given_back(tmp_path):
     """`LocalMemory.release` (called by the training loop after its first steps and evaluations) sets the driver's
-    stack limit back and the device gets the memory back; a later launch that needs the stack still runs right.
+    stack limit back and the device gets the memory back; a later launch that needs the stack, and the replay of a
+    graph captured before the release, still run right.
     In a fresh process: the driver's limit only grows within one."""
     import json
     import subprocess
@@ -289,4 +299,4 @@ def test_the_local_memory_a_spilling_kernel_grew_is_given_back(tmp_path):
     assert got["grown"] > got["baseline"], got
     assert got["released"] == [got["grown"], got["baseline"]], got
     assert got["given_back"] > 2**27, got  # the stack of every thread slot of the device: hundreds of MiB at least
-    assert got["again"] == got["grown"] and got["same"], got
+    assert got["again"] == got["grown"] and got["same"] and got["replayed"], got
