@@ -83,9 +83,10 @@ class TuningGate:
     spares concurrent jobs of one shape from autotuning the same kernels side by side, timing candidates on a GPU
     the others are loading: the first tunes, the next ones read its results from the shared Triton cache.
 
-    A flock on a file named by the GPU's UUID in the machine's temporary directory: every process on the machine
-    that uses that GPU, of any sweep, sees it, and the kernel drops it when a process dies. `enter` waits, polling
-    `should_stop` (a job stopped while waiting starts nothing)."""
+    A flock on a file named by the GPU's UUID in the machine's temporary directory (a folder every user may write,
+    as /tmp; the file opened read-only, which flock allows): every process on the machine that uses that GPU, of
+    any sweep and any user, sees it, and the kernel drops it when a process dies. `enter` waits, polling
+    `should_stop` unless told not to (a job stopped while waiting for its first steps starts nothing)."""
 
     POLL_S = 0.25
 
@@ -100,22 +101,32 @@ class TuningGate:
     def held(self) -> bool:
         return self._fd is not None
 
-    def enter(self) -> bool:
-        """Wait for the gate; True once held, False when `should_stop` said stop first."""
+    def enter(self, stoppable: bool = True) -> bool:
+        """Wait for the gate; True once held, False when `should_stop` said stop first (only if `stoppable`)."""
         if self._fd is not None:
             return True
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        started = time.monotonic()
-        while True:
+        folder = self.path.parent
+        if not folder.is_dir():
+            folder.mkdir(parents=True, exist_ok=True)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if self.should_stop is not None and self.should_stop():
-                    os.close(fd)
-                    return False
-                time.sleep(self.POLL_S)
+                folder.chmod(0o1777)  # as /tmp: any user's jobs may add a GPU's file, none may remove another's
+            except OSError:
+                pass
+        fd = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644)
+        started = time.monotonic()
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if stoppable and self.should_stop is not None and self.should_stop():
+                        os.close(fd)
+                        return False
+                    time.sleep(self.POLL_S)
+        except BaseException:
+            os.close(fd)
+            raise
         self._fd = fd
         self.waited_s = time.monotonic() - started
         return True

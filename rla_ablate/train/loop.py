@@ -444,12 +444,12 @@ class Trainer:
             stats = self.collect_stats()
         return out, stats
 
-    def _enter_gate(self) -> bool:
+    def _enter_gate(self, stoppable: bool = True) -> bool:
         """Wait for the GPU's tuning gate when the job shares its GPU (rla_ablate.train.local_memory.TuningGate);
-        False when a stop was requested while waiting."""
+        False when a stop was requested while waiting (only if `stoppable`)."""
         if self.gate is None or self.gate.held:
             return True
-        if not self.gate.enter():
+        if not self.gate.enter(stoppable):
             return False
         if self.gate.waited_s >= 1.0:
             self.logger.event("info", self.tokens, {"tuning_gate_wait_s": round(self.gate.waited_s, 1)})
@@ -570,11 +570,13 @@ class Trainer:
             want_stats = next_step % cfg.stats_every_steps == 0 or last
             if next_step % cfg.eval_every_steps == 0 or last:
                 if not evaluated_here:  # the first evaluation of a process compiles and tunes its shapes
-                    self._enter_gate()
+                    # waits without heeding a stop: the step's evaluation is part of its record
+                    self._enter_gate(stoppable=False)
                 evals, stats = self.evaluate(want_stats)
                 self._release_local_memory()
                 if not evaluated_here:
-                    self._leave_gate()
+                    if steps_here > WARMUP_STEPS:  # within the warm-up the gate stays held to its end
+                        self._leave_gate()
                     evaluated_here = True
                 self._log(stats)
                 self._log(evals | self.curves.add(evals, self.tokens))

@@ -504,7 +504,7 @@ class SplitRule:
 
 SPLIT = SplitRule()
 # The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
-# (`_fwd_residual`); benchmarks/kernels.py --rla-forward times both.
+# (`_fwd_residual`); benchmarks/kernels.py --rla-residual-apart times both.
 RESIDUAL_IN_S_PASS = True
 
 
