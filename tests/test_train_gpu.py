@@ -269,12 +269,12 @@ free_released = torch.cuda.mem_get_info()[0]
 spill[(1024,)](x, y, N=128, num_warps=1)  # grows the stack again, as the first launch did
 torch.cuda.synchronize()
 again, same = stack_limit(device), bool(torch.equal(y, want))
-# a CUDA graph captured before a release replays after it (the training loop releases after its capture step)
+# a graphed job's protocol (Trainer._release_local_memory): released after its first step, an eager step, then the
+# capture and its replays
 graph = torch.cuda.CUDAGraph()
 with torch.cuda.graph(graph):
     spill[(1024,)](x, y, N=128, num_warps=1)
 y.zero_()
-memory.release()
 graph.replay()
 torch.cuda.synchronize()
 print(json.dumps({"baseline": memory.baseline, "grown": grown, "released": released, "given_back": free_released - free_grown,
@@ -284,8 +284,8 @@ print(json.dumps({"baseline": memory.baseline, "grown": grown, "released": relea
 
 def test_the_local_memory_a_spilling_kernel_grew_is_given_back(tmp_path):
     """`LocalMemory.release` (called by the training loop after its first steps and evaluations) sets the driver's
-    stack limit back and the device gets the memory back; a later launch that needs the stack, and the replay of a
-    graph captured before the release, still run right.
+    stack limit back and the device gets the memory back; a later launch that needs the stack runs right, and so
+    does a graph captured after it.
     In a fresh process: the driver's limit only grows within one."""
     import json
     import subprocess

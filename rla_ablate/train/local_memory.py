@@ -8,9 +8,11 @@ whose Triton cache lacked the autotune results kept about 5 GiB outside its allo
 them (docs/RESULTS.md): memory that packing must reserve for every process on a shared GPU.
 
 Setting the limit back to its starting value makes the driver give that memory back (it waits for the work already
-queued). A later launch that needs a larger stack grows it again, as the first one did: `release` is safe to call
-at any point between steps. The training loop calls it after each of its first steps and after evaluations (new
-shapes autotune there too); each call that finds nothing to give back costs one driver query.
+queued). A later launch that needs a larger stack grows it again, as the first one did (the driver's documented
+behaviour for every kernel launch), so an eager job may release at any point between steps: the training loop does
+after each of its first steps and after its first evaluation (new shapes autotune there too), and each call that
+finds nothing to give back costs one driver query. A graphed job releases only after its first step, before the
+eager step that precedes its capture (`Trainer._release_local_memory`).
 """
 
 from __future__ import annotations

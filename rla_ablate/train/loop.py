@@ -459,9 +459,16 @@ class Trainer:
         if self.gate is not None:
             self.gate.leave()
 
-    def _release_local_memory(self) -> None:
+    def _release_local_memory(self, steps_here: int) -> None:
         """Give back the local memory that spilling kernels (FLA's autotune candidates) made the driver keep
-        (rla_ablate.train.local_memory); the event says how much stack a thread it had grown to."""
+        (rla_ablate.train.local_memory); the event says how much stack a thread it had grown to.
+
+        The driver grows the stack again for any later eager launch that needs it. A graphed job releases only
+        after its first step: its second step runs every kernel eagerly, as tuned, before the capture, so the
+        graph is recorded and replayed with the stack its kernels need (whether a graph's launch would grow a stack
+        released after the capture is not relied on)."""
+        if self.graphs is not None and steps_here != 1:
+            return
         released = self.local_memory.release()
         if released is not None:
             self.logger.event("info", self.tokens, {"local_memory_released": {
@@ -547,7 +554,7 @@ class Trainer:
                 backend_reported = True
             steps_here += 1
             if steps_here <= WARMUP_STEPS + 1:  # this process's steps that compile, autotune and capture
-                self._release_local_memory()
+                self._release_local_memory(steps_here)
                 if steps_here == WARMUP_STEPS + 1:
                     self._leave_gate()
             if verdict.skip:
@@ -573,7 +580,7 @@ class Trainer:
                     # waits without heeding a stop: the step's evaluation is part of its record
                     self._enter_gate(stoppable=False)
                 evals, stats = self.evaluate(want_stats)
-                self._release_local_memory()
+                self._release_local_memory(steps_here)
                 if not evaluated_here:
                     if steps_here > WARMUP_STEPS:  # within the warm-up the gate stays held to its end
                         self._leave_gate()
