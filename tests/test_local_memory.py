@@ -132,3 +132,29 @@ def test_without_a_driver_nothing_is_released(monkeypatch):
     monkeypatch.setattr(lm, "_driver", lambda: None)
     memory = lm.LocalMemory(torch.device("cuda"))
     assert memory.baseline is None and memory.release() is None
+
+
+def test_a_sweep_worker_with_a_gpu_share_takes_the_gate(gates, tmp_path):
+    """`worker.execute` with an allocator cap (a packed job's share) passes the gate; without one, it never waits."""
+    from rla_ablate.sweep.worker import execute
+
+    holder = lm.TuningGate(CPU)
+    assert holder.enter()
+    log = tmp_path / "packed" / "metrics.jsonl"
+
+    def leave_once_the_job_waits():
+        while not (log.exists() and '"start"' in log.read_text()):
+            time.sleep(0.05)
+        time.sleep(1.2)
+        holder.leave()
+
+    threading.Thread(target=leave_once_the_job_waits, daemon=True).start()
+    packed = execute(tiny_job(tokens=2048), str(tmp_path / "packed"), "packed", None, None, None, cpus=1,
+                     allocator_cap=0.5)
+    assert packed.status == "finished", packed.error
+    waits = [r for r in read_jsonl(log) if r["type"] == "event" and "tuning_gate_wait_s" in r.get("detail", {})]
+    assert len(waits) == 1
+    assert holder.enter()  # held again: a job without a share does not wait for it
+    alone = execute(tiny_job(tokens=2048), str(tmp_path / "alone"), "alone", None, None, None, cpus=1)
+    holder.leave()
+    assert alone.status == "finished", alone.error
