@@ -125,6 +125,15 @@ if [[ $what == memory ]]; then
     done
     python3 -c "import sys; sys.path.insert(0, 'benchmarks'); import process_memory as p
 for s, r, n in p.largest_stacks(20): print(f'stack {s:>7,} B/thread  {r:>3} registers  {n}')" | tee -a "$OUT/memory.log" || rc=1
+    # Then whether a process gives the autotuning's local memory back (rla_ablate/train/local_memory.py, what packing's
+    # 1 GiB a process counts on): a spilling kernel, then a graphed run whose Triton cache is empty, so that FLA
+    # autotunes (its lines "gave back the local memory", and the memory outside the allocator after them).
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_train_gpu.py -k local_memory 2>&1 | tail -n 3 | tee -a "$OUT/memory.log"
+    empty=$(mktemp -d)
+    TRITON_CACHE_DIR=$empty python3 benchmarks/process_memory.py proxy-lm-rla --graphs true --limit 170 \
+        >"$OUT/memory-release.log" 2>&1 || rc=1
+    grep -E 'outside the allocator|gave back|^\{' "$OUT/memory-release.log" | tee -a "$OUT/memory.log"
+    rm -rf "$empty"
 fi
 if [[ $what == profile || $what == tune ]]; then
     python3 benchmarks/kernels.py --$what --seq-lens 2048 2>&1 | tee "$OUT/$what.log" || rc=1
