@@ -168,6 +168,24 @@ def segment_carry(grid, *, E, LD, D0, STARTS, DT, first, H, K, V, BK, BV, REVERS
 
 
 @triton.jit
+def _residual(b_k, b_v, bv, b_S, b, bp, X, W, gamma, tok, mt, o_tv, m_tv, c_clip, BT: tl.constexpr,
+              TARGET: tl.constexpr, FIT_RES: tl.constexpr):
+    """One chunk's old reads and residuals from S_c's tile b_S (in the inputs' dtype), v's tile b_v (fp32) and
+    bv = beta v: p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v), x = v - p, w = gamma T(x) (or T(x));
+    stores x (fp32) and w (W's dtype)."""
+    rt = tl.arange(0, BT)
+    dt = b_k.dtype
+    M = tl.dot(b_k, tl.trans(b_k)) * _decay(bp, b, rt[:, None] > rt[None, :])
+    p = tl.exp(bp)[:, None] * tl.dot(b_k, tl.trans(b_S)) + tl.dot(M.to(dt), bv.to(dt))
+    x = b_v - p
+    tl.store(X + o_tv, x, mask=m_tv)
+    w = _target(x, c_clip, TARGET)
+    if FIT_RES:
+        w = w * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
+    tl.store(W + o_tv, w.to(W.dtype.element_ty), mask=m_tv)
+
+
+@triton.jit
 def _fwd_residual(k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr):
@@ -178,7 +196,6 @@ def _fwd_residual(k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip,
     """
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
-    rt = tl.arange(0, BT)
     o_tv = tok[:, None] * V + rv[None, :]
     b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     dt = b_k.dtype
@@ -187,14 +204,7 @@ def _fwd_residual(k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip,
     b, bp, b_L = _chunk_gates(g, tok, mt)
     b_hS = tl.load(hS + (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :],
                    mask=mv[:, None] & mk[None, :], other=0.0).to(dt)
-    M = tl.dot(b_k, tl.trans(b_k)) * _decay(bp, b, rt[:, None] > rt[None, :])
-    p = tl.exp(bp)[:, None] * tl.dot(b_k, tl.trans(b_hS)) + tl.dot(M.to(dt), bv.to(dt))
-    x = b_v - p
-    tl.store(X + o_tv, x, mask=m_tv)
-    w = _target(x, c_clip, TARGET)
-    if FIT_RES:
-        w = w * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
-    tl.store(W + o_tv, w.to(W.dtype.element_ty), mask=m_tv)
+    _residual(b_k, b_v, bv, b_hS, b, bp, X, W, gamma, tok, mt, o_tv, m_tv, c_clip, BT, TARGET, FIT_RES)
 
 
 @triton.jit
@@ -212,7 +222,6 @@ def _s_pass_residual(k, v, g, beta, gamma, D0, hS, ST, X, W, cu, coff, c_clip,
     second reading of k and v (over a fifth of RLA's forward traffic at head_dim 128)."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
         cu, coff, D0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_D0)
-    rt = tl.arange(0, BT)
     NC = tl.cdiv(eos - bos, BT)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
@@ -223,14 +232,7 @@ def _s_pass_residual(k, v, g, beta, gamma, D0, hS, ST, X, W, cu, coff, c_clip,
         b_v = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32)
         b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
         bv = b_v * b_beta[:, None]
-        M = tl.dot(b_k, tl.trans(b_k)) * _decay(bp, b, rt[:, None] > rt[None, :])
-        p = tl.exp(bp)[:, None] * tl.dot(b_k, tl.trans(S.to(dt))) + tl.dot(M.to(dt), bv.to(dt))
-        x = b_v - p
-        tl.store(X + o_tv, x, mask=m_tv)
-        w = _target(x, c_clip, TARGET)
-        if FIT_RES:
-            w = w * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
-        tl.store(W + o_tv, w.to(W.dtype.element_ty), mask=m_tv)
+        _residual(b_k, b_v, bv, S.to(dt), b, bp, X, W, gamma, tok, mt, o_tv, m_tv, c_clip, BT, TARGET, FIT_RES)
         coef = tl.exp(b_L - b) * b_beta  # as `_state_pass` (CA = COEF_TO_END, sa = beta): the same rounding
         S = S * tl.exp(b_L) + tl.dot(tl.trans((b_v * coef[:, None]).to(dt)), b_k)
     tl.store(ST + o_seq + o_state, S, mask=m_state)
