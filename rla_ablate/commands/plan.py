@@ -107,5 +107,9 @@ def _glue_caption(jobs: list[dict]) -> str:
     graphed = sum(r["cuda_graphs"] for r in jobs)
     graphs = (f"; {graphed} jobs replay CUDA graphs (train.cuda_graphs): their memory includes the graph's pool"
               if graphed else "")
-    return f"memory estimated for {said}{other}{graphs}"
+    from rla_ablate.sweep.calibration import CONTEXT_BYTES, TUNING_BYTES, GiB
+
+    shares = (f"; a GPU share adds {CONTEXT_BYTES / GiB:g} GiB for the job's process, and {TUNING_BYTES / GiB:g} GiB of "
+              "each GPU stays free for the one packed job that autotunes at a time")
+    return f"memory estimated for {said}{other}{graphs}{shares}"
 
