@@ -130,7 +130,9 @@ def print_releases(metrics: str) -> None:
         return
     for r in read_jsonl(metrics):
         released = r.get("detail", {}).get("local_memory_released") if r["type"] == "event" else None
-        if released:
+        if isinstance(released, str):
+            print(f"  the local memory could not be given back: {released}", flush=True)
+        elif released:
             print(f"  gave back the local memory at {r['step']:,} tokens: stack {released['stack_bytes_per_thread']:,} -> "
                   f"{released['now']:,} B a thread", flush=True)
 

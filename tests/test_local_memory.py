@@ -158,3 +158,18 @@ def test_a_sweep_worker_with_a_gpu_share_takes_the_gate(gates, tmp_path):
     alone = execute(tiny_job(tokens=2048), str(tmp_path / "alone"), "alone", None, None, None, cpus=1)
     holder.leave()
     assert alone.status == "finished", alone.error
+
+
+def test_a_cuda_job_says_once_when_the_release_is_unavailable(monkeypatch, tmp_path):
+    """Without a readable stack limit on a CUDA device the loop logs it once (packing counts on the release)."""
+    from rla_ablate.train.loop import Trainer
+    from rla_ablate.train.parallel import WorkerContext
+
+    events = []
+    trainer = Trainer(tiny_job(), tmp_path, None, WorkerContext(), None)
+    trainer.device, trainer.graphs = torch.device("cuda"), None
+    trainer.local_memory = lm.LocalMemory(CPU)  # baseline None, as when libcuda.so.1 cannot answer
+    trainer.logger = type("L", (), {"event": lambda self, *a: events.append(a)})()
+    for step in (1, 2, 3):
+        trainer._release_local_memory(step)
+    assert len(events) == 1 and "unavailable" in events[0][2]["local_memory_released"]

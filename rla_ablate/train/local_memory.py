@@ -59,6 +59,7 @@ class LocalMemory:
     def __init__(self, device: torch.device):
         self.device = device
         self.baseline = stack_limit(device) if device.type == "cuda" else None
+        self.said_unavailable = False  # the training loop says once when a CUDA device's limit cannot be read
 
     def release(self) -> tuple[int, int] | None:
         if self.baseline is None:
