@@ -63,10 +63,7 @@ def main() -> None:
         if args.stacks:
             print_stacks(args.stacks)
         return
-    used_before = used_before_cuda()  # before this process's CUDA context exists
-    torch.cuda.init()
-    free, total = torch.cuda.mem_get_info()
-    before = used_before if used_before is not None else total - free
+    before, total = baseline()
     samples: list[tuple[float, int, int]] = []  # (seconds, device bytes used by this process, reserved bytes)
     done = threading.Event()
     t0 = time.time()
@@ -137,6 +134,15 @@ def print_releases(metrics: str) -> None:
                   f"{released['now']:,} B a thread", flush=True)
 
 
+def baseline() -> tuple[int, int]:
+    """(bytes in use on the GPU before this process, the GPU's total bytes), then creates the CUDA context: what
+    the process uses is the device's used bytes less the first."""
+    used_before = used_before_cuda()  # other processes (none on an idle GPU), before this one's context
+    torch.cuda.init()
+    free, total = torch.cuda.mem_get_info()  # the context exists from here on
+    return (used_before if used_before is not None else total - free), total
+
+
 def used_before_cuda() -> int | None:
     """Bytes in use on the GPU this process will use, read with nvidia-smi before the process creates its CUDA
     context (any CUDA call, `mem_get_info` included, creates it): the baseline that counts the context as the
@@ -160,10 +166,7 @@ def phases(families: list[str]) -> None:
     from rla_ablate.train.local_memory import stack_limit
 
     device = torch.device("cuda")
-    used_before = used_before_cuda()  # other processes (none on an idle GPU), before this one's context
-    torch.cuda.init()
-    free, total = torch.cuda.mem_get_info()  # the context exists from here on
-    before = used_before if used_before is not None else total - free
+    before, total = baseline()
 
     def outside() -> int:
         torch.cuda.synchronize()
