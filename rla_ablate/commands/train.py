@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.outcome import Status
     from rla_ablate.terminal import PipeConsole, count
     from rla_ablate.train import ProgressLogger, run_job
-    from rla_ablate.train.checkpoint import list_checkpoints
+    from rla_ablate.train.checkpoint import is_whole, list_checkpoints
     from rla_ablate.train.loop import check_device
 
     profile = args.profile
@@ -173,10 +173,9 @@ def run(args: argparse.Namespace) -> int:
     (out / "job.json").write_text(job.model_dump_json(indent=1))
     if done:
         import warnings
-        import zipfile
 
-        # the newest checkpoint that is whole (a torch checkpoint is a zip archive); the trainer loads from it
-        whole = [(t, path) for t, path in done if zipfile.is_zipfile(path)]
+        # the newest checkpoint that is whole; the trainer loads from it
+        whole = [(t, path) for t, path in done if is_whole(path)]
         torn = [path.name for t, path in done if not whole or t > whole[-1][0]]
         if whole and whole[-1][0] >= job.train.total_tokens:
             console.print(f"already finished: {whole[-1][1]} ({whole[-1][0]:,} tokens); its results follow")

@@ -104,7 +104,7 @@ def result_path(job_dir: Path, tokens: int, req: EvalRequest) -> Path:
 def load_job(job_dir: str | Path, tokens: int | None = None, sweep_names: bool = True) -> tuple[Any, int, Path]:
     """(JobConfig, tokens, checkpoint path) of the job's final checkpoint, or of the one at `tokens`;
     `sweep_names`: whether the command also takes a sweep's name (its message then says so)."""
-    from rla_ablate.train.checkpoint import list_checkpoints
+    from rla_ablate.train.checkpoint import is_whole, list_checkpoints
     from rla_ablate.train import JobConfig
 
     job_dir = Path(job_dir)
@@ -130,11 +130,9 @@ def load_job(job_dir: str | Path, tokens: int | None = None, sweep_names: bool =
     if not found:
         raise UserError(f"no checkpoint in {job_dir / 'checkpoints'}: train the job first", key="JOB_DIR")
     if tokens is None:
-        import zipfile
-
         newest_tokens, newest = found[-1]
-        if not zipfile.is_zipfile(newest):  # torn or truncated (a torch checkpoint is a zip archive)
-            older = ", ".join(str(t) for t, p in found[:-1] if zipfile.is_zipfile(p))
+        if not is_whole(newest):
+            older = ", ".join(str(t) for t, p in found[:-1] if is_whole(p))
             raise UserError(f"the newest checkpoint, {newest}, is unreadable (truncated or torn); "
                             + (f"give an older one with --checkpoint TOKENS ({older})" if older
                                else "no older checkpoint reads either: train or resume the job"),

@@ -79,6 +79,14 @@ def list_checkpoints(out_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def is_whole(path: str | Path) -> bool:
+    """Whether a checkpoint file is whole: a torch checkpoint is a zip archive, which a torn or truncated write (a
+    bad copy, a full disk) is not. Checked before loading gigabytes."""
+    import zipfile
+
+    return zipfile.is_zipfile(path)
+
+
 def _fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
