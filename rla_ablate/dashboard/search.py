@@ -112,9 +112,9 @@ def search_part(sdir: SweepDir, out_dir: Path, run_url=lambda run_id: None,
 
 
 def _value_text(value: Any) -> str:
-    if value is None:
-        return "–"
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
+    from rla_ablate.sweep.search import value_text
+
+    return "–" if value is None else value_text(value)
 
 
 def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool):

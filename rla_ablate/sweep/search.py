@@ -64,9 +64,14 @@ def _question(cfg: SearchConfig) -> dict[str, Any]:
             "params": {k: p.model_dump(mode="json") for k, p in cfg.params.items()}}
 
 
+def value_text(value: Any) -> str:
+    """A parameter's value as the search's texts show it: floats to 6 significant digits."""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 def params_text(params: dict[str, Any]) -> str:
-    """A trial's parameters in a line: train.lr=0.00927766, model.target=tanh (floats to 6 significant digits)."""
-    return ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+    """A trial's parameters in a line: train.lr=0.00927766, model.target=tanh (`value_text`)."""
+    return ", ".join(f"{k}={value_text(v)}" for k, v in params.items())
 
 
 def _spelled(value: Any) -> str:
