@@ -173,3 +173,18 @@ def test_a_cuda_job_says_once_when_the_release_is_unavailable(monkeypatch, tmp_p
     for step in (1, 2, 3):
         trainer._release_local_memory(step)
     assert len(events) == 1 and "unavailable" in events[0][2]["local_memory_released"]
+
+
+def test_an_evaluation_within_the_warm_up_keeps_the_gate_to_its_end(gates, tmp_path, monkeypatch):
+    """Evaluating every step: the first evaluation comes at step 1, and the gate stays held through the warm-up
+    (the steps that compile, autotune and capture) rather than opening after that evaluation."""
+    from rla_ablate.train.graphs import WARMUP_STEPS
+    from rla_ablate.train.loop import Trainer
+
+    order = []
+    step, leave = Trainer.train_step, lm.TuningGate.leave
+    monkeypatch.setattr(Trainer, "train_step", lambda self: order.append("step") or step(self))
+    monkeypatch.setattr(lm.TuningGate, "leave", lambda self: (order.append("leave") if self.held else None, leave(self)))
+    result = run_job(tiny_job(tokens=3072, eval_every_tokens=512), tmp_path / "job", shares_gpu=True)
+    assert result.status == "finished", result.error
+    assert order.index("leave") == WARMUP_STEPS + 1 and order.count("leave") == 1, order
