@@ -168,7 +168,8 @@ def test_a_cuda_job_says_once_when_the_release_is_unavailable(monkeypatch, tmp_p
     events = []
     trainer = Trainer(tiny_job(), tmp_path, None, WorkerContext(), None)
     trainer.device, trainer.graphs = torch.device("cuda"), None
-    trainer.local_memory = lm.LocalMemory(CPU)  # baseline None, as when libcuda.so.1 cannot answer
+    monkeypatch.setattr(lm, "_driver", lambda: None)  # libcuda.so.1 cannot answer
+    trainer.local_memory = lm.LocalMemory(torch.device("cuda"))
     trainer.logger = type("L", (), {"event": lambda self, *a: events.append(a)})()
     for step in (1, 2, 3):
         trainer._release_local_memory(step)

@@ -10,8 +10,8 @@ them (docs/RESULTS.md): memory that packing must reserve for every process on a 
 Setting the limit back to its starting value makes the driver give that memory back (it waits for the work already
 queued). A later launch that needs a larger stack grows it again, as the first one did (the driver's documented
 behaviour for every kernel launch), so an eager job may release at any point between steps: the training loop does
-after each of its first steps and after its first evaluation (new shapes autotune there too), and each call that
-finds nothing to give back costs one driver query. A graphed job releases only after its first step, before the
+after each of its first steps and after every evaluation (new shapes autotune there too, a last partial batch
+among them), and each call that finds nothing to give back costs one driver query. A graphed job releases only after its first step, before the
 eager step that precedes its capture (`Trainer._release_local_memory`).
 """
 
@@ -59,7 +59,12 @@ class LocalMemory:
     def __init__(self, device: torch.device):
         self.device = device
         self.baseline = stack_limit(device) if device.type == "cuda" else None
-        self.said_unavailable = False  # the training loop says once when a CUDA device's limit cannot be read
+        self.said_unavailable = False  # the training loop says once when `unavailable`
+
+    @property
+    def unavailable(self) -> bool:
+        """A CUDA device whose stack limit could not be read (no libcuda.so.1): nothing is ever given back."""
+        return self.device.type == "cuda" and self.baseline is None
 
     def release(self) -> tuple[int, int] | None:
         if self.baseline is None:

@@ -469,7 +469,7 @@ class Trainer:
         released after the capture is not relied on)."""
         if self.graphs is not None and steps_here != 1:
             return
-        if self.device.type == "cuda" and self.local_memory.baseline is None:
+        if self.local_memory.unavailable:
             if not self.local_memory.said_unavailable:  # once: packing counts on the release (sweep.calibration)
                 self.local_memory.said_unavailable = True
                 self.logger.event("info", self.tokens, {"local_memory_released": "unavailable: the CUDA driver's "
