@@ -154,6 +154,13 @@ def test_validator_messages_have_no_pydantic_prefix():
         validate(SweepConfig, load_yaml_text("name: x\nmodels: [{preset: a}]\ngrid: {model.clip: [0.5, 0.5, 1]}\n",
                                              "s.yaml"))
     assert str(info.value) == "s.yaml:3: grid: 'model.clip' lists 0.5 more than once; each value runs once"
+    with pytest.raises(UserError) as info:   # 1 and 1.0 are one value to a job's hash: one job, said as well
+        validate(SweepConfig, load_yaml_text("name: x\nmodels: [{preset: a}]\ngrid: {train.lr: [1, 2.0e-3, 1.0]}\n",
+                                             "s.yaml"))
+    assert str(info.value) == "s.yaml:3: grid: 'train.lr' lists 1 (as 1 and 1.0) more than once; each value runs once"
+    # True is not 1, nor "1" 1: distinct values
+    validate(SweepConfig, load_yaml_text("name: x\nmodels: [{preset: a}]\ngrid: {model.output_gates: [true, 1]}\n",
+                                         "s.yaml"))
 
 
 def test_validation_message_leaves_out_the_key_it_is_reported_at():

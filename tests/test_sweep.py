@@ -220,6 +220,33 @@ def test_grid_and_zip_expand(tmp_path):
     assert len({j.job_id for j in jobs}) == len(jobs)
 
 
+def test_grid_values_or_zip_rows_that_validate_to_one_job_are_said(tmp_path):
+    """true and 1 for a switch (pydantic reads 1 as true) or two equal zip rows would silently run once: an error
+    naming the file, the key's line and the values."""
+    head = textwrap.dedent("""
+        name: g
+        models: [{preset: tiny-rla, overrides: {vocab_size: 257}}]
+        base: {train: {tokens: 1024, seq_len: 64, micro_batch_size: 2, batch_tokens: 128}, data: {kind: stdlib}}
+    """)
+    cases = [("grid:\n  model.output_gates: [true, 1]\n", "model.output_gates",
+              "grid.model.output_gates: true and 1 make one job (the config reads them as the same value)"),
+             ("zip:\n  train.lr: [1.0e-3, 2.0e-3, 1.0e-3]\n  train.min_lr: [0.0, 0.0, 0]\n", "train.min_lr",
+              "zip.train.min_lr: 0.0 and 0 make one job"),  # the key whose spellings differ
+             ("zip:\n  train.lr: [1.0e-3, 1.0e-3]\n  train.min_lr: [0.0, 0.0]\n", "train.lr",
+              "zip.train.lr: two rows are the same; each row runs once")]
+    for body, key, says in cases:
+        f = tmp_path / "g.yaml"
+        f.write_text(head + body)
+        with pytest.raises(UserError) as err:
+            load_sweep(f)
+        line = next(i for i, text in enumerate(f.read_text().splitlines(), 1) if key in text)
+        assert str(err.value).startswith(f"{f}:{line}: {says}"), str(err.value)
+    # distinct values still expand: a switch both ways, zip rows that repeat one key's value
+    f.write_text(head + "grid:\n  model.output_gates: [true, false]\nzip:\n  train.lr: [1.0e-3, 1.0e-3]\n"
+                        "  train.min_lr: [0.0, 1.0e-5]\n")
+    assert len(load_sweep(f).jobs) == 4
+
+
 def test_a_bad_grid_key_is_named_not_the_key_it_starts_like(tmp_path):
     f = tmp_path / "g.yaml"
     f.write_text(textwrap.dedent("""

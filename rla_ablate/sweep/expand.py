@@ -299,6 +299,25 @@ def grid_points(cfg: SweepConfig) -> list[dict[str, Any]]:
     return points
 
 
+def _one_job_twice(cfg: SweepConfig, located: LocatedYAML, first: dict[str, Any], again: dict[str, Any]) -> UserError:
+    """Two grid points (or zip rows) that validate to one job, as 1 and 1.0, or true and 1 for a switch: said
+    rather than run once silently, as an exact repeat is (schema)."""
+    import json
+
+    def spelled(x: Any) -> str:
+        return json.dumps(x, sort_keys=True)
+
+    keys = [k for k in again if spelled(again[k]) != spelled(first[k])]
+    if not keys:  # identical zip rows
+        key = next(iter(cfg.zip))
+        return _err(located, ("zip", key), "two rows are the same; each row runs once")
+    section = "grid" if keys[0] in cfg.grid else "zip"
+    values = " and ".join(", ".join(spelled(p[k]) for k in keys) for p in (first, again))
+    what = values if len(keys) == 1 else f"{', '.join(keys)} = {values}"
+    return _err(located, (section, keys[0]), f"{what} make one job (the config reads them as the same value); list "
+                                             "each value once")
+
+
 def _point_label(point: dict[str, Any]) -> str:
     return ",".join(f"{k.split('.', 1)[1]}={v}" for k, v in point.items())
 
@@ -498,11 +517,13 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
             raise _err(located, ("controls", j),
                        f"control '{ref.name}' is derived from residual models (rla, rdn); "
                        f"this sweep's models are {', '.join(sorted(set(families)))}")
+    from_grid = points is None
     if points is None:
         points = grid_points(cfg)
 
     jobs: list[ResolvedJob] = []
     seen: dict[str, str] = {}
+    made_by: dict[str, dict[str, Any]] = {}  # a job id -> the grid point whose plain (ablation-free) job it is
 
     def add(job: ResolvedJob) -> None:
         # Two routes to one config (e.g. an ablation that changes nothing for this preset) run once.
@@ -519,6 +540,8 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
                 model_cfg = r.model(i, arm_cfg, point, ablation)
                 for seed in cfg.seeds:
                     job, jid, series = r.job(model_cfg, point, seed, i)
+                    if from_grid and ablation is None and made_by.setdefault(jid, point) is not point:
+                        raise _one_job_twice(cfg, located, made_by[jid], point)
                     name = "/".join(p for p in (labels[i], ablation, _point_label(point), f"seed{seed}") if p)
                     add(ResolvedJob(job_id=jid, name=name, family=str(model_cfg.family),
                                     ablations=[ablation] if ablation else [], seed=seed, job=job, point=dict(point),
@@ -541,6 +564,8 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
                 model_cfg, report = derived.config, derived.summary()
                 for seed in cfg.seeds:
                     job, jid, series = r.job(model_cfg, point, seed, i)
+                    if from_grid and ablation is None and made_by.setdefault(jid, point) is not point:
+                        raise _one_job_twice(cfg, located, made_by[jid], point)
                     target_name = "/".join(p for p in (labels[i], _point_label(point)) if p)
                     tag = ref.name if ref.axis == "expand_v" else f"{ref.name}[{ref.axis}]"
                     name = "/".join(p for p in (f"{baseline}~{tag}({labels[i]})", _point_label(point),

@@ -252,11 +252,25 @@ class SweepConfig(_Strict):
         # repeat a value of one key beside different values of another.
         import json
 
+        def same(x):  # 1 and 1.0 are one value to a config's hash: one job
+            if isinstance(x, (int, float)) and not isinstance(x, bool):
+                return float(x)
+            if isinstance(x, list):
+                return [same(y) for y in x]
+            if isinstance(x, dict):
+                return {k: same(y) for k, y in x.items()}
+            return x
+
         for key, values in v.items():
-            spelled = [json.dumps(x, sort_keys=True) for x in values]
-            repeated = sorted({x for x in spelled if spelled.count(x) > 1})
-            if repeated:
-                raise ValueError(f"'{key}' lists {', '.join(repeated)} more than once; each value runs once")
+            canon = [json.dumps(same(x), sort_keys=True) for x in values]
+            repeated = [c for c in dict.fromkeys(canon) if canon.count(c) > 1]
+            if repeated:  # each repeated value as the file spells it: "0.5", or "1 (as 1 and 1.0)"
+                said = []
+                for c in repeated:
+                    spelled = list(dict.fromkeys(json.dumps(x, sort_keys=True) for x, c2 in zip(values, canon)
+                                                 if c2 == c))
+                    said.append(spelled[0] if len(spelled) == 1 else f"{spelled[0]} (as {' and '.join(spelled)})")
+                raise ValueError(f"'{key}' lists {', '.join(said)} more than once; each value runs once")
         return v
 
     @field_validator("zip")
