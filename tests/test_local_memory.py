@@ -91,9 +91,11 @@ def test_a_packed_job_trains_as_an_unpacked_one_and_leaves_the_gate_free(gates, 
     assert packed.status == alone.status == "finished"
     numbers = lambda result: {k: v for k, v in result.metrics.items() if k == "train/loss" or k.startswith("eval/")}  # noqa: E731
     assert numbers(packed) == numbers(alone) and "eval/val/loss" in numbers(packed)
-    events = [r["detail"] for r in read_jsonl(tmp_path / "packed" / "metrics.jsonl")
-              if r["type"] == "event" and "tuning_gate_wait_s" in r.get("detail", {})]
-    assert len(events) == 1 and events[0]["tuning_gate_wait_s"] >= 1.0, events
+    details = [r["detail"] for r in read_jsonl(tmp_path / "packed" / "metrics.jsonl") if r["type"] == "event"]
+    gate = [d for d in details if "tuning_gate" in d or "tuning_gate_wait_s" in d]
+    # said while it waits (a sweep's launch shows it), then how long it waited
+    assert [sorted(d) for d in gate] == [["tuning_gate"], ["tuning_gate_wait_s"]], gate
+    assert gate[0]["tuning_gate"].startswith("waiting") and gate[1]["tuning_gate_wait_s"] >= 1.0, gate
     free = lm.TuningGate(CPU, lambda: True)
     assert free.enter()  # nothing holds it after the job
     free.leave()
@@ -189,3 +191,31 @@ def test_an_evaluation_within_the_warm_up_keeps_the_gate_to_its_end(gates, tmp_p
     result = run_job(tiny_job(tokens=3072, eval_every_tokens=512), tmp_path / "job", shares_gpu=True)
     assert result.status == "finished", result.error
     assert order.index("leave") == WARMUP_STEPS + 1 and order.count("leave") == 1, order
+
+
+def test_a_wait_at_the_gate_is_said_to_the_launch_and_not_kept_in_the_jobs_status(tmp_path):
+    """SweepLogger turns the loop's waiting event into a note for the launch's output only (keep=False): the wait
+    passes, a status notice would outlive it. Unit test with a recording stand-in for the Ray monitor."""
+    from rla_ablate.sweep.worker import Monitor, SweepLogger
+
+    notes = []
+
+    class Remote:
+        def __init__(self, fn):
+            self.remote = fn
+
+    class Recorder:
+        note = Remote(lambda job_id, text, keep=True: notes.append((job_id, text, keep)))
+
+    log = SweepLogger(None, Recorder(), "job1", tmp_path)
+    log.event("info", 0, {"tuning_gate": "waiting: another job on this GPU is in its first steps"})
+    log.event("info", 0, {"tuning_gate_wait_s": 3.2})
+    log.event("info", 0, {"local_memory_released": {"from": 2048, "to": 1024}})
+    assert len(notes) == 1 and notes[0][0] == "job1" and notes[0][2] is False, notes
+    assert "tuning gate" in notes[0][1], notes
+    # the monitor hands both kinds on with their flag (the launch keeps only the first in the job's status)
+    monitor = Monitor.__ray_actor_class__()  # the actor's own class, outside Ray
+    monitor.note("a", "unreadable checkpoint skipped")
+    monitor.note("b", "waits for its GPU's tuning gate", False)
+    assert monitor.snapshot()[3] == [("a", "unreadable checkpoint skipped", True),
+                                     ("b", "waits for its GPU's tuning gate", False)]

@@ -803,9 +803,10 @@ class _Runner:
         self.tracking_notes()
         snapshot = self.ray.get(self.monitor.snapshot.remote())
         _, _, values, notes = snapshot
-        for job_id, text in notes:
+        for job_id, text, keep in notes:
             self.progress.note(f"{self.names.get(job_id, job_id[:8])}: {text}")
-            self.sdir.set_status(job_id, notice=text)
+            if keep:
+                self.sdir.set_status(job_id, notice=text)
         for job in [*self.inflight.values(), *ending]:
             if values.get(job.job_id) and self.source is not None:
                 why = self.source.observe(job, values[job.job_id])

@@ -79,11 +79,13 @@ class Monitor:
             self.values.setdefault(job_id, []).extend(values)
         return self.stop_all or job_id in self.stop
 
-    def note(self, job_id: str, text: str) -> None:
-        """A line for the launch's output and the job's status (a resume that skipped an unreadable checkpoint)."""
-        self.notes.append((job_id, text))
+    def note(self, job_id: str, text: str, keep: bool = True) -> None:
+        """A line for the launch's output and, if `keep`, the job's status (a resume that skipped an unreadable
+        checkpoint); a passing state (a wait at the GPU's tuning gate) is only said."""
+        self.notes.append((job_id, text, keep))
 
-    def snapshot(self) -> tuple[dict[str, int], set[str], dict[str, list[tuple[int, float]]], list[tuple[str, str]]]:
+    def snapshot(self) -> tuple[dict[str, int], set[str], dict[str, list[tuple[int, float]]],
+                                list[tuple[str, str, bool]]]:
         values, self.values = self.values, {}
         notes, self.notes = self.notes, []
         return dict(self.tokens), set(self.started), values, notes
@@ -141,6 +143,9 @@ class SweepLogger:
         if skipped and self.monitor is not None:
             self.monitor.note.remote(self.job_id, f"unreadable checkpoint skipped ({'; '.join(skipped)}); resumed "
                                                   f"from the older one at {int(step)} tokens")
+        if name == "info" and "tuning_gate" in (detail or {}) and self.monitor is not None:
+            self.monitor.note.remote(self.job_id, "waits for its GPU's tuning gate (packed jobs pass their first "
+                                                  "steps and evaluation one at a time)", False)
         if name == "start":
             self.tokens = int(step)
             self._report(force=True)

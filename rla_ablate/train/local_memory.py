@@ -97,6 +97,7 @@ class TuningGate:
     `should_stop` unless told not to (a job stopped while waiting for its first steps starts nothing)."""
 
     POLL_S = 0.25
+    SAY_AFTER_S = 1.0  # a wait this long is said (`enter`'s on_wait; the loop's events)
 
     def __init__(self, device: torch.device, should_stop=None, directory: str | os.PathLike | None = None):
         self.device, self.should_stop = device, should_stop
@@ -109,8 +110,9 @@ class TuningGate:
     def held(self) -> bool:
         return self._fd is not None
 
-    def enter(self, stoppable: bool = True) -> bool:
-        """Wait for the gate; True once held, False when `should_stop` said stop first (only if `stoppable`)."""
+    def enter(self, stoppable: bool = True, on_wait=None) -> bool:
+        """Wait for the gate; True once held, False when `should_stop` said stop first (only if `stoppable`).
+        `on_wait()` is called once if the wait lasts SAY_AFTER_S (another process holds it)."""
         if self._fd is not None:
             return True
         folder = self.path.parent
@@ -128,6 +130,9 @@ class TuningGate:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
+                    if on_wait is not None and time.monotonic() - started >= self.SAY_AFTER_S:
+                        on_wait()
+                        on_wait = None
                     if stoppable and self.should_stop is not None and self.should_stop():
                         os.close(fd)
                         return False

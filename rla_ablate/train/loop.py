@@ -449,9 +449,10 @@ class Trainer:
         False when a stop was requested while waiting (only if `stoppable`)."""
         if self.gate is None or self.gate.held:
             return True
-        if not self.gate.enter(stoppable):
+        waiting = {"tuning_gate": "waiting: another job on this GPU is in its first steps or first evaluation"}
+        if not self.gate.enter(stoppable, on_wait=lambda: self.logger.event("info", self.tokens, waiting)):
             return False
-        if self.gate.waited_s >= 1.0:
+        if self.gate.waited_s >= self.gate.SAY_AFTER_S:
             self.logger.event("info", self.tokens, {"tuning_gate_wait_s": round(self.gate.waited_s, 1)})
         return True
 
