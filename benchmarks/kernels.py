@@ -5,6 +5,7 @@
     python benchmarks/kernels.py --tune [--seq-lens 2048]        # RLA [triton] fwd+bwd with each kernel at other warp counts
     python benchmarks/kernels.py --backends triton --rla-residual-apart   # adds RLA's forward with its residuals in a
                                                                           # kernel of their own, as it was
+    python benchmarks/kernels.py --backends triton --rla-chunk 128 --rla-warps 8   # adds RLA at another chunk size
 
 Each T runs B = tokens / T sequences of H=16 heads of dimension 128; --long adds one forward-only row set at B=1.
 Baselines: FLA chunk_simple_gla (sGLA, the additive base) and chunk_gated_delta_rule (Gated DeltaNet, the delta
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +44,7 @@ def make_inputs(B, T, grad):
     return tensors
 
 
-def candidates(backends, residual_apart=False):
+def candidates(backends, residual_apart=False, rla_chunk=None, rla_warps=None):
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.simple_gla import chunk_simple_gla
 
@@ -61,7 +63,28 @@ def candidates(backends, residual_apart=False):
                 x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], rule=rule, backend=backend)[0])
     if residual_apart and "triton" in backends:
         runs["RLA [triton, res. apart]"] = ("additive", residual_kernel_apart)
+    if rla_chunk and "triton" in backends:
+        warps = f", {rla_warps} warps" if rla_warps else ""
+        runs[f"RLA [triton, chunk {rla_chunk}{warps}]"] = ("additive", partial(rla_other_chunk, chunk=rla_chunk,
+                                                                                   warps=rla_warps))
     return runs
+
+
+def rla_other_chunk(x, chunk, warps=None):
+    """RLA's fused kernels at another chunk size (its states kept every `chunk` tokens), every kernel at `warps`
+    warps if given: the op the `triton` backend runs, but for the chunk (and launch options)."""
+    from rla_ablate.ops.spec import ResidualSpec
+    from rla_ablate.ops.triton import rla
+
+    saved = {k: dict(v) for k, v in rla.LAUNCH.items()}
+    if warps:
+        for name in rla.LAUNCH:
+            rla.LAUNCH[name]["num_warps"] = warps
+    try:
+        return rla.rla_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], ResidualSpec(), D ** -0.5, None,
+                              chunk=chunk)[0]
+    finally:
+        rla.LAUNCH.update(saved)
 
 
 def residual_kernel_apart(x):
@@ -153,10 +176,13 @@ def main():
     parser.add_argument("--tune", action="store_true", help="time the fused RLA kernels' launch options")
     parser.add_argument("--rla-residual-apart", action="store_true",
                         help="add RLA [triton] with its forward's residuals in a kernel of their own")
+    parser.add_argument("--rla-chunk", type=int, default=None,
+                        help="add RLA [triton] at this chunk size (64 is the backend's)")
+    parser.add_argument("--rla-warps", type=int, default=None, help="with --rla-chunk: every RLA kernel at these warps")
     args = parser.parse_args()
     _load_gpu_backends()
     backends = args.backends or [b for b in BACKENDS if b not in ("naive", "chunk")]
-    runs = candidates(backends, args.rla_residual_apart)
+    runs = candidates(backends, args.rla_residual_apart, args.rla_chunk, args.rla_warps)
     if args.profile:
         for T in args.seq_lens:
             profile(runs, T, args.tokens, [n for n in runs if n != "SDPA causal"])
