@@ -166,3 +166,28 @@ def test_mlflow_ui_shows_the_sweep_experiment(sweep, tmp_path):
     assert f"rla-sweep/{SWEEP}" in text and "Training runs" in text
     assert f"{n} matching runs" in text, text[:2000]
     assert f" {client.get_run(runs['parent']).info.run_name} " in text
+
+
+def test_a_render_deletes_the_figures_an_earlier_one_logged_and_it_did_not(tmp_path):
+    """MLflow's log_artifacts adds and overwrites but never removes: a figure of a spec since dropped would sit in
+    the parent run's dashboard/ beside the current page. The real server deletes it; the user's other files stay."""
+    from rla_ablate.dashboard.build import _log_files
+
+    with TrackingServer(tmp_path / "tracking") as server:
+        client = MlflowClient(server.uri)
+        exp = client.create_experiment("rla-sweep/forget")
+        run_id = client.create_run(exp).info.run_id
+        first, second = tmp_path / "first", tmp_path / "second"
+        for folder, names in ((first, ("index.html", "a.png", "a.svg", "old.png", "old.svg", "notes.txt")),
+                              (second, ("index.html", "a.png", "a.svg"))):
+            folder.mkdir()
+            for name in names:
+                (folder / name).write_text(f"{folder.name} {name}")
+        unlogged: list[str] = []
+        assert _log_files(client, run_id, first, server.uri, "forget", unlogged) == run_id
+        assert _log_files(client, run_id, second, server.uri, "forget", unlogged) == run_id
+        assert unlogged == []
+        files = {f.path for f in client.list_artifacts(run_id, "dashboard")}
+        assert files == {"dashboard/index.html", "dashboard/a.png", "dashboard/a.svg", "dashboard/notes.txt"}, files
+        page = client.download_artifacts(run_id, "dashboard/index.html", str(tmp_path))
+        assert open(page).read() == "second index.html"

@@ -284,4 +284,26 @@ def _log_files(client, run_id: str, out: Path, uri: str, sweep: str, unlogged: l
                         f"bypasses; without --tracking-uri (or with the server's http:// address) the files are "
                         f"logged to the parent run of '{sweep}'")
         return None
+    _forget_old_logged_figures(client, run_id, out, uri, unlogged)
     return run_id
+
+
+def _forget_old_logged_figures(client, run_id: str, out: Path, uri: str, unlogged: list[str]) -> None:
+    """Delete the run's dashboard figures that this render did not write (`_forget_old_figures` removed them from
+    `out`): logging adds and overwrites files but never removes one, so an earlier render's figure of a spec since
+    renamed or dropped sat beside the current page in the MLflow UI as if current."""
+    import requests
+    from mlflow.exceptions import MlflowException
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    stale = [f.path for f in client.list_artifacts(run_id, "dashboard")
+             if not f.is_dir and f.path.endswith((".png", ".svg")) and not (out / Path(f.path).name).is_file()]
+    if not stale:
+        return
+    repo = get_artifact_repository(client.get_run(run_id).info.artifact_uri, tracking_uri=uri)
+    try:
+        for path in stale:
+            repo.delete_artifacts(path)
+    except (MlflowException, NotImplementedError, OSError, requests.RequestException) as err:
+        unlogged.append(f"earlier figures left in MLflow beside the current ones ({', '.join(stale)}): the artifact "
+                        f"store refused their deletion ({type(err).__name__})")
