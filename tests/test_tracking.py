@@ -270,3 +270,46 @@ def test_server_reuse_and_stale_cleanup(tmp_path):
             rec = TrackingServer(root).read_record()
             if rec and os.path.exists(f"/proc/{rec['pid']}"):
                 os.killpg(rec["pgid"], signal.SIGKILL)
+
+
+def test_a_chosen_port_taken_before_the_server_binds_it_is_replaced(tmp_path, monkeypatch):
+    """A free port is free only when chosen: Ray, starting beside the server, opens dozens. When another process
+    takes the server's port first (here a listener that answers in binary, as a gRPC server does), the health check
+    says "not up" rather than raising, and the server starts again on another free port."""
+    import socket
+    import threading
+
+    from rla_ablate.tracking import server as srv
+
+    thief = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    thief.bind(("127.0.0.1", 0))
+    thief.listen(8)
+    taken = thief.getsockname()[1]
+
+    def answer_in_binary():
+        while True:
+            try:
+                conn, _ = thief.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"\x00\x00\x12\x04\x00\x00\x00\x00\x00\x00\x05\x00\x40\x00\x00\xfe\x03")
+
+    threading.Thread(target=answer_in_binary, daemon=True).start()
+    assert not srv.is_healthy(f"http://127.0.0.1:{taken}", timeout=2.0)
+    ports = iter([taken])
+    real = srv.free_port
+    monkeypatch.setattr(srv, "free_port", lambda host=srv.HOST: next(ports, None) or real(host))
+    try:
+        with TrackingServer(tmp_path / "tracking") as server:
+            assert server.port != taken and srv.is_healthy(server.uri)
+            assert "was taken before the server bound it" in server.log_path.read_text()
+            assert json.loads(server.record_path.read_text())["port"] == server.port
+    finally:
+        thief.close()
+    # a port the user names is theirs: taken, it is refused at once, not replaced
+    with pytest.raises(Exception, match="in use by another process"):
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen(1)
+            TrackingServer(tmp_path / "named", port=busy.getsockname()[1]).start()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import http.client
 import json
 import os
 import signal
@@ -83,8 +84,8 @@ def is_healthy(uri: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(f"{uri}/health", timeout=timeout) as resp:
             return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
+        return False  # HTTPException: something else answers there (a gRPC server's binary reply, say)
 
 
 # Store URIs `rla-sweep server --backend-store-uri` takes; a launch's jobs log through a server's REST API.
@@ -220,6 +221,9 @@ class TrackingServer:
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
         self._restarting = False
+        self._deathsig = False
+        self._port_chosen = False  # the port came from free_port(), not the user
+        self._port_tries = 0
 
     @property
     def backend_uri(self) -> str:
@@ -308,7 +312,9 @@ class TrackingServer:
             raise UserError(f"port {self.port} on {self.host} is in use by another process (another `rla-sweep ui` "
                             "or server?); pick a free one with --port", key="--port")
         # PDEATHSIG fires when the creating *thread* exits, so only the main thread may arm it.
-        self._spawn(self.port or free_port(), deathsig=threading.current_thread() is threading.main_thread())
+        self._deathsig = threading.current_thread() is threading.main_thread()
+        self._port_chosen = self.port is None  # ours to change if another process takes it first
+        self._spawn(self.port or free_port(), deathsig=self._deathsig)
         self._install_handlers()
         if wait:
             self._wait_until_up()
@@ -353,6 +359,8 @@ class TrackingServer:
             if self._stopping.is_set():
                 return
             code = self.proc.poll()
+            if code is not None and self._lost_its_port():
+                continue  # started again on another free port
             if code is not None:
                 tail = self.log_path.read_text(errors="replace")[-2000:]
                 # stop() forgets the process: keep its exit code for the message.
@@ -364,6 +372,24 @@ class TrackingServer:
                 raise UserError(f"the MLflow server did not answer within {self.startup_timeout:.0f} s; "
                                 f"see {self.log_path}")
             time.sleep(0.25)
+
+    PORT_TRIES = 3
+
+    def _lost_its_port(self) -> bool:
+        """The server exited because the free port it was given was taken before it bound it (a free port is free
+        only when chosen: Ray, starting beside it, opens dozens): spawn it on another, up to PORT_TRIES times.
+        Never for a port the user named."""
+        if not self._port_chosen or not port_in_use(self.host, self.port):
+            return False
+        tries = self._port_tries + 1
+        if tries >= self.PORT_TRIES:
+            return False
+        self._port_tries = tries
+        with open(self.log_path, "a") as log:
+            log.write(f"\n[rla-sweep] port {self.port} was taken before the server bound it; "
+                      "starting it on another\n")
+        self._spawn(free_port(), deathsig=self._deathsig)
+        return True
 
     # -- supervision ---------------------------------------------------------------------------------------------
 
