@@ -128,7 +128,9 @@ for s, r, n in p.largest_stacks(20): print(f'stack {s:>7,} B/thread  {r:>3} regi
     # Then whether a process gives the autotuning's local memory back (rla_ablate/train/local_memory.py, what packing's
     # 1 GiB a process counts on): a spilling kernel, then a graphed run whose Triton cache is empty, so that FLA
     # autotunes (its lines "gave back the local memory", and the memory outside the allocator after them).
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_train_gpu.py -k local_memory 2>&1 | tail -n 3 | tee -a "$OUT/memory.log"
+    # (and whether the GPU's Triton autotuner takes the packed jobs' gate only to time candidates: test_local_memory)
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_train_gpu.py tests/test_local_memory.py \
+        -k "local_memory or times_candidates" 2>&1 | tail -n 3 | tee -a "$OUT/memory.log"
     empty=$(mktemp -d)
     TRITON_CACHE_DIR=$empty python3 benchmarks/process_memory.py proxy-lm-rla --graphs true --limit 170 \
         >"$OUT/memory-release.log" 2>&1 || rc=1

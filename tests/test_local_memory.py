@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -219,3 +221,137 @@ def test_a_wait_at_the_gate_is_said_to_the_launch_and_not_kept_in_the_jobs_statu
     monitor.note("b", "waits for its GPU's tuning gate", False)
     assert monitor.snapshot()[3] == [("a", "unreadable checkpoint skipped", True),
                                      ("b", "waits for its GPU's tuning gate", False)]
+
+
+HOOK_SCRIPT = r'''
+import json, os, sys, time
+from pathlib import Path
+gates, flags, device = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+if device == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"  # Triton's own autotuner, its kernels run by the interpreter on the CPU
+import torch, triton, triton.language as tl
+from rla_ablate.train import local_memory as lm
+
+def bench(fn, quantiles=None, **kwargs):  # the autotuner's timer on the CPU, a stand-in for CUDA events
+    fn()
+    return [1.0, 1.0, 1.0]
+
+timer = dict(do_bench=bench) if device == "cpu" else {}  # on a GPU, Triton's own
+
+@triton.autotune(configs=[triton.Config({"B": 16}), triton.Config({"B": 32})], key=["n"], **timer)
+@triton.jit
+def double(x, y, n, B: tl.constexpr):
+    i = tl.program_id(0) * B + tl.arange(0, B)
+    tl.store(y + i, tl.load(x + i, mask=i < n) * 2, mask=i < n)
+
+def call(n):
+    x = torch.arange(float(n), device=device)
+    y = torch.empty(n, device=device)
+    double[lambda meta: (triton.cdiv(n, meta["B"]),)](x, y, n)
+    assert torch.equal(y, 2 * x)
+
+gate = lm.TuningGate(torch.device(device), directory=gates)
+said = []
+assert lm.gate_autotuning(gate, on_wait=lambda: (said.append(1), (flags / "waiting").touch()))
+t = time.monotonic()
+call(64)                      # a new key: timing its candidates enters the gate, which the test holds
+first, held = time.monotonic() - t, gate.held
+gate.leave()
+(flags / "tuned").touch()
+while not (flags / "held-again").exists():
+    time.sleep(0.05)
+call(64)                      # its key tuned: no candidate is timed, the gate (held again) is not asked for
+held_cached = gate.held
+lm.gate_autotuning(None)
+call(128)                     # a new key with no gate set: tuned without one
+print(json.dumps(dict(first=first, held=held, said=len(said), waited=gate.waited_s, held_cached=held_cached,
+                      held_unhooked=gate.held)))
+'''
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_tritons_autotuner_enters_the_gate_only_when_it_times_candidates(gates, tmp_path, device):
+    """The hook on the real Triton autotuner (its interpreter on the CPU; on a GPU, its own timer and a fresh Triton
+    cache): timing a new key's candidates waits for the gate and keeps it; a key already tuned runs while another
+    process holds the gate; without a gate set, nothing waits. A hang here (the test's timeout) would mean a tuned
+    kernel asked for the gate."""
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    dev = torch.device(device)
+    holder = lm.TuningGate(dev if device == "cpu" else torch.device("cuda", torch.cuda.current_device()),
+                           directory=gates)
+    assert holder.enter()
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))  # no autotune result to read
+    proc = subprocess.Popen([sys.executable, "-c", HOOK_SCRIPT, str(gates), str(flags), device], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def wait_for(name: str) -> None:
+        deadline = time.monotonic() + 120
+        while not (flags / name).exists():
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, name
+            time.sleep(0.05)
+
+    try:
+        wait_for("waiting")
+        time.sleep(1.0)
+        holder.leave()
+        wait_for("tuned")
+        assert holder.enter()
+        (flags / "held-again").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        holder.leave()
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["said"] == 1 and got["held"] and got["first"] >= 1.0 and got["waited"] >= 1.0, got
+    assert not got["held_cached"] and not got["held_unhooked"], got
+
+
+def test_gated_where_it_autotunes_a_packed_job_trains_past_a_held_gate_and_waits_only_to_tune(gates, tmp_path,
+                                                                                              monkeypatch):
+    """With the autotuner hooked (a GPU's mode, forced here on the CPU), a packed job does not wait for its first
+    steps: it takes the gate only when its autotuner times candidates (here its second step calls what the hooked
+    autotuner calls), waits there for the other holder, and leaves the gate after that step; it trains to the
+    losses of an unpacked run, and its process has no gate set afterwards."""
+    from rla_ablate.train import loop
+
+    monkeypatch.setattr(lm, "gates_autotuning", lambda device, gate, on_wait=None: lm.gate_autotuning(gate, on_wait))
+    real_step = loop.Trainer.train_step
+    steps = []
+
+    def step_that_autotunes_second(self):
+        steps.append(self.step)
+        if len(steps) == 2:
+            lm.before_autotune()
+        return real_step(self)
+
+    holder = lm.TuningGate(CPU)
+    assert holder.enter()
+    log = tmp_path / "packed" / "metrics.jsonl"
+
+    def leave_once_the_job_waits():
+        while not (log.exists() and '"tuning_gate"' in log.read_text()):
+            time.sleep(0.05)
+        time.sleep(1.2)
+        holder.leave()
+
+    threading.Thread(target=leave_once_the_job_waits, daemon=True).start()
+    monkeypatch.setattr(loop.Trainer, "train_step", step_that_autotunes_second)
+    packed = run_job(tiny_job(tokens=4096), tmp_path / "packed", shares_gpu=True)
+    monkeypatch.setattr(loop.Trainer, "train_step", real_step)
+    alone = run_job(tiny_job(tokens=4096), tmp_path / "alone")
+    assert packed.status == alone.status == "finished"
+    numbers = lambda result: {k: v for k, v in result.metrics.items() if k == "train/loss" or k.startswith("eval/")}  # noqa: E731
+    assert numbers(packed) == numbers(alone)
+    details = [r["detail"] for r in read_jsonl(log) if r["type"] == "event"]
+    said = [next(iter(d)) for d in details if {"first_step_s", "tuning_gate", "tuning_gate_wait_s"} & set(d)]
+    # its first step ran while the other process held the gate; the second waited
+    assert said == ["backend", "tuning_gate", "tuning_gate_wait_s"], details
+    assert [d for d in details if "tuning_gate_wait_s" in d][0]["tuning_gate_wait_s"] >= 1.0
+    assert lm._ACTIVE is None
+    free = lm.TuningGate(CPU, lambda: True)
+    assert free.enter()  # left after the step that tuned
+    free.leave()

@@ -13,6 +13,13 @@ behaviour for every kernel launch), so an eager job may release at any point bet
 after each of its first steps and after every evaluation (new shapes autotune there too, a last partial batch
 among them), and each call that finds nothing to give back costs one driver query. A graphed job releases only after its first step, before the
 eager step that precedes its capture (`Trainer._release_local_memory`).
+
+Packed jobs pass their autotuning one at a time per GPU (`TuningGate`), so that a GPU reserves that memory once for
+all its jobs. On a GPU the gate is taken where the memory grows: Triton's autotuner enters it before it times a
+kernel's candidate configurations (`gate_autotuning`), and the training loop gives the memory back and leaves the
+gate after the step or evaluation in which that happened. A job whose autotune results are all in the Triton cache
+never times a candidate and never waits. Where Triton's autotuner cannot be hooked, the loop gates every process's
+first steps and first evaluation instead (where kernels compile and tune), as it does on the CPU.
 """
 
 from __future__ import annotations
@@ -149,6 +156,49 @@ class TuningGate:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+# The gate Triton's autotuner enters in this process (`gate_autotuning`), and what it calls when it must wait.
+_ACTIVE: TuningGate | None = None
+_ON_WAIT = None
+
+
+def before_autotune() -> None:
+    """What the hooked autotuner runs before timing a candidate configuration: enter the process's gate, if one is
+    set, waiting without heeding a stop (the step it is in must end); the training loop leaves it after that step."""
+    gate = _ACTIVE
+    if gate is not None and not gate.held:
+        gate.enter(stoppable=False, on_wait=_ON_WAIT)
+
+
+def gate_autotuning(gate: TuningGate | None, on_wait=None) -> bool:
+    """Make Triton's autotuner enter `gate` in this process before it times candidate configurations (None: no
+    gate any more). False when the autotuner cannot be hooked (Triton missing, or without `Autotuner._bench`, the
+    method that times one candidate in Triton 3.x; FLA's CachedAutotuner inherits it)."""
+    global _ACTIVE, _ON_WAIT
+    try:
+        from triton.runtime.autotuner import Autotuner
+    except ImportError:
+        return False
+    bench = getattr(Autotuner, "_bench", None)
+    if bench is None:
+        return False
+    if not getattr(bench, "gated", False):
+        @functools.wraps(bench)
+        def gated_bench(self, *args, **kwargs):
+            before_autotune()
+            return bench(self, *args, **kwargs)
+
+        gated_bench.gated = True
+        Autotuner._bench = gated_bench
+    _ACTIVE, _ON_WAIT = gate, on_wait
+    return True
+
+
+def gates_autotuning(device: torch.device, gate: TuningGate, on_wait=None) -> bool:
+    """Whether a packed job on `device` is gated where it autotunes (a CUDA device whose autotuner could be hooked)
+    rather than through its first steps and evaluation."""
+    return device.type == "cuda" and gate_autotuning(gate, on_wait)
 
 
 def _gpu_uuid(device: torch.device) -> str:

@@ -31,6 +31,7 @@ from rla_ablate.train.checkpoint import capture_rng, load_latest, restore_rng, s
 from rla_ablate.train.graphs import WARMUP_STEPS, GraphedMicroStep, peak_memory_bytes
 from rla_ablate.train.guard import DivergenceGuard
 from rla_ablate.train.job import JobConfig, JobResult, another_job
+from rla_ablate.train import local_memory
 from rla_ablate.train.local_memory import LocalMemory, TuningGate
 from rla_ablate.train.loggers import (CompositeLogger, JSONLLogger, MetricLogger, NullLogger, read_jsonl,
                                      truncate_jsonl)
@@ -211,6 +212,7 @@ class Trainer:
         self.shares_gpu = shares_gpu
         # packed on a GPU with other jobs: the steps that may autotune go through the GPU's gate (setup builds it)
         self.gate: TuningGate | None = None
+        self.gates_autotuning = False  # the gate is taken where Triton autotunes, not through the first steps
         self.user_logger = logger
         self.logger: MetricLogger = NullLogger()
         self.jsonl: JSONLLogger | None = None
@@ -272,6 +274,7 @@ class Trainer:
         self.local_memory = LocalMemory(self.device)
         if self.shares_gpu:
             self.gate = TuningGate(self.device, self._stop_requested)
+            self.gates_autotuning = local_memory.gates_autotuning(self.device, self.gate, on_wait=self._say_gate_wait)
         if cfg.cuda_graphs:
             # The micro step the graph records is the eager one: autocast is entered inside the recording, so its
             # cast cache ends there too and every replay casts the weights the last step updated.
@@ -449,12 +452,29 @@ class Trainer:
         False when a stop was requested while waiting (only if `stoppable`)."""
         if self.gate is None or self.gate.held:
             return True
-        waiting = {"tuning_gate": "waiting: another job on this GPU is in its first steps or first evaluation"}
-        if not self.gate.enter(stoppable, on_wait=lambda: self.logger.event("info", self.tokens, waiting)):
+        if not self.gate.enter(stoppable, on_wait=self._say_gate_wait):
             return False
-        if self.gate.waited_s >= self.gate.SAY_AFTER_S:
-            self.logger.event("info", self.tokens, {"tuning_gate_wait_s": round(self.gate.waited_s, 1)})
+        self._say_gate_waited()
         return True
+
+    def _say_gate_wait(self) -> None:
+        self.logger.event("info", self.tokens, {"tuning_gate": "waiting: another job on this GPU is autotuning"})
+
+    def _say_gate_waited(self) -> None:
+        if self.gate is not None and self.gate.waited_s >= self.gate.SAY_AFTER_S:
+            self.logger.event("info", self.tokens, {"tuning_gate_wait_s": round(self.gate.waited_s, 1)})
+
+    def _after_autotuning(self, steps_here: int) -> None:
+        """When Triton's autotuner took the gate in the step or evaluation just run (`gates_autotuning`): say how
+        long it waited, give the memory back and leave the gate. A graphed job that autotuned after its first step
+        keeps the gate until its capture has run (it gives its memory back only after its first step)."""
+        if self.gate is None or not self.gate.held:
+            return
+        if self.graphs is not None and 1 < steps_here <= WARMUP_STEPS:
+            return
+        self._say_gate_waited()
+        self._release_local_memory(steps_here)
+        self._leave_gate()
 
     def _leave_gate(self) -> None:
         if self.gate is not None:
@@ -541,7 +561,7 @@ class Trainer:
                 group["lr"] = lr
             next_step = self.step + 1
             last = next_step == cfg.total_steps
-            if steps_here == 0 and not self._enter_gate():
+            if steps_here == 0 and not self.gates_autotuning and not self._enter_gate():
                 continue  # stopped while waiting for the gate: the check above ends the run
             started = time.perf_counter()
             loss, grad_norm = self.train_step()
@@ -562,8 +582,10 @@ class Trainer:
             steps_here += 1
             if steps_here <= WARMUP_STEPS + 1:  # this process's steps that compile, autotune and capture
                 self._release_local_memory(steps_here)
-                if steps_here == WARMUP_STEPS + 1:
+                if steps_here == WARMUP_STEPS + 1 and not self.gates_autotuning:
                     self._leave_gate()
+            if self.gates_autotuning:
+                self._after_autotuning(steps_here)
             if verdict.skip:
                 self.logger.event("skipped_step", self.tokens,
                                   {"loss": loss, "grad_norm": grad_norm, "skipped": self.guard.skipped})
@@ -583,15 +605,16 @@ class Trainer:
                 self._flush_window(lr)
             want_stats = next_step % cfg.stats_every_steps == 0 or last
             if next_step % cfg.eval_every_steps == 0 or last:
-                if not evaluated_here:  # the first evaluation of a process compiles and tunes its shapes
-                    # waits without heeding a stop: the step's evaluation is part of its record
+                if not evaluated_here and not self.gates_autotuning:  # a process's first evaluation compiles and
+                    # tunes its shapes; waits without heeding a stop: the step's evaluation is part of its record
                     self._enter_gate(stoppable=False)
                 evals, stats = self.evaluate(want_stats)
                 self._release_local_memory(steps_here)
-                if not evaluated_here:
-                    if steps_here > WARMUP_STEPS:  # within the warm-up the gate stays held to its end
-                        self._leave_gate()
-                    evaluated_here = True
+                if self.gates_autotuning:
+                    self._after_autotuning(steps_here)
+                elif not evaluated_here and steps_here > WARMUP_STEPS:  # in the warm-up it stays held to its end
+                    self._leave_gate()
+                evaluated_here = True
                 self._log(stats)
                 self._log(evals | self.curves.add(evals, self.tokens))
             elif want_stats:
@@ -645,6 +668,8 @@ def train_worker(job: JobConfig, out_dir: str | Path, logger: MetricLogger | Non
         # rather than with the next garbage collection
         trainer.graphs = None
         trainer._leave_gate()
+        if trainer.gates_autotuning:
+            local_memory.gate_autotuning(None)  # a sweep worker's process may run another job next
     trainer.logger.close(result.status, _reason(result))
     return result
 
