@@ -221,7 +221,6 @@ class TrackingServer:
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
         self._restarting = False
-        self._deathsig = False
         self._port_chosen = False  # the port came from free_port(), not the user
         self._port_tries = 0
 
@@ -312,9 +311,8 @@ class TrackingServer:
             raise UserError(f"port {self.port} on {self.host} is in use by another process (another `rla-sweep ui` "
                             "or server?); pick a free one with --port", key="--port")
         # PDEATHSIG fires when the creating *thread* exits, so only the main thread may arm it.
-        self._deathsig = threading.current_thread() is threading.main_thread()
         self._port_chosen = self.port is None  # ours to change if another process takes it first
-        self._spawn(self.port or free_port(), deathsig=self._deathsig)
+        self._spawn(self.port or free_port(), deathsig=threading.current_thread() is threading.main_thread())
         self._install_handlers()
         if wait:
             self._wait_until_up()
@@ -388,7 +386,8 @@ class TrackingServer:
         with open(self.log_path, "a") as log:
             log.write(f"\n[rla-sweep] port {self.port} was taken before the server bound it; "
                       "starting it on another\n")
-        self._spawn(free_port(), deathsig=self._deathsig)
+        # PDEATHSIG ties the process to the thread that spawns it: armed only from the main thread, as in `_start`
+        self._spawn(free_port(), deathsig=threading.current_thread() is threading.main_thread())
         return True
 
     # -- supervision ---------------------------------------------------------------------------------------------
