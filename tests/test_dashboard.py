@@ -178,16 +178,20 @@ def test_a_render_deletes_the_figures_an_earlier_one_logged_and_it_did_not(tmp_p
         exp = client.create_experiment("rla-sweep/forget")
         run_id = client.create_run(exp).info.run_id
         first, second = tmp_path / "first", tmp_path / "second"
-        for folder, names in ((first, ("index.html", "a.png", "a.svg", "old.png", "old.svg", "notes.txt")),
-                              (second, ("index.html", "a.png", "a.svg"))):
+        # the first render's figures (its manifest) and a user's own files beside them, one a PNG
+        for folder, names, figures in ((first, ("index.html", "notes.txt", "mine.png"), ["a.png", "a.svg", "old.png",
+                                                                                         "old.svg"]),
+                                       (second, ("index.html",), ["a.png", "a.svg"])):
             folder.mkdir()
-            for name in names:
+            for name in [*names, *figures]:
                 (folder / name).write_text(f"{folder.name} {name}")
+            (folder / "figures.json").write_text(json.dumps(figures))
         unlogged: list[str] = []
         assert _log_files(client, run_id, first, server.uri, "forget", unlogged) == run_id
         assert _log_files(client, run_id, second, server.uri, "forget", unlogged) == run_id
         assert unlogged == []
         files = {f.path for f in client.list_artifacts(run_id, "dashboard")}
-        assert files == {"dashboard/index.html", "dashboard/a.png", "dashboard/a.svg", "dashboard/notes.txt"}, files
+        assert files == {f"dashboard/{n}" for n in ("index.html", "figures.json", "a.png", "a.svg", "notes.txt",
+                                                     "mine.png")}, files
         page = client.download_artifacts(run_id, "dashboard/index.html", str(tmp_path))
         assert open(page).read() == "second index.html"

@@ -338,9 +338,19 @@ def test_gated_where_it_autotunes_a_packed_job_trains_past_a_held_gate_and_waits
         time.sleep(1.2)
         holder.leave()
 
+    left_after = []  # the steps begun when the job's gate was left while held
+    real_leave = lm.TuningGate.leave
+
+    def leave(gate):
+        if gate.held and gate is not holder:
+            left_after.append(len(steps))
+        real_leave(gate)
+
     threading.Thread(target=leave_once_the_job_waits, daemon=True).start()
     monkeypatch.setattr(loop.Trainer, "train_step", step_that_autotunes_second)
+    monkeypatch.setattr(lm.TuningGate, "leave", leave)
     packed = run_job(tiny_job(tokens=4096), tmp_path / "packed", shares_gpu=True)
+    assert left_after == [2], left_after  # right after the step that tuned, not at the job's end
     monkeypatch.setattr(loop.Trainer, "train_step", real_step)
     alone = run_job(tiny_job(tokens=4096), tmp_path / "alone")
     assert packed.status == alone.status == "finished"
@@ -355,3 +365,37 @@ def test_gated_where_it_autotunes_a_packed_job_trains_past_a_held_gate_and_waits
     free = lm.TuningGate(CPU, lambda: True)
     assert free.enter()  # left after the step that tuned
     free.leave()
+
+
+def test_a_job_that_waited_to_tune_reads_what_the_holder_wrote_to_disk(gates, monkeypatch):
+    """Triton looks a key's timings up on disk before timing (`check_disk_cache`). Gated: the first look takes no
+    gate; on a miss the job waits, then looks again, and reads the timings the job of its shape wrote meanwhile
+    instead of timing every candidate again. A stand-in for Triton's lookup, a dict as its disk."""
+    disk, timed = {}, []
+
+    def lookup(tuner, key, configs, bench_fn):  # check_disk_cache's contract: True when read from disk
+        if key in disk:
+            return True
+        bench_fn()
+        disk[key] = "timed here"
+        return False
+
+    gate = lm.TuningGate(CPU)
+    monkeypatch.setattr(lm, "_ACTIVE", gate)
+    holder = lm.TuningGate(CPU)
+    assert holder.enter()
+    disk["tuned"] = "shipped"
+    assert lm.gated_disk_lookup(lookup, None, "tuned", [], lambda: timed.append("tuned")) and not gate.held
+
+    def write_and_leave():
+        time.sleep(0.6)
+        disk["shape"] = "timed by the holder"
+        holder.leave()
+
+    threading.Thread(target=write_and_leave, daemon=True).start()
+    assert lm.gated_disk_lookup(lookup, None, "shape", [], lambda: timed.append("shape"))  # read, after waiting
+    assert gate.held and gate.waited_s >= 0.5 and timed == []
+    gate.leave()
+    assert not lm.gated_disk_lookup(lookup, None, "new", [], lambda: timed.append("new"))  # a true miss: timed
+    assert timed == ["new"] and disk["new"] == "timed here" and gate.held
+    gate.leave()

@@ -245,6 +245,10 @@ def test_grid_values_or_zip_rows_that_validate_to_one_job_are_said(tmp_path):
     f.write_text(head + "grid:\n  model.output_gates: [true, false]\nzip:\n  train.lr: [1.0e-3, 1.0e-3]\n"
                         "  train.min_lr: [0.0, 1.0e-5]\n")
     assert len(load_sweep(f).jobs) == 4
+    # a control derived at each point is one job when its baseline ignores the gridded key: run once, no error
+    f.write_text(head + "grid:\n  model.clip: [0.5, 1.0, 2.0]\ncontrols: [matched_state]\n")
+    jobs = load_sweep(f).jobs
+    assert len(jobs) == 3 + 1, [j.name for j in jobs]
 
 
 def test_a_bad_grid_key_is_named_not_the_key_it_starts_like(tmp_path):

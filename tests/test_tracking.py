@@ -297,6 +297,10 @@ def test_a_chosen_port_taken_before_the_server_binds_it_is_replaced(tmp_path, mo
 
     threading.Thread(target=answer_in_binary, daemon=True).start()
     assert not srv.is_healthy(f"http://127.0.0.1:{taken}", timeout=2.0)
+    # and a --tracking-uri naming such a port is refused with a message, not a traceback
+    from rla_ablate.errors import UserError
+    with pytest.raises(UserError, match="no MLflow server answers"):  # not in HTTP, or reset
+        srv.check_server_answers(f"http://127.0.0.1:{taken}", timeout=2.0)
     ports = iter([taken])
     real = srv.free_port
     monkeypatch.setattr(srv, "free_port", lambda host=srv.HOST: next(ports, None) or real(host))

@@ -275,6 +275,7 @@ def _log_files(client, run_id: str, out: Path, uri: str, sweep: str, unlogged: l
     is written either way, so that is a note, not a failure."""
     from mlflow.exceptions import MlflowException
 
+    logged_before = _logged_figures(client, run_id)
     try:
         client.log_artifacts(run_id, str(out), "dashboard")
     except MlflowException as err:
@@ -284,24 +285,37 @@ def _log_files(client, run_id: str, out: Path, uri: str, sweep: str, unlogged: l
                         f"bypasses; without --tracking-uri (or with the server's http:// address) the files are "
                         f"logged to the parent run of '{sweep}'")
         return None
-    _forget_old_logged_figures(client, run_id, out, uri, unlogged)
+    _forget_old_logged_figures(client, run_id, out, uri, logged_before, unlogged)
     return run_id
 
 
-def _forget_old_logged_figures(client, run_id: str, out: Path, uri: str, unlogged: list[str]) -> None:
-    """Delete the run's dashboard figures that this render did not write (`_forget_old_figures` removed them from
-    `out`): logging adds and overwrites files but never removes one, so an earlier render's figure of a spec since
-    renamed or dropped sat beside the current page in the MLflow UI as if current."""
+def _logged_figures(client, run_id: str) -> list[str]:
+    """The figures the last render logged to the run (its `dashboard/figures.json`); none if it logged none."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            names = json.loads(Path(client.download_artifacts(run_id, f"dashboard/{FIGURES}", tmp)).read_text())
+    except Exception:  # no earlier render logged here, or its manifest is unreadable: nothing to forget
+        return []
+    return [n for n in names if isinstance(n, str) and "/" not in n] if isinstance(names, list) else []
+
+
+def _forget_old_logged_figures(client, run_id: str, out: Path, uri: str, logged_before: list[str],
+                               unlogged: list[str]) -> None:
+    """Delete from the run the figures the last render logged (`logged_before`, its manifest) and this one did not
+    write: logging adds and overwrites files but never removes one, so a figure of a spec since renamed or dropped
+    sat beside the current page in the MLflow UI as if current. Only names from that manifest go, as in the folder
+    (`_forget_old_figures`); a store that refuses is a note."""
     import requests
     from mlflow.exceptions import MlflowException
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-    stale = [f.path for f in client.list_artifacts(run_id, "dashboard")
-             if not f.is_dir and f.path.endswith((".png", ".svg")) and not (out / Path(f.path).name).is_file()]
+    stale = [f"dashboard/{n}" for n in logged_before if n.endswith((".png", ".svg")) and not (out / n).is_file()]
     if not stale:
         return
-    repo = get_artifact_repository(client.get_run(run_id).info.artifact_uri, tracking_uri=uri)
     try:
+        repo = get_artifact_repository(client.get_run(run_id).info.artifact_uri, tracking_uri=uri)
         for path in stale:
             repo.delete_artifacts(path)
     except (MlflowException, NotImplementedError, OSError, requests.RequestException) as err:

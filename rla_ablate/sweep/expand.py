@@ -523,7 +523,7 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
 
     jobs: list[ResolvedJob] = []
     seen: dict[str, str] = {}
-    made_by: dict[str, dict[str, Any]] = {}  # a job id -> the grid point whose plain (ablation-free) job it is
+    made_by: dict[tuple[int, str], dict[str, Any]] = {}  # (arm, job id) -> the grid point of that plain job
 
     def add(job: ResolvedJob) -> None:
         # Two routes to one config (e.g. an ablation that changes nothing for this preset) run once.
@@ -540,8 +540,10 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
                 model_cfg = r.model(i, arm_cfg, point, ablation)
                 for seed in cfg.seeds:
                     job, jid, series = r.job(model_cfg, point, seed, i)
-                    if from_grid and ablation is None and made_by.setdefault(jid, point) is not point:
-                        raise _one_job_twice(cfg, located, made_by[jid], point)
+                    # a control derived from two points may well be one job (its baseline ignores a residual
+                    # setting): only an arm's plain jobs are checked
+                    if from_grid and ablation is None and made_by.setdefault((i, jid), point) is not point:
+                        raise _one_job_twice(cfg, located, made_by[(i, jid)], point)
                     name = "/".join(p for p in (labels[i], ablation, _point_label(point), f"seed{seed}") if p)
                     add(ResolvedJob(job_id=jid, name=name, family=str(model_cfg.family),
                                     ablations=[ablation] if ablation else [], seed=seed, job=job, point=dict(point),
@@ -564,8 +566,6 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
                 model_cfg, report = derived.config, derived.summary()
                 for seed in cfg.seeds:
                     job, jid, series = r.job(model_cfg, point, seed, i)
-                    if from_grid and ablation is None and made_by.setdefault(jid, point) is not point:
-                        raise _one_job_twice(cfg, located, made_by[jid], point)
                     target_name = "/".join(p for p in (labels[i], _point_label(point)) if p)
                     tag = ref.name if ref.axis == "expand_v" else f"{ref.name}[{ref.axis}]"
                     name = "/".join(p for p in (f"{baseline}~{tag}({labels[i]})", _point_label(point),

@@ -69,7 +69,7 @@ class Monitor:
         self.values: dict[str, list[tuple[int, float]]] = {}
         self.stop_all = False
         self.stop: set[str] = set()
-        self.notes: list[tuple[str, str]] = []
+        self.notes: list[tuple[str, str, bool]] = []  # (job id, text, keep in its status)
 
     def report(self, job_id: str, tokens: int | None, values: list[tuple[int, float]]) -> bool:
         self.started.add(job_id)
@@ -144,8 +144,8 @@ class SweepLogger:
             self.monitor.note.remote(self.job_id, f"unreadable checkpoint skipped ({'; '.join(skipped)}); resumed "
                                                   f"from the older one at {int(step)} tokens")
         if name == "info" and "tuning_gate" in (detail or {}) and self.monitor is not None:
-            self.monitor.note.remote(self.job_id, "waits for its GPU's tuning gate (packed jobs pass their first "
-                                                  "steps and evaluation one at a time)", False)
+            self.monitor.note.remote(self.job_id, "waits for its GPU's tuning gate (packed jobs autotune one at a "
+                                                  "time)", False)
         if name == "start":
             self.tokens = int(step)
             self._report(force=True)

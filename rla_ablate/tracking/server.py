@@ -126,6 +126,9 @@ def check_server_answers(uri: str, timeout: float = 5.0, remedy: str = "", key: 
     except urllib.error.HTTPError:
         # Something answers HTTP (a proxy, an MLflow without /health): the client decides the rest.
         return
+    except http.client.HTTPException as exc:  # something answers, not in HTTP (a gRPC port, say)
+        raise UserError(f"no MLflow server answers at {uri} (it does not speak HTTP: {type(exc).__name__})"
+                        + (f"; {remedy}" if remedy else ""), key=key) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UserError(f"no MLflow server answers at {uri} ({getattr(reason, 'strerror', None) or reason})"
@@ -375,19 +378,20 @@ class TrackingServer:
 
     def _lost_its_port(self) -> bool:
         """The server exited because the free port it was given was taken before it bound it (a free port is free
-        only when chosen: Ray, starting beside it, opens dozens): spawn it on another, up to PORT_TRIES times.
-        Never for a port the user named."""
-        if not self._port_chosen or not port_in_use(self.host, self.port):
+        only when chosen: Ray, starting beside it, opens dozens): spawn it on another, starting it at most
+        PORT_TRIES times in all. Never for a port the user named."""
+        if not self._port_chosen or self._port_tries + 1 >= self.PORT_TRIES or not port_in_use(self.host, self.port):
             return False
-        tries = self._port_tries + 1
-        if tries >= self.PORT_TRIES:
-            return False
-        self._port_tries = tries
-        with open(self.log_path, "a") as log:
-            log.write(f"\n[rla-sweep] port {self.port} was taken before the server bound it; "
-                      "starting it on another\n")
-        # PDEATHSIG ties the process to the thread that spawns it: armed only from the main thread, as in `_start`
-        self._spawn(free_port(), deathsig=threading.current_thread() is threading.main_thread())
+        with self._lock:
+            if self._stopping.is_set() or self.proc is None:
+                return False
+            _kill_group(self.proc.pid, timeout=5.0, proc=self.proc)  # what is left of it, as a restart does
+            self._port_tries += 1
+            with open(self.log_path, "a") as log:
+                log.write(f"\n[rla-sweep] port {self.port} was taken before the server bound it; "
+                          "starting it on another\n")
+            # PDEATHSIG ties the process to the thread that spawns it: armed only from the main thread, as at start
+            self._spawn(free_port(), deathsig=threading.current_thread() is threading.main_thread())
         return True
 
     # -- supervision ---------------------------------------------------------------------------------------------

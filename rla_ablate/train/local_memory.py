@@ -171,10 +171,34 @@ def before_autotune() -> None:
         gate.enter(stoppable=False, on_wait=_ON_WAIT)
 
 
+class _Missed(Exception):
+    """Raised by the timing a first look at the disk cache hands Triton: the results were not there."""
+
+
+def _missed() -> None:
+    raise _Missed
+
+
+def gated_disk_lookup(lookup, tuner, tuning_key, configs, bench_fn) -> bool:
+    """Triton's `Autotuner.check_disk_cache` (`lookup`), gated: look for the key's timings on disk first, without
+    the gate; on a miss, enter the gate and look again before timing, since the job of the same shape that held the
+    gate may have written them while this one waited (it reads them instead of timing every candidate again)."""
+    gate = _ACTIVE
+    if gate is None or gate.held:
+        return lookup(tuner, tuning_key, configs, bench_fn)
+    try:
+        return lookup(tuner, tuning_key, configs, _missed)
+    except _Missed:
+        pass
+    before_autotune()
+    return lookup(tuner, tuning_key, configs, bench_fn)
+
+
 def gate_autotuning(gate: TuningGate | None, on_wait=None) -> bool:
     """Make Triton's autotuner enter `gate` in this process before it times candidate configurations (None: no
     gate any more). False when the autotuner cannot be hooked (Triton missing, or without `Autotuner._bench`, the
-    method that times one candidate in Triton 3.x; FLA's CachedAutotuner inherits it)."""
+    method that times one candidate in Triton 3.x; FLA's CachedAutotuner inherits it). Its disk-cache lookup
+    (`check_disk_cache`, where present) is gated as `gated_disk_lookup` says."""
     global _ACTIVE, _ON_WAIT
     try:
         from triton.runtime.autotuner import Autotuner
@@ -191,6 +215,11 @@ def gate_autotuning(gate: TuningGate | None, on_wait=None) -> bool:
 
         gated_bench.gated = True
         Autotuner._bench = gated_bench
+        lookup = getattr(Autotuner, "check_disk_cache", None)
+        if lookup is not None:
+            Autotuner.check_disk_cache = functools.wraps(lookup)(
+                lambda self, tuning_key, configs, bench_fn: gated_disk_lookup(lookup, self, tuning_key, configs,
+                                                                              bench_fn))
     _ACTIVE, _ON_WAIT = gate, on_wait
     return True
 

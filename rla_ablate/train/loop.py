@@ -465,9 +465,11 @@ class Trainer:
             self.logger.event("info", self.tokens, {"tuning_gate_wait_s": round(self.gate.waited_s, 1)})
 
     def _after_autotuning(self, steps_here: int) -> None:
-        """When Triton's autotuner took the gate in the step or evaluation just run (`gates_autotuning`): say how
-        long it waited, give the memory back and leave the gate. A graphed job that autotuned after its first step
-        keeps the gate until its capture has run (it gives its memory back only after its first step)."""
+        """When Triton's autotuner took the gate in the step, evaluation or statistics pass just run
+        (`gates_autotuning`): say how long it waited, give the memory back and leave the gate. A graphed job gives
+        memory back only after its first step (`_release_local_memory`): one that autotuned later keeps the gate to
+        its capture's end and then leaves it with its stack as grown (rare: its later warm-up steps have the first
+        one's shapes)."""
         if self.gate is None or not self.gate.held:
             return
         if self.graphs is not None and 1 < steps_here <= WARMUP_STEPS:
@@ -619,6 +621,8 @@ class Trainer:
                 self._log(evals | self.curves.add(evals, self.tokens))
             elif want_stats:
                 self._log(self.collect_stats())
+                if self.gates_autotuning:  # its float32 recurrence may tune kernels of its own
+                    self._after_autotuning(steps_here)
             if last:
                 self.save(finished=True)
             elif next_step % cfg.checkpoint_every_steps == 0:
@@ -642,6 +646,15 @@ def train_worker(job: JobConfig, out_dir: str | Path, logger: MetricLogger | Non
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(job, out_dir, logger, ctx, should_stop, shares_gpu)
+    try:
+        return _train(trainer, out_dir, logger, ctx)
+    finally:
+        if trainer.gates_autotuning:  # set in setup; every return, a failed setup's included
+            local_memory.gate_autotuning(None)  # a sweep worker's process may run another job next
+
+
+def _train(trainer: Trainer, out_dir: Path, logger, ctx) -> JobResult:
+    """`train_worker` from the trainer's setup on."""
     try:
         state = trainer.setup()
     except UserError:
@@ -668,8 +681,6 @@ def train_worker(job: JobConfig, out_dir: str | Path, logger: MetricLogger | Non
         # rather than with the next garbage collection
         trainer.graphs = None
         trainer._leave_gate()
-        if trainer.gates_autotuning:
-            local_memory.gate_autotuning(None)  # a sweep worker's process may run another job next
     trainer.logger.close(result.status, _reason(result))
     return result
 
