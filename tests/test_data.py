@@ -202,6 +202,11 @@ def test_an_eval_set_tokenized_otherwise_than_the_training_data_is_refused(tmp_p
     bpe, same, raw = (TextData(path=text_dir, tokenizer=path), TextData(path=text_dir, tokenizer=tmp_path / "same.json"),
                       TextData(path=text_dir))
     assert tokenizer_mismatch(bpe, same) is None and tokenizer_mismatch(raw, raw) is None
+    # one file, documents ended by another token: the eval text's separators are ids the model never saw there
+    other_eos = TextData(path=text_dir, tokenizer=path, eos_token="<unk>")
+    assert tokenizer_mismatch(bpe, TextData(path=text_dir, tokenizer=path, eos_token="</s>")) is None  # the default
+    why = tokenizer_mismatch(bpe, other_eos)
+    assert why is not None and "with documents ended by token id 0" in why and "token id 1" in why, why
     assert tokenizer_mismatch(bpe, MQARData()) is None
     why = tokenizer_mismatch(bpe, raw)
     assert why.startswith(f"the eval set's text is tokenized by UTF-8 bytes, the training data's by the tokenizer "

@@ -98,18 +98,21 @@ def vocab_size(cfg) -> int:
 
 
 def tokenizer_identity(cfg) -> str | None:
-    """What turns a text-like data config's text into token ids: "bytes", or "sha256:<hash>" of its tokenizer file
-    (equal files are one tokenizer wherever they lie); None for MQAR, whose token ids are synthetic."""
+    """What turns a text-like data config's text into token ids: "bytes", or "sha256:<hash> eos <id>" of its
+    tokenizer file and the token that ends its documents (equal files are one tokenizer wherever they lie; one file
+    with another `eos_token` separates documents otherwise); None for MQAR, whose token ids are synthetic."""
     if isinstance(cfg, MQARData):
         return None
     if isinstance(cfg, NIAHData):
         return tokenizer_identity(cfg.haystack)
     if isinstance(cfg, ShardsData):
-        name = json.loads((cfg.path / "index.json").read_text())["tokenizer"]
-        file = None if name == "bytes" else cfg.path / name
+        index = json.loads((cfg.path / "index.json").read_text())
+        file = None if index["tokenizer"] == "bytes" else cfg.path / index["tokenizer"]
+        eos = None if file is None else int(index["eos_id"])
     else:
         file = cfg.tokenizer
-    return "bytes" if file is None else "sha256:" + hashlib.sha256(file.read_bytes()).hexdigest()[:16]
+        eos = None if file is None else load_tokenizer(file, cfg.eos_token).eos_id
+    return "bytes" if file is None else f"sha256:{hashlib.sha256(file.read_bytes()).hexdigest()[:16]} eos {eos}"
 
 
 def tokenizer_mismatch(train_data, eval_data) -> str | None:
@@ -124,7 +127,9 @@ def tokenizer_mismatch(train_data, eval_data) -> str | None:
         if identity == "bytes":
             return "UTF-8 bytes"
         where = getattr(cfg, "tokenizer", None) or getattr(getattr(cfg, "haystack", None), "tokenizer", None)
-        return f"the tokenizer {where}" if where else f"the tokenizer of {getattr(cfg, 'path', cfg.kind)}"
+        text = f"the tokenizer {where}" if where else f"the tokenizer of {getattr(cfg, 'path', cfg.kind)}"
+        same_file = a != "bytes" and b != "bytes" and a.split()[0] == b.split()[0]
+        return f"{text} with documents ended by token id {identity.split()[-1]}" if same_file else text
 
     return (f"the eval set's text is tokenized by {said(b, eval_data)}, the training data's by "
             f"{said(a, train_data)}: its scores would compare the model with token ids it never trained on; give "
