@@ -171,6 +171,9 @@ def before_autotune() -> None:
         gate.enter(stoppable=False, on_wait=_ON_WAIT)
 
 
+_HOOKED = "rla_sweep_gated"  # the mark of the hooked Autotuner._bench
+
+
 class _Missed(Exception):
     """Raised by the timing a first look at the disk cache hands Triton: the results were not there."""
 
@@ -207,13 +210,13 @@ def gate_autotuning(gate: TuningGate | None, on_wait=None) -> bool:
     bench = getattr(Autotuner, "_bench", None)
     if bench is None:
         return False
-    if not getattr(bench, "gated", False):
+    if not getattr(bench, _HOOKED, False):
         @functools.wraps(bench)
         def gated_bench(self, *args, **kwargs):
             before_autotune()
             return bench(self, *args, **kwargs)
 
-        gated_bench.gated = True
+        setattr(gated_bench, _HOOKED, True)  # once per process, whoever asks again
         Autotuner._bench = gated_bench
         lookup = getattr(Autotuner, "check_disk_cache", None)
         if lookup is not None:
