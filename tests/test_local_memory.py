@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,9 +60,20 @@ def test_a_dead_holder_frees_the_gate(tmp_path):
 
 @pytest.fixture
 def gates(tmp_path, monkeypatch):
-    """The gates' default directory under this test's tmp_path."""
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    """The gates' directory under this test's tmp_path (RLA_SWEEP_GATES_DIR, which worker processes inherit)."""
+    monkeypatch.setenv(lm.GATES_ENV, str(tmp_path / "rla-sweep-gpu-gates"))
     return tmp_path / "rla-sweep-gpu-gates"
+
+
+def test_the_gates_lie_in_one_folder_whatever_a_jobs_tmpdir(monkeypatch, tmp_path):
+    """Two jobs of one GPU under schedulers that give each its own TMPDIR still see one gate."""
+    monkeypatch.delenv(lm.GATES_ENV, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "job-a"))
+    a = lm.gates_dir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "job-b"))
+    assert lm.gates_dir() == a == Path("/tmp/rla-sweep-gpu-gates")
+    monkeypatch.setenv(lm.GATES_ENV, str(tmp_path / "elsewhere"))
+    assert lm.TuningGate(CPU).path.parent == tmp_path / "elsewhere"
 
 
 def test_a_packed_job_waits_at_the_gate_and_stops_there_without_a_step(gates, tmp_path):

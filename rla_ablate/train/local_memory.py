@@ -88,6 +88,20 @@ class LocalMemory:
         return grown, after if after is not None else self.baseline
 
 
+GATES_ENV = "RLA_SWEEP_GATES_DIR"  # another folder for the gates (every process sharing the GPUs must name it)
+
+
+def gates_dir() -> Path:
+    """Where the GPUs' gates lie: $RLA_SWEEP_GATES_DIR, else /tmp/rla-sweep-gpu-gates. Not $TMPDIR: schedulers give
+    each job its own (Slurm's per-job TMPDIR), and jobs of two sweeps on one GPU must see one gate. Without a
+    writable /tmp, the temporary directory."""
+    if os.environ.get(GATES_ENV):
+        return Path(os.environ[GATES_ENV])
+    shared = Path("/tmp")
+    base = shared if shared.is_dir() and os.access(shared, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
+    return base / "rla-sweep-gpu-gates"
+
+
 class TuningGate:
     """One packed job at a time per GPU through the steps that may autotune: a process's first training steps and
     its first evaluation (new kernels, new shapes).
@@ -98,9 +112,9 @@ class TuningGate:
     spares concurrent jobs of one shape from autotuning the same kernels side by side, timing candidates on a GPU
     the others are loading: the first tunes, the next ones read its results from the shared Triton cache.
 
-    A flock on a file named by the GPU's UUID in the machine's temporary directory (a folder every user may write,
-    as /tmp; the file opened read-only, which flock allows): every process on the machine that uses that GPU, of
-    any sweep and any user, sees it, and the kernel drops it when a process dies. `enter` waits, polling
+    A flock on a file named by the GPU's UUID in `gates_dir()` (/tmp/rla-sweep-gpu-gates, a folder every user may
+    write; the file opened read-only, which flock allows): every process on the machine that uses that GPU, of any
+    sweep and any user, sees it, and the kernel drops it when a process dies. `enter` waits, polling
     `should_stop` unless told not to (a job stopped while waiting for its first steps starts nothing)."""
 
     POLL_S = 0.25
@@ -108,7 +122,7 @@ class TuningGate:
 
     def __init__(self, device: torch.device, should_stop=None, directory: str | os.PathLike | None = None):
         self.device, self.should_stop = device, should_stop
-        base = Path(directory) if directory is not None else Path(tempfile.gettempdir()) / "rla-sweep-gpu-gates"
+        base = Path(directory) if directory is not None else gates_dir()
         self.path = base / f"{_gpu_uuid(device)}.lock"
         self._fd: int | None = None
         self.waited_s = 0.0
