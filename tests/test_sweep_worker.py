@@ -76,3 +76,39 @@ def test_reports_never_block_a_job_and_a_stop_reaches_it():
     assert got["most"] <= 2, got
     assert got["complete"], got
     assert got["stopped"] is not None and got["stopped"] < 5.0, got
+
+
+def test_a_jobs_report_carries_the_tokens_of_its_last_step_not_of_its_last_log(tmp_path):
+    """`SweepLogger.tokens_trained` (called by the loop after each step) sets the tokens the next report sends, so the
+    launch's rate moves between metric logs. A recording stand-in for the Ray monitor."""
+    from concurrent.futures import Future
+    from pathlib import Path
+
+    from rla_ablate.sweep.worker import SweepLogger
+
+    sent = []
+
+    class Reply:
+        def __init__(self, tokens):
+            sent.append(tokens)
+
+        def future(self):
+            done = Future()
+            done.set_result(False)
+            return done
+
+    class Monitor:
+        class report:
+            @staticmethod
+            def remote(job_id, tokens, values):
+                return Reply(tokens)
+
+    log = SweepLogger(None, Monitor(), "job1", Path(tmp_path))
+    log.log({"train/loss": 3.0}, 2048)
+    log.tokens_trained(2560)
+    log.tokens_trained(3072)
+    log._last_report = 0.0  # the rate limit (REPORT_EVERY_S) passed
+    assert log.should_stop() is False
+    assert sent[-1] == 3072, sent
+    log.tokens_trained(1024)  # never backwards (a resumed attempt reports from its checkpoint through `start`)
+    assert log.tokens == 3072

@@ -388,3 +388,20 @@ def test_a_skipped_step_on_a_log_boundary_logs_the_count_once(tmp_path, monkeypa
             for key in r["values"]]
     assert len(seen) == len(set(seen)), sorted(k for k in seen if seen.count(k) > 1)
     assert ("train/skipped_steps", 2048) in seen
+
+
+def test_a_logger_with_progress_gets_the_tokens_after_every_step(tmp_path):
+    """A sweep's live rate and ETA move between metric logs: the loop hands a logger that has `tokens_trained` the
+    tokens after each step (here 8 steps of 512)."""
+    from rla_ablate.train import NullLogger
+
+    class Progress(NullLogger):
+        def __init__(self):
+            self.tokens: list[int] = []
+
+        def tokens_trained(self, tokens: int) -> None:
+            self.tokens.append(tokens)
+
+    seen = Progress()
+    assert run_job(tiny_job(tokens=4096, log_every_tokens=2048), tmp_path / "run", seen).status == "finished"
+    assert seen.tokens == [512 * i for i in range(1, 9)]

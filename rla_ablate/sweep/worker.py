@@ -138,6 +138,11 @@ class SweepLogger:
             self._values.append((int(step), float(metrics[self.watch])))
             self._report(force=True)
 
+    def tokens_trained(self, tokens: int) -> None:
+        """The tokens after each step (the training loop calls it): the next report carries them, so the launch's
+        rate and ETA move between metric logs (every `log_every_tokens`) too."""
+        self.tokens = tokens if self.tokens is None else max(self.tokens, tokens)
+
     def event(self, name: str, step: int, detail: dict) -> None:
         skipped = (detail or {}).get("skipped_checkpoints") if name == "resumed" else None
         if skipped and self.monitor is not None:

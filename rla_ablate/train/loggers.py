@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class MetricLogger(Protocol):
+    """What the training loop logs to. A logger may also define `tokens_trained(tokens)`, which the loop calls after
+    every step (a sweep's live rate between metric logs)."""
+
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
     def event(self, name: str, step: int, detail: dict) -> None: ...

@@ -213,6 +213,7 @@ class Trainer:
         # packed on a GPU with other jobs: the steps that may autotune go through the GPU's gate (setup builds it)
         self.gate: TuningGate | None = None
         self.gates_autotuning = False  # the gate is taken where Triton autotunes, not through the first steps
+        self.on_progress: Callable[[int], None] | None = None
         self.user_logger = logger
         self.logger: MetricLogger = NullLogger()
         self.jsonl: JSONLLogger | None = None
@@ -299,6 +300,10 @@ class Trainer:
         truncate_jsonl(metrics_path, -1 if resume_tokens is None else resume_tokens)
         self.jsonl = JSONLLogger(metrics_path)
         self.logger = CompositeLogger(self.jsonl, self.user_logger) if self.user_logger else self.jsonl
+        # a logger may also take the tokens after every step (`tokens_trained`): a sweep's live rate and ETA between
+        # metric logs
+        hook = getattr(self.user_logger, "tokens_trained", None)
+        self.on_progress = hook if callable(hook) else None
 
     def save(self, finished: bool = False) -> None:
         model_state = self.parallel.state_dict(self.raw_model, self.optimizer)
@@ -582,6 +587,9 @@ class Trainer:
                                                         "first_step_s": round(time.perf_counter() - started, 3)})
                 backend_reported = True
             steps_here += 1
+            if self.on_progress is not None:
+                with contextlib.suppress(Exception):  # as CompositeLogger: a logger never stops the job
+                    self.on_progress(self.tokens)
             if steps_here <= WARMUP_STEPS + 1:  # this process's steps that compile, autotune and capture
                 self._release_local_memory(steps_here)
                 if steps_here == WARMUP_STEPS + 1 and not self.gates_autotuning:
