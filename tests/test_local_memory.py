@@ -76,6 +76,18 @@ def test_the_gates_lie_in_one_folder_whatever_a_jobs_tmpdir(monkeypatch, tmp_pat
     assert lm.TuningGate(CPU).path.parent == tmp_path / "elsewhere"
 
 
+def leave_once_logged(holder: "lm.TuningGate", log, marker: str) -> None:
+    """In a thread: once the job's metrics.jsonl holds `marker` (the job is at the gate, or about to be), wait 1.2 s
+    and let the holder leave the gate."""
+    def leave():
+        while not (log.exists() and marker in log.read_text()):
+            time.sleep(0.05)
+        time.sleep(1.2)
+        holder.leave()
+
+    threading.Thread(target=leave, daemon=True).start()
+
+
 def test_a_packed_job_waits_at_the_gate_and_stops_there_without_a_step(gates, tmp_path):
     holder = lm.TuningGate(CPU)
     assert holder.enter() and holder.path.parent == gates
@@ -93,13 +105,8 @@ def test_a_packed_job_trains_as_an_unpacked_one_and_leaves_the_gate_free(gates, 
     assert holder.enter()
     log = tmp_path / "packed" / "metrics.jsonl"
 
-    def leave_once_the_job_waits():  # its start event comes just before its first step, which waits at the gate
-        while not (log.exists() and '"start"' in log.read_text()):
-            time.sleep(0.05)
-        time.sleep(1.2)
-        holder.leave()
-
-    threading.Thread(target=leave_once_the_job_waits, daemon=True).start()
+    # its start event comes just before its first step, which waits at the gate
+    leave_once_logged(holder, log, '"start"')
     packed = run_job(tiny_job(tokens=4096), tmp_path / "packed", shares_gpu=True)
     alone = run_job(tiny_job(tokens=4096), tmp_path / "alone")
     assert packed.status == alone.status == "finished"
@@ -158,13 +165,7 @@ def test_a_sweep_worker_with_a_gpu_share_takes_the_gate(gates, tmp_path):
     assert holder.enter()
     log = tmp_path / "packed" / "metrics.jsonl"
 
-    def leave_once_the_job_waits():
-        while not (log.exists() and '"start"' in log.read_text()):
-            time.sleep(0.05)
-        time.sleep(1.2)
-        holder.leave()
-
-    threading.Thread(target=leave_once_the_job_waits, daemon=True).start()
+    leave_once_logged(holder, log, '"start"')
     packed = execute(tiny_job(tokens=2048), str(tmp_path / "packed"), "packed", None, None, None, cpus=1,
                      allocator_cap=0.5)
     assert packed.status == "finished", packed.error
@@ -344,12 +345,6 @@ def test_gated_where_it_autotunes_a_packed_job_trains_past_a_held_gate_and_waits
     assert holder.enter()
     log = tmp_path / "packed" / "metrics.jsonl"
 
-    def leave_once_the_job_waits():
-        while not (log.exists() and '"tuning_gate"' in log.read_text()):
-            time.sleep(0.05)
-        time.sleep(1.2)
-        holder.leave()
-
     left_after = []  # the steps begun when the job's gate was left while held
     real_leave = lm.TuningGate.leave
 
@@ -358,7 +353,7 @@ def test_gated_where_it_autotunes_a_packed_job_trains_past_a_held_gate_and_waits
             left_after.append(len(steps))
         real_leave(gate)
 
-    threading.Thread(target=leave_once_the_job_waits, daemon=True).start()
+    leave_once_logged(holder, log, '"tuning_gate"')
     monkeypatch.setattr(loop.Trainer, "train_step", step_that_autotunes_second)
     monkeypatch.setattr(lm.TuningGate, "leave", leave)
     packed = run_job(tiny_job(tokens=4096), tmp_path / "packed", shares_gpu=True)
