@@ -97,10 +97,10 @@ def vocab_size(cfg) -> int:
     return load_tokenizer(cfg.tokenizer, cfg.eos_token).vocab_size
 
 
-def tokenizer_identity(cfg) -> str | None:
-    """What turns a text-like data config's text into token ids: "bytes", or "sha256:<hash> eos <id>" of its
-    tokenizer file and the token that ends its documents (equal files are one tokenizer wherever they lie; one file
-    with another `eos_token` separates documents otherwise); None for MQAR, whose token ids are synthetic."""
+def tokenizer_identity(cfg) -> tuple[str, int | None] | None:
+    """What turns a text-like data config's text into token ids: ("bytes", None), or ("sha256:<hash>", eos id) of
+    its tokenizer file and the token that ends its documents (equal files are one tokenizer wherever they lie; one
+    file with another `eos_token` separates documents otherwise); None for MQAR, whose token ids are synthetic."""
     if isinstance(cfg, MQARData):
         return None
     if isinstance(cfg, NIAHData):
@@ -112,7 +112,7 @@ def tokenizer_identity(cfg) -> str | None:
     else:
         file = cfg.tokenizer
         eos = None if file is None else load_tokenizer(file, cfg.eos_token).eos_id
-    return "bytes" if file is None else f"sha256:{hashlib.sha256(file.read_bytes()).hexdigest()[:16]} eos {eos}"
+    return ("bytes", None) if file is None else ("sha256:" + hashlib.sha256(file.read_bytes()).hexdigest()[:16], eos)
 
 
 def tokenizer_mismatch(train_data, eval_data) -> str | None:
@@ -123,13 +123,12 @@ def tokenizer_mismatch(train_data, eval_data) -> str | None:
     if a is None or b is None or a == b:
         return None
 
-    def said(identity: str, cfg) -> str:
-        if identity == "bytes":
+    def said(identity: tuple[str, int | None], cfg) -> str:
+        if identity[0] == "bytes":
             return "UTF-8 bytes"
         where = getattr(cfg, "tokenizer", None) or getattr(getattr(cfg, "haystack", None), "tokenizer", None)
         text = f"the tokenizer {where}" if where else f"the tokenizer of {getattr(cfg, 'path', cfg.kind)}"
-        same_file = a != "bytes" and b != "bytes" and a.split()[0] == b.split()[0]
-        return f"{text} with documents ended by token id {identity.split()[-1]}" if same_file else text
+        return f"{text} with documents ended by token id {identity[1]}" if a[0] == b[0] else text
 
     return (f"the eval set's text is tokenized by {said(b, eval_data)}, the training data's by "
             f"{said(a, train_data)}: its scores would compare the model with token ids it never trained on; give "
