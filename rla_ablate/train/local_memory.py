@@ -11,8 +11,8 @@ Setting the limit back to its starting value makes the driver give that memory b
 queued). A later launch that needs a larger stack grows it again, as the first one did (the driver's documented
 behaviour for every kernel launch), so an eager job may release at any point between steps: the training loop does
 after each of its first steps and after every evaluation (new shapes autotune there too, a last partial batch
-among them), and each call that finds nothing to give back costs one driver query. A graphed job releases only after its first step, before the
-eager step that precedes its capture (`Trainer._release_local_memory`).
+among them), and each call that finds nothing to give back costs one driver query. A graphed job releases only
+after its first step, before the eager step that precedes its capture (`Trainer._release_local_memory`).
 
 Packed jobs pass their autotuning one at a time per GPU (`TuningGate`), so that a GPU reserves that memory once for
 all its jobs. On a GPU the gate is taken where the memory grows: Triton's autotuner enters it before it times a
@@ -103,8 +103,9 @@ def gates_dir() -> Path:
 
 
 class TuningGate:
-    """One packed job at a time per GPU through the steps that may autotune: a process's first training steps and
-    its first evaluation (new kernels, new shapes).
+    """One packed job at a time per GPU through its autotuning: entered by Triton's hooked autotuner before it
+    times candidates (`gate_autotuning`), or, where that hook is missing, through a process's first training steps
+    and its first evaluation (new kernels, new shapes).
 
     Those are the steps in which a job may hold several GiB of spilled-stack memory (module docstring) until
     `LocalMemory.release` gives it back; a packed GPU reserves that room once for all its jobs
