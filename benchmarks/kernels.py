@@ -2,7 +2,8 @@
 
     python benchmarks/kernels.py [--tokens 65536] [--seq-lens 2048 8192 32768] [--long 131072] [--json out.json]
     python benchmarks/kernels.py --profile [--seq-lens 2048]     # GPU time per kernel, fwd+bwd, from torch.profiler
-    python benchmarks/kernels.py --tune [--seq-lens 2048]        # RLA [triton] fwd+bwd with each kernel at other warp counts
+    python benchmarks/kernels.py --tune [additive delta] [--seq-lens 2048]   # RLA's / RDN's fwd+bwd, each kernel's
+                                                                          # tiles and warps
     python benchmarks/kernels.py --backends triton --rla-residual-apart   # adds RLA's forward with its residuals in a
                                                                           # kernel of their own, as it was
     python benchmarks/kernels.py --backends triton --rla-chunk 128 --rla-warps 8   # adds RLA at another chunk size
@@ -139,30 +140,87 @@ def profile(runs, T, tokens, names):
             print(f"  {e.device_time_total / 1000:8.3f} ms  x{e.count:<3d} {e.key[:90]}")
 
 
-def tune(T, tokens):
-    """RLA [triton] fwd+bwd with each kernel at other warp counts or pipeline depths (the others at their defaults)."""
-    from rla_ablate.ops.triton import rla
+# the tile widths each kernel's launch options name (RLA's and RDN's LAUNCH tables); the rest: BV
+TILE_KEYS = {"state_pass": ("BK", "BV"), "state_pass_2": ("BK", "BV"), "bwd_dqk": ("BK",), "dqk": ("BK",)}
 
-    defaults = {k: dict(v) for k, v in rla.LAUNCH.items()}
-    fn = lambda x: residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], backend="triton")[0]  # noqa: E731
+
+def tune_variants(name, default):
+    """Launch options to try for one kernel: each tile width 64 or 128 (narrower tiles fault on Hopper with Triton
+    3.7, docs/RESULTS.md) at 4 or 8 warps, less the default (pipeline stages moved nothing, docs/RESULTS.md)."""
+    import itertools
+
+    keys = TILE_KEYS.get(name, ("BV",))
+    options = [dict(default, num_warps=w, **dict(zip(keys, tiles)))
+               for tiles in itertools.product((64, 128), repeat=len(keys)) for w in (4, 8)]
+    return [o for o in options if o != default]
+
+
+def tune(T, tokens, rule):
+    """RLA's or RDN's `triton` fwd+bwd with each of its kernels at other tile widths or warp counts (the others at
+    their defaults), each checked against the defaults' output and gradients; then every kernel at its fastest
+    option together, beside the FLA base (sGLA, GDN)."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    from rla_ablate.ops.triton import rdn, rla
+
+    module = rla if rule == "additive" else rdn
+    name, base_name = ("RLA", "sGLA") if rule == "additive" else ("RDN", "GDN")
+    baseline = ((lambda y: chunk_simple_gla(y["q"], y["k"], y["v"], g=y["g"])[0]) if rule == "additive" else
+                (lambda y: chunk_gated_delta_rule(y["q"], y["k"], y["v"], y["g"], y["beta"])[0]))
+    defaults = {k: dict(v) for k, v in module.LAUNCH.items()}
+    fn = lambda x: residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], rule=rule,  # noqa: E731
+                                      backend="triton")[0]
     x = make_inputs(tokens // T, T, grad=True)
-    print(f"\nRLA [triton] fwd+bwd, {tokens // T}x{T}, launch options (defaults {defaults})")
-    print(f"  {'defaults':40s} {bench(fn, x, 'fwd+bwd'):8.2f} ms")
+    do = torch.randn(tokens // T, T, H, D, device="cuda", dtype=torch.bfloat16)
+
+    def outputs():
+        for t in x.values():
+            t.grad = None
+        o = fn(x)
+        o.backward(do)
+        # copies: .float() of an fp32 gradient is the gradient itself, which a later backward adds to
+        return [t.detach().to(torch.float32, copy=True) for t in [o] + [t.grad for t in x.values()]]
+
+    def worst_error(reference):
+        return max(float((a - b).norm() / b.norm().clamp_min(1e-30)) for a, b in zip(outputs(), reference))
+
+    reference = outputs()
+    fla_ms = bench(baseline, x, "fwd+bwd")
+    base = bench(fn, x, "fwd+bwd")
+    print(f"\n{name} [triton] fwd+bwd, {tokens // T}x{T}, launch options; {base_name} (FLA) {fla_ms:.2f} ms")
+    print(f"  {'defaults':50s} {base:8.2f} ms  {base / fla_ms:5.2f}x {base_name}", flush=True)
+    best = {}
+    skip = set() if module is rdn else {"fwd_residual"} if rla.RESIDUAL_IN_S_PASS else {"s_pass_residual"}
     for kernel in defaults:
-        # warps and pipeline stages only: other tile widths can fault on Hopper with Triton 3.7 (docs/RESULTS.md)
-        variants = [dict(num_warps=w) for w in (4, 8, 16)] + [dict(num_stages=s) for s in (1, 2, 4)]
-        for change in variants:
-            option = dict(defaults[kernel], **change)
-            if option == defaults[kernel]:
-                continue
-            rla.LAUNCH[kernel] = option
+        if kernel in skip:
+            continue
+        best[kernel] = (base, defaults[kernel])
+        for option in tune_variants(kernel, defaults[kernel]):
+            module.LAUNCH[kernel] = option
             try:
-                ms = f"{bench(fn, x, 'fwd+bwd'):8.2f} ms"
+                error = worst_error(reference)
+                ms = bench(fn, x, "fwd+bwd")
+                line = f"{ms:8.2f} ms  {ms / fla_ms:5.2f}x {base_name}  error {error:.1e}"
+                if error > 1e-2:
+                    line += "  WRONG"
+                elif ms < 0.99 * best[kernel][0]:  # a gain under 1% is noise
+                    best[kernel] = (ms, option)
             except Exception as exc:  # an option the kernel cannot compile or launch with
-                ms = f"failed: {type(exc).__name__}: {str(exc)[:60]}"
+                line = f"failed: {type(exc).__name__}: {str(exc)[:60]}"
             tiles = " ".join(f"{k}={v}" for k, v in option.items())
-            print(f"  {kernel:14s} {tiles:40s} {ms}", flush=True)
-        rla.LAUNCH[kernel] = defaults[kernel]
+            print(f"  {kernel:16s} {tiles:33s} {line}", flush=True)
+        module.LAUNCH[kernel] = defaults[kernel]
+    for kernel, (_, option) in best.items():
+        module.LAUNCH[kernel] = option
+    error = worst_error(reference)
+    ms = bench(fn, x, "fwd+bwd")
+    print(f"  {'each kernel at its fastest':50s} {ms:8.2f} ms  {ms / fla_ms:5.2f}x {base_name}  error {error:.1e}")
+    fastest = {k: dict(v) for k, v in module.LAUNCH.items() if k in best}
+    print(f"  LAUNCH = {fastest}", flush=True)
+    module.LAUNCH.update({k: dict(v) for k, v in defaults.items()})
+    return dict(rule=rule, T=T, tokens=tokens, fla_base_ms=fla_ms, defaults_ms=base, fastest_ms=ms, fastest_error=error,
+                launch=fastest)
 
 
 def main():
@@ -173,7 +231,8 @@ def main():
     parser.add_argument("--backends", nargs="+", default=None, help="residual_attention backends (default: all GPU)")
     parser.add_argument("--json", default=None, help="write every measurement here")
     parser.add_argument("--profile", action="store_true", help="per-kernel GPU time instead of the table")
-    parser.add_argument("--tune", action="store_true", help="time the fused RLA kernels' launch options")
+    parser.add_argument("--tune", nargs="*", choices=["additive", "delta"], default=None,
+                        help="time the launch options of RLA's (additive) and/or RDN's (delta) kernels (default both)")
     parser.add_argument("--rla-residual-apart", action="store_true",
                         help="add RLA [triton] with its forward's residuals in a kernel of their own")
     parser.add_argument("--rla-chunk", type=int, default=None,
@@ -187,9 +246,11 @@ def main():
         for T in args.seq_lens:
             profile(runs, T, args.tokens, [n for n in runs if n != "SDPA causal"])
         return
-    if args.tune:
-        for T in args.seq_lens:
-            tune(T, args.tokens)
+    if args.tune is not None:
+        found = [tune(T, args.tokens, rule) for rule in args.tune or ["additive", "delta"] for T in args.seq_lens]
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(found, f, indent=1)
         return
     base_of = {"additive": "sGLA (FLA)", "delta": "GDN (FLA)"}
     shapes = [(args.tokens // T, T, mode) for T in args.seq_lens for mode in ("fwd", "fwd+bwd")]

@@ -296,7 +296,9 @@ def test_tritons_autotuner_enters_the_gate_only_when_it_times_candidates(gates, 
                            directory=gates)
     assert holder.enter()
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))  # no autotune result to read
-    proc = subprocess.Popen([sys.executable, "-c", HOOK_SCRIPT, str(gates), str(flags), device], env=env,
+    script = tmp_path / "hook_script.py"  # a file: Triton compiles a @jit function from its source lines
+    script.write_text(HOOK_SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script), str(gates), str(flags), device], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def wait_for(name: str) -> None:
