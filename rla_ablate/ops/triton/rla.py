@@ -9,7 +9,7 @@ b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "
                 S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k, storing every S_c, and from S_c, before the
                 update, each chunk's residuals (`_s_pass_residual`):
                 p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v)   the old read
-                x = v - p,  w = gamma T(x)  (fit="none": w = T(x)); stores x and w.
+                x = v - p,  w = gamma T(x)  (fit="none": w = T(x)); stores x (fp32) and w.
                 A long sequence on few programs is cut into segments that run side by side (`run_state_pass`)
       R pass    a plain state pass over w (grid K tiles x V tiles x sequences x heads, one 64 x 64 state tile
                 each, as FLA's chunk_fwd_h): R_{c+1} = exp(b_L) R_c + (w * exp(b_L - b))^T k
@@ -21,10 +21,10 @@ b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "
       residual  (parallel): dw = dR_t k_t, dx = gamma T'(x) dw (the residual's gradient; stored in the inputs'
                 dtype), and dgamma's share T(x) . dw
       dS pass   (sequential, reverse): dS collects dx through dp = -dx (two dots per chunk)
-      dv        (parallel over V tiles x chunks): dv = beta dS_t k_t + dx, each tile's share of dbeta
-      dq, dk    (parallel over K tiles x chunks): dq, dk, for dg each tile's share of the per-token terms of d/db
-                (reads minus writes; dg is their reverse cumulative sum per sequence), and of the output gates'
-                dgamma, do . corr = q . (the R read's dq taken from do): the forward keeps no copy of corr.
+      dv        (parallel over V tiles x chunks): dv = beta dS_t k_t + dx, each tile's share of dbeta and of the
+                output gates' dgamma
+      dq, dk    (parallel over K tiles x chunks): dq, dk, and for dg each tile's share of the per-token terms of
+                d/db (reads minus writes); dg is their reverse cumulative sum per sequence.
 The residual couples the recurrences only through x (forward) and dx (backward), both per token: each direction
 runs two state passes, and every sequential kernel holds one fp32 state tile (carrying S and R, or dS and dR,
 together at full K spills registers, and gives a B = 1 sequence only 32 programs). Making the residuals in S's pass
@@ -172,13 +172,13 @@ def _residual(b_k, b_v, bv, b_S, b, bp, X, W, gamma, tok, mt, o_tv, m_tv, c_clip
               TARGET: tl.constexpr, FIT_RES: tl.constexpr):
     """One chunk's old reads and residuals from S_c's tile b_S (in the inputs' dtype), v's tile b_v (fp32) and
     bv = beta v: p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v), x = v - p, w = gamma T(x) (or T(x));
-    stores x and w (in X's and W's dtype: the inputs')."""
+    stores x (fp32) and w (W's dtype)."""
     rt = tl.arange(0, BT)
     dt = b_k.dtype
     M = tl.dot(b_k, tl.trans(b_k)) * _decay(bp, b, rt[:, None] > rt[None, :])
     p = tl.exp(bp)[:, None] * tl.dot(b_k, tl.trans(b_S)) + tl.dot(M.to(dt), bv.to(dt))
     x = b_v - p
-    tl.store(X + o_tv, x.to(X.dtype.element_ty), mask=m_tv)
+    tl.store(X + o_tv, x, mask=m_tv)
     w = _target(x, c_clip, TARGET)
     if FIT_RES:
         w = w * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
@@ -192,7 +192,7 @@ def _fwd_residual(k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip,
     """The old reads and the residuals, parallel over chunks (grid V tiles x chunks x heads), once S_c is known:
 
         p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v),   x = v - p,   w = gamma T(x) (or T(x))
-    stores x (for the backward) and w (what R's pass and the output read), both in the inputs' dtype.
+    stores x (fp32, for the backward) and w (input dtype, what R's pass and the output read).
     """
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
@@ -217,7 +217,7 @@ def _s_pass_residual(k, v, g, beta, gamma, D0, hS, ST, X, W, cu, coff, c_clip,
         p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v),   x = v - p,   w = gamma T(x) (or T(x))
         S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k
 
-    storing x and w, what `_fwd_residual` computes from the stored S_c in a kernel of its own. The same
+    storing x (fp32) and w, what `_fwd_residual` computes from the stored S_c in a kernel of its own. The same
     numbers: S_c enters the read rounded to the inputs' dtype, as stored. Spares the residual's reading of hS and a
     second reading of k and v (over a fifth of RLA's forward traffic at head_dim 128)."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
@@ -253,7 +253,7 @@ def fwd_residual(grid, *, k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip, H, K
 
 
 @triton.jit
-def _fwd_output(q, k, v, g, beta, gamma, W, hS, hR, O, cu, cidx, scale,
+def _fwd_output(q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr):
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -283,15 +283,16 @@ def _fwd_output(q, k, v, g, beta, gamma, W, hS, hR, O, cu, cidx, scale,
     if GATES:
         b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
         o = base * scale + b_gamma[:, None] * corr
+        tl.store(CORR + tok[:, None] * V + rv[None, :], corr.to(CORR.dtype.element_ty), mask=m_tv)
     else:
         o = base * scale + corr
     tl.store(O + tok[:, None] * V + rv[None, :], o.to(O.dtype.element_ty), mask=m_tv)
 
 
-def fwd_output(grid, *, q, k, v, g, beta, gamma, W, hS, hR, O, cu, cidx, scale, H, K, V, BT, BK, BV, FIT_RES, GATES,
-               **options):
+def fwd_output(grid, *, q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale, H, K, V, BT, BK, BV, FIT_RES,
+               GATES, **options):
     """`_fwd_output` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _fwd_output[grid](q, k, v, g, beta, gamma, W, hS, hR, O, cu, cidx, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+    _fwd_output[grid](q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
                       FIT_RES=FIT_RES, GATES=GATES, **options)
 
 
@@ -331,7 +332,7 @@ def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, sca
         if HAS_DRT:
             b_dRT = tl.load(dRT + (n * H + h) * V * K + rv[:, None] * K + rk[None, :], mask=m_state, other=0.0)
             dw += tl.where((t == eos - 1)[:, None], tl.dot(b_k, tl.trans(b_dRT.to(dt))), 0.0)
-    b_x = tl.load(X + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+    b_x = tl.load(X + o_tv, mask=m_tv, other=0.0)
     dx = _target_slope(b_x, c_clip, TARGET) * dw
     if FIT_RES:
         dx = dx * b_gamma[:, None]
@@ -347,10 +348,11 @@ def bwd_residual(grid, *, q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, 
 
 
 @triton.jit
-def _bwd_dv(q, k, v, g, beta, DX, dO, dhS, dV, dBETA_P, cu, cidx, NTH, scale,
+def _bwd_dv(q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale,
             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
             GATES: tl.constexpr):
-    """dv = beta dS_t k_t + dx and this V tile's share of dbeta (grid V tiles x chunks x heads)."""
+    """dv = beta dS_t k_t + dx, this V tile's share of dbeta and, with output gates, the gates' share of dgamma
+    (grid V tiles x chunks x heads)."""
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
     rt = tl.arange(0, BT)
@@ -374,22 +376,25 @@ def _bwd_dv(q, k, v, g, beta, DX, dO, dhS, dV, dBETA_P, cu, cidx, NTH, scale,
     tl.store(dV + o_tv, (b_beta[:, None] * Uk + b_dx.to(tl.float32)).to(dV.dtype.element_ty), mask=m_tv)
     o_part = i_v.to(tl.int64) * NTH + tok
     tl.store(dBETA_P + o_part, tl.sum(tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) * Uk, axis=1), mask=mt)
+    if GATES:
+        tl.store(dGAMMA_P + o_part,
+                 tl.sum(b_do.to(tl.float32) * tl.load(CORR + o_tv, mask=m_tv, other=0.0).to(tl.float32), axis=1),
+                 mask=mt)
 
 
-def bwd_dv(grid, *, q, k, v, g, beta, DX, dO, dhS, dV, dBETA_P, cu, cidx, NTH, scale, H, K, V, BT, BK, BV, GATES,
-           **options):
+def bwd_dv(grid, *, q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale, H, K, V, BT, BK,
+           BV, GATES, **options):
     """`_bwd_dv` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _bwd_dv[grid](q, k, v, g, beta, DX, dO, dhS, dV, dBETA_P, cu, cidx, NTH, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                  GATES=GATES, **options)
+    _bwd_dv[grid](q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, cu, cidx, NTH, scale, H=H, K=K, V=V,
+                  BT=BT, BK=BK, BV=BV, GATES=GATES, **options)
 
 
 @triton.jit
-def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, EG_P,
+def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P,
              cu, cidx, NTH, NCH, scale, c_clip,
              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
              TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr, HAS_DRT: tl.constexpr):
-    """dq, dk on one K tile, its shares of the per-token d/db terms and, with output gates, of dgamma's share from
-    the gates, do . corr (grid K tiles x chunks x heads).
+    """dq, dk on one K tile, and its shares of the per-token d/db terms (grid K tiles x chunks x heads).
 
     The whole V is one tile (BV >= V): straight-line code in which every V contraction is consumed as soon as it is
     made (the base read by q, the old read by k, the residual read, the writes), so that few BT x BT and BT x BK
@@ -438,21 +443,14 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
         e_e += s_qS
     if FIT_RES:
         b_w = tl.load(W + o_tv, mask=m_tv, other=0.0).to(dt)
-        # the residual read: o += c scale corr, corr = exp(b) q R_c^T + (q k^T * decay incl. the diagonal) w; from
-        # do (not c do) its gradient in q gives do . corr = q . dqR as well, the gates' share of dgamma
-        Rm = (tl.dot(b_do, tl.trans(b_w)) * _decay(b, b, rt[:, None] >= rt[None, :])).to(dt)
+        o_R = (b_do.to(tl.float32) * (b_gamma if GATES else tl.full([BT], 1.0, tl.float32))[:, None]).to(dt)
+        # the residual read: o += c scale (exp(b) q R_c^T + (q k^T * decay incl. the diagonal) w)
+        Rm = (tl.dot(o_R, tl.trans(b_w)) * _decay(b, b, rt[:, None] >= rt[None, :])).to(dt)
         b_hR = tl.load(hR + o_state, mask=m_state, other=0.0).to(dt)  # loaded once: dq's read and dg's end term
-        dqR = tl.exp(b)[:, None] * tl.dot(b_do, b_hR) + tl.dot(Rm, b_k)
-        s_R = scale * tl.sum(q32 * dqR, axis=1)
-        if GATES:
-            tl.store(EG_P + i_k.to(tl.int64) * NTH + tok, s_R, mask=mt)
-            dq += (scale * b_gamma)[:, None] * dqR
-            e_q += b_gamma * s_R
-            dkW += scale * tl.dot(tl.trans(Rm), (q32 * b_gamma[:, None]).to(dt))
-        else:
-            dq += scale * dqR
-            e_q += s_R
-            dkW += scale * tl.dot(tl.trans(Rm), b_q)
+        dqR = tl.exp(b)[:, None] * tl.dot(o_R, b_hR) + tl.dot(Rm, b_k)
+        dq += scale * dqR
+        e_q += scale * tl.sum(q32 * dqR, axis=1)
+        dkW += scale * tl.dot(tl.trans(Rm), b_q)
         b_dhR = tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt)
         sw += tl.dot(b_w, b_dhR)
         z += tl.exp(b_L) * tl.sum(b_hR.to(tl.float32) * b_dhR.to(tl.float32))
@@ -462,11 +460,9 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     tl.store(Z_P + i_k.to(tl.int64) * NCH + i_c * H + h, z)
     if not FIT_RES:
         # corr_t = c_t r_t (k_t . q~_t) and R_T = r_T k_T^T: no decays, outside d/db
-        b_r = _target(tl.load(X + o_tv, mask=m_tv, other=0.0).to(tl.float32), c_clip, TARGET)
+        b_r = _target(tl.load(X + o_tv, mask=m_tv, other=0.0), c_clip, TARGET)
         s_n = tl.sum(b_r * b_do.to(tl.float32), axis=1) * scale
         if GATES:
-            # do . corr = scale (r . do)(q . k): this K tile's share of q . k
-            tl.store(EG_P + i_k.to(tl.int64) * NTH + tok, s_n * tl.sum(q32 * k32, axis=1), mask=mt)
             s_n = s_n * b_gamma
         dq += s_n[:, None] * k32
         dk += s_n[:, None] * q32
@@ -483,10 +479,10 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     tl.store(EK_P + o_part, tl.sum(k32 * dkW, axis=1), mask=mt)
 
 
-def bwd_dqk(grid, *, q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, EG_P,
-            cu, cidx, NTH, NCH, scale, c_clip, H, K, V, BT, BK, BV, TARGET, FIT_RES, GATES, HAS_DRT, **options):
+def bwd_dqk(grid, *, q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, cu,
+            cidx, NTH, NCH, scale, c_clip, H, K, V, BT, BK, BV, TARGET, FIT_RES, GATES, HAS_DRT, **options):
     """`_bwd_dqk` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _bwd_dqk[grid](q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, EG_P, cu,
+    _bwd_dqk[grid](q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, cu,
                    cidx, NTH, NCH, scale, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, TARGET=TARGET, FIT_RES=FIT_RES,
                    GATES=GATES, HAS_DRT=HAS_DRT, **options)
 
@@ -623,8 +619,7 @@ class RLAFunction(torch.autograd.Function):
         NT, N = layout.chunks, layout.N
         hS = torch.empty(NT, H, V, K, dtype=q.dtype, device=dev)
         hR = torch.empty_like(hS) if fit_res else hS.new_empty(1)
-        # x for the backward's T(x) and T'(x), in the inputs' dtype as w: its rounding is that of S_c's in p
-        X = torch.empty(B * T, H, V, dtype=v.dtype, device=dev)
+        X = torch.empty(B * T, H, V, dtype=torch.float32, device=dev)
         W = torch.empty(B * T, H, V, dtype=v.dtype, device=dev)
         ST = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
         RT = torch.empty_like(ST) if fit_res else ST.new_empty(1)
@@ -650,9 +645,11 @@ class RLAFunction(torch.autograd.Function):
                            hD=hR, DT=RT, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
                            CB=COEF_TO_END.value, HAS_SA=False, HAS_B=False, HAS_D0=R0 is not None, **dims)
         O = torch.empty(B * T, H, V, dtype=q.dtype, device=dev)
+        # the residual read before its gate, for dgamma = do . corr: in the inputs' dtype, as the output
+        CORR = torch.empty(B * T, H, V, dtype=q.dtype, device=dev) if spec.output_gates else X.new_empty(1)
         opts = launch_options("fwd_output", V, LAUNCH)
         fwd_output((triton.cdiv(V, opts["BV"]), C, H), q=q, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, W=W, hS=hS,
-                   hR=hR, O=O, cu=layout.cu, cidx=layout.cidx, scale=float(scale), FIT_RES=fit_res,
+                   hR=hR, O=O, CORR=CORR, cu=layout.cu, cidx=layout.cidx, scale=float(scale), FIT_RES=fit_res,
                    GATES=spec.output_gates, **consts, **opts)
         if fit_res:
             R_T = RT
@@ -663,7 +660,7 @@ class RLAFunction(torch.autograd.Function):
             if min(layout.lengths) == 0:
                 empty = torch.tensor([n == 0 for n in layout.lengths], device=dev)[:, None, None, None]
                 R_T = torch.where(empty, 0.0, R_T)
-        ctx.save_for_backward(q, k, v, g32, beta_c, gamma_c, hS, hR, X, W)
+        ctx.save_for_backward(q, k, v, g32, beta_c, gamma_c, hS, hR, X, W, CORR)
         ctx.layout, ctx.spec, ctx.scale, ctx.chunk = layout, spec, float(scale), chunk
         ctx.shape, ctx.has_S0, ctx.has_R0 = (B, T, H, K, V), S0 is not None, R0 is not None
         ctx.dtypes = (g.dtype, beta.dtype, gamma.dtype)
@@ -671,7 +668,7 @@ class RLAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dO, dST, dRT):
-        q, k, v, g32, beta_c, gamma_c, hS, hR, X, W = ctx.saved_tensors
+        q, k, v, g32, beta_c, gamma_c, hS, hR, X, W, CORR = ctx.saved_tensors
         layout, spec, scale, chunk = ctx.layout, ctx.spec, ctx.scale, ctx.chunk
         B, T, H, K, V = ctx.shape
         dev = q.device
@@ -714,24 +711,24 @@ class RLAFunction(torch.autograd.Function):
         opts = launch_options("bwd_dv", V, LAUNCH)
         NV = triton.cdiv(V, opts["BV"])
         dBETA_P = torch.empty(NV, NTH, dtype=torch.float32, device=dev)
-        bwd_dv((NV, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, DX=DX, dO=dO, dhS=dhS, dV=dV, dBETA_P=dBETA_P,
-               cu=layout.cu, cidx=layout.cidx, NTH=NTH, scale=scale, H=H, K=K, V=V, BT=chunk, BK=BK,
-               GATES=spec.output_gates, **opts)
+        dGAMMA_P = torch.empty_like(dBETA_P) if spec.output_gates else dBETA_P.new_empty(1)
+        bwd_dv((NV, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, DX=DX, CORR=CORR, dO=dO, dhS=dhS, dV=dV,
+               dBETA_P=dBETA_P, dGAMMA_P=dGAMMA_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, scale=scale, H=H, K=K, V=V,
+               BT=chunk, BK=BK, GATES=spec.output_gates, **opts)
         opts = launch_options("bwd_dqk", V, LAUNCH)
         BKt = opts.pop("BK")
         NK = triton.cdiv(K, BKt)
         EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
         EE_P, EK_P = torch.empty_like(EQ_P), torch.empty_like(EQ_P)
         Z_P = torch.empty(NK, C * H, dtype=torch.float32, device=dev)
-        EG_P = torch.empty_like(EQ_P) if spec.output_gates else EQ_P.new_empty(1)
         bwd_dqk((NK, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, W=W, X=X, DX=DX, dO=dO, hS=hS, hR=hR,
                 dhS=dhS, dhR=dhR, dRT=dRT if dRT is not None else dS0, dQ=dQ, dK=dK, EQ_P=EQ_P, EE_P=EE_P, EK_P=EK_P,
-                Z_P=Z_P, EG_P=EG_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale,
-                c_clip=float(spec.clip), HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
+                Z_P=Z_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale, c_clip=float(spec.clip),
+                HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
         dBETA = dBETA_P.sum(0).view(B * T, H)
         dGAMMA = torch.zeros(B * T, H, dtype=torch.float32, device=dev)
         if spec.output_gates:
-            dGAMMA += EG_P.sum(0).view(B * T, H)
+            dGAMMA += dGAMMA_P.sum(0).view(B * T, H)
         if fit_res:
             dGAMMA += dGR_P.sum(0).view(B * T, H)
         EE = EE_P.sum(0).view(B * T, H)
