@@ -80,12 +80,23 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def is_healthy(uri: str, timeout: float = 2.0) -> bool:
+def _health(uri: str, timeout: float) -> tuple[str, str]:
+    """What answers GET `uri`/health: ("ok", ""), ("http", status) for another HTTP status, ("not-http", the
+    exception's name) for a reply that is not HTTP (a gRPC server's binary reply, say), or ("down", why)."""
     try:
-        with urllib.request.urlopen(f"{uri}/health", timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
-        return False  # HTTPException: something else answers there (a gRPC server's binary reply, say)
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as resp:
+            return ("ok", "") if resp.status == 200 else ("http", str(resp.status))
+    except urllib.error.HTTPError as exc:  # a subclass of URLError: something answers HTTP
+        return "http", str(exc.code)
+    except http.client.HTTPException as exc:
+        return "not-http", type(exc).__name__
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return "down", str(getattr(reason, "strerror", None) or reason)
+
+
+def is_healthy(uri: str, timeout: float = 2.0) -> bool:
+    return _health(uri, timeout)[0] == "ok"
 
 
 # Store URIs `rla-sweep server --backend-store-uri` takes; a launch's jobs log through a server's REST API.
@@ -120,19 +131,11 @@ def check_server_answers(uri: str, timeout: float = 5.0, remedy: str = "", key: 
         port = -1
     if not parsed.hostname or port == -1:
         raise UserError(f"{uri!r} is not a valid URL; expected http://HOST:PORT", key=key)
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout):
-            pass
-    except urllib.error.HTTPError:
-        # Something answers HTTP (a proxy, an MLflow without /health): the client decides the rest.
+    answer, detail = _health(uri, timeout)
+    if answer in ("ok", "http"):  # another HTTP status (a proxy, an MLflow without /health): the client decides
         return
-    except http.client.HTTPException as exc:  # something answers, not in HTTP (a gRPC port, say)
-        raise UserError(f"no MLflow server answers at {uri} (it does not speak HTTP: {type(exc).__name__})"
-                        + (f"; {remedy}" if remedy else ""), key=key) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise UserError(f"no MLflow server answers at {uri} ({getattr(reason, 'strerror', None) or reason})"
-                        + (f"; {remedy}" if remedy else ""), key=key) from None
+    why = f"it does not speak HTTP: {detail}" if answer == "not-http" else detail
+    raise UserError(f"no MLflow server answers at {uri} ({why})" + (f"; {remedy}" if remedy else ""), key=key)
 
 
 def _alive(pid: int | None) -> bool:
