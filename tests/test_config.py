@@ -161,6 +161,13 @@ def test_validator_messages_have_no_pydantic_prefix():
     # True is not 1, nor "1" 1: distinct values
     validate(SweepConfig, load_yaml_text("name: x\nmodels: [{preset: a}]\ngrid: {model.output_gates: [true, 1]}\n",
                                          "s.yaml"))
+    # seeds: sets train.seed over any point's value, so a swept train.seed would run the same jobs again
+    for section in ("grid", "zip"):
+        with pytest.raises(UserError) as info:
+            validate(SweepConfig, load_yaml_text(f"name: x\nmodels: [{{preset: a}}]\n{section}: {{train.seed: [0, 1]}}\n",
+                                                 "s.yaml"))
+        assert str(info.value) == (f"s.yaml:3: {section}: 'train.seed' is not swept here: list the seeds under "
+                                   "'seeds:' (seeds: [0, 1]); each job runs once per seed")
 
 
 def test_validation_message_leaves_out_the_key_it_is_reported_at():

@@ -141,6 +141,21 @@ def test_arms_with_overrides_stay_apart_and_pair_with_their_own_arm(server, tmp_
     assert rows["RDN, no fitting, tiny-rdn"][2].startswith("+0.030 ± 0.000 (n=2)")
 
 
+def test_a_named_arm_keeps_its_name_in_labels_when_its_family_has_no_other_arm(server, tmp_path):
+    """RDN at clip 0.5, named, beside RLA: labelled "RDN" alone, it would pass for the preset's RDN (clip 1)."""
+    root, sweep, _ = logged(server, tmp_path, """\
+        name: named
+        models:
+          - {preset: tiny-rla}
+          - {preset: tiny-rdn, overrides: {clip: 0.5}, name: rdn-c05}
+        ablations: [no_fitting]
+        seeds: [0, 1]
+        """, lambda job: 3.0 + 0.03 * bool(job.ablations) + 0.001 * job.seed)
+    _, page = dashboard(root, "named", server)
+    rows = table(page, "table4_no_fitting")
+    assert sorted(rows) == ["RDN, no fitting, rdn-c05", "RDN, rdn-c05", "RLA", "RLA, no fitting"]
+
+
 def test_two_runs_with_one_seed_are_an_error_not_an_average(server, tmp_path):
     root, sweep, _ = logged(server, tmp_path, """\
         name: dup

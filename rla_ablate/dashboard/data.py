@@ -198,12 +198,15 @@ def assign_labels(spec, panels: dict[str, list[Series]]) -> None:
         for members in groups.values():
             extra = distinguishing(members) if len(members) > 1 else []
             for s in members:
+                # an arm the sweep named (one that changes its preset, as a rule) is named even when alone: its
+                # family's name would pass for the preset's model
+                named = ARM not in extra and s.tags.get(ARM) not in (None, "", s.tags.get(PRESET))
                 joined = "/".join(s.spec_key)
                 if joined in spec.labels:
                     parts = [spec.labels[joined]]
                 else:
                     parts = [_part(spec, k, s.value(k)) for k in spec.series]
-                parts += [_part(spec, k, s.value(k)) for k in extra]
+                parts += [_part(spec, k, s.value(k)) for k in extra + ([ARM] if named else [])]
                 text = ", ".join(p for p in parts if p)
                 if not text:
                     text = "no ablation" if s.tags.get("ablations") == "none" else "all runs"

@@ -343,7 +343,9 @@ def render_gains(spec: GainsSpec, runs: SweepRuns, out: Rendered, index: V.Valid
         ax.set_xticklabels([f"{c}\n({', '.join(n for n, _ in sets if spec.category(n) == c)})" for c in categories])
         ax.set_ylabel(spec.ylabel or ("gain in " + spec.metric.format(set="*")))
         ax.set_title(_panel_title(spec, panel))
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+        # under the panel; long labels (a grid's values in each) one per row, or the panels' legends run together
+        long = max(len(t) for t in ax.get_legend_handles_labels()[1]) > 30
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1 if long else 2)
     return fig
 
 
@@ -599,7 +601,11 @@ def _footer(fig, out: Rendered) -> None:
 
     width = int(fig.get_figwidth() * 15)
     wrapped = [w for line in lines for w in textwrap.wrap(line, width, subsequent_indent="      ") or [""]]
-    fig.text(0.01, 0.0, "\n".join(wrapped), ha="left", va="top", fontsize=7, color="#8a4b00",
+    # under everything drawn so far: legends and tick labels may reach below the figure's bottom edge, and the
+    # notes must not hide under them (nor hide them)
+    drawn = fig.get_tightbbox(fig.canvas.get_renderer())
+    top = min(0.0, drawn.y0 / fig.get_figheight() - 0.02)
+    fig.text(0.01, top, "\n".join(wrapped), ha="left", va="top", fontsize=7, color="#8a4b00",
              family="DejaVu Sans", transform=fig.transFigure)
 
 

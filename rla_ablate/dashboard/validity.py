@@ -181,8 +181,8 @@ def _ranges(members: list[SeedValidity], keep, relation: str) -> str:
                     found.setdefault((m.check.metric, w, m.check.threshold), []).append(v)
     out = []
     for (metric, who, thr), vals in sorted(found.items()):
-        lo, hi = min(vals), max(vals)
-        shown = f"{lo:.3g}" if lo == hi else f"{lo:.3g}–{hi:.3g}"
+        lo, hi = (_under(v, thr, 3) if "<" in relation else f"{v:.3g}" for v in (min(vals), max(vals)))
+        shown = lo if lo == hi else f"{lo}–{hi}"
         out.append(f"{metric} of the {who} {shown}{relation}{thr:g}")
     return ", ".join(out)
 
@@ -285,6 +285,16 @@ def comparison(index: ValidityIndex, a: D.Series, b: D.Series | None) -> tuple[s
     return state, "; ".join(f"{who}{detail}" for who, st, detail in parts if st == state)
 
 
+def _under(value: float, threshold: float, least: int = 2) -> str:
+    """`value` (below `threshold`) to `least` significant digits, or as many more as it takes not to print as the
+    threshold or above it (0.9951 under 1 is '0.995', not '1')."""
+    for digits in range(least, 10):
+        text = f"{value:.{digits}g}"
+        if float(text) < threshold:
+            return text
+    return repr(value)
+
+
 def off_summary(index: ValidityIndex, a: D.Series, b: D.Series | None) -> str:
     """The measured values below their thresholds when comparing `a` with `b`, one range per check, e.g.
     'diag/mixer_rms_over_sqrt_eps 0.092–0.97 < 1 in 5 runs' ('' when none is below)."""
@@ -303,7 +313,7 @@ def off_summary(index: ValidityIndex, a: D.Series, b: D.Series | None) -> str:
                     found.setdefault((m.check.metric, m.check.threshold), []).append(val)
     parts = []
     for (metric, thr), vals in sorted(found.items()):
-        lo, hi = f"{min(vals):.2g}", f"{max(vals):.2g}"
+        lo, hi = _under(min(vals), thr), _under(max(vals), thr)
         shown = lo if lo == hi else f"{lo}–{hi}"
         parts.append(f"{metric} {shown} < {thr:g} in {len(vals)} run{'s' if len(vals) > 1 else ''}")
     radius = _radius_check(index, a, b)

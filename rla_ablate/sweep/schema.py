@@ -243,6 +243,9 @@ class SweepConfig(_Strict):
                 raise ValueError(f"key '{key}' must be dotted and start with model., train. or data.")
             if not values:
                 raise ValueError(f"'{key}' has no values")
+            if key == "train.seed":  # `seeds:` sets it for every job, over whatever a point says
+                raise ValueError(f"'train.seed' is not swept here: list the seeds under 'seeds:' (seeds: "
+                                 f"{list(values)}); each job runs once per seed")
         return v
 
     @field_validator("grid")
