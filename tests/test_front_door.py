@@ -278,6 +278,15 @@ def test_data_show_of_a_shard_folder_says_what_it_reads(tmp_path, capsys):
     assert f"data: {{kind: shards, path: {shards}}}" in err
 
 
+def test_data_show_takes_the_kinds_train_data_takes_by_name(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "show", "mqar", "--seq-len", "64"]) == 0
+    assert capsys.readouterr().out.startswith("kind: mqar, vocabulary: 8192\nfirst example: [")
+    code, err = run_cli(capsys, "data", "show", "stdlb")
+    assert (code, err) == (2, "rla-sweep: error: stdlb: no such file or folder; `data show` takes stdlib, mqar, "
+                              "niah or a YAML data config\n")
+
+
 @pytest.mark.parametrize("command", ["status", "cancel", "resume"])
 def test_an_unknown_sweep_is_named_with_its_root(tmp_path, capsys, command):
     root = tmp_path / "runs"

@@ -235,8 +235,12 @@ def test_resume_hint_only_when_a_resume_can_help():
     assert not LaunchSummary("s", counts={"finished": 3}).resume_helps
     # A search stopped between trials: every trial it counts is done (one pruned), the ones not asked for yet are in
     # no count; the launch is not ok (exit 130) and a resume helps.
-    stopped = LaunchSummary("s", counts={"finished": 4, "cancelled": 1}, pruned=1, interrupted=True)
+    stopped = LaunchSummary("s", counts={"finished": 4, "cancelled": 1}, pruned=1, interrupted=True,
+                            study_counts={"finished": 4, "cancelled": 1})
     assert not stopped.ok and stopped.resume_helps
+    # A grid whose interrupt came as its last job ended: stopped (exit 130), but nothing left to resume.
+    late = LaunchSummary("s", counts={"finished": 4}, interrupted=True)
+    assert not late.ok and not late.resume_helps
     assert LaunchSummary("s", counts={"finished": 4, "cancelled": 1}, pruned=1).ok
 
 

@@ -126,6 +126,30 @@ def test_pending_jobs_count_in_the_sweep_eta_not_in_the_rate():
     assert progress.sweep_rate() is None and progress.sweep_eta() is None
 
 
+def test_jobs_too_short_for_a_rate_give_the_sweep_one_from_what_they_finished():
+    """Jobs that end before their meter has two reports (CPU smoke jobs of a second or two) still give a sweep
+    rate and ETA: the tokens of the jobs finished in this launch over the time since the first one started. A job
+    resumed from 4,000 tokens counts only what it trained here."""
+    clock = Clock()
+    progress = Progress("s", console=Console(file=io.StringIO()), interactive=False, clock=clock)
+    a, b, c = (job(x * 12, x, 10_000) for x in "abc")
+    for j in (a, b, c):
+        progress.update(j, Status.PENDING, 0)
+    progress.update(b, Status.PENDING, 4_000)
+    assert progress.sweep_rate() is None
+    progress.update(a, Status.RUNNING, 0)
+    progress.update(b, Status.RUNNING, 4_000)
+    clock.t += 2
+    progress.update(a, Status.FINISHED, 10_000)
+    progress.update(b, Status.FINISHED, 10_000)
+    assert progress.sweep_rate() == pytest.approx(16_000 / 2)
+    assert progress.sweep_eta() == pytest.approx(10_000 / 8_000)
+    assert "8k tok/s, sweep ETA ~1s" in progress.progress_line()
+    progress.update(c, Status.RUNNING, 0)   # a running job's own rate, once it has one, is the sweep's
+    _feed(progress, clock, [c], 5, [1000], [0])
+    assert progress.sweep_rate() == pytest.approx(1000.0)
+
+
 def test_line_mode_lists_no_job_an_earlier_launch_ended():
     """A relaunch lists finished jobs and queued ones silently; what this launch does to them prints."""
     clock, out = Clock(), io.StringIO()

@@ -118,29 +118,44 @@ def validate_data_file(located):
     return located.data["data"], validate(_File, located, {"data": located.data["data"]}).data
 
 
+SHORTHANDS = ("stdlib", "mqar", "niah")  # data kinds that need no path: `data show mqar`
+
+
 def show(args) -> int:
     from rla_ablate.config import load_yaml
-    from rla_ablate.data import EvalConfig, make_eval_batches, vocab_size
-    from rla_ablate.data.sources import open_source
 
+    if args.seq_len < 1:
+        raise UserError(f"must be >= 1 (got {args.seq_len})", key="--seq-len")
     path = Path(args.config)
+    if str(path) in SHORTHANDS and not path.exists():  # as `train --data` takes them
+        from rla_ablate.config import LocatedYAML
+
+        located = LocatedYAML({"data": {"kind": str(path)}}, str(path), {})
+        return _show(validate_data_file(located)[1], args.seq_len)
+    if not path.exists():
+        raise UserError(f"no such file or folder; `data show` takes {', '.join(SHORTHANDS)} or a YAML data config",
+                        file=str(path))
     if path.is_dir():
         # The data itself rather than a config naming it: say how to name it.
         kind = "shards" if (path / "index.json").is_file() else "hf_disk" if _is_hf_dataset(path) else "text"
         raise UserError(f"is a folder; `data show` reads a data config: a YAML file holding `data: {{kind: {kind}, "
                         f"path: {path}}}` (or the mapping alone)", file=str(path))
-    if args.seq_len < 1:
-        raise UserError(f"must be >= 1 (got {args.seq_len})", key="--seq-len")
-    _, cfg = validate_data_file(load_yaml(path))
+    return _show(validate_data_file(load_yaml(path))[1], args.seq_len)
+
+
+def _show(cfg, seq_len: int) -> int:
+    from rla_ablate.data import EvalConfig, make_eval_batches, vocab_size
+    from rla_ablate.data.sources import open_source
+
     print(f"kind: {cfg.kind}, vocabulary: {vocab_size(cfg)}")
     if cfg.kind in ("mqar", "niah"):
         ev = EvalConfig(name="show", data=cfg, examples=1)
-        batch = make_eval_batches(ev, args.seq_len, 1)[0]
+        batch = make_eval_batches(ev, seq_len, 1)[0]
         tok = open_source(cfg.haystack).tokenizer if cfg.kind == "niah" else None
     else:
         src = open_source(cfg)
-        print(f"tokens: {len(src):,}, windows of {args.seq_len + 1}: {(len(src) - 1) // args.seq_len:,}")
-        batch = make_eval_batches(EvalConfig(name="show", data=cfg, tokens=args.seq_len), args.seq_len, 1)[0]
+        print(f"tokens: {len(src):,}, windows of {seq_len + 1}: {(len(src) - 1) // seq_len:,}")
+        batch = make_eval_batches(EvalConfig(name="show", data=cfg, tokens=seq_len), seq_len, 1)[0]
         tok = src.tokenizer
     ids = batch.input_ids[0]
     print("first example:", tok.decode(ids) if tok is not None else ids.tolist())
@@ -167,6 +182,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=prepare)
     s = sub.add_parser("show", help="print the vocabulary, size and first example of a data config",
                        description="Print what a data config yields: vocabulary, size, first example.")
-    s.add_argument("config", metavar="CONFIG", type=Path, help="YAML with a `data:` mapping (or a bare one)")
+    s.add_argument("config", metavar="CONFIG", type=Path,
+                   help="YAML with a `data:` mapping (or a bare one), or stdlib, mqar, niah")
     s.add_argument("--seq-len", type=int, default=256, help="sequence length (default: 256)")
     s.set_defaults(func=show)

@@ -788,7 +788,8 @@ class _Runner:
     def stop(self, why: str) -> None:
         self.stopping = True
         self.stop_reason = why
-        self.progress.note(f"stopping: {why}; jobs save a checkpoint and stop (Ctrl-C again to abandon them)")
+        again = "again " if why == "interrupted" else ""  # a cancel or SIGTERM came without a Ctrl-C here
+        self.progress.note(f"stopping: {why}; jobs save a checkpoint and stop (Ctrl-C {again}to abandon them)")
         self.monitor.request_stop.remote(None)
         self._stop_deadline = time.monotonic() + STOP_GRACE_S
         # Tasks still waiting in Ray's queue never start; running ones checkpoint and return.
@@ -843,9 +844,11 @@ class _Runner:
     def _collect(self, job: ResolvedJob, ref: Any) -> tuple[JobOutcome, bool]:
         """The attempt's outcome, recorded; True when the job runs again (a retry)."""
         tokens_before = self.sdir.status(job.job_id).tokens_done
+        ran = True  # an attempt, unless Ray cancelled it in its queue
         try:
             outcome = self.ray.get(ref)
         except self.ray.exceptions.TaskCancelledError:
+            ran = False
             outcome = JobOutcome(Status.CANCELLED, tokens_done=tokens_before,
                                  error=f"{self.stop_reason or 'stopped'} before it started")
         except Exception as exc:
@@ -863,7 +866,7 @@ class _Runner:
             outcome = stopped_outcome(outcome, self.stop_reason or "stopped")
         st = self.sdir.status(job.job_id)
         tokens = outcome.tokens_done
-        self.summary.ran += 1
+        self.summary.ran += ran
         self.monitor.clear.remote(job.job_id)
         log = None
         if outcome.status == Status.FAILED:

@@ -113,6 +113,10 @@ class Progress:
         self._last_draw = 0.0
         self._last_refresh = self.started
         self._running_s = 0.0
+        # tokens trained by the jobs this launch ran to the end, since the first of them started: the sweep's rate
+        # where no running job has one yet (jobs that end within a report or two)
+        self._finished_tokens = 0
+        self._first_start: float | None = None
 
     def _on_closed(self) -> None:
         self.closed = True
@@ -135,6 +139,11 @@ class Progress:
         if tokens is not None:
             row["tokens"] = tokens
         if changed:
+            if status == Status.RUNNING:
+                row["ran_from"] = row["tokens"]
+                self._first_start = now if self._first_start is None else self._first_start
+            elif status == Status.FINISHED and "ran_from" in row:
+                self._finished_tokens += max(0, row["tokens"] - row.pop("ran_from"))
             row["changed"] = now
             # Each attempt's rate is its own: a new meter when the job starts running, none while it does not.
             row["meter"] = RateMeter() if status == Status.RUNNING else None
@@ -172,9 +181,13 @@ class Progress:
         return max(0, row["target"] - row["tokens"]) / rate if rate else None
 
     def sweep_rate(self) -> float | None:
-        """Tokens/s of every running job together; None until one has a rate."""
+        """Tokens/s of every running job together; where none has a rate yet, the tokens of the jobs this launch
+        finished over the time since the first of them started; None before either."""
         rates = [r for r in (self._rate(row) for row in self.rows.values()) if r is not None]
-        return sum(rates) if rates else None
+        if rates:
+            return sum(rates)
+        span = self.clock() - self._first_start if self._first_start is not None else 0.0
+        return self._finished_tokens / span if self._finished_tokens and span > 0 else None
 
     def sweep_eta(self) -> float | None:
         """An estimate: the tokens every pending and running job still has to train over the current aggregate

@@ -53,7 +53,9 @@ class LaunchSummary:
         if self.ok:
             return False
         unfinished = sum(n for k, n in self.counts.items() if k not in (Status.FINISHED, Status.DIVERGED)) - self.pruned
-        if self.evals_error is not None and not unfinished:
-            return False  # every job trained: the tasks need fixing, not the jobs resuming
+        if not unfinished and (self.evals_error is not None or self.study_counts is None):
+            # every job trained: the tasks need fixing, not the jobs resuming; or an interrupt came after the
+            # last job of a grid ended (a search's study may still have trials to ask for)
+            return False
         deterministic = [f for f in self.failed if f.cause is not None and f.cause.deterministic]
         return not (self.failed and len(deterministic) == len(self.failed) == unfinished)
