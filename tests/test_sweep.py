@@ -61,6 +61,22 @@ def test_committed_sweep_plans(path, capsys):
     assert ("replay CUDA graphs" in " ".join(title.split())) == graphed
 
 
+def test_plan_says_what_a_launch_on_this_machine_would_refuse(tmp_path, capsys):
+    """A sweep asking for more CPUs than this machine has plans (it may be meant for a cluster), and the plan says
+    that a launch here stops, at which key, as the launch would."""
+    text = (REPO / "sweeps" / "smoke.yaml").read_text()
+    sweep = yaml.safe_load(text)
+    sweep["resources"] = dict(sweep.get("resources") or {}, cpus=(os.cpu_count() or 1) + 1)
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    assert main(["plan", str(path)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert (f"a launch on this machine stops at resources.cpus: each job asks for {(os.cpu_count() or 1) + 1} CPUs "
+            f"but this machine has {os.cpu_count()}; `launch --address` of a Ray cluster that has them runs it") in said
+    assert main(["plan", str(REPO / "sweeps" / "smoke.yaml")]) == 0
+    assert "a launch on this machine stops" not in capsys.readouterr().out
+
+
 def test_ablation_suite_covers_the_paper():
     sweep = load_sweep(REPO / "sweeps" / "ablations.yaml")
     by = {(j.family, tuple(j.ablations)) for j in sweep.jobs}

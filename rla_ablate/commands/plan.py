@@ -87,6 +87,12 @@ def run(args: argparse.Namespace) -> int:
         captions += ["matched wall-clock budgets (tok/s above are each job's own estimate):"] + t["budgets"]
     if "search_trials" in t:
         captions.append(f"Optuna search: the base job above runs as {t['search_trials']} trials (totals include them)")
+    from rla_ablate.sweep.launch import local_shortfall
+
+    short = local_shortfall(sweep)
+    if short is not None:  # not an error here: the sweep may be meant for a cluster (launch --address)
+        captions.append(f"[bold]a launch on this machine stops[/] at {short.key}: {escape(short.message)}; "
+                        "`launch --address` of a Ray cluster that has them runs it")
     console = stdout_console()
     # a narrow terminal loses the columns least needed to choose what to run first
     console.print(fitted_table(console, title, columns, rows, keep=1, right=tuple(columns[4:]), captions=captions,

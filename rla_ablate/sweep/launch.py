@@ -73,17 +73,37 @@ def source_for(sweep: Sweep, sdir: SweepDir) -> JobSource:
     return GridSource(sweep, sdir)
 
 
-def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any], sdir: SweepDir) -> None:
+def resource_shortfall(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any],
+                       where: str = "the Ray cluster") -> UserError | None:
+    """What a job asks for that `cluster` (`where`) does not have (GPUs, CPUs), as the error a launch stops with."""
     res = sweep.config.resources
     line = sweep.source.line(("resources",))
     gpus_needed = max((p.gpus for p in placements.values()), default=0.0)
     have_gpus, have_cpus = cluster.get("GPU", 0.0), cluster.get("CPU", 0.0)
     if gpus_needed > have_gpus:
-        raise UserError(f"each job asks for {gpus_needed:g} GPU(s) but the Ray cluster has {have_gpus:g}; "
-                        "set resources.gpus: 0 to train on CPU", file=sweep.source.file, line=line, key="resources.gpus")
+        return UserError(f"each job asks for {gpus_needed:g} GPU(s) but {where} has {have_gpus:g}; "
+                         "set resources.gpus: 0 to train on CPU", file=sweep.source.file, line=line,
+                         key="resources.gpus")
     if res.cpus > have_cpus:
-        raise UserError(f"each job asks for {res.cpus:g} CPUs but the Ray cluster has {have_cpus:g}",
-                        file=sweep.source.file, line=line, key="resources.cpus")
+        return UserError(f"each job asks for {res.cpus:g} CPUs but {where} has {have_cpus:g}",
+                         file=sweep.source.file, line=line, key="resources.cpus")
+    return None
+
+
+def local_shortfall(sweep: Sweep) -> UserError | None:
+    """`resource_shortfall` on this machine, as a launch without --address (a local Ray instance) meets it."""
+    from rla_ablate.sweep.packing import gpu_memory_bytes, place
+
+    local = _local_resources()
+    return resource_shortfall(sweep, local, place(sweep, gpu_memory_bytes() if local["GPU"] > 0 else None),
+                              "this machine")
+
+
+def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any], sdir: SweepDir) -> None:
+    short = resource_shortfall(sweep, cluster, placements)
+    if short is not None:
+        raise short
+    have_gpus = cluster.get("GPU", 0.0)
     # the cuda jobs this launch would run (a resumed sweep's finished ones need no GPU); their status is read only
     # where a cuda job meets a cluster without GPUs
     if not have_gpus:
