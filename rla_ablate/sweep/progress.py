@@ -224,7 +224,8 @@ class Progress:
             title += (f"  {fmt_rate(self.sweep_rate())} tok/s, sweep ETA ~{fmt_duration(self.sweep_eta())} "
                       "(estimate)")
         table = Table(title=title, title_justify="left", expand=False)
-        table.add_column("job")
+        # a name too long for a narrow terminal folds onto more lines: its end (the seed) tells rows apart
+        table.add_column("job", overflow="fold")
         table.add_column("id", style="dim")
         table.add_column("status")
         table.add_column("tokens", justify="right")

@@ -187,18 +187,22 @@ class ProgressLogger:
 
     def _start(self, total: int, done: int) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.table import Column
 
         self._total = total
         self._rate_from = (time.monotonic(), done)
         if not self.interactive or self._progress is not None:
             return
+        # On a narrow terminal the bar and then the loss text give way; the tokens and both times are kept whole
+        times = dict(min_width=7, no_wrap=True)
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.fields[tokens]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[loss]} {task.fields[eval]} {task.fields[speed]}"),
+            BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=4)),
+            TextColumn("{task.fields[tokens]}", table_column=Column(no_wrap=True)),
+            TimeElapsedColumn(table_column=Column(**times)),
+            TimeRemainingColumn(table_column=Column(**times)),
+            TextColumn("{task.fields[loss]} {task.fields[eval]} {task.fields[speed]}",
+                       table_column=Column(ratio=3, no_wrap=True, overflow="ellipsis")),
             console=self.console,
         )
         self._progress.start()
@@ -230,8 +234,8 @@ class ProgressLogger:
         evals = {k: v for k, v in metrics.items() if k.startswith("eval/") and k.endswith("/loss")}
         if evals:
             self._fields["eval"] = " ".join(f"{k[5:-5]} {v:.4f}" for k, v in sorted(evals.items()))
-            if not self.interactive:
-                self.console.print(f"{self.description} {step:,} tokens: {self._fields['loss']} eval {self._fields['eval']}")
+            if not self.interactive:  # with the rate and ETA: a short job may print nothing else
+                self.console.print(f"{self.description} {self._eta_line(step)}; eval {self._fields['eval']}")
                 self._said_at = time.monotonic()
         elif not self.interactive and time.monotonic() - self._said_at >= self.every_s:
             self.console.print(f"{self.description} {self._eta_line(step)}")
