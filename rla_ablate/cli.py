@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # MLflow's artifact transfers draw tqdm bars of their own ("Downloading artifacts: 0%") among the commands'
+    # progress; a user's explicit setting stays
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     try:
         environment.check()
         code = int(args.func(args) or 0)

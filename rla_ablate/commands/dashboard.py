@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.sweep.status import resolve_name
 
     args.name = resolve_name(args.name)  # a sweep file names its sweep, as for status and results
+    from rla_ablate.dashboard.build import open_sweep_dir
+
+    open_sweep_dir(args.root, args.name)  # an unknown sweep is said before any progress is drawn
     if args.out is not None:
         _check_out(args.out)
     if args.tracking_uri is not None:
