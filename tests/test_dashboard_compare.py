@@ -127,33 +127,21 @@ def test_arms_with_overrides_stay_apart_and_pair_with_their_own_arm(server, tmp_
         models:
           - {preset: tiny-rdn}
           - {preset: tiny-rdn, overrides: {clip: 0.5}, name: rdn-c05}
+          - {preset: tiny-rla, overrides: {clip: 0.5}, name: rla-c05}
         ablations: [no_fitting]
         seeds: [0, 1]
         """, loss)
     _, page = dashboard(root, "arms", server)
     rows = table(page, "table4_no_fitting")
-    assert sorted(rows) == ["RDN, no fitting, rdn-c05", "RDN, no fitting, tiny-rdn", "RDN, rdn-c05", "RDN, tiny-rdn"]
+    # a named arm alone in its family keeps its name: "RLA" alone would pass for the preset's model (clip 1)
+    assert sorted(rows) == ["RDN, no fitting, rdn-c05", "RDN, no fitting, tiny-rdn", "RDN, rdn-c05", "RDN, tiny-rdn",
+                            "RLA, no fitting, rla-c05", "RLA, rla-c05"]
     assert float(rows["RDN, rdn-c05"][1].split()[0]) == pytest.approx(3.0205, abs=6e-4)
     assert float(rows["RDN, tiny-rdn"][1].split()[0]) == pytest.approx(3.0005, abs=6e-4)
     assert "(n=2)" in rows["RDN, rdn-c05"][1] and "(n=2)" in rows["RDN, tiny-rdn"][1]
     # Each arm's ablation is paired with the same arm (+0.03), not with the other arm (+0.01 or +0.05).
     assert rows["RDN, no fitting, rdn-c05"][2].startswith("+0.030 ± 0.000 (n=2)")
     assert rows["RDN, no fitting, tiny-rdn"][2].startswith("+0.030 ± 0.000 (n=2)")
-
-
-def test_a_named_arm_keeps_its_name_in_labels_when_its_family_has_no_other_arm(server, tmp_path):
-    """RDN at clip 0.5, named, beside RLA: labelled "RDN" alone, it would pass for the preset's RDN (clip 1)."""
-    root, sweep, _ = logged(server, tmp_path, """\
-        name: named
-        models:
-          - {preset: tiny-rla}
-          - {preset: tiny-rdn, overrides: {clip: 0.5}, name: rdn-c05}
-        ablations: [no_fitting]
-        seeds: [0, 1]
-        """, lambda job: 3.0 + 0.03 * bool(job.ablations) + 0.001 * job.seed)
-    _, page = dashboard(root, "named", server)
-    rows = table(page, "table4_no_fitting")
-    assert sorted(rows) == ["RDN, no fitting, rdn-c05", "RDN, rdn-c05", "RLA", "RLA, no fitting"]
 
 
 def test_two_runs_with_one_seed_are_an_error_not_an_average(server, tmp_path):
