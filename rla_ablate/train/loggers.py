@@ -194,13 +194,12 @@ class ProgressLogger:
         if not self.interactive or self._progress is not None:
             return
         # On a narrow terminal the bar and then the loss text give way; the tokens and both times are kept whole
-        times = dict(min_width=7, no_wrap=True)
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=4)),
             TextColumn("{task.fields[tokens]}", table_column=Column(no_wrap=True)),
-            TimeElapsedColumn(table_column=Column(**times)),
-            TimeRemainingColumn(table_column=Column(**times)),
+            TimeElapsedColumn(table_column=Column(min_width=7, no_wrap=True)),
+            TimeRemainingColumn(table_column=Column(min_width=7, no_wrap=True)),
             TextColumn("{task.fields[loss]} {task.fields[eval]} {task.fields[speed]}",
                        table_column=Column(ratio=3, no_wrap=True, overflow="ellipsis")),
             console=self.console,
