@@ -359,6 +359,11 @@ BAD = {
     "repeated_eval_name": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  eval:\n"
                            "    - {name: val, data: {kind: stdlib}}\n    - {name: val, data: {kind: stdlib}}\n", 4,
                            ": base.eval: names must be unique; repeated: val"),
+    # a text eval set of fewer tokens than one window would score a whole window all the same
+    "eval_under_a_window": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  train: {seq_len: 128}\n  eval:\n"
+                            "    - {name: val, data: {kind: stdlib}, tokens: 10}\n", 5,
+                            ": base.eval: set 0 ('val'): tokens 10 is under one window of train.seq_len (128); an "
+                            "eval set scores whole windows: use at least 128"),
     "whole_job_check": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  train: {seq_len: 128}\n"
                         "  data: {kind: mqar, seq_len: 64}\n", 3,
                         ":3: base: data.seq_len (64) must equal train.seq_len (128)"),

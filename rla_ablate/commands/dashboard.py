@@ -49,15 +49,16 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.sweep.status import resolve_name
 
     args.name = resolve_name(args.name)  # a sweep file names its sweep, as for status and results
-    from rla_ablate.dashboard.build import open_sweep_dir
-
-    open_sweep_dir(args.root, args.name)  # an unknown sweep is said before any progress is drawn
     if args.out is not None:
         _check_out(args.out)
     if args.tracking_uri is not None:
         from rla_ablate.tracking.read import reader_uri
 
         args.tracking_uri = reader_uri(args.tracking_uri)
+    else:  # the sweep's own store: an unknown sweep is said before any progress is drawn
+        from rla_ablate.dashboard.build import open_sweep_dir
+
+        open_sweep_dir(args.root, args.name)
     # The imports and the specs' validation take seconds before build_dashboard reports its phases.
     print(f"dashboard {args.name}: loading the specs", file=sys.stderr, flush=True)
     from rich.markup import escape

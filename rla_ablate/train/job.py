@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rla_ablate.config.dotted import flat_dotted
 from rla_ablate.data.config import DataConfig, EvalConfig, StdlibData
@@ -59,6 +59,19 @@ class JobConfig(BaseModel):
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:  # at the eval list's line (a check of the whole job had the job's line and its name twice)
             raise ValueError(f"names must be unique; repeated: {', '.join(repeated)}")
+        return evals
+
+    @field_validator("eval")
+    @classmethod
+    def _whole_windows(cls, evals: list[EvalConfig], info: ValidationInfo) -> list[EvalConfig]:
+        from rla_ablate.data.config import RECALL_KINDS
+
+        train = info.data.get("train")
+        seq_len = train.seq_len if train is not None else None
+        for i, e in enumerate(evals):  # a text set scores whole windows: fewer tokens would score one anyway
+            if seq_len is not None and e.data.kind not in RECALL_KINDS and e.tokens < seq_len:
+                raise ValueError(f"set {i} ('{e.name}'): tokens {e.tokens} is under one window of train.seq_len "
+                                 f"({seq_len}); an eval set scores whole windows: use at least {seq_len}")
         return evals
 
     @model_validator(mode="after")
