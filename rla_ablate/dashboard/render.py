@@ -375,6 +375,7 @@ def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered, index: V.V
     fig, axes = _panels_figure(len(spec.x), width=5.6, height=4.0)
     for ax, axis in zip(axes, spec.x):
         drawn = 0
+        notes = []
         lines: dict[object, tuple[tuple, list[tuple[float, float]]]] = {}
         for i, s in enumerate(series):
             finals = D.final_by_seed(s, key)
@@ -394,8 +395,8 @@ def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered, index: V.V
             ax.errorbar([x], [st.mean], yerr=[st.half_width if st.n >= 2 else 0.0], fmt=marker, color=color,
                         capsize=3, markersize=6, markerfacecolor="none" if flagged else color,
                         label=f"{s.label} (n={st.n})" + FLAG_SUFFIX.get(state, ""))
-            ax.annotate(s.label, (x, st.mean), textcoords="offset points", xytext=(7, -3 + 8 * (drawn % 2)),
-                        fontsize=7, color=color)
+            notes.append(ax.annotate(s.label, (x, st.mean), textcoords="offset points",
+                                     xytext=(7, -3 + 8 * (drawn % 2)), fontsize=7, color=color))
             lines.setdefault(s.value(spec.color) if spec.color else s.key, (color, []))[1].append((x, st.mean))
             drawn += 1
         if not drawn:
@@ -411,6 +412,12 @@ def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered, index: V.V
         else:
             ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_fmt_tokens))
         ax.margins(x=0.25)
+        ax.autoscale_view()
+        to_axes = ax.transData + ax.transAxes.inverted()
+        for note in notes:  # a point in the right part labelled on its left: its text stays inside the panel
+            if to_axes.transform(note.xy)[0] > 0.6:
+                note.set_horizontalalignment("right")
+                note.xyann = (-7, note.xyann[1])
         ax.set_xlabel(axis.label or axis.param)
         ax.set_ylabel(spec.ylabel or key)
     out.runs.extend((s.label, r.name, r.run_id) for s in series for r in s.finished)
