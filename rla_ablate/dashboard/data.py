@@ -200,7 +200,8 @@ def assign_labels(spec, panels: dict[str, list[Series]]) -> None:
             for s in members:
                 # an arm the sweep named (one that changes its preset, as a rule) is named even when alone: its
                 # family's name would pass for the preset's model
-                named = ARM not in extra and s.tags.get(ARM) not in (None, "", s.tags.get(PRESET))
+                named = (ARM not in extra and ARM not in spec.series and ARM != getattr(spec, "panels", None)
+                         and s.tags.get(ARM) not in (None, "", s.tags.get(PRESET)))
                 joined = "/".join(s.spec_key)
                 if joined in spec.labels:
                     parts = [spec.labels[joined]]
