@@ -12,7 +12,7 @@ import json
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rla_ablate.config.dotted import flat_dotted
-from rla_ablate.data.config import DataConfig, EvalConfig, StdlibData
+from rla_ablate.data.config import RECALL_KINDS, DataConfig, EvalConfig, StdlibData
 from rla_ablate.models.config import ModelConfig
 from rla_ablate.outcome import JobOutcome
 from rla_ablate.train.config import TrainConfig
@@ -64,8 +64,6 @@ class JobConfig(BaseModel):
     @field_validator("eval")
     @classmethod
     def _whole_windows(cls, evals: list[EvalConfig], info: ValidationInfo) -> list[EvalConfig]:
-        from rla_ablate.data.config import RECALL_KINDS
-
         train = info.data.get("train")
         seq_len = train.seq_len if train is not None else None
         for i, e in enumerate(evals):  # a text set scores whole windows: fewer tokens would score one anyway
