@@ -469,18 +469,19 @@ class Trainer:
         if self.gate is not None and self.gate.waited_s >= self.gate.SAY_AFTER_S:
             self.logger.event("info", self.tokens, {"tuning_gate_wait_s": round(self.gate.waited_s, 1)})
 
-    def _after_autotuning(self, steps_here: int) -> None:
+    def _after_autotuning(self, steps_here: int, released: bool) -> None:
         """When Triton's autotuner took the gate in the step, evaluation or statistics pass just run
-        (`gates_autotuning`): say how long it waited, give the memory back and leave the gate. A graphed job gives
-        memory back only after its first step (`_release_local_memory`): one that autotuned later keeps the gate to
-        its capture's end and then leaves it with its stack as grown (rare: its later warm-up steps have the first
-        one's shapes)."""
+        (`gates_autotuning`): say how long it waited, give the memory back (unless the caller just did: `released`)
+        and leave the gate. A graphed job gives memory back only after its first step (`_release_local_memory`):
+        one that autotuned later keeps the gate to its capture's end and then leaves it with its stack as grown
+        (rare: its later warm-up steps have the first one's shapes)."""
         if self.gate is None or not self.gate.held:
             return
         if self.graphs is not None and 1 < steps_here <= WARMUP_STEPS:
             return
         self._say_gate_waited()
-        self._release_local_memory(steps_here)
+        if not released:
+            self._release_local_memory(steps_here)
         self._leave_gate()
 
     def _leave_gate(self) -> None:
@@ -590,12 +591,13 @@ class Trainer:
             if self.on_progress is not None:
                 with contextlib.suppress(Exception):  # as CompositeLogger: a logger never stops the job
                     self.on_progress(self.tokens)
-            if steps_here <= WARMUP_STEPS + 1:  # this process's steps that compile, autotune and capture
+            early = steps_here <= WARMUP_STEPS + 1  # this process's steps that compile, autotune and capture
+            if early:
                 self._release_local_memory(steps_here)
                 if steps_here == WARMUP_STEPS + 1 and not self.gates_autotuning:
                     self._leave_gate()
             if self.gates_autotuning:
-                self._after_autotuning(steps_here)
+                self._after_autotuning(steps_here, released=early)
             if verdict.skip:
                 self.logger.event("skipped_step", self.tokens,
                                   {"loss": loss, "grad_norm": grad_norm, "skipped": self.guard.skipped})
@@ -621,7 +623,7 @@ class Trainer:
                 evals, stats = self.evaluate(want_stats)
                 self._release_local_memory(steps_here)
                 if self.gates_autotuning:
-                    self._after_autotuning(steps_here)
+                    self._after_autotuning(steps_here, released=True)
                 elif not evaluated_here and steps_here > WARMUP_STEPS:  # in the warm-up it stays held to its end
                     self._leave_gate()
                 evaluated_here = True
@@ -630,7 +632,7 @@ class Trainer:
             elif want_stats:
                 self._log(self.collect_stats())
                 if self.gates_autotuning:  # its float32 recurrence may tune kernels of its own
-                    self._after_autotuning(steps_here)
+                    self._after_autotuning(steps_here, released=False)
             if last:
                 self.save(finished=True)
             elif next_step % cfg.checkpoint_every_steps == 0:
