@@ -251,6 +251,13 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
 FIGURES = "figures.json"
 
 
+def _figure_names(manifest) -> list[str]:
+    """The figures a FIGURES manifest lists (its JSON, parsed), read defensively: plain .png/.svg names in this
+    folder only, whatever else the file holds."""
+    names = manifest if isinstance(manifest, list) else []
+    return [n for n in names if isinstance(n, str) and "/" not in n and n.endswith((".png", ".svg"))]
+
+
 def _forget_old_figures(out: Path, rendered) -> None:
     """Remove the figures an earlier render wrote into `out` that this one did not (another --specs, a spec renamed):
     left there, they sat beside the page as if current. Only files listed in the earlier render's FIGURES go, so
@@ -261,8 +268,8 @@ def _forget_old_figures(out: Path, rendered) -> None:
         before = json.loads(manifest.read_text(encoding="utf-8")) if manifest.is_file() else []
     except (OSError, ValueError):
         before = []
-    for name in before if isinstance(before, list) else []:
-        if isinstance(name, str) and name not in written and "/" not in name and name.endswith((".png", ".svg")):
+    for name in _figure_names(before):
+        if name not in written:
             (out / name).unlink(missing_ok=True)
     manifest.write_text(json.dumps(written, indent=1))
 
@@ -298,7 +305,7 @@ def _logged_figures(client, run_id: str) -> list[str]:
             names = json.loads(Path(client.download_artifacts(run_id, f"dashboard/{FIGURES}", tmp)).read_text())
     except Exception:  # no earlier render logged here, or its manifest is unreadable: nothing to forget
         return []
-    return [n for n in names if isinstance(n, str) and "/" not in n] if isinstance(names, list) else []
+    return _figure_names(names)
 
 
 def _forget_old_logged_figures(client, run_id: str, out: Path, uri: str, logged_before: list[str],
@@ -311,7 +318,7 @@ def _forget_old_logged_figures(client, run_id: str, out: Path, uri: str, logged_
     from mlflow.exceptions import MlflowException
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-    stale = [f"dashboard/{n}" for n in logged_before if n.endswith((".png", ".svg")) and not (out / n).is_file()]
+    stale = [f"dashboard/{n}" for n in logged_before if not (out / n).is_file()]
     if not stale:
         return
     try:
