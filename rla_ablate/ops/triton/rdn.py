@@ -69,7 +69,7 @@ def _delta_fwd_pass(k, w, u, g, S0, hS, N_, ST, cu, coff,
         b_n = tl.load(u + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32) \
             - tl.dot(b_w, tl.trans(S.to(dt)))
         tl.store(N_ + tok[:, None] * V + rv[None, :], b_n.to(N_.dtype.element_ty), mask=m_tv)
-        S = S * tl.exp(b_L) + tl.dot(tl.trans((b_n * tl.exp(b_L - b)[:, None]).to(dt)), b_k)
+        S = tl.dot(tl.trans((b_n * tl.exp(b_L - b)[:, None]).to(dt)), b_k, S * tl.exp(b_L))  # accumulates in S
     tl.store(ST + o_seq + o_state, S, mask=m_state)
 
 
@@ -159,8 +159,10 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
         e = tl.exp(bp)
         b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(tl.float32) * (e * scale)[:, None]
         b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(tl.float32) * e[:, None]
-        D = D * tl.exp(b_L) + tl.dot(tl.trans(b_dB.to(dt)), b_q) + tl.dot(tl.trans(b_dP.to(dt)), b_k) \
-            - tl.dot(tl.trans(dn.to(dt)), b_w)
+        # the three products accumulate in D
+        D = tl.dot(tl.trans(b_dB.to(dt)), b_q, D * tl.exp(b_L))
+        D = tl.dot(tl.trans(b_dP.to(dt)), b_k, D)
+        D = tl.dot(tl.trans((-dn).to(dt)), b_w, D)
     tl.store(dS0 + o_seq + o_state, D, mask=m_state)
 
 

@@ -115,14 +115,14 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, cu, coff, scale_a, sign_b
         if HAS_SA:
             coef = coef * tl.load(sa + tok, mask=mt, other=0.0).to(tl.float32)
         b_ua = tl.load(ua + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
-        D = D * tl.exp(b_L) + tl.dot(tl.trans((b_ua * (coef * scale_a)[:, None]).to(dt)), b_ka)
+        D = tl.dot(tl.trans((b_ua * (coef * scale_a)[:, None]).to(dt)), b_ka, D * tl.exp(b_L))  # accumulates in D
         if STORE_L:
             log_decay += b_L
         if HAS_B:
             coef_b = _pass_coef(b, bp, b_L, CB)
             b_kb = tl.load(kb + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
             b_ub = tl.load(ub + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
-            D += tl.dot(tl.trans((b_ub * (coef_b * sign_b)[:, None]).to(dt)), b_kb)
+            D = tl.dot(tl.trans((b_ub * (coef_b * sign_b)[:, None]).to(dt)), b_kb, D)
     tl.store(DT + o_seq + o_state, D, mask=m_state)
     if STORE_L:
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -234,7 +234,7 @@ def _s_pass_residual(k, v, g, beta, gamma, D0, hS, ST, X, W, cu, coff, c_clip,
         bv = b_v * b_beta[:, None]
         _residual(b_k, b_v, bv, S.to(dt), b, bp, X, W, gamma, tok, mt, o_tv, m_tv, c_clip, BT, TARGET, FIT_RES)
         coef = tl.exp(b_L - b) * b_beta  # as `_state_pass` (CA = COEF_TO_END, sa = beta): the same rounding
-        S = S * tl.exp(b_L) + tl.dot(tl.trans((b_v * coef[:, None]).to(dt)), b_k)
+        S = tl.dot(tl.trans((b_v * coef[:, None]).to(dt)), b_k, S * tl.exp(b_L))
     tl.store(ST + o_seq + o_state, S, mask=m_state)
 
 
@@ -419,9 +419,22 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     b_do = tl.load(dO + o_tv, mask=m_tv, other=0.0).to(dt)
     bv = (tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) * b_beta[:, None]).to(dt)
     b_hS = tl.load(hS + o_state, mask=m_state, other=0.0).to(dt)
+    if FIT_RES:
+        b_w = tl.load(W + o_tv, mask=m_tv, other=0.0).to(dt)
+        o_R = (b_do.to(tl.float32) * (b_gamma if GATES else tl.full([BT], 1.0, tl.float32))[:, None]).to(dt)
+        b_hR = tl.load(hR + o_state, mask=m_state, other=0.0).to(dt)
     # the base read by q: o += scale (exp(eq) q S_c^T + (q k^T * decay) beta v)
-    A = (tl.dot(b_do, tl.trans(bv)) * _decay(eq, b, strict)).to(dt)
-    dqS = tl.exp(eq)[:, None] * tl.dot(b_do, b_hS) + tl.dot(A, b_k)
+    A = tl.dot(b_do, tl.trans(bv)) * _decay(eq, b, strict)
+    if GATES and FIT_RES:
+        # and the residual read, o += gamma scale (exp(b) q R_c^T + (q k^T * decay incl. the diagonal) w): with
+        # output gates both decay from b, so their gradients in q and k come from one matrix (its diagonal the
+        # residual read's alone) and one chained product with the states
+        A += tl.dot(o_R, tl.trans(b_w)) * _decay(b, b, rt[:, None] >= rt[None, :])
+        A = A.to(dt)
+        dqS = tl.exp(b)[:, None] * tl.dot(o_R, b_hR, tl.dot(b_do, b_hS)) + tl.dot(A, b_k)
+    else:
+        A = A.to(dt)
+        dqS = tl.exp(eq)[:, None] * tl.dot(b_do, b_hS) + tl.dot(A, b_k)
     dq = scale * dqS
     s_qS = scale * tl.sum(q32 * dqS, axis=1)
     dkW = scale * tl.dot(tl.trans(A), b_q)
@@ -434,29 +447,27 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     # the writes of the chunk through its end state: dS_end^T beta v (+ dR_end^T w)
     b_dhS = tl.load(dhS + o_state, mask=m_state, other=0.0).to(dt)
     sw = tl.dot(bv, b_dhS)
-    # <dS_end, S_end> (+ <dR_end, R_end>) = exp(b_L) <dS_end, S_c> + the writes' k . dk: the chunk's end term of dg
-    z = tl.exp(b_L) * tl.sum(b_hS.to(tl.float32) * b_dhS.to(tl.float32))
     e_q = tl.zeros([BT], dtype=tl.float32)
     if GATES:
         e_q += s_qS
     else:
         e_e += s_qS
     if FIT_RES:
-        b_w = tl.load(W + o_tv, mask=m_tv, other=0.0).to(dt)
-        o_R = (b_do.to(tl.float32) * (b_gamma if GATES else tl.full([BT], 1.0, tl.float32))[:, None]).to(dt)
-        # the residual read: o += c scale (exp(b) q R_c^T + (q k^T * decay incl. the diagonal) w)
-        Rm = (tl.dot(o_R, tl.trans(b_w)) * _decay(b, b, rt[:, None] >= rt[None, :])).to(dt)
-        b_hR = tl.load(hR + o_state, mask=m_state, other=0.0).to(dt)  # loaded once: dq's read and dg's end term
-        dqR = tl.exp(b)[:, None] * tl.dot(o_R, b_hR) + tl.dot(Rm, b_k)
-        dq += scale * dqR
-        e_q += scale * tl.sum(q32 * dqR, axis=1)
-        dkW += scale * tl.dot(tl.trans(Rm), b_q)
+        if not GATES:
+            # without output gates the base read decays from b', the residual read from b: products of its own
+            Rm = (tl.dot(o_R, tl.trans(b_w)) * _decay(b, b, rt[:, None] >= rt[None, :])).to(dt)
+            dqR = tl.exp(b)[:, None] * tl.dot(o_R, b_hR) + tl.dot(Rm, b_k)
+            dq += scale * dqR
+            e_q += scale * tl.sum(q32 * dqR, axis=1)
+            dkW += scale * tl.dot(tl.trans(Rm), b_q)
         b_dhR = tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt)
-        sw += tl.dot(b_w, b_dhR)
-        z += tl.exp(b_L) * tl.sum(b_hR.to(tl.float32) * b_dhR.to(tl.float32))
+        sw = tl.dot(b_w, b_dhR, sw)
     sw = tl.exp(b_L - b)[:, None] * sw
     dkW += sw
-    z += tl.sum(tl.sum(k32 * sw, axis=1))
+    # dg's chunk end term <dS_end, S_end> (+ <dR_end, R_end>) = exp(b_L) <dS_end, S_c> (+ R's) + the writes' k . dk
+    z = tl.exp(b_L) * tl.sum(b_hS.to(tl.float32) * b_dhS.to(tl.float32)) + tl.sum(tl.sum(k32 * sw, axis=1))
+    if FIT_RES:
+        z += tl.exp(b_L) * tl.sum(b_hR.to(tl.float32) * b_dhR.to(tl.float32))
     tl.store(Z_P + i_k.to(tl.int64) * NCH + i_c * H + h, z)
     if not FIT_RES:
         # corr_t = c_t r_t (k_t . q~_t) and R_T = r_T k_T^T: no decays, outside d/db
