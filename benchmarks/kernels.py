@@ -6,6 +6,8 @@
                                                                           # tiles and warps
     python benchmarks/kernels.py --backends triton --rla-residual-apart   # adds RLA's forward with its residuals in a
                                                                           # kernel of their own, as it was
+    python benchmarks/kernels.py --backends triton --rla-end-term-in-dqk  # adds RLA with dg's chunk end terms made
+                                                                          # in the dq/dk kernel, as it was
     python benchmarks/kernels.py --backends triton --rla-chunk 128 --rla-warps 8   # adds RLA at another chunk size
 
 Each T runs B = tokens / T sequences of H=16 heads of dimension 128; --long adds one forward-only row set at B=1.
@@ -45,7 +47,8 @@ def make_inputs(B, T, grad):
     return tensors
 
 
-def candidates(backends, residual_apart=False, rla_chunk=None, rla_warps=None):
+def candidates(backends, variants=(), rla_chunk=None, rla_warps=None):
+    """The timed ops by name: (rule, fn). variants: keys of `VARIANTS`, RLA with one design switch off."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.simple_gla import chunk_simple_gla
 
@@ -62,8 +65,9 @@ def candidates(backends, residual_apart=False, rla_chunk=None, rla_warps=None):
         for name, rule in (("RLA", "additive"), ("RDN", "delta")):
             runs[f"{name} [{backend}]"] = (rule, lambda x, rule=rule, backend=backend: residual_attention(
                 x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], rule=rule, backend=backend)[0])
-    if residual_apart and "triton" in backends:
-        runs["RLA [triton, res. apart]"] = ("additive", residual_kernel_apart)
+    for option in variants if "triton" in backends else ():
+        name, switch = VARIANTS[option]
+        runs[name] = ("additive", partial(rla_switched_off, switch=switch))
     if rla_chunk and "triton" in backends:
         warps = f", {rla_warps} warps" if rla_warps else ""
         runs[f"RLA [triton, chunk {rla_chunk}{warps}]"] = ("additive", partial(rla_other_chunk, chunk=rla_chunk,
@@ -88,16 +92,22 @@ def rla_other_chunk(x, chunk, warps=None):
         rla.LAUNCH.update(saved)
 
 
-def residual_kernel_apart(x):
-    """RLA on the `triton` backend with S's pass and the residuals in two kernels (`_fwd_residual`), as before
-    `_s_pass_residual` made them in one."""
+# RLA's design switches a variant turns off: RESIDUAL_IN_S_PASS (--rla-residual-apart: S's pass and the residuals
+# in two kernels, `_fwd_residual`), END_TERM_IN_PASS (--rla-end-term-in-dqk: dg's chunk end terms from the stored
+# state tiles in `_bwd_dqk` rather than from the reverse state passes). Both are read by the op's forward.
+VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "RESIDUAL_IN_S_PASS"),
+            "rla_end_term_in_dqk": ("RLA [triton, end term in dq/dk]", "END_TERM_IN_PASS")}
+
+
+def rla_switched_off(x, switch: str):
+    """RLA on the `triton` backend with one of its design switches (`VARIANTS`) off."""
     from rla_ablate.ops.triton import rla
 
-    rla.RESIDUAL_IN_S_PASS = False
+    setattr(rla, switch, False)
     try:
         return residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], backend="triton")[0]
     finally:
-        rla.RESIDUAL_IN_S_PASS = True
+        setattr(rla, switch, True)
 
 
 def bench(fn, x, mode):
@@ -235,13 +245,15 @@ def main():
                         help="time the launch options of RLA's (additive) and/or RDN's (delta) kernels (default both)")
     parser.add_argument("--rla-residual-apart", action="store_true",
                         help="add RLA [triton] with its forward's residuals in a kernel of their own")
+    parser.add_argument("--rla-end-term-in-dqk", action="store_true",
+                        help="add RLA [triton] with dg's chunk end terms made in the dq/dk kernel")
     parser.add_argument("--rla-chunk", type=int, default=None,
                         help="add RLA [triton] at this chunk size (64 is the backend's)")
     parser.add_argument("--rla-warps", type=int, default=None, help="with --rla-chunk: every RLA kernel at these warps")
     args = parser.parse_args()
     _load_gpu_backends()
     backends = args.backends or [b for b in BACKENDS if b not in ("naive", "chunk")]
-    runs = candidates(backends, args.rla_residual_apart, args.rla_chunk, args.rla_warps)
+    runs = candidates(backends, [v for v in VARIANTS if getattr(args, v)], args.rla_chunk, args.rla_warps)
     if args.profile:
         for T in args.seq_lens:
             profile(runs, T, args.tokens, [n for n in runs if n != "SDPA causal"])

@@ -172,20 +172,22 @@ def test_triton_splits_a_long_sequence_over_segments_as_the_unsplit_pass(fit, mo
 
 
 @pytest.mark.parametrize("T", [2048, 20_000], ids=["T2048", "T20000-split"])
-def test_triton_residuals_made_in_s_pass_as_in_their_own_kernel(T, monkeypatch):
-    """RLA's forward makes the residuals inside S's pass (`_s_pass_residual`); with them in a kernel of their own
-    (`_fwd_residual`) outputs, final states and every gradient agree to bf16 rounding (the same products on the same
-    rounded state; a split pass too)."""
+@pytest.mark.parametrize("switch", ["RESIDUAL_IN_S_PASS", "END_TERM_IN_PASS"])
+def test_triton_rla_design_switches_give_the_same_numbers(switch, T, monkeypatch):
+    """RLA's design switches, on (what runs) and off (what benchmarks/kernels.py times against it): the forward's
+    residuals made inside S's pass (`_s_pass_residual`) or in a kernel of their own (`_fwd_residual`); dg's chunk end
+    terms stored by the reverse state passes from their fp32 states or made by the dq/dk kernel from the stored
+    bf16 tiles. Outputs, final states and every gradient agree to bf16 rounding (a split pass too)."""
     import rla_ablate.ops.triton.rla as fused
 
     master = make_inputs(B=2 if T == 2048 else 1, T=T)
     combo = ("additive", "residual", "clip", True)
-    together = run_case(leaves(master, torch.bfloat16), "triton", combo)
-    monkeypatch.setattr(fused, "RESIDUAL_IN_S_PASS", False)
-    apart = run_case(leaves(master, torch.bfloat16), "triton", combo)
-    for name, want in apart.items():
-        assert torch.isfinite(together[name]).all(), name
-        assert_close(f"triton-residual-in-pass-T{T} {name}", want.double(), together[name], ratio=1e-2, atol=1e-3)
+    on = run_case(leaves(master, torch.bfloat16), "triton", combo)
+    monkeypatch.setattr(fused, switch, False)
+    off = run_case(leaves(master, torch.bfloat16), "triton", combo)
+    for name, want in off.items():
+        assert torch.isfinite(on[name]).all(), name
+        assert_close(f"triton-{switch}-T{T} {name}", want.double(), on[name], ratio=1e-2, atol=1e-3)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["batched", "packed"])

@@ -84,10 +84,11 @@ def _pass_coef(b, bp, b_L, CODE: tl.constexpr):
 
 
 @triton.jit
-def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, cu, coff, scale_a, sign_b,
+def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, scale_a, sign_b,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, REVERSE: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, HAS_SA: tl.constexpr,
-                HAS_B: tl.constexpr, HAS_D0: tl.constexpr, STORE_H: tl.constexpr, STORE_L: tl.constexpr):
+                HAS_B: tl.constexpr, HAS_D0: tl.constexpr, STORE_H: tl.constexpr, STORE_L: tl.constexpr,
+                STORE_Z: tl.constexpr):
     """One chunked state recurrence, sequential over chunks (grid K tiles x V tiles x sequences x heads).
 
         D <- exp(b_L) D + ((ua * sa * scale_a * c_A(b)) ^T ka) [+ sign_b (ub * c_B(b)) ^T kb]     per chunk
@@ -99,6 +100,9 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, cu, coff, scale_a, sign_b
     sequences (a B = 1 sequence of 128K tokens ran on 32 programs when the passes also made the residual).
     STORE_H=False keeps only the end state, STORE_L also stores the sum of the chunks' b_L (the log of the pass's
     whole decay) in LD[sequence * H + head] (the first pass of a split pass, `run_state_pass`).
+    STORE_Z (reverse, a state gradient): with hF the forward's chunk states (S_c or R_c where chunk c starts), this
+    tile's share of dg's chunk end term from the states, exp(b_L) <D_end, hF[c]>, D in fp32 as it is carried, in
+    Z_P[tile, c * H + head] (tiles K-major, NCH = chunks x heads); the dq/dk kernel then adds only the writes'.
     """
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
         cu, coff, D0, tl.program_id(0), tl.program_id(1), tl.program_id(2), H, K, V, BK, BV, HAS_D0)
@@ -109,6 +113,10 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, cu, coff, scale_a, sign_b
         if STORE_H:
             tl.store(hD + ((c0 + c) * H + h) * V * K + o_state, D.to(hD.dtype.element_ty), mask=m_state)
         mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
+        if STORE_Z:
+            b_hF = tl.load(hF + ((c0 + c) * H + h) * V * K + o_state, mask=m_state, other=0.0).to(tl.float32)
+            tl.store(Z_P + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * NCH
+                     + (c0 + c) * H + h, tl.exp(b_L) * tl.sum(tl.sum(D * b_hF, axis=1), axis=0))
         b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_ka.dtype
         coef = _pass_coef(b, bp, b_L, CA)
@@ -130,12 +138,14 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, cu, coff, scale_a, sign_b
 
 
 def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H, K, V, BT, BK, BV, REVERSE, CA,
-               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, **options):
+               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, end_term=None, **options):
     """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages. LD: where the pass
-    stores each program row's log decay (STORE_L), or None."""
-    _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, LD if LD is not None else DT, cu, coff, scale_a, sign_b, H=H,
-                      K=K, V=V, BT=BT, BK=BK, BV=BV, REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B,
-                      HAS_D0=HAS_D0, STORE_H=STORE_H, STORE_L=LD is not None, **options)
+    stores each program row's log decay (STORE_L), or None. end_term: (hF, Z_P) for STORE_Z, or None."""
+    hF, Z_P = end_term if end_term is not None else (DT, DT)
+    _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, LD if LD is not None else DT, hF, Z_P,
+                      Z_P.shape[-1] if end_term is not None else 0, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT,
+                      BK=BK, BV=BV, REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0,
+                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None, **options)
 
 
 @triton.jit
@@ -393,7 +403,8 @@ def bwd_dv(grid, *, q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, 
 def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P,
              cu, cidx, NTH, NCH, scale, c_clip,
              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-             TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr, HAS_DRT: tl.constexpr):
+             TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr, HAS_DRT: tl.constexpr,
+             Z_STATES: tl.constexpr):
     """dq, dk on one K tile, and its shares of the per-token d/db terms (grid K tiles x chunks x heads).
 
     The whole V is one tile (BV >= V): straight-line code in which every V contraction is consumed as soon as it is
@@ -464,10 +475,13 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
         sw = tl.dot(b_w, b_dhR, sw)
     sw = tl.exp(b_L - b)[:, None] * sw
     dkW += sw
-    # dg's chunk end term <dS_end, S_end> (+ <dR_end, R_end>) = exp(b_L) <dS_end, S_c> (+ R's) + the writes' k . dk
-    z = tl.exp(b_L) * tl.sum(b_hS.to(tl.float32) * b_dhS.to(tl.float32)) + tl.sum(tl.sum(k32 * sw, axis=1))
-    if FIT_RES:
-        z += tl.exp(b_L) * tl.sum(b_hR.to(tl.float32) * b_dhR.to(tl.float32))
+    # dg's chunk end term <dS_end, S_end> (+ <dR_end, R_end>) = exp(b_L) <dS_end, S_c> (+ R's) + the writes' k . dk;
+    # the states' share only with Z_STATES (else the reverse state passes store it: END_TERM_IN_PASS)
+    z = tl.sum(tl.sum(k32 * sw, axis=1))
+    if Z_STATES:
+        z += tl.exp(b_L) * tl.sum(b_hS.to(tl.float32) * b_dhS.to(tl.float32))
+        if FIT_RES:
+            z += tl.exp(b_L) * tl.sum(b_hR.to(tl.float32) * b_dhR.to(tl.float32))
     tl.store(Z_P + i_k.to(tl.int64) * NCH + i_c * H + h, z)
     if not FIT_RES:
         # corr_t = c_t r_t (k_t . q~_t) and R_T = r_T k_T^T: no decays, outside d/db
@@ -491,11 +505,12 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
 
 
 def bwd_dqk(grid, *, q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, cu,
-            cidx, NTH, NCH, scale, c_clip, H, K, V, BT, BK, BV, TARGET, FIT_RES, GATES, HAS_DRT, **options):
+            cidx, NTH, NCH, scale, c_clip, H, K, V, BT, BK, BV, TARGET, FIT_RES, GATES, HAS_DRT, Z_STATES=True,
+            **options):
     """`_bwd_dqk` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
     _bwd_dqk[grid](q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, cu,
                    cidx, NTH, NCH, scale, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, TARGET=TARGET, FIT_RES=FIT_RES,
-                   GATES=GATES, HAS_DRT=HAS_DRT, **options)
+                   GATES=GATES, HAS_DRT=HAS_DRT, Z_STATES=Z_STATES, **options)
 
 
 def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int) -> tuple[tuple, dict]:
@@ -504,6 +519,12 @@ def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int) 
     opts["BK"] = max(MIN_TILE, min(opts["BK"], triton.next_power_of_2(K)))
     opts["BV"] = max(MIN_TILE, min(opts["BV"], triton.next_power_of_2(V)))
     return (triton.cdiv(K, opts["BK"]), triton.cdiv(V, opts["BV"]), NH), dict(H=H, K=K, V=V, BT=chunk, **opts)
+
+
+def _state_tiles(two_terms: bool, K: int, V: int) -> int:
+    """How many state tiles (programs per sequence and head) a state pass has."""
+    grid, _ = _state_launch(two_terms, 1, K, V, CHUNK, 1)
+    return grid[0] * grid[1]
 
 
 @dataclass(frozen=True)
@@ -519,6 +540,11 @@ SPLIT = SplitRule()
 # The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
 # (`_fwd_residual`); benchmarks/kernels.py --rla-residual-apart times both.
 RESIDUAL_IN_S_PASS = True
+# The backward's reverse state passes store the states' share of dg's chunk end terms, exp(b_L) <dS_end, S_c> and
+# R's, from the fp32 state they carry (`_state_pass`, STORE_Z), rather than the dq/dk kernel from the stored tiles
+# (which then only adds the writes'); benchmarks/kernels.py --rla-end-term-in-dqk times both. Read by the forward:
+# a call's backward follows the switch as it was when the call ran.
+END_TERM_IN_PASS = True
 
 
 class Segments:
@@ -558,7 +584,7 @@ def _segments(layout: Layout, programs: int, chunk: int, device) -> Segments | N
 
 
 def run_state_pass(layout: Layout, two_terms: bool, *, g, D0, hD, DT, HAS_D0: bool, REVERSE: bool, H: int, K: int,
-                   V: int, chunk: int, **terms) -> None:
+                   V: int, chunk: int, end_term=None, **terms) -> None:
     """A state pass over the layout's sequences (`state_pass`; `terms`: ka, ua, sa, kb, ub, scale_a, sign_b, CA, CB,
     HAS_SA, HAS_B). A pass is sequential over a sequence's chunks: a long sequence on few programs (B = 1 and 128K
     tokens: 2 K tiles x 2 V tiles x 16 heads = 64 programs, for 2,048 chunks in a row, on 132 SMs) is cut into
@@ -566,17 +592,18 @@ def run_state_pass(layout: Layout, two_terms: bool, *, g, D0, hD, DT, HAS_D0: bo
     state from zero and its log decay, one small kernel carries the states from segment to segment (the state is
     linear: end = decay * start + that end state; `_segment_carry`), and a second pass from those starts stores the
     chunk states the unsplit pass would (to fp32 rounding). Three launches and no PyTorch operation: an eager
-    caller's host time stays near the unsplit pass's."""
+    caller's host time stays near the unsplit pass's. end_term: (hF, Z_P), the pass that stores the chunk states
+    also stores dg's end-term partials (`_state_pass`, STORE_Z)."""
     grid, state = _state_launch(two_terms, H, K, V, chunk, layout.N * H)
     segs = _segments(layout, grid[0] * grid[1] * grid[2], chunk, g.device)
     if segs is None:
         state_pass(grid, g=g, D0=D0, hD=hD, DT=DT, cu=layout.cu, coff=layout.coff, REVERSE=REVERSE, HAS_D0=HAS_D0,
-                   **terms, **state)
+                   end_term=end_term, **terms, **state)
         return
     E, starts = _segment_starts(segs, two_terms, g=g, D0=D0, hD=hD, DT=DT, HAS_D0=HAS_D0, REVERSE=REVERSE, H=H, K=K,
                                 V=V, chunk=chunk, **terms)
     state_pass((grid[0], grid[1], segs.count * H), g=g, D0=starts, hD=hD, DT=E, cu=segs.cu, coff=segs.coff,
-               REVERSE=REVERSE, HAS_D0=True, **terms, **state)
+               REVERSE=REVERSE, HAS_D0=True, end_term=end_term, **terms, **state)
 
 
 def _segment_starts(segs: Segments, two_terms: bool, *, g, D0, hD, DT, HAS_D0: bool, REVERSE: bool, H: int, K: int,
@@ -674,6 +701,7 @@ class RLAFunction(torch.autograd.Function):
         ctx.save_for_backward(q, k, v, g32, beta_c, gamma_c, hS, hR, X, W, CORR)
         ctx.layout, ctx.spec, ctx.scale, ctx.chunk = layout, spec, float(scale), chunk
         ctx.shape, ctx.has_S0, ctx.has_R0 = (B, T, H, K, V), S0 is not None, R0 is not None
+        ctx.end_term_in_pass = END_TERM_IN_PASS
         ctx.dtypes = (g.dtype, beta.dtype, gamma.dtype)
         return O.view(B, T, H, V), ST, R_T
 
@@ -699,12 +727,23 @@ class RLAFunction(torch.autograd.Function):
         NTH = B * T * H
         C = max(NT, 1)
         dims = dict(H=H, K=K, V=V, chunk=chunk)
+        # dg's chunk end terms: a row per K tile of the dq/dk kernel (the writes'; the states' too unless the passes
+        # make them), then a row per state tile of dS's pass and of dR's
+        opts_dqk = launch_options("bwd_dqk", V, LAUNCH)
+        BKt = opts_dqk.pop("BK")
+        NK = triton.cdiv(K, BKt)
+        in_pass = ctx.end_term_in_pass
+        tiles_S = _state_tiles(True, K, V) if in_pass else 0
+        tiles_R = _state_tiles(False, K, V) if in_pass and fit_res else 0
+        Z_P = torch.empty(NK + tiles_S + tiles_R, C * H, dtype=torch.float32, device=dev)
+        end_S = (hS, Z_P[NK:NK + tiles_S]) if in_pass else None
+        end_R = (hR, Z_P[NK + tiles_S:]) if tiles_R else None
         if fit_res:
             # dR's pass (it does not depend on dS); then dw, dx in parallel; then dS's pass, which needs dx
             run_state_pass(layout, False, ka=q, ua=dO, sa=gamma_c, kb=q, ub=dO, g=g32,
                            D0=dRT if dRT is not None else dS0, hD=dhR, DT=dR0, scale_a=scale, sign_b=0.0, REVERSE=True,
                            CA=COEF_B.value, CB=COEF_TO_END.value, HAS_SA=spec.output_gates, HAS_B=False,
-                           HAS_D0=dRT is not None, **dims)
+                           HAS_D0=dRT is not None, end_term=end_R, **dims)
         opts = launch_options("bwd_residual", V, LAUNCH)
         NVr = triton.cdiv(V, opts["BV"])
         dGR_P = torch.empty(NVr, NTH, dtype=torch.float32, device=dev) if fit_res else DX.new_empty(1)
@@ -714,7 +753,7 @@ class RLAFunction(torch.autograd.Function):
         run_state_pass(layout, True, ka=q, ua=dO, sa=gamma_c, kb=k, ub=DX, g=g32, D0=dST if dST is not None else dS0,
                        hD=dhS, DT=dS0, scale_a=scale, sign_b=-1.0, REVERSE=True,
                        CA=(COEF_B if spec.output_gates else COEF_B_PRIME).value, CB=COEF_B_PRIME.value, HAS_SA=False,
-                       HAS_B=True, HAS_D0=dST is not None, **dims)
+                       HAS_B=True, HAS_D0=dST is not None, end_term=end_S, **dims)
         # every element of dq, dk, dv is written once, by one program: stored in the inputs' dtype straight away
         dQ = torch.empty(B * T, H, K, dtype=q.dtype, device=dev)
         dK = torch.empty(B * T, H, K, dtype=k.dtype, device=dev)
@@ -726,16 +765,12 @@ class RLAFunction(torch.autograd.Function):
         bwd_dv((NV, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, DX=DX, CORR=CORR, dO=dO, dhS=dhS, dV=dV,
                dBETA_P=dBETA_P, dGAMMA_P=dGAMMA_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, scale=scale, H=H, K=K, V=V,
                BT=chunk, BK=BK, GATES=spec.output_gates, **opts)
-        opts = launch_options("bwd_dqk", V, LAUNCH)
-        BKt = opts.pop("BK")
-        NK = triton.cdiv(K, BKt)
         EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
         EE_P, EK_P = torch.empty_like(EQ_P), torch.empty_like(EQ_P)
-        Z_P = torch.empty(NK, C * H, dtype=torch.float32, device=dev)
         bwd_dqk((NK, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, W=W, X=X, DX=DX, dO=dO, hS=hS, hR=hR,
                 dhS=dhS, dhR=dhR, dRT=dRT if dRT is not None else dS0, dQ=dQ, dK=dK, EQ_P=EQ_P, EE_P=EE_P, EK_P=EK_P,
                 Z_P=Z_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale, c_clip=float(spec.clip),
-                HAS_DRT=dRT is not None and not fit_res, **(consts | dict(BK=BKt)), **opts)
+                HAS_DRT=dRT is not None and not fit_res, Z_STATES=not in_pass, **(consts | dict(BK=BKt)), **opts_dqk)
         dBETA = dBETA_P.sum(0).view(B * T, H)
         dGAMMA = torch.zeros(B * T, H, dtype=torch.float32, device=dev)
         if spec.output_gates:
