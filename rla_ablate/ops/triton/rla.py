@@ -20,11 +20,13 @@ b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "
       dR pass   (sequential, reverse): dR needs nothing from dS, so it runs first, alone
       residual  (parallel): dw = dR_t k_t, dx = gamma T'(x) dw (the residual's gradient; stored in the inputs'
                 dtype), and dgamma's share T(x) . dw
-      dS pass   (sequential, reverse): dS collects dx through dp = -dx (two dots per chunk)
+      dS pass   (sequential, reverse): dS collects dx through dp = -dx (two dots per chunk); dR's and dS's passes
+                also store their tiles' shares of dg's chunk end terms, exp(b_L) <dS_end, S_c> (+ R's)
       dv        (parallel over V tiles x chunks): dv = beta dS_t k_t + dx, each tile's share of dbeta and of the
                 output gates' dgamma
-      dq, dk    (parallel over K tiles x chunks): dq, dk, and for dg each tile's share of the per-token terms of
-                d/db (reads minus writes); dg is their reverse cumulative sum per sequence.
+      dq, dk    (parallel over K tiles x chunks): dq, dk (with output gates, both reads by q through one matrix),
+                and for dg each tile's share of the per-token terms of d/db (reads minus writes) and of the end
+                terms' writes; dg is their reverse cumulative sum per chunk plus the chunk's end term.
 The residual couples the recurrences only through x (forward) and dx (backward), both per token: each direction
 runs two state passes, and every sequential kernel holds one fp32 state tile (carrying S and R, or dS and dR,
 together at full K spills registers, and gives a B = 1 sequence only 32 programs). Making the residuals in S's pass
