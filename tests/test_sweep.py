@@ -21,7 +21,7 @@ from rla_ablate.sweep.ids import job_id
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((REPO / "sweeps").glob("*.yaml"))
-JOB_KEYS = {"job_id", "name", "family", "ablations", "params", "state_elements", "flops_per_token", "tokens",
+JOB_KEYS = {"job_id", "name", "family", "ablations", "control", "params", "state_elements", "flops_per_token", "tokens",
             "gpu_hours", "mem_gib", "mem_glue", "cuda_graphs", "mem_graph_pool_gib", "gpu_share", "tokens_per_s",
             "cost_source", "control_report"}
 
@@ -580,6 +580,18 @@ def test_the_plan_shows_each_wallclock_budget_as_trained(capsys):
     assert "1.10x the tokens of lm-rla (9,240,576 against 8,388,608 as trained; speed ratio 1.096" in lm
     control = next(r for r in doc["jobs"] if r["name"] == "sgla~matched_wallclock(lm-rla)/seed0")
     assert control["control_report"]["tokens_trained"] == control["tokens"] == 9_240_576
+    assert control["control"] == "matched_wallclock" and control["ablations"] == ["matched_wallclock"]
     assert main(["plan", path]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "matched wall-clock budgets" in said and "sgla~matched_wallclock(lm-rla): 1.10x" in said
+
+
+def test_tables_name_a_control_as_a_variant_not_an_ablation():
+    """plan's and status's variant column: a derived control by its tag (with its axis), an ablated job by its
+    ablations, the unablated job '-'. The records keep the control's name under `ablations`, where the
+    dashboards' run filters look for it."""
+    from rla_ablate.sweep.plan import variant_label
+
+    assert variant_label(["matched_state"], "matched_state[heads]") == "matched_state[heads]"
+    assert variant_label(["no_clip", "no_norm"], None) == "no_clip+no_norm"
+    assert variant_label([], None) == "-"

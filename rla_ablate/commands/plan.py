@@ -16,7 +16,7 @@ def register(subparsers) -> None:
                     "shares are for this machine's GPU, or the calibration device without one.")
     parser.add_argument("file", help="the sweep file (YAML)")
     parser.add_argument("--json", action="store_true",
-                        help='print {"jobs": [{job_id, name, family, ablations, params, state_elements, '
+                        help='print {"jobs": [{job_id, name, family, ablations, control, params, state_elements, '
                              'flops_per_token, tokens, mem_gib, mem_glue, gpu_share, tokens_per_s, gpu_hours, '
                              'cost_source}], '
                              '"totals": {...}}')
@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from rich.markup import escape
 
+    from rla_ablate.sweep.plan import variant_label
     from rla_ablate.terminal import fitted_table, stdout_console
 
     t = doc["totals"]
@@ -70,9 +71,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         title = (f"sweep {t['sweep']}: {t['jobs']} jobs, {_h(t['tokens'])} tokens, {_gpu_time(t['gpu_hours'])}; "
                  f"peak memory up to {t['max_mem_gib']:.1f} GiB of {t['gpu_memory_gib']:g} ({t['gpu']}){packing}")
-    columns = ["job", "id", "family", "ablations", "params", "state/layer", "FLOPs/tok", "tokens", "mem GiB",
+    columns = ["job", "id", "family", "variant", "params", "state/layer", "FLOPs/tok", "tokens", "mem GiB",
                "GPU share", "tok/s", "GPU time"]
-    rows = [[escape(r["name"]), r["job_id"][:8], r["family"], escape("+".join(r["ablations"]) or "-"),
+    rows = [[escape(r["name"]), r["job_id"][:8], r["family"], escape(variant_label(r["ablations"], r["control"])),
              _h(r["params"]), _h(r["state_elements"]), _h(r["flops_per_token"]), _h(r["tokens"]),
              f"{r['mem_gib']:.1f}", f"{r['gpu_share']:.2f}" if r["gpu_share"] else "-", _h(r["tokens_per_s"]),
              _gpu_time(r["gpu_hours"], short=True)] for r in doc["jobs"]]
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     # a narrow terminal loses the columns least needed to choose what to run first
     console.print(fitted_table(console, title, columns, rows, keep=1, right=tuple(columns[4:]), captions=captions,
                                drop_order=["FLOPs/tok", "state/layer", "id", "params", "tok/s", "GPU share",
-                                           "tokens", "family", "mem GiB", "GPU time", "ablations"]))
+                                           "tokens", "family", "mem GiB", "GPU time", "variant"]))
     return 0
 
 

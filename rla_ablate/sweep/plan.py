@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rla_ablate.sweep.expand import ResolvedJob, Sweep
+from rla_ablate.sweep.expand import Sweep
 
 
 def plan_rows(sweep: Sweep, gpu_bytes: int | None = None) -> list[dict[str, Any]]:
@@ -35,6 +35,7 @@ def plan_rows(sweep: Sweep, gpu_bytes: int | None = None) -> list[dict[str, Any]
         params, state, flops, mem, share, speed = cache[key]
         rows.append({
             "job_id": job.job_id, "name": job.name, "family": job.family, "ablations": list(job.ablations),
+            "control": job.control,
             "params": int(params), "state_elements": int(state), "flops_per_token": float(flops),
             # what the job trains on: train.tokens rounded up to whole batches
             "tokens": int(train.total_tokens), "mem_gib": round(mem.gib, 2), "mem_glue": mem.glue,
@@ -100,5 +101,8 @@ def plan(sweep: Sweep, gpu_bytes: int | None = None) -> dict[str, Any]:
     return {"jobs": rows, "totals": totals}
 
 
-def job_label(job: ResolvedJob) -> str:
-    return "+".join(job.ablations) or "-"
+def variant_label(ablations: list[str], control: str | None) -> str:
+    """A job's variant in a table: a derived control by its tag (matched_state[heads], matched_wallclock), an
+    ablated job by its ablations, the unablated one '-'. The sweep's records keep a control's name under
+    `ablations` too, where the dashboards' run filters look for it."""
+    return control or "+".join(ablations) or "-"

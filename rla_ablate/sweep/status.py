@@ -67,6 +67,7 @@ def sweep_status(sdir: SweepDir) -> dict[str, Any]:
                 name=sdir.name, root=sdir.root, how=_resume_how(sdir, rec["job_id"]))
         log = sdir.error_log(rec["job_id"])
         jobs.append({"job_id": rec["job_id"], "name": rec["name"], "ablations": rec.get("ablations", []),
+                     "control": rec.get("control"),
                      "status": status.value, "mlflow_run_id": st.mlflow_run_id, "tokens_done": int(st.tokens_done),
                      "tokens_target": int(rec.get("tokens_target") or st.tokens_target), "error": error,
                      "cause": st.cause.value if st.cause is not None else None, "traceback": st.traceback,
