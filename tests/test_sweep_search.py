@@ -122,10 +122,11 @@ def test_a_trial_enqueued_again_after_an_interrupted_launch_keeps_its_jobs_name(
     assert resumed.name == "trial-000" and [r["name"] for r in sdir.job_list()] == ["trial-000"]
 
 
-def test_a_continued_study_refuses_another_metric_direction_or_search_space(tmp_path):
-    """Optuna loads an existing study as it was: a relaunch whose file asks for another metric, direction or search
-    space would rank the new trials' values with the old ones. Refused, at the file's line; a larger n_trials (or
-    another sampler, pruner, seed) continues the study."""
+def test_a_continued_study_refuses_another_metric_direction_search_space_or_base_job(tmp_path):
+    """Optuna loads an existing study as it was: a relaunch whose file asks for another metric, direction, search
+    space or base job (another token budget, evaluation schedule, model) would rank the new trials' values with the
+    old ones, and prune them against trials of another schedule. Refused, at the file's line; a larger n_trials (or
+    another sampler, pruner, seed), or another base value of a searched key, continues the study."""
     import copy
 
     from rla_ablate.errors import UserError
@@ -133,9 +134,10 @@ def test_a_continued_study_refuses_another_metric_direction_or_search_space(tmp_
     from rla_ablate.sweep.search import check_study, make_study
     from rla_ablate.sweep.state import SweepDir
 
-    def sweep_with(**search):
+    def sweep_with(train=None, **search):
         cfg = copy.deepcopy(SEARCH)
         cfg["search"].update(search)
+        cfg["base"]["train"].update(train or {})
         f = tmp_path / "search.yaml"
         f.write_text(yaml.safe_dump(cfg, sort_keys=False))
         return load_sweep(f)
@@ -151,7 +153,14 @@ def test_a_continued_study_refuses_another_metric_direction_or_search_space(tmp_
         with pytest.raises(UserError, match="was made with") as err:
             check_study(make_study(sweep.config.search, sweep.name, uri), sweep, sdir)
         assert err.value.key == key and err.value.line is not None, (change, err.value)
-    more = sweep_with(n_trials=5, sampler="random", seed=3)
+    for train, key in (({"tokens": 8192}, "base.train.tokens"), ({"eval_every_tokens": 2048},
+                                                                  "base.train.eval_every_tokens")):
+        sweep = sweep_with(train=train)
+        with pytest.raises(UserError, match="every trial at") as err:
+            check_study(make_study(sweep.config.search, sweep.name, uri), sweep, sdir)
+        assert err.value.key == key and err.value.line is not None, (train, err.value)
+        assert f"{key[5:]}={SEARCH['base']['train'][key.split('.')[-1]]}" in str(err.value), str(err.value)
+    more = sweep_with(n_trials=5, sampler="random", seed=3, train={"lr": 5.0e-3})  # train.lr is searched
     check_study(make_study(more.config.search, more.name, uri), more, sdir)
 
 

@@ -58,10 +58,25 @@ def make_study(cfg: SearchConfig, name: str, storage: Any):
 QUESTION = "rla.question"
 
 
-def _question(cfg: SearchConfig) -> dict[str, Any]:
-    """What a study's trials must share to be compared: the metric, its direction and the search space."""
+def _question(sweep: Any) -> dict[str, Any]:
+    """What a study's trials must share to be compared: the metric, its direction, the search space and the job
+    they all start from (`_base_job`)."""
+    cfg = sweep.config.search
     return {"metric": cfg.metric, "direction": cfg.direction,
-            "params": {k: p.model_dump(mode="json") for k, p in cfg.params.items()}}
+            "params": {k: p.model_dump(mode="json") for k, p in cfg.params.items()}, "base": _base_job(sweep)}
+
+
+def _base_job(sweep: Any) -> dict[str, str]:
+    """The resolved job of a trial with every searched parameter at a fixed value (its first choice, or low), as
+    flat dotted keys: what every trial of the study shares (tokens, schedule, evaluation, model), so that a trial
+    trained on another budget is not ranked, or pruned, among the others."""
+    from rla_ablate.sweep.expand import expand
+    from rla_ablate.tracking.runs import flatten
+
+    fixed = {k: p.choices[0] if p.type == "categorical" else p.low if p.type == "float" else int(p.low)
+             for k, p in sweep.config.search.params.items()}
+    job = expand(sweep.config, sweep.source, points=[fixed])[0]
+    return {k: v for k, v in flatten(job.job.model_dump(mode="json")).items() if k not in fixed}
 
 
 def value_text(value: Any) -> str:
@@ -88,16 +103,22 @@ def check_study(study: Any, sweep: Any, sdir: Any) -> None:
     continued study)."""
     from rla_ablate.sweep.expand import _err
 
-    want, have = _question(sweep.config.search), study.user_attrs.get(QUESTION)
-    if have is None:
-        study.set_user_attr(QUESTION, want)
-        return
+    want, have = _question(sweep), study.user_attrs.get(QUESTION)
+    if have is None or "base" not in have:  # a study made before this record (or before it held the base job)
+        study.set_user_attr(QUESTION, want if have is None else {**have, "base": want["base"]})
+        have = study.user_attrs.get(QUESTION)
     if have == want:
         return
     changed = [k for k in ("metric", "direction") if have.get(k) != want[k]]
     path: tuple = ("search", changed[0]) if changed else ("search", "params")
     if changed:
         what = f"search.{changed[0]} {have.get(changed[0])!r}; this file asks for {want[changed[0]]!r}"
+    elif have.get("params") == want["params"]:
+        old, new = have["base"], want["base"]
+        key = next(k for k in sorted({*new, *old}) if old.get(k) != new.get(k))
+        path = ("base", *key.split("."))
+        what = (f"every trial at {key}={old.get(key, '(unset)')}; this file asks for {new.get(key, '(unset)')} "
+                "(a budget, schedule or model its trials would not share)")
     else:
         old, new = have.get("params", {}), want["params"]
         key = next(k for k in [*new, *old] if old.get(k) != new.get(k))
