@@ -180,6 +180,18 @@ def test_bad_task_missing_checkpoint_and_bad_checkpoint_are_user_errors(job_dir,
     assert "--tasks: a task's data could not be read" in err and "missing.jsonl" in err and "Traceback" not in err
     assert sorted(job_dir.glob("evals/*")) == before
     assert not list(torn.glob("evals/*")) and not list(other.glob("evals/*"))
+    # a task folder that does not exist is said also where the result is cached (rla_choice was scored above)
+    assert main(["eval", str(job_dir), "--tasks", "rla_choice", "--include-path", str(tmp_path / "nodir")]) == 2
+    assert "--include-path: no such folder" in capsys.readouterr().err
+    # a task named as one of the job's eval sets: both would log eval/rla_choice/* into its run
+    clash = tmp_path / "clash"
+    sh.copytree(job_dir, clash, ignore=sh.ignore_patterns("evals"))
+    job = JobConfig.model_validate_json((clash / "job.json").read_text())
+    renamed = [e.model_copy(update={"name": "rla_choice"}) for e in job.eval[:1]] + list(job.eval[1:])
+    (clash / "job.json").write_text(job.model_copy(update={"eval": renamed}).model_dump_json())
+    assert main(["eval", str(clash), "--tasks", "rla_choice"]) == 2
+    assert "task 'rla_choice' has the name of one of the job's eval sets" in capsys.readouterr().err
+    assert not list(clash.glob("evals/*"))
 
 
 def test_sweep_evals_stage_reaches_mlflow_and_table5_and_is_not_rescored(tmp_path):
@@ -283,6 +295,15 @@ def test_sweep_evals_section_is_checked_at_its_line(tmp_path):
         check_evals(load_sweep(path))
     from rla_ablate.cli import main
 
+    assert main(["plan", str(path)]) == 2
+    # an eval set named as a task: both would log eval/<name>/* into each run, one over the other
+    val = {"name": "rla_choice", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 4096}
+    path.write_text(yaml.safe_dump({**base, "base": {"eval": [{**val, "name": "val"}, val]},
+                                    "evals": {"tasks": ["rla_choice"]}}, sort_keys=False))
+    line = [i for i, text in enumerate(path.read_text().splitlines(), 1) if "name: rla_choice" in text][0]
+    with pytest.raises(UserError, match=f"s.yaml:{line}: base.eval.1.name: the eval set 'rla_choice' and the evals "
+                                        "task 'rla_choice' would both log"):
+        check_evals(load_sweep(path))
     assert main(["plan", str(path)]) == 2
     # The result file's key: task order does not matter, the limit does.
     assert EvalRequest(tasks=["a", "b"]).key() == EvalRequest(tasks=["b", "a"], batch_size=2).key()

@@ -358,15 +358,26 @@ def _local_config(entry: Any) -> dict | None:
     return cfg
 
 
+def check_include_path(req: EvalRequest) -> None:
+    """Every --include-path folder exists (checked before a cached result is read, so that a wrong folder is said
+    whether or not the job was scored already)."""
+    for p in req.include_path:
+        if not Path(p).is_dir():
+            raise UserError(f"no such folder: {p}", key="--include-path")
+
+
+def check_names_apart(eval_names: list[str], req: EvalRequest) -> str | None:
+    """The first task named as one of the job's eval sets, or None: both would log `eval/<name>/...` into one run,
+    and the later would overwrite the earlier's values of a shared metric (acc)."""
+    return next((t for t in req.tasks if t in set(eval_names)), None)
+
+
 def resolve_tasks(req: EvalRequest) -> tuple[Any, list[Any], bool]:
     """(TaskManager, tasks for simple_evaluate, all local): local-file tasks as configs with absolute paths."""
     from lm_eval.tasks import TaskManager
 
-    paths = [str(TASKS_DIR)]
-    for p in req.include_path:
-        if not Path(p).is_dir():
-            raise UserError(f"no such folder: {p}", key="--include-path")
-        paths.append(str(Path(p).resolve()))
+    check_include_path(req)
+    paths = [str(TASKS_DIR)] + [str(Path(p).resolve()) for p in req.include_path]
     # Indexing lm-eval's own tasks takes half a minute: only when a name is not in the include path.
     tm = TaskManager(include_path=paths, include_defaults=False)
     if any(t not in tm.all_tasks for t in req.tasks):
@@ -440,7 +451,13 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
     the ones in its status.json / sweep.json), to MLflow as `eval/<task>/<metric>` at step = tokens.
     """
     job_dir = Path(job_dir)
+    check_include_path(req)
     job, tokens, ckpt = load_job(job_dir, tokens)
+    clash = check_names_apart([e.name for e in job.eval], req)
+    if clash is not None:
+        raise UserError(f"task '{clash}' has the name of one of the job's eval sets: both would log "
+                        f"eval/{clash}/* into its run, one over the other; score the task under another name (a copy "
+                        "of its YAML in an --include-path folder with another `task:`)", key="--tasks")
     path = result_path(job_dir, tokens, req)
     if path.is_file() and not force:
         done = EvalResult.model_validate_json(path.read_text(encoding="utf-8"))

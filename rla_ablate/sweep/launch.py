@@ -458,6 +458,16 @@ def check_evals(sweep: Sweep) -> None:
         key = ("evals", "include_path") if e.key == "--include-path" else ("evals", "tasks")
         raise UserError(e.message.replace("--include-path folders", "evals.include_path folders"),
                         file=sweep.source.file, line=sweep.source.line(key), key=".".join(key)) from None
+    from rla_ablate.evals.core import check_names_apart
+
+    for job in sweep.jobs:
+        names = [e.name for e in job.job.eval]
+        clash = check_names_apart(names, sweep.config.evals)
+        if clash is not None:
+            at = ("base", "eval", names.index(clash), "name")
+            raise UserError(f"the eval set '{clash}' and the evals task '{clash}' would both log eval/{clash}/* into "
+                            "each job's run, one over the other; give the eval set another name",
+                            file=sweep.source.file, line=sweep.source.line(at), key=".".join(map(str, at)))
 
 
 def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress: Any) -> str | None:

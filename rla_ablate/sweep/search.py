@@ -96,11 +96,11 @@ def _spelled(value: Any) -> str:
 
 
 def check_study(study: Any, sweep: Any, sdir: Any) -> None:
-    """Refuse to continue a study with another metric, direction or search space than it was made with: Optuna
-    loads an existing study as it was (its direction included) and would rank the new trials' values among the old
-    ones (an accuracy among losses), draw from the old space's history, and report a best trial the file no longer
-    asks for. A study made before this record gets it now; n_trials, sampler, pruner and seed may change (a
-    continued study)."""
+    """Refuse to continue a study with another metric, direction, search space or base job than it was made with:
+    Optuna loads an existing study as it was (its direction included) and would rank the new trials' values among
+    the old ones (an accuracy among losses, or a loss after another token budget), prune them against trials of
+    another schedule, draw from the old space's history, and report a best trial the file no longer asks for. A
+    study made before this record gets it now; n_trials, sampler, pruner and seed may change (a continued study)."""
     from rla_ablate.sweep.expand import _err
 
     want, have = _question(sweep), study.user_attrs.get(QUESTION)
