@@ -89,6 +89,16 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, corpus, capsys):
     assert main(["data", "prepare", str(corpus), str(out)]) == 0
     assert main(["data", "prepare", str(corpus), str(out)]) == 2
     assert "already holds shards" in capsys.readouterr().err
+    # a folder of other files: shards would overwrite same-named ones and mix with the rest; nothing is touched
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "tokens-00000.bin").write_text("old")
+    (busy / "notes.txt").write_text("keep")
+    assert main(["data", "prepare", str(corpus), str(busy)]) == 2
+    assert "OUT: " in (err := capsys.readouterr().err) and "is not empty (2 entries: notes.txt, tokens-00000.bin)" in err
+    assert {f.name: f.read_text() for f in busy.iterdir()} == {"tokens-00000.bin": "old", "notes.txt": "keep"}
+    (tmp_path / "empty-dir").mkdir()  # an empty folder is as good as a new one
+    assert main(["data", "prepare", str(corpus), str(tmp_path / "empty-dir")]) == 0
     assert main(["data", "prepare", str(corpus), str(tmp_path / "x"), "--tokenizer", str(tmp_path / "t.json")]) == 2
     assert "--tokenizer: tokenizer file not found" in capsys.readouterr().err
     # an empty source: no text, so no shards (it wrote one end-of-document token, and training failed later)

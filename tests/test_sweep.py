@@ -595,3 +595,24 @@ def test_tables_name_a_control_as_a_variant_not_an_ablation():
     assert variant_label(["matched_state"], "matched_state[heads]") == "matched_state[heads]"
     assert variant_label(["no_clip", "no_norm"], None) == "no_clip+no_norm"
     assert variant_label([], None) == "-"
+
+
+def test_a_search_file_is_refused_where_it_asks_what_a_search_cannot_do(tmp_path, capsys):
+    """A search tunes one model with one seed: searching train.seed is refused at its key (the study would rank
+    the seeds' noise), and a grid beside a search at the grid's line, in the words of every search misuse."""
+    from rla_ablate.sweep.expand import load_sweep
+
+    search = {"params": {"train.lr": {"type": "float", "low": 1.0e-4, "high": 1.0e-2, "log": True}}, "n_trials": 2}
+    base = {"name": "s", "models": [{"preset": "tiny-rla"}], "search": search}
+    cases = (({**base, "search": {**search, "params": {**search["params"], "train.seed": {"type": "int", "low": 0,
+                                                                                          "high": 3}}}},
+              "search.params", "'train.seed' is not searched"),
+             ({**base, "grid": {"train.lr": [1.0e-3, 2.0e-3]}}, "grid", "a search sweep tunes one model with one seed"))
+    for doc, key, says in cases:
+        path = tmp_path / "s.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.startswith(key.split(".")[0]))
+        with pytest.raises(UserError, match=says) as err:
+            load_sweep(path)
+        assert err.value.key.startswith(key) and err.value.line >= line, (err.value.key, err.value.line, line)
+        assert main(["plan", str(path)]) == 2 and says in capsys.readouterr().err

@@ -47,6 +47,10 @@ def prepare(args) -> int:
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} is a file; OUT is a folder for index.json and the shards", key="OUT")
     before = set(out.iterdir()) if out.is_dir() else None
+    if before and not (out / "index.json").exists():  # (a folder of shards gets ShardWriter's own message)
+        named = ", ".join(sorted(p.name for p in before)[:3]) + (", ..." if len(before) > 3 else "")
+        raise UserError(f"{out} is not empty ({len(before)} entries: {named}); OUT is a new or empty folder: the "
+                        "shards would overwrite files of the same names and mix with the rest", key="OUT")
     try:
         return _prepare(args)
     except BaseException:

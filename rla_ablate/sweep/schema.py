@@ -187,6 +187,10 @@ class SearchConfig(_Strict):
         for key in v:
             if key.split(".")[0] not in ("model", "train", "data"):
                 raise ValueError(f"search key '{key}' must start with model., train. or data.")
+            if key == "train.seed":  # trials would differ by their noise, and the study rank it
+                raise ValueError("'train.seed' is not searched: a search tunes one model with one seed (`seeds:`); "
+                                 "to measure the spread over seeds, run the best trial's parameters as a grid sweep "
+                                 "with several `seeds:`")
         return v
 
 
@@ -301,8 +305,5 @@ class SweepConfig(_Strict):
         both = set(self.grid) & set(self.zip)
         if both:
             raise ValueError(f"key(s) {', '.join(sorted(both))} are in both grid and zip")
-        if self.search is not None:
-            clash = set(self.search.params) & (set(self.grid) | set(self.zip))
-            if clash:
-                raise ValueError(f"key(s) {', '.join(sorted(clash))} are both searched and swept")
+        # a search with a grid or zip at all is refused at that section's line (expand: one model, one seed)
         return self
