@@ -269,6 +269,9 @@ def test_validity_panel_states_engaged_off_not_measured_identical(server, tmp_pa
     # Figures and tables comparing those variants say so on themselves.
     fig4 = next(r for r in dash.rendered if r.name == "fig4b_train_loss")
     assert ("off", "RDN: w/o clip") in [(st, label) for st, label, _ in fig4.flagged]
+    # the values that put it off are its reference's (RDN's clip never engaged), and its note says whose they are
+    off_detail = next(d for st, label, d in fig4.flagged if (st, label) == ("off", "RDN: w/o clip"))
+    assert off_detail == "diag/target_engaged 0 < 0.001 in 2 runs of clip + q/k norm (paper)", off_detail
     rows = table(page, "table5_output_gates")
     assert rows["RDN, no output gates"][-2] == "off*" and rows["RLA, no output gates"][-2] == "engaged"
     logcosh = table(page, "appb_logcosh")

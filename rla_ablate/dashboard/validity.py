@@ -296,10 +296,14 @@ def _under(value: float, threshold: float, least: int = 2) -> str:
 
 
 def off_summary(index: ValidityIndex, a: D.Series, b: D.Series | None) -> str:
-    """The measured values below their thresholds when comparing `a` with `b`, one range per check, e.g.
-    'diag/mixer_rms_over_sqrt_eps 0.092–0.97 < 1 in 5 runs' ('' when none is below)."""
-    found: dict[tuple[str, float], list[float]] = {}
+    """The measured values below their thresholds when comparing `a` with `b`, one range per check and per series
+    the runs belong to, e.g. 'diag/mixer_rms_over_sqrt_eps 0.092–0.97 < 1 in 5 runs' (a's own) or '... 0.3 < 1 in 1
+    run of sGLA' (b's; 'of its reference' for the run a's validity compares it with, if not b's); '' when none is
+    below."""
+    found: dict[tuple[str, float, str], list[float]] = {}
     seen = set()
+    own = {r.run_id for r in a.runs}
+    theirs = {r.run_id for r in b.runs} if b is not None else set()
     for s in (a, b):
         v = index.of(s) if s is not None else None
         for sv in v.seeds if v is not None else ():
@@ -310,12 +314,14 @@ def off_summary(index: ValidityIndex, a: D.Series, b: D.Series | None) -> str:
                     if run is None or val is None or val >= m.check.threshold or (run.run_id, m.check.metric) in seen:
                         continue
                     seen.add((run.run_id, m.check.metric))
-                    found.setdefault((m.check.metric, m.check.threshold), []).append(val)
+                    whose = ("" if run.run_id in own else f" of {b.label}" if b is not None and run.run_id in theirs
+                             else " of its reference" if s is a else f" of {b.label}'s reference")
+                    found.setdefault((m.check.metric, m.check.threshold, whose), []).append(val)
     parts = []
-    for (metric, thr), vals in sorted(found.items()):
+    for (metric, thr, whose), vals in sorted(found.items()):
         lo, hi = _under(min(vals), thr), _under(max(vals), thr)
         shown = lo if lo == hi else f"{lo}–{hi}"
-        parts.append(f"{metric} {shown} < {thr:g} in {len(vals)} run{'s' if len(vals) > 1 else ''}")
+        parts.append(f"{metric} {shown} < {thr:g} in {len(vals)} run{'s' if len(vals) > 1 else ''}{whose}")
     radius = _radius_check(index, a, b)
     if radius is not None and radius[0] == OFF:
         seeds = radius[1].split(":")[0].removeprefix(f"{OFF} on ")
