@@ -219,6 +219,21 @@ def test_a_search_sweeps_dashboard_says_what_its_study_did_and_asks_for_no_grid_
 
     html = _section(sec, lambda run: run)
     assert "<img" in html and html.count("<tr>") == 4, html
+    # trials whose mechanism was off (the validity panel's runs): hollow, counted in the note, caption and figure;
+    # a trial a launch left running and asked again is interrupted, not failed
+    from rla_ablate.sweep.search import INTERRUPTED
+
+    trial = study.ask(space)
+    trial.set_user_attr(INTERRUPTED, True)
+    study.tell(trial, state=TrialState.FAIL)
+    part = search_part(sdir, out, off={"job1", "job4"})
+    assert "(6 trials: 3 complete, 1 pruned, 1 fail, 1 interrupted (run again))" in part.note, part.note
+    assert "MECHANISM OFF in 2 of 3 completed trials (drawn hollow" in part.note
+    assert "MECHANISM OFF in 2 of 3 completed trials" in part.section.caption
+    assert part.section.flagged == [("off", "trials 1, 4", "mechanism off")]
+    svg = part.section.svg.read_text()
+    assert "completed, mechanism off" in svg and "MECHANISM OFF in 2 of 3" in svg
     untested = [Untested("table4", "a claim", "family=rla, ablations=no_fitting", "ablations=none", "", False)]
     assert "from a grid sweep" in untested_lines(untested, 1, search=True)[0]
+    assert len(untested_lines(untested, 1, search=True)) == 1 and len(untested_lines(untested, 1)) == 2
     assert "add them to the sweep file" in untested_lines(untested, 1)[0]

@@ -57,6 +57,17 @@ class Dashboard:
         return [v for r in self.rendered for v in r.verdicts]
 
 
+def off_jobs(runs) -> set[str]:
+    """The job ids whose runs had the mechanism off (the validity panel's default thresholds): a search's trials
+    are each their own series, checked as the panel checks them."""
+    from rla_ablate.dashboard import validity as V
+    from rla_ablate.dashboard.spec import ValidityThresholds
+
+    index = V.ValidityIndex(runs, ValidityThresholds())
+    return {r.tags.get(JOB_ID) for s in index.everything if (v := index.of(s)) is not None and v.state == V.OFF
+            for r in s.runs}
+
+
 def untested_lines(untested: list[Untested], n_specs: int, search: bool = False) -> list[str]:
     """A heading and one line per claim the sweep cannot test ([] when it tests every one). `search`: the sweep is
     a search, whose file holds no ablations or controls (the runs come from a grid sweep instead)."""
@@ -67,10 +78,11 @@ def untested_lines(untested: list[Untested], n_specs: int, search: bool = False)
     head = (f"not tested by this sweep: {claims} claim{'s' if claims != 1 else ''}"
             + (f"; {skipped} of {n_specs} specs {'has' if skipped == 1 else 'have'} nothing to compare here and "
                f"{'is' if skipped == 1 else 'are'} not drawn" if skipped else "")
-            + (" (each needs the runs named, from a grid sweep: a search file holds no ablations or controls)"
-               if search else " (each needs the runs named; add them to the sweep file and relaunch: only new jobs "
-                              "run)"))
-    return [head] + [f"  {u.line()}" for u in untested]
+            + (" (each needs the runs named, from a grid sweep: a search file holds no ablations or controls; the "
+               "page lists them)" if search else " (each needs the runs named; add them to the sweep file and "
+                                                 "relaunch: only new jobs run)"))
+    # a search can test none of them, whatever it runs: one line, not a list of edits it cannot make
+    return [head] if search else [head] + [f"  {u.line()}" for u in untested]
 
 
 def say(text: str) -> None:
@@ -225,7 +237,8 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         rendered = [r for r in every if r.drawn]
         untested = [u for r in every for u in r.untested]
         notes = selection.notes() + adjust_for_many([v for r in rendered for v in r.verdicts])
-        search = search_part(sdir, out, run_url, {r.tags.get(JOB_ID): r.run_id for r in runs.jobs if r.run_id})
+        search = search_part(sdir, out, run_url, {r.tags.get(JOB_ID): r.run_id for r in runs.jobs if r.run_id},
+                             off_jobs(runs))
         if search is not None:  # a search file holds no ablations, controls or grid: no such edit to suggest
             notes.insert(0, search.note)
             untested = [dataclasses.replace(u, hint="") for u in untested]

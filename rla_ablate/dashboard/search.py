@@ -9,10 +9,12 @@ parameter was drawn on a log scale, a category's choices side by side), then lis
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from rla_ablate.dashboard import validity as V
 from rla_ablate.dashboard.render import COLORS, STYLE, Cell, Rendered, plt
 from rla_ablate.sweep.state import SweepDir
 
@@ -46,26 +48,37 @@ def load_study(sdir: SweepDir):
 
 
 def search_part(sdir: SweepDir, out_dir: Path, run_url=lambda run_id: None,
-                run_ids: dict[str, str] | None = None) -> Search | None:
+                run_ids: dict[str, str] | None = None, off: set[str] | None = None) -> Search | None:
     """The note and the drawn section of a search sweep; None for a sweep without a study. `run_ids` maps job ids
-    to MLflow run ids (the table's links)."""
+    to MLflow run ids (the table's links); `off`: the job ids whose mechanism was off (the validity panel), drawn
+    hollow and counted in the note, the caption and the figure."""
     from optuna.trial import TrialState
 
-    from rla_ablate.sweep.search import QUESTION, params_text
+    from rla_ablate.sweep.search import INTERRUPTED, QUESTION, params_text
 
     study = load_study(sdir)
     if study is None:
         return None
     trials = study.get_trials(deepcopy=False)
     names = {r["job_id"]: r.get("name") for r in sdir.job_list()}
-    states = {state: sum(t.state == state for t in trials) for state in TrialState}
-    ended = ", ".join(f"{n} {state.name.lower()}" for state, n in states.items() if n)
+    # a trial a launch left running is told failed and its parameters asked again: interrupted, not an error
+    interrupted = sum(t.state == TrialState.FAIL and bool(t.user_attrs.get(INTERRUPTED)) for t in trials)
+    states = {state.name.lower(): sum(t.state == state for t in trials) for state in TrialState}
+    states["fail"] -= interrupted
+    states["interrupted (run again)"] = interrupted
+    ended = ", ".join(f"{n} {state}" for state, n in states.items() if n)
     note = f"a search sweep: its runs are the trials of one Optuna study ({len(trials)} trials: {ended or 'none'})"
     complete = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
     best = study.best_trial if complete else None
     if best is not None:
         note += (f"; best: trial {best.number} (job {names.get(best.user_attrs.get('job_id'), '?')}), "
                  f"{best.value:.6g} with {params_text(best.params)}")
+    off_trials = {t.number for t in complete if t.user_attrs.get("job_id") in (off or set())}
+    warning = (f"MECHANISM OFF in {len(off_trials)} of {len(complete)} completed trials (drawn hollow; the validity "
+               "panel says which check): their values rank training with the mechanism idle, not the searched "
+               "parameters' effect through it") if off_trials else ""
+    if warning:
+        note += f"; {warning}"
     note += (". The figures compare ablations and controls, which a search file cannot hold: run those as a grid "
              "sweep (docs/SWEEPS.md)")
     question = study.user_attrs.get(QUESTION) or {}
@@ -86,8 +99,14 @@ def search_part(sdir: SweepDir, out_dir: Path, run_url=lambda run_id: None,
     if len(drawn) < len(complete):
         out.caption += (f" {len(complete) - len(drawn)} completed trials with an infinite value are listed, not "
                         "drawn.")
+    if warning:
+        out.caption += f" {warning}."
+        out.flagged.append((V.OFF, "trials " + ", ".join(map(str, sorted(off_trials))), "mechanism off"))
     with plt.rc_context(cast(Any, STYLE)):
-        fig = _draw(trials, drawn or [best], best, params, metric, minimize)
+        fig = _draw(trials, drawn or [best], best, params, metric, minimize, off_trials)
+        if warning:
+            fig.text(0.01, -0.01, textwrap.fill(f"⚠ {warning}", int(fig.get_figwidth() * 15)), ha="left", va="top",
+                     fontsize=7, color="#8a4b00", transform=fig.transFigure)
         out_dir.mkdir(parents=True, exist_ok=True)
         out.png, out.svg = out_dir / f"{NAME}.png", out_dir / f"{NAME}.svg"
         fig.savefig(out.png, dpi=150, bbox_inches="tight")
@@ -117,7 +136,8 @@ def _value_text(value: Any) -> str:
     return "–" if value is None else value_text(value)
 
 
-def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool):
+def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool,
+          off: frozenset[int] | set[int] = frozenset()):
     from matplotlib import ticker
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState
@@ -129,7 +149,13 @@ def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool
     ax = flat[0]
     xs = [t.number for t in complete]
     ys = [t.value for t in complete]
-    ax.scatter(xs, ys, s=18, color=COLORS[0], label="completed", zorder=3)
+    on = [t for t in complete if t.number not in off]
+    if on:
+        ax.scatter([t.number for t in on], [t.value for t in on], s=18, color=COLORS[0], label="completed", zorder=3)
+    if len(on) < len(complete):
+        hollow = [t for t in complete if t.number in off]
+        ax.scatter([t.number for t in hollow], [t.value for t in hollow], s=18, facecolors="none",
+                   edgecolors=COLORS[0], label="completed, mechanism off", zorder=3)
     pruned = [(t.number, t.intermediate_values[max(t.intermediate_values)]) for t in trials
               if t.state == TrialState.PRUNED and t.intermediate_values]
     if pruned:
@@ -166,7 +192,8 @@ def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool
                 ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
                 ax.xaxis.set_minor_formatter(ticker.NullFormatter())
             best_x = best.params.get(name)
-        ax.scatter(xs_p, [t.value for t in have], s=18, color=COLORS[0], zorder=3)
+        ax.scatter(xs_p, [t.value for t in have], s=18, zorder=3, edgecolors=COLORS[0],
+                   facecolors=["none" if t.number in off else COLORS[0] for t in have])
         if best_x is not None:
             ax.scatter([best_x], [best.value], marker="*", s=140, color=COLORS[3], zorder=5)
         ax.set_xlabel(name)
