@@ -616,3 +616,17 @@ def test_a_search_file_is_refused_where_it_asks_what_a_search_cannot_do(tmp_path
             load_sweep(path)
         assert err.value.key.startswith(key) and err.value.line >= line, (err.value.key, err.value.line, line)
         assert main(["plan", str(path)]) == 2 and says in capsys.readouterr().err
+
+
+def test_the_plan_of_a_search_says_its_space_and_counts_its_trials(capsys):
+    """A search's plan names what its trials draw, the metric and the direction; its totals count the trials
+    (by family too) and --json carries the search section."""
+    path = str(REPO / "sweeps" / "search-example.yaml")
+    assert main(["plan", path, "--json"]) == 0
+    totals = json.loads(capsys.readouterr().out)["totals"]
+    n = totals["search_trials"]
+    assert totals["jobs"] == n and totals["jobs_by_family"] == {"rdn": n} and totals["search"]["n_trials"] == n
+    assert main(["plan", path]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert (f"runs as {n} trials (totals include them), each with train.lr from 0.0003 to 0.01 (log)" in said
+            and "model.target in [clip, tanh]; minimize eval/val/loss (tpe sampler, median pruner)" in said), said

@@ -87,7 +87,12 @@ def run(args: argparse.Namespace) -> int:
     if t["budgets"]:
         captions += ["matched wall-clock budgets (tok/s above are each job's own estimate):"] + t["budgets"]
     if "search_trials" in t:
-        captions.append(f"Optuna search: the base job above runs as {t['search_trials']} trials (totals include them)")
+        from rla_ablate.sweep.search import space_text
+
+        s = t["search"]
+        captions.append(f"Optuna search: the base job above runs as {t['search_trials']} trials (totals include them), "
+                        f"each with {escape(space_text(s['params']))}; {s['direction']} {escape(s['metric'])} "
+                        f"({s['sampler']} sampler, {s['pruner']} pruner)")
     from rla_ablate.sweep.launch import local_shortfall
 
     short = local_shortfall(sweep)

@@ -69,7 +69,7 @@ def plan(sweep: Sweep, gpu_bytes: int | None = None) -> dict[str, Any]:
     trials = search.n_trials if search else 1
     by_family: dict[str, int] = {}
     for r in rows:
-        by_family[r["family"]] = by_family.get(r["family"], 0) + 1
+        by_family[r["family"]] = by_family.get(r["family"], 0) + trials
     shares = [r["gpu_share"] for r in rows if r["gpu_share"]]
     res = sweep.config.resources
     totals = {
@@ -95,6 +95,7 @@ def plan(sweep: Sweep, gpu_bytes: int | None = None) -> dict[str, Any]:
     }
     if search:
         totals["search_trials"] = search.n_trials
+        totals["search"] = search.model_dump(mode="json")
     from rla_ablate.sweep.expand import budget_lines
 
     totals["budgets"] = budget_lines([j.describe() for j in sweep.jobs])

@@ -84,6 +84,18 @@ def value_text(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
+def space_text(params: dict[str, dict]) -> str:
+    """A search space in a line: train.lr from 0.0001 to 0.01 (log), model.target in [clip, tanh]."""
+    parts = []
+    for key, p in params.items():
+        if p["type"] == "categorical":
+            parts.append(f"{key} in [{', '.join(map(str, p['choices']))}]")
+        else:
+            parts.append(f"{key} from {value_text(p['low'])} to {value_text(p['high'])}"
+                         f"{' (log)' if p.get('log') else ''}{' (int)' if p['type'] == 'int' else ''}")
+    return ", ".join(parts)
+
+
 def params_text(params: dict[str, Any]) -> str:
     """A trial's parameters in a line: train.lr=0.00927766, model.target=tanh (`value_text`)."""
     return ", ".join(f"{k}={value_text(v)}" for k, v in params.items())
