@@ -229,12 +229,15 @@ def test_sweep_evals_stage_reaches_mlflow_and_table5_and_is_not_rescored(tmp_pat
                            timeout=300, env=env)
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"tiny-rla/seed0 ({job['job_id'][:8]}): " in again.stdout and "already scored" in again.stdout
+    assert "[1/1] tiny-rla/seed0: already scored" in again.stderr, again.stderr
     # A quicker check on fewer examples is printed and kept in its file, not logged over the stage's scores
     check = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "eval", "evals-e2e", "--root", str(root),
                             "--tasks", "rla_choice", "--limit", "2"], cwd=REPO, capture_output=True, text=True,
                            timeout=300, env=env)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "not the MLflow run's: it keeps those of " + scored.name in check.stderr, check.stderr
+    # one line a job with the time left (none here: the last job), not lm-eval's progress bars
+    assert "[1/1] tiny-rla/seed0: scored in " in check.stderr and "it/s]" not in check.stderr, check.stderr
     assert [m.value for m in MlflowClient(store).get_metric_history(run_id, "eval/rla_choice/acc")] == [acc]
 
     from rla_ablate.dashboard.build import build_dashboard

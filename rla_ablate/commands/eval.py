@@ -81,7 +81,11 @@ def run(args) -> int:
     if args.checkpoint is not None:
         raise UserError("--checkpoint applies to a job folder; a sweep scores each job's final checkpoint",
                         key="--checkpoint")
-    results = score_sweep(args.root, args.target, req, force=args.force, device=args.device, echo=print)
+    import sys
+
+    # a line per job with the time left, instead of lm-eval's progress bars (several per job and task)
+    results = score_sweep(args.root, args.target, req, force=args.force, device=args.device,
+                          echo=lambda line: print(line, file=sys.stderr, flush=True), silent=True)
     names = {rec["job_id"]: rec.get("name", rec["job_id"]) for rec in SweepDir(args.root, args.target).job_list()}
     for job_id, result in results.items():
         _print(f"{names.get(job_id, job_id)} ({job_id[:8]})", result)

@@ -499,6 +499,7 @@ def score_sweep(root: str | Path, sweep: str, req: EvalRequest, *, tracking_uri:
     """Score every finished job of the sweep's current expansion, one after another in this process (on this
     machine's GPU when it has one); jobs already scored on `req` are read back, not rescored."""
     from rla_ablate.outcome import Status
+    from rla_ablate.sweep.progress import fmt_duration
     from rla_ablate.sweep.state import SweepDir
 
     sdir = SweepDir(root, sweep)
@@ -506,13 +507,24 @@ def score_sweep(root: str | Path, sweep: str, req: EvalRequest, *, tracking_uri:
         raise UserError(f"no sweep {sweep!r} under {sdir.root} (no jobs.json) and no job folder of that name; give "
                         "a job folder, or a sweep name with --root", key="JOB_DIR|SWEEP")
     results: dict[str, EvalResult] = {}
-    for rec in sdir.job_list():
-        job_id = rec["job_id"]
+    jobs = sdir.job_list()
+    spent: list[float] = []  # seconds of each job scored here (a result read back costs nothing)
+    for k, rec in enumerate(jobs, 1):
+        job_id, name = rec["job_id"], rec.get("name", rec["job_id"])
         st = sdir.status(job_id)
         if st.status != Status.FINISHED:
-            echo(f"{rec.get('name', job_id)}: {st.status.value}, not scored")
+            echo(f"[{k}/{len(jobs)}] {name}: {st.status.value}, not scored")
             continue
         uri = tracking_uri if tracking_uri and st.mlflow_run_id else None
-        results[job_id] = score_job(sdir.job_dir(job_id), req, tracking_uri=uri, run_id=st.mlflow_run_id if uri else None,
-                                    force=force, device=device, silent=silent)
+        result = score_job(sdir.job_dir(job_id), req, tracking_uri=uri, run_id=st.mlflow_run_id if uri else None,
+                           force=force, device=device, silent=silent)
+        results[job_id] = result
+        if result.skipped:
+            echo(f"[{k}/{len(jobs)}] {name}: already scored")
+            continue
+        spent.append(result.seconds)
+        left = sum(1 for r in jobs[k:] if sdir.status(r["job_id"]).status == Status.FINISHED)
+        eta = f", about {fmt_duration(left * sum(spent) / len(spent))} left for {left} more" if left else ""
+        echo(f"[{k}/{len(jobs)}] {name}: scored in {result.seconds:.1f} s{eta}")
     return results
+
