@@ -704,6 +704,16 @@ def test_a_missing_claim_names_the_arms_it_needs_on_both_sides():
     assert "add matched_state to controls:" in for_claim(spec, at_state, True, families, {"none"}).hint
 
 
+def test_labels_shorten_a_search_draw_and_keep_what_a_sweep_file_wrote():
+    """A series label shows an Optuna draw (logged whole) to 6 significant digits, and a value a sweep file wrote
+    (1.0, 1e-3, clip) as written."""
+    from rla_ablate.dashboard.data import value_text
+
+    assert value_text("0.7238517082858716") == "0.723852" and value_text("0.008803650445861911") == "0.00880365"
+    assert value_text("1.0") == "1.0" and value_text("1e-3") == "1e-3" and value_text("clip") == "clip"
+    assert value_text("2") == "2" and value_text("nan") == "nan"
+
+
 def test_results_table_rounds_the_grid_and_search_values_runs_keep_as_strings():
     """`results` (text): an Optuna float comes back from MLflow as the string it was logged as; the table shows 6
     significant digits, like the metrics, and leaves other strings alone (--csv keeps them whole, --json as

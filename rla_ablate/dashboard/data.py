@@ -157,6 +157,17 @@ def short_key(key: str) -> str:
     return key.rsplit(".", 1)[-1]
 
 
+def value_text(value: str) -> str:
+    """A config value as runs keep it (the string it was logged as) for a label: a float of more than 6 significant
+    digits (an Optuna draw logs 0.7238517082858716) to 6; anything else as written (clip=1.0, target=clip)."""
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    short = f"{number:.6g}"
+    return short if math.isfinite(number) and float(short) != number else value
+
+
 def _part(spec, key: str, value: str | None) -> str:
     v = "?" if value is None else value
     if v in spec.labels:
@@ -168,7 +179,7 @@ def _part(spec, key: str, value: str | None) -> str:
         return ", ".join(n for n in names if n)
     if key in (ARM, PRESET, CONTROL, SERIES):
         return "" if key == CONTROL and v == "none" else v
-    return f"{short_key(key)}={v}"
+    return f"{short_key(key)}={value_text(v)}"
 
 
 def distinguishing(members: list[Series]) -> list[str]:
