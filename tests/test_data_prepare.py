@@ -129,3 +129,6 @@ def test_show_prints_a_config(tmp_path, capsys):
     assert main(["data", "show", str(tmp_path / "nokind.yaml")]) == 2
     assert "nokind.yaml:1: is not a data config: it names no kind; give a YAML file holding `data: {kind: ..." \
         in capsys.readouterr().err
+    # a length too short for a synthetic task: the flag at fault is named, not the task's own field
+    assert main(["data", "show", "mqar", "--seq-len", "8"]) == 2
+    assert "--seq-len: 8 is too short for this mqar task (seq_len=8 leaves room for" in capsys.readouterr().err

@@ -154,7 +154,11 @@ def _show(cfg, seq_len: int) -> int:
     print(f"kind: {cfg.kind}, vocabulary: {vocab_size(cfg)}")
     if cfg.kind in ("mqar", "niah"):
         ev = EvalConfig(name="show", data=cfg, examples=1)
-        batch = make_eval_batches(ev, seq_len, 1)[0]
+        try:
+            batch = make_eval_batches(ev, seq_len, 1)[0]
+        except UserError as exc:  # the task's own fields fit; the length asked here does not
+            raise UserError(f"{seq_len} is too short for this {cfg.kind} task ({exc.message})",
+                            key="--seq-len") from None
         tok = open_source(cfg.haystack).tokenizer if cfg.kind == "niah" else None
     else:
         src = open_source(cfg)
