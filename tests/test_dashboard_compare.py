@@ -733,3 +733,23 @@ def test_results_table_rounds_the_grid_and_search_values_runs_keep_as_strings():
     assert _json_value("2", "point.model.num_layers") == 2 and _json_value("1e-3", "point.train.lr") == 0.001
     assert _json_value("clip", "point.model.target") == "clip" and _json_value("nan", "point.x") == "nan"
     assert _json_value("12", "seed") == "12"
+
+
+def test_point_labels_at_one_place_are_moved_apart():
+    """Two series at one x and one value (a matched-state control sits at its reference's state): their labels
+    print one under the other, not over each other."""
+    import matplotlib.pyplot as plt
+
+    from rla_ablate.dashboard.render import _unstack
+
+    fig, ax = plt.subplots()
+    ax.plot([4096, 4096], [3.93, 3.93], "o")
+    notes = [ax.annotate(label, (4096, 3.93), textcoords="offset points", xytext=(7, -3), fontsize=7)
+             for label in ("RLA", "sGLA, matched state", "GDN")]
+    ax.autoscale_view()  # as render_scatter does before: a label's extent is known once its point is in view
+    before = [n.get_window_extent(fig.canvas.get_renderer()) for n in notes]
+    assert before[0].overlaps(before[1]) and before[0].width > 1
+    _unstack(fig, notes)
+    boxes = [n.get_window_extent(fig.canvas.get_renderer()) for n in notes]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    plt.close(fig)

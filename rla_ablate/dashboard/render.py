@@ -418,6 +418,7 @@ def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered, index: V.V
             if to_axes.transform(note.xy)[0] > 0.6:
                 note.set_horizontalalignment("right")
                 note.xyann = (-7, note.xyann[1])
+        _unstack(fig, notes)
         ax.set_xlabel(axis.label or axis.param)
         ax.set_ylabel(spec.ylabel or key)
     out.runs.extend((s.label, r.name, r.run_id) for s in series for r in s.finished)
@@ -425,6 +426,20 @@ def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered, index: V.V
     if handles:
         axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     return fig
+
+
+def _unstack(fig, notes: list) -> None:
+    """Move point labels that would print over one another apart, downwards, from the highest point: series at one
+    x and close values (a matched-state control sits at its reference's state by construction) stay readable."""
+    renderer = fig.canvas.get_renderer()
+    placed: list = []
+    for note in sorted(notes, key=lambda n: -n.get_window_extent(renderer).y1):
+        for _ in range(len(notes)):
+            box = note.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            note.xyann = (note.xyann[0], note.xyann[1] - box.height * 72 / fig.dpi - 1)
+        placed.append(note.get_window_extent(renderer))
 
 
 def _is_number(v: str) -> bool:
