@@ -116,8 +116,8 @@ def test_launch_runs_every_job_and_tracks_it(campaign):
     assert doc["sweep"] == "e2e" and doc["root"] == str(root.resolve())
     assert len(doc["jobs"]) == 3
     for job in doc["jobs"]:
-        assert set(job) == {"job_id", "name", "ablations", "status", "mlflow_run_id", "tokens_done", "tokens_target",
-                            "error", "cause", "traceback", "error_log", "notice"}
+        assert set(job) == {"job_id", "name", "ablations", "control", "status", "mlflow_run_id", "tokens_done",
+                            "tokens_target", "error", "cause", "traceback", "error_log", "notice"}
         assert job["status"] == "finished" and job["tokens_done"] == job["tokens_target"] == 4096
         assert job["cause"] is job["traceback"] is job["error_log"] is job["notice"] is None
     # The embedded server is gone; the status' tracking URI (its SQLite store) still opens every run.

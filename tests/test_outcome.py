@@ -264,11 +264,14 @@ def test_status_says_whether_a_resume_continues_an_interrupted_job_or_starts_it_
     sdir.path.mkdir(parents=True)
     sdir.write_job_list([{"job_id": "a", "name": "a/seed0"}, {"job_id": "b", "name": "b/seed0"}])
     for job in ("a", "b"):
-        sdir.set_status(job, status="running", attempts=1)
+        sdir.set_status(job, status="running", attempts=1, tokens_done=2_400_000)
     (sdir.job_dir("b") / "checkpoints").mkdir()
     (sdir.job_dir("b") / "checkpoints" / "ckpt-000000002500000.pt").write_bytes(b"")
-    errors = {j["name"]: (j["status"], j["error"]) for j in sweep_status(sdir)["jobs"]}
+    jobs = sweep_status(sdir)["jobs"]
+    errors = {j["name"]: (j["status"], j["error"]) for j in jobs}
     assert errors["a/seed0"][0] == errors["b/seed0"][0] == "pending"
+    # the tokens shown are those a resume keeps (the checkpoint's), not the last progress report's
+    assert {j["name"]: j["tokens_done"] for j in jobs} == {"a/seed0": 0, "b/seed0": 2_500_000}
     assert errors["a/seed0"][1].endswith("`rla-sweep resume s --root " + str(tmp_path) + "` starts it again from its "
                                          "first step (no checkpoint)")
     assert errors["b/seed0"][1].endswith("resumes it from its checkpoint at 2,500,000 tokens")

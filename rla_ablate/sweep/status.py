@@ -14,13 +14,13 @@ from rla_ablate.train.checkpoint import list_checkpoints
 INTERRUPTED = "the launch stopped before this job ended; `rla-sweep resume {name} --root {root}` {how}"
 
 
-def _resume_how(sdir: SweepDir, job_id: str) -> str:
-    """What a resume does with an interrupted job: from its newest checkpoint, or from the first step where none
-    was written (or none came along when the sweep folder was copied)."""
+def _resume_how(sdir: SweepDir, job_id: str) -> tuple[str, int]:
+    """What a resume does with an interrupted job, and the tokens it keeps: from its newest checkpoint, or from the
+    first step where none was written (or none came along when the sweep folder was copied)."""
     found = list_checkpoints(sdir.job_dir(job_id))
     if found:
-        return f"resumes it from its checkpoint at {found[-1][0]:,} tokens"
-    return "starts it again from its first step (no checkpoint)"
+        return f"resumes it from its checkpoint at {found[-1][0]:,} tokens", int(found[-1][0])
+    return "starts it again from its first step (no checkpoint)", 0
 
 
 def resolve_name(name_or_file: str) -> str:
@@ -61,14 +61,15 @@ def sweep_status(sdir: SweepDir) -> dict[str, Any]:
     jobs = []
     for rec in sdir.job_list():
         st = sdir.status(rec["job_id"])
-        status, error = st.status, st.error
+        status, error, done = st.status, st.error, int(st.tokens_done)
         if status in ACTIVE and not live and st.attempts:
-            status, error = Status.PENDING, error or INTERRUPTED.format(
-                name=sdir.name, root=sdir.root, how=_resume_how(sdir, rec["job_id"]))
+            # what a resume keeps is the checkpoint, not the last progress the job reported (either may be ahead)
+            how, done = _resume_how(sdir, rec["job_id"])
+            status, error = Status.PENDING, error or INTERRUPTED.format(name=sdir.name, root=sdir.root, how=how)
         log = sdir.error_log(rec["job_id"])
         jobs.append({"job_id": rec["job_id"], "name": rec["name"], "ablations": rec.get("ablations", []),
                      "control": rec.get("control"),
-                     "status": status.value, "mlflow_run_id": st.mlflow_run_id, "tokens_done": int(st.tokens_done),
+                     "status": status.value, "mlflow_run_id": st.mlflow_run_id, "tokens_done": done,
                      "tokens_target": int(rec.get("tokens_target") or st.tokens_target), "error": error,
                      "cause": st.cause.value if st.cause is not None else None, "traceback": st.traceback,
                      "error_log": str(log) if log.exists() else None, "notice": st.notice})
