@@ -313,3 +313,14 @@ def test_progress_logger_without_a_terminal_says_where_it_is_between_evals(monke
     text = buffer.getvalue()
     assert "tiny: resumed at 1,024 tokens (step 4); skipped unreadable checkpoints 2048" in text, text
     assert "tiny 2.05K/4.1K tokens (50%): loss 3.2500, 1,000 tok/s, ETA " in text, text
+    # a pipe at rich's default 80 columns: each record is one line, never wrapped mid-record
+    narrow = io.StringIO()
+    progress = ProgressLogger("tiny-rla/no_output_gates/seed0", console=Console(file=narrow, width=80),
+                              interactive=False)
+    progress.event("start", 0, {"tokens_total": 4096})
+    progress.log({"train/loss": 3.25, "train/tokens_per_s": 1000.0}, 2048)
+    progress.log({"eval/val/loss": 3.5, "eval/niah_2k/loss": 4.25}, 2048)
+    progress.close("finished")
+    lines = narrow.getvalue().splitlines()
+    assert any(len(line) > 80 and line.endswith("; eval niah_2k 4.2500 val 3.5000") for line in lines), lines
+    assert lines[-1] == "tiny-rla/no_output_gates/seed0: finished", lines

@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"[bold]{job.model.family}[/] {args.model}: {count_params(job.model):,} params; profile {profile}"
                   f"{' (auto)' if args.profile == 'auto' else ''}: {t.total_tokens:,} tokens in {count(t.total_steps, 'step')} "
                   f"of {t.batch_tokens:,}, seq_len {t.seq_len}; data {job.data.kind}; eval "
-                  + (", ".join(f"{e.name} ({e.data.kind})" for e in job.eval) or "none"))
+                  + (", ".join(f"{e.name} ({e.data.kind})" for e in job.eval) or "none"), soft_wrap=not console.is_terminal)
     if dropped:
         console.print("note: no eval set: the built-in one reads UTF-8 bytes and --data another tokenizer; "
                       "--set 'eval.0={name: ..., data: {kind: ..., ...}}' evaluates on data tokenized as yours "

@@ -234,10 +234,10 @@ class ProgressLogger:
         if evals:
             self._fields["eval"] = " ".join(f"{k[5:-5]} {v:.4f}" for k, v in sorted(evals.items()))
             if not self.interactive:  # with the rate and ETA: a short job may print nothing else
-                self.console.print(f"{self.description} {self._eta_line(step)}; eval {self._fields['eval']}")
+                self._line(f"{self.description} {self._eta_line(step)}; eval {self._fields['eval']}")
                 self._said_at = time.monotonic()
         elif not self.interactive and time.monotonic() - self._said_at >= self.every_s:
-            self.console.print(f"{self.description} {self._eta_line(step)}")
+            self._line(f"{self.description} {self._eta_line(step)}")
             self._said_at = time.monotonic()
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, completed=step, tokens=self._tokens(step), **self._fields)
@@ -246,7 +246,7 @@ class ProgressLogger:
         if name == "start":
             self._start(int(detail["tokens_total"]), int(step))
             if not self.interactive:
-                self.console.print(f"{self.description}: {detail['tokens_total']:,} tokens from {step:,}")
+                self._line(f"{self.description}: {detail['tokens_total']:,} tokens from {step:,}")
         elif name == "resumed":
             skipped = detail.get("skipped_checkpoints")
             self._say(f"{self.description}: resumed at {step:,} tokens (step {detail.get('step', '?'):,})"
@@ -258,11 +258,16 @@ class ProgressLogger:
                       f"{detail['after_eager_steps']} eager steps ({detail['capture_s']} s); replayed from here")
 
     def _say(self, text: str) -> None:
-        (self._progress.console if self._progress else self.console).print(text)
+        (self._progress.console if self._progress else self.console).print(text, soft_wrap=not self.interactive)
+
+    def _line(self, text: str) -> None:
+        """A progress record where no bar is drawn (a pipe, a file): one line whatever its length, never wrapped
+        mid-record at the console's width (a log reader greps it whole)."""
+        self.console.print(text, soft_wrap=True)
 
     def close(self, status: str, reason: str | None = None) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
         tail = f": {reason}" if reason else ""
-        self.console.print(f"{self.description}: {status}{tail}")
+        self.console.print(f"{self.description}: {status}{tail}", soft_wrap=not self.interactive)
