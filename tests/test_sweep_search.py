@@ -160,6 +160,18 @@ def test_a_continued_study_refuses_another_metric_direction_search_space_or_base
             check_study(make_study(sweep.config.search, sweep.name, uri), sweep, sdir)
         assert err.value.key == key and err.value.line is not None, (train, err.value)
         assert f"{key[5:]}={SEARCH['base']['train'][key.split('.')[-1]]}" in str(err.value), str(err.value)
+    # a model the trials would not share: said at the arm (its overrides), eval sets at their entry
+    cfg = copy.deepcopy(SEARCH)
+    cfg["models"][0]["overrides"] = {**TINY, "num_layers": 2}
+    cfg["base"]["eval"][0]["tokens"] = 1024
+    for change, key in (({"models": cfg["models"]}, "models.0.overrides.num_layers"),
+                        ({"base": cfg["base"]}, "base.eval.0.tokens")):
+        f = tmp_path / "search.yaml"
+        f.write_text(yaml.safe_dump({**SEARCH, **change}, sort_keys=False))
+        sweep = load_sweep(f)
+        with pytest.raises(UserError, match="every trial at") as err:
+            check_study(make_study(sweep.config.search, sweep.name, uri), sweep, sdir)
+        assert err.value.key == key and err.value.line is not None, (key, err.value)
     more = sweep_with(n_trials=5, sampler="random", seed=3, train={"lr": 5.0e-3})  # train.lr is searched
     check_study(make_study(more.config.search, more.name, uri), more, sdir)
 

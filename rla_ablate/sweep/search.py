@@ -128,7 +128,8 @@ def check_study(study: Any, sweep: Any, sdir: Any) -> None:
     elif have.get("params") == want["params"]:
         old, new = have["base"], want["base"]
         key = next(k for k in sorted({*new, *old}) if old.get(k) != new.get(k))
-        path = ("base", *key.split("."))
+        parts = tuple(int(x) if x.isdigit() else x for x in key.split("."))
+        path = ("models", 0, "overrides", *parts[1:]) if parts[0] == "model" else ("base", *parts)
         what = (f"every trial at {key}={old.get(key, '(unset)')}; this file asks for {new.get(key, '(unset)')} "
                 "(a budget, schedule or model its trials would not share)")
     else:
