@@ -238,7 +238,7 @@ def test_a_search_sweeps_dashboard_says_what_its_study_did_and_asks_for_no_grid_
     trial = study.ask(space)
     trial.set_user_attr(INTERRUPTED, True)
     study.tell(trial, state=TrialState.FAIL)
-    part = search_part(sdir, out, off={"job1", "job4"})
+    part = search_part(sdir, out, off=lambda: {"job1", "job4"})
     assert "(6 trials: 3 complete, 1 pruned, 1 fail, 1 interrupted (run again))" in part.note, part.note
     assert "MECHANISM OFF in 2 of 3 completed trials (drawn hollow" in part.note
     assert "MECHANISM OFF in 2 of 3 completed trials" in part.section.caption

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import sys
+from typing import Any, cast
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,13 +58,15 @@ class Dashboard:
         return [v for r in self.rendered for v in r.verdicts]
 
 
-def off_jobs(runs) -> set[str]:
-    """The job ids whose runs had the mechanism off (the validity panel's default thresholds): a search's trials
-    are each their own series, checked as the panel checks them."""
+def off_jobs(runs, cache: dict) -> set[str]:
+    """The job ids whose runs had the mechanism off (the validity panel's default thresholds; `cache` as the specs
+    share it): a search's trials are each their own series, checked as the panel checks them."""
+    from types import SimpleNamespace
+
     from rla_ablate.dashboard import validity as V
     from rla_ablate.dashboard.spec import ValidityThresholds
 
-    index = V.ValidityIndex(runs, ValidityThresholds())
+    index = validity_index(cast(Any, SimpleNamespace(validity=ValidityThresholds())), runs, cache)
     return {r.tags.get(JOB_ID) for s in index.everything if (v := index.of(s)) is not None and v.state == V.OFF
             for r in s.runs}
 
@@ -238,7 +241,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         untested = [u for r in every for u in r.untested]
         notes = selection.notes() + adjust_for_many([v for r in rendered for v in r.verdicts])
         search = search_part(sdir, out, run_url, {r.tags.get(JOB_ID): r.run_id for r in runs.jobs if r.run_id},
-                             off_jobs(runs))
+                             lambda: off_jobs(runs, validity))
         if search is not None:  # a search file holds no ablations, controls or grid: no such edit to suggest
             notes.insert(0, search.note)
             untested = [dataclasses.replace(u, hint="") for u in untested]

@@ -48,10 +48,10 @@ def load_study(sdir: SweepDir):
 
 
 def search_part(sdir: SweepDir, out_dir: Path, run_url=lambda run_id: None,
-                run_ids: dict[str, str] | None = None, off: set[str] | None = None) -> Search | None:
+                run_ids: dict[str, str] | None = None, off=lambda: set()) -> Search | None:
     """The note and the drawn section of a search sweep; None for a sweep without a study. `run_ids` maps job ids
-    to MLflow run ids (the table's links); `off`: the job ids whose mechanism was off (the validity panel), drawn
-    hollow and counted in the note, the caption and the figure."""
+    to MLflow run ids (the table's links); `off()`: the job ids whose mechanism was off (the validity panel), drawn
+    hollow and counted in the note, the caption and the figure (asked only of a sweep with a study)."""
     from optuna.trial import TrialState
 
     from rla_ablate.sweep.search import INTERRUPTED, QUESTION, params_text
@@ -73,7 +73,8 @@ def search_part(sdir: SweepDir, out_dir: Path, run_url=lambda run_id: None,
     if best is not None:
         note += (f"; best: trial {best.number} (job {names.get(best.user_attrs.get('job_id'), '?')}), "
                  f"{best.value:.6g} with {params_text(best.params)}")
-    off_trials = {t.number for t in complete if t.user_attrs.get("job_id") in (off or set())}
+    off_ids = off() if complete else set()
+    off_trials = {t.number for t in complete if t.user_attrs.get("job_id") in off_ids}
     warning = (f"MECHANISM OFF in {len(off_trials)} of {len(complete)} completed trials (drawn hollow; the validity "
                "panel says which check): their values rank training with the mechanism idle, not the searched "
                "parameters' effect through it") if off_trials else ""
