@@ -17,10 +17,10 @@ import dataclasses
 import json
 import logging
 import sys
-from typing import Any, cast
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from rla_ablate.dashboard.coverage import Untested
 from rla_ablate.dashboard.html import write_page
