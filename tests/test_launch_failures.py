@@ -102,3 +102,29 @@ def test_an_attempt_a_stop_interrupted_while_it_started_is_cancelled_not_failed(
     assert stopped_outcome(real, "interrupted") is real
     done = JobOutcome(Status.CANCELLED, tokens_done=512, error="cancelled at 512 tokens")
     assert stopped_outcome(done, "interrupted") is done
+
+
+def test_a_relaunch_that_would_log_to_another_store_is_refused(tmp_path):
+    """A sweep's runs stay in the store its first launch logged to: a relaunch with another --tracking-uri (or
+    none after one) would leave the finished jobs' runs behind, and results and dashboards would show them as not
+    started. `resume` logs to the server the sweep was launched with."""
+    from rla_ablate.errors import UserError
+    from rla_ablate.sweep.launch import check_store, stored_tracking_uri
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(tmp_path, "s")
+    sdir.path.mkdir(parents=True)
+    check_store(sdir, "http://127.0.0.1:5088")  # no launch yet: any store
+    sdir.write_meta(tracking_uri="http://127.0.0.1:41234", backend_uri="sqlite:///x.db", embedded_tracking=True)
+    assert stored_tracking_uri(sdir) is None
+    check_store(sdir, None)
+    with pytest.raises(UserError, match="logs its runs to its own store under --root .* Launch with no "
+                                        "--tracking-uri") as err:
+        check_store(sdir, "http://127.0.0.1:5088")
+    assert err.value.key == "--tracking-uri"
+    sdir.write_meta(tracking_uri="http://127.0.0.1:5088", embedded_tracking=False)
+    assert stored_tracking_uri(sdir) == "http://127.0.0.1:5088"
+    check_store(sdir, "http://127.0.0.1:5088/")
+    for other in (None, "http://127.0.0.1:5099"):
+        with pytest.raises(UserError, match="Launch with --tracking-uri http://127.0.0.1:5088"):
+            check_store(sdir, other)

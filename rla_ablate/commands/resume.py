@@ -32,6 +32,15 @@ def run(args: argparse.Namespace) -> int:
     if not saved.is_file():
         raise no_sweep(sdir)
     saved = saved.resolve()
+    from rla_ablate.sweep.launch import stored_tracking_uri
+
+    stored = stored_tracking_uri(sdir)
+    if args.tracking_uri is None and stored is not None:  # the server its runs are on, as the launch gave it
+        import sys
+
+        print(f"resume: logging to {stored}, the tracking server sweep '{args.name}' was launched with",
+              file=sys.stderr)
+        args.tracking_uri = stored
     _from_launch_folder(args, sdir)
     return exit_code(launch(saved, options(args)))
 

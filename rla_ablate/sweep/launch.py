@@ -281,6 +281,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     sdir = SweepDir(opts.root, sweep.name)
     if opts.max_concurrent is not None and opts.max_concurrent < 1:
         raise UserError(f"must be at least 1; got {opts.max_concurrent}", key="--max-concurrent")
+    check_store(sdir, opts.tracking_uri)
     source = source_for(sweep, sdir)
     # The data dry run: every data config and eval set a job will read opens and yields a batch, before anything
     # is created.
@@ -468,6 +469,31 @@ def check_evals(sweep: Sweep) -> None:
             raise UserError(f"the eval set '{clash}' and the evals task '{clash}' would both log eval/{clash}/* into "
                             "each job's run, one over the other; give the eval set another name",
                             file=sweep.source.file, line=sweep.source.line(at), key=".".join(map(str, at)))
+
+
+def stored_tracking_uri(sdir: SweepDir) -> str | None:
+    """The tracking server a sweep's earlier launch logged to (`--tracking-uri`), or None: its own store under
+    --root, or no launch yet."""
+    meta = sdir.meta()
+    return meta.get("tracking_uri") if meta.get("tracking_uri") and not meta.get("embedded_tracking", True) else None
+
+
+def check_store(sdir: SweepDir, tracking_uri: str | None) -> None:
+    """A sweep's runs stay in the store its first launch logged them to: a relaunch that logs elsewhere would leave
+    its finished jobs' runs behind, and `results` and dashboards (which read one store) would show those jobs as
+    not started and compare the rest with fewer seeds."""
+    if not sdir.meta().get("tracking_uri"):
+        return
+    before = stored_tracking_uri(sdir)
+    if (before or "").rstrip("/") == (tracking_uri or "").rstrip("/"):
+        return
+    where = before or f"its own store under --root ({sdir.path / 'mlflow'})"
+    asked = tracking_uri or "its own store under --root (no --tracking-uri)"
+    again = f"--tracking-uri {before}" if before else "no --tracking-uri"
+    raise UserError(f"sweep '{sdir.name}' logs its runs to {where}; this launch asks for {asked}, which does not hold "
+                    "its finished jobs' runs (results and dashboards would show them as not started). Launch with "
+                    f"{again}, or give the sweep another `name:` for a new sweep in the new store",
+                    key="--tracking-uri")
 
 
 def score_evals(sweep: Sweep, sdir: SweepDir, tracking_uri: str | None, progress: Any) -> str | None:
