@@ -753,3 +753,16 @@ def test_point_labels_at_one_place_are_moved_apart():
     boxes = [n.get_window_extent(fig.canvas.get_renderer()) for n in notes]
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     plt.close(fig)
+
+
+def test_a_side_measured_below_its_threshold_is_off_whether_or_not_the_other_was_measured():
+    """A derived control has no run of its reference's: its own mixer value under the threshold makes it `off`
+    (it read `not measured`, unhatched, and a control at 0.06 could be the table's best row)."""
+    from rla_ablate.dashboard import validity as V
+
+    check = V.Check("mixer", V.MIXER_METRIC, 1.0, ("job", "reference"), "the mixer output is above sqrt(eps)")
+    assert V.Measured(check, {"job": 0.06, "reference": None}).state == V.OFF
+    assert V.Measured(check, {"job": 3.0, "reference": None}).state == V.NOT_MEASURED
+    assert V.Measured(check, {"job": 3.0, "reference": float("nan")}).state == V.NOT_MEASURED
+    assert V.Measured(check, {"job": 3.0, "reference": 2.0}).state == V.ENGAGED
+    assert V.Measured(check, {"job": 3.0, "reference": 0.5}).state == V.OFF

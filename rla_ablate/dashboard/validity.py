@@ -88,9 +88,12 @@ class Measured:
     @property
     def state(self) -> str:
         vals = [self.values.get(w) for w in self.check.on]
-        if any(v is None or not math.isfinite(v) for v in vals):
-            return NOT_MEASURED
-        return OFF if any(v < self.check.threshold for v in vals) else ENGAGED
+        known = [v for v in vals if v is not None and math.isfinite(v)]
+        # one side measured below the threshold is off, whether or not the other side was measured (a derived
+        # control has no run of its reference's)
+        if any(v < self.check.threshold for v in known):
+            return OFF
+        return NOT_MEASURED if len(known) < len(vals) else ENGAGED
 
     def text(self) -> str:
         """e.g. 'target_engaged: reference 0 (< 0.001)'; '—' for a value not logged."""
