@@ -123,3 +123,13 @@ def test_cuda_without_a_gpu_is_refused_before_the_folder_is_made(tmp_path, capsy
     err = capsys.readouterr().err
     assert "cuda_graphs cannot run with device cpu" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_vocabulary_too_small_for_the_data_names_the_data_and_the_fix(tmp_path, capsys):
+    """--data mqar on a byte-level preset: the message names what needs the larger vocabulary and how to set it,
+    before the job's folder is made."""
+    assert main(["train", "tiny-rla", "--out", str(tmp_path / "mq"), "--data", "mqar"]) == 2
+    err = capsys.readouterr().err
+    assert ("model.vocab_size: the model's vocab_size is 257 but the training data (mqar) needs 8192 token ids; set "
+            "model.vocab_size=8192 (--set model.vocab_size=8192)") in err, err
+    assert not (tmp_path / "mq").exists()

@@ -51,10 +51,12 @@ PEAK_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 
 def check_job(job: JobConfig) -> None:
     """What can be checked before anything is built: the model's vocabulary covers every token of the data, and
     each eval set's text is tokenized as the training data's."""
-    need = max([vocab_size(job.data)] + [vocab_size(e.data) for e in job.eval])
+    sources = [("the training data", job.data)] + [(f"eval set '{e.name}'", e.data) for e in job.eval]
+    who, cfg = max(sources, key=lambda pair: vocab_size(pair[1]))
+    need = vocab_size(cfg)
     if need > job.model.vocab_size:
-        raise UserError(f"the model's vocab_size is {job.model.vocab_size} but the data needs {need} token ids "
-                        f"(e.g. bytes + end-of-document = 257); set model.vocab_size={need}", key="model.vocab_size")
+        raise UserError(f"the model's vocab_size is {job.model.vocab_size} but {who} ({cfg.kind}) needs {need} token "
+                        f"ids; set model.vocab_size={need} (--set model.vocab_size={need})", key="model.vocab_size")
     for i, e in enumerate(job.eval):
         if why := tokenizer_mismatch(job.data, e.data):
             raise UserError(f"eval set '{e.name}': {why}", key=f"eval.{i}.data")
