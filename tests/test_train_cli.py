@@ -103,6 +103,10 @@ def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
                         "--out", str(tmp_path / "mqar2")]) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert "data mqar; eval mqar (mqar)" in err and "note:" not in err
+    # eval sets the user chose by --set, of another kind than training's: no note suggesting that --set
+    assert main(mqar + ["--set", "eval.0={name: val, data: {kind: stdlib, split: validation}, tokens: 256}",
+                        "--out", str(tmp_path / "mqar3")]) == 0
+    assert "note:" not in capsys.readouterr().err
     assert main(["train", "tiny-rla", "--out", str(tmp_path / "other"), "--profile", "cpu",
                  "--set", "model.vocab_size=256"]) == 2
     assert "model.vocab_size=257" in capsys.readouterr().err

@@ -140,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
     check_folder(out, "--out", what)
     job = build_job(args.model, args.sets, args.data, profile)
     dropped = False
-    if args.data and not any(a.split("=", 1)[0].strip().startswith("eval") for a in args.sets):
+    evals_set = any(a.split("=", 1)[0].strip().startswith("eval") for a in args.sets)  # chosen by --set
+    if args.data and not evals_set:
         from rla_ablate.data import tokenizer_mismatch
 
         # the built-in eval set scores bytes: with --data of another tokenizer it would score ids never trained on
@@ -159,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         console.print("note: no eval set: the built-in one reads UTF-8 bytes and --data another tokenizer; "
                       "--set 'eval.0={name: ..., data: {kind: ..., ...}}' evaluates on data tokenized as yours "
                       "(docs/DATA.md)")
-    elif any(e.data.kind != job.data.kind for e in job.eval):
+    elif any(e.data.kind != job.data.kind for e in job.eval) and not evals_set:
         # --data replaces the training data only: the eval sets stay the profile's (the embedded text's validation
         # split) unless --set eval.0.data... says otherwise
         console.print(f"note: the eval set(s) read other data than training ({job.data.kind}); "
