@@ -630,3 +630,14 @@ def test_the_plan_of_a_search_says_its_space_and_counts_its_trials(capsys):
     said = " ".join(capsys.readouterr().out.split())
     assert (f"runs as {n} trials (totals include them), each with train.lr from 0.0003 to 0.01 (log)" in said
             and "model.target in [clip, tanh]; minimize eval/val/loss (tpe sampler, median pruner)" in said), said
+
+
+@pytest.mark.parametrize("name", ["_server", "..", ".hidden"])
+def test_a_sweep_name_that_is_not_a_plain_folder_says_why(tmp_path, capsys, name):
+    """Names of allowed characters that would be the shared server's folder or a path of their own: the message
+    says what the first character must be, not only which characters are allowed."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "models": [{"preset": "tiny-rla"}]}))
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "s.yaml:1: name: " in err and "it must start with a letter or digit" in err and f"(got '{name}')" in err

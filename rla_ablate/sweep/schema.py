@@ -227,7 +227,10 @@ class SweepConfig(_Strict):
     @classmethod
     def _name_ok(cls, v: str) -> str:
         if not NAME_RE.match(v):
-            raise ValueError("use letters, digits, '_', '-' and '.' (it names a folder and an MLflow experiment)")
+            first = ("; it must start with a letter or digit ('_' names the shared server's folder, ROOT/_server, "
+                     "and '.' a path of its own)" if v and not v[0].isalnum() else "")
+            raise ValueError(f"use letters, digits, '_', '-' and '.' (it names a folder and an MLflow experiment)"
+                             f"{first}")
         return v
 
     @field_validator("base")
