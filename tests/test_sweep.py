@@ -637,7 +637,7 @@ def test_a_sweep_name_that_is_not_a_plain_folder_says_why(tmp_path, capsys, name
     """Names of allowed characters that would be the shared server's folder or a path of their own: the message
     says what the first character must be, not only which characters are allowed."""
     path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump({"name": name, "models": [{"preset": "tiny-rla"}]}))
+    path.write_text(yaml.safe_dump({"name": name, "models": [{"preset": "tiny-rla"}]}, sort_keys=False))
     assert main(["plan", str(path)]) == 2
     err = capsys.readouterr().err
     assert "s.yaml:1: name: " in err and "it must start with a letter or digit" in err and f"(got '{name}')" in err
