@@ -192,6 +192,21 @@ def test_ui_never_serves_another_servers_runs(tmp_path, capsys):
     assert f"--port: port {port} on 127.0.0.1 is in use by another process" in err, err
 
 
+def test_ui_of_a_sweep_on_a_server_that_does_not_answer_says_so(tmp_path, capsys):
+    """A sweep launched with --tracking-uri: `ui` names its server, and says when it does not answer instead of
+    sending the user to a dead address."""
+    from rla_ablate.sweep.state import SweepDir
+
+    root = tmp_path / "runs"
+    sdir = SweepDir(root, "theirs")
+    sdir.path.mkdir(parents=True)
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    sdir.write_meta(embedded_tracking=False, tracking_uri=uri, backend_uri=None)
+    assert main(["ui", "theirs", "--root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert f"sweep theirs logs to {uri}, which does not answer now" in err and "Traceback" not in err, err
+
+
 def test_ctrl_c_stops_a_server_started_with_sigint_ignored(tmp_path):
     """A process a non-interactive shell starts in the background (`rla-sweep server &`) inherits SIGINT ignored,
     and Python leaves it so: `kill -INT` (Ctrl-C's signal, the documented way to stop) did nothing, until the test

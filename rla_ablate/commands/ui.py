@@ -38,6 +38,11 @@ def run(args: argparse.Namespace) -> int:
         name = metas[-1].parent.name
     uri, store = tracking_of(root, name)
     if uri is not None:
+        from rla_ablate.tracking.server import is_healthy
+
+        if not is_healthy(uri, timeout=3.0):
+            raise UserError(f"sweep {name} logs to {uri}, which does not answer now: start that server again "
+                            f"(`rla-sweep server --root {root} ...` with the store it had) and open it there")
         print(f"sweep {name} logs to {uri}: open it there")
         return 0
     if not (store / "mlflow.db").exists():
