@@ -163,12 +163,9 @@ def open_tracking(root: str | Path, sweep: str, *, read_only: bool = False):
         yield server.uri
 
 
-def read_runs(sweep: str, root: str | Path, uri: str, *, include_stale: bool = False, planned: bool = True):
-    """The sweep's runs as a dashboard reads them: the current expansion's (older versions' with `include_stale`),
-    identified (`rla_ablate.dashboard.selection`). Returns (SweepRuns, Selection)."""
-    from rla_ablate.dashboard.selection import select_runs
-    from rla_ablate.tracking.read import SweepRuns
-
+def check_answers(sweep: str, root: str | Path, uri: str) -> None:
+    """An http(s) tracking server that does not answer is a UserError at once (MLflow's client retries for minutes):
+    the sweep's own (its sweep.json names it) or the --tracking-uri given."""
     if uri.split(":", 1)[0].lower() in ("http", "https"):
         from rla_ablate.tracking.server import check_server_answers
 
@@ -176,6 +173,15 @@ def read_runs(sweep: str, root: str | Path, uri: str, *, include_stale: bool = F
         check_server_answers(uri, remedy=(
             "the sweep logs there (its sweep.json): start that server again, or give --tracking-uri" if stored
             else "start it, or give another --tracking-uri"), key=None if stored else "--tracking-uri")
+
+
+def read_runs(sweep: str, root: str | Path, uri: str, *, include_stale: bool = False, planned: bool = True):
+    """The sweep's runs as a dashboard reads them: the current expansion's (older versions' with `include_stale`),
+    identified (`rla_ablate.dashboard.selection`). Returns (SweepRuns, Selection)."""
+    from rla_ablate.dashboard.selection import select_runs
+    from rla_ablate.tracking.read import SweepRuns
+
+    check_answers(sweep, root, uri)
     runs = SweepRuns(uri, sweep)
     if runs.experiment_id is None:
         raise UserError(f"the tracking store {uri} has no experiment for sweep '{sweep}'")
@@ -215,6 +221,8 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
     with ctx as uri:
         tell(f"reading the runs of sweep '{sweep}'" + ("" if tracking_uri else
                                                         " (after adding what a job's metrics.jsonl has and MLflow lacks)"))
+        if not tracking_uri:
+            check_answers(sweep, root, uri)  # before the backfill, which would warn once per run
         synced = 0 if tracking_uri else sync_jobs(sdir, uri)
         runs, selection = read_runs(sweep, root, uri, include_stale=include_stale)
         exp = runs.experiment_id
