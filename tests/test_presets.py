@@ -105,3 +105,19 @@ def test_models_table_in_a_pipe_is_not_cut(capsys):
     out = capsys.readouterr().out
     assert "…" not in out
     assert "non-emb" in out and _human(count_params(load_preset("1.5b-rla"))) in out
+
+
+def test_a_sweep_or_job_file_given_for_a_preset_is_said_as_such(tmp_path, capsys):
+    """`models FILE` or `train FILE` with a sweep file: one line saying what the file is, not every model key it
+    lacks; a file of model keys with one missing still names that key."""
+    sweep = Path(__file__).resolve().parents[1] / "sweeps" / "smoke.yaml"
+    assert main(["models", str(sweep)]) == 2
+    assert "smoke.yaml:1: is a sweep file (its models are under models:), not a model preset" in capsys.readouterr().err
+    job = tmp_path / "job.yaml"
+    job.write_text("model: tiny-rla\ntrain: {tokens: 4096}\n")
+    with pytest.raises(UserError, match="is a job config .its model is under model:., not a model preset"):
+        load_preset(job)
+    partial = tmp_path / "partial.yaml"
+    partial.write_text("hidden_size: 64\n")
+    with pytest.raises(UserError, match="family"):
+        load_preset(partial)

@@ -35,5 +35,16 @@ def preset_path(name_or_path: str | Path) -> Path:
 
 
 def load_preset(name_or_path: str | Path) -> ModelConfig:
-    """A validated ModelConfig from a preset name or a YAML file; errors name file, line and key."""
-    return validate(ModelConfig, load_yaml(preset_path(name_or_path)))
+    """A validated ModelConfig from a preset name or a YAML file; errors name file, line and key. A sweep or job
+    file given for a preset is said as such, not as every model key it lacks."""
+    located = load_yaml(preset_path(name_or_path))
+    data = located.data
+    if isinstance(data, dict) and "family" not in data:
+        what = ("a sweep file (its models are under models:)" if {"models", "base", "grid", "search"} & set(data)
+                else "a job config (its model is under model:)" if "model" in data else None)
+        if what is not None:
+            from rla_ablate.errors import UserError
+
+            raise UserError(f"is {what}, not a model preset: give a preset name (`rla-sweep models` lists them) or "
+                            "a YAML file of model keys (family, hidden_size, ...)", file=located.file, line=1)
+    return validate(ModelConfig, located)
