@@ -35,6 +35,9 @@ def test_set_reaches_every_section():
     (["model.fit=bogus"], "'bogus' is not allowed; allowed: residual, none, off"),
     (["eval.4.tokens=5"], "use an index 0..0, or 1 to add an entry"),
     (["train.tokens"], "expected KEY=VALUE"),
+    (["eval.0={name: mq, data: {kind: mqar}, examples: 64"], "eval.0: the value '{name: mq, data: {kind: mqar}, "
+                                                              "examples: 64' is not valid YAML at column 44"),
+    (["train.betas=[0.9, 0.95"], "is not valid YAML at column 11: expected ',' or ']'"),
 ])
 def test_bad_set_is_a_user_error(sets, words):
     with pytest.raises(UserError, match=None) as info:

@@ -30,7 +30,13 @@ def parse_assignment(text: str) -> tuple[str, Any]:
                         file=SOURCE)
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+    except yaml.YAMLError as exc:
+        if raw.strip().startswith(("{", "[")):  # meant as a mapping or a list: its typo, not "not a mapping"
+            where = getattr(exc, "problem_mark", None)
+            at = f" at column {where.column + 1}" if where is not None else ""
+            shape = "a mapping is {key: value, ...}" if raw.strip()[0] == "{" else "a list is [a, b, ...]"
+            raise UserError(f"the value {raw.strip()!r} is not valid YAML{at}: "
+                            f"{getattr(exc, 'problem', None) or exc} ({shape})", file=SOURCE, key=key) from None
         value = raw
     # YAML 1.1 reads 1e-3 as a string; a number is what anyone writing it means.
     if isinstance(value, str):
