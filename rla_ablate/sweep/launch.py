@@ -38,6 +38,7 @@ from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep, refuse_cuda_
 from rla_ablate.sweep.sources import GridSource, JobSource, count_statuses
 from rla_ablate.sweep.summary import FailedJob, LaunchSummary
 from rla_ablate.sweep.state import SweepDir, read_json
+from rla_ablate.sweep.status import resume_tokens
 
 DEFAULT_ROOT = "rla-runs"
 # Seconds jobs get to write a checkpoint and return after Ctrl-C or `rla-sweep cancel`.
@@ -769,7 +770,12 @@ class _Runner:
                                                    res.cpus, self.source.watch if self.source else None, cap)
         self.inflight[ref] = job
         self.tries[job.job_id] = self.tries.get(job.job_id, 0) + 1
-        self.progress.update(job, Status.PENDING, st.tokens_done)
+        # where it starts again (its checkpoint), not where a killed attempt last reported: the display and, until
+        # its first report, its status
+        kept = resume_tokens(self.sdir, job.job_id) if st.attempts else 0
+        if kept != st.tokens_done:
+            self.sdir.set_status(job.job_id, tokens_done=kept)
+        self.progress.update(job, Status.PENDING, kept)
         self.on_event("submitted", {"job_id": job.job_id, "attempt": st.attempts + 1})
 
     def run(self, source: JobSource) -> None:

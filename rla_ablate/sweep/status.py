@@ -14,12 +14,18 @@ from rla_ablate.train.checkpoint import list_checkpoints
 INTERRUPTED = "the launch stopped before this job ended; `rla-sweep resume {name} --root {root}` {how}"
 
 
-def _resume_how(sdir: SweepDir, job_id: str) -> tuple[str, int]:
-    """What a resume does with an interrupted job, and the tokens it keeps: from its newest checkpoint, or from the
-    first step where none was written (or none came along when the sweep folder was copied)."""
+def resume_tokens(sdir: SweepDir, job_id: str) -> int:
+    """The tokens an unfinished job starts again from: its newest checkpoint's, or 0 (none written, or none came
+    along when the sweep folder was copied). Its last progress report may be ahead of that, or behind."""
     found = list_checkpoints(sdir.job_dir(job_id))
-    if found:
-        return f"resumes it from its checkpoint at {found[-1][0]:,} tokens", int(found[-1][0])
+    return int(found[-1][0]) if found else 0
+
+
+def _resume_how(sdir: SweepDir, job_id: str) -> tuple[str, int]:
+    """What a resume does with an interrupted job, and the tokens it keeps (`resume_tokens`)."""
+    kept = resume_tokens(sdir, job_id)
+    if kept:
+        return f"resumes it from its checkpoint at {kept:,} tokens", kept
     return "starts it again from its first step (no checkpoint)", 0
 
 
