@@ -38,7 +38,7 @@ from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep, refuse_cuda_
 from rla_ablate.sweep.sources import GridSource, JobSource, count_statuses
 from rla_ablate.sweep.summary import FailedJob, LaunchSummary
 from rla_ablate.sweep.state import SweepDir, read_json
-from rla_ablate.sweep.status import resume_tokens
+from rla_ablate.sweep.status import starts_from
 
 DEFAULT_ROOT = "rla-runs"
 # Seconds jobs get to write a checkpoint and return after Ctrl-C or `rla-sweep cancel`.
@@ -472,10 +472,10 @@ def check_evals(sweep: Sweep) -> None:
                             file=sweep.source.file, line=sweep.source.line(at), key=".".join(map(str, at)))
 
 
-def stored_tracking_uri(sdir: SweepDir) -> str | None:
+def stored_tracking_uri(sdir: SweepDir, meta: dict | None = None) -> str | None:
     """The tracking server a sweep's earlier launch logged to (`--tracking-uri`), or None: its own store under
-    --root, or no launch yet."""
-    meta = sdir.meta()
+    --root, or no launch yet. `meta`: its sweep.json, when the caller has read it."""
+    meta = sdir.meta() if meta is None else meta
     return meta.get("tracking_uri") if meta.get("tracking_uri") and not meta.get("embedded_tracking", True) else None
 
 
@@ -483,9 +483,10 @@ def check_store(sdir: SweepDir, tracking_uri: str | None) -> None:
     """A sweep's runs stay in the store its first launch logged them to: a relaunch that logs elsewhere would leave
     its finished jobs' runs behind, and `results` and dashboards (which read one store) would show those jobs as
     not started and compare the rest with fewer seeds."""
-    if not sdir.meta().get("tracking_uri"):
+    meta = sdir.meta()
+    if not meta.get("tracking_uri"):
         return
-    before = stored_tracking_uri(sdir)
+    before = stored_tracking_uri(sdir, meta)
     if (before or "").rstrip("/") == (tracking_uri or "").rstrip("/"):
         return
     where = before or f"its own store under --root ({sdir.path / 'mlflow'})"
@@ -772,7 +773,7 @@ class _Runner:
         self.tries[job.job_id] = self.tries.get(job.job_id, 0) + 1
         # where it starts again (its checkpoint), not where a killed attempt last reported: the display and, until
         # its first report, its status
-        kept = resume_tokens(self.sdir, job.job_id) if st.attempts else 0
+        kept = starts_from(self.sdir, job.job_id, st)
         if kept != st.tokens_done:
             self.sdir.set_status(job.job_id, tokens_done=kept)
         self.progress.update(job, Status.PENDING, kept)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rla_ablate.outcome import TERMINAL, JobOutcome, Status
 from rla_ablate.sweep.expand import ResolvedJob, Sweep
-from rla_ablate.sweep.status import resume_tokens
+from rla_ablate.sweep.status import starts_from
 from rla_ablate.sweep.state import SweepDir
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ class GridSource:
     def start(self, runner: Any) -> None:
         for job in self.jobs:
             st = self.sdir.status(job.job_id)
-            done = st.tokens_done if st.status in TERMINAL else resume_tokens(self.sdir, job.job_id) if st.attempts else 0
+            done = st.tokens_done if st.status in TERMINAL else starts_from(self.sdir, job.job_id, st)
             runner.progress.update(job, st.status if st.status in TERMINAL else Status.PENDING, done,
                                    job.tokens_target)
 

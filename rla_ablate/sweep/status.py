@@ -21,6 +21,12 @@ def resume_tokens(sdir: SweepDir, job_id: str) -> int:
     return int(found[-1][0]) if found else 0
 
 
+def starts_from(sdir: SweepDir, job_id: str, st: Any) -> int:
+    """The tokens a job that has not ended starts (again) from when it is submitted: 0 before any attempt (no
+    checkpoint to look for), else `resume_tokens`."""
+    return resume_tokens(sdir, job_id) if st.attempts else 0
+
+
 def _resume_how(sdir: SweepDir, job_id: str) -> tuple[str, int]:
     """What a resume does with an interrupted job, and the tokens it keeps (`resume_tokens`)."""
     kept = resume_tokens(sdir, job_id)
