@@ -46,10 +46,10 @@ def data_config(spec: str | None) -> dict:
     from rla_ablate.config import load_yaml
     from rla_ablate.errors import UserError
 
-    if spec is None or spec == "stdlib":
-        return {"kind": "stdlib"}
-    if spec in ("mqar", "niah"):
-        return {"kind": spec}
+    from rla_ablate.commands.data import SHORTHANDS
+
+    if spec is None or spec in SHORTHANDS:
+        return {"kind": spec or "stdlib"}
     path = Path(spec)
     if not path.exists():
         raise UserError("no such file or folder; --data takes stdlib, mqar, niah, a text file or folder, a shards "
