@@ -175,13 +175,16 @@ def check_answers(sweep: str, root: str | Path, uri: str) -> None:
             else "start it, or give another --tracking-uri"), key=None if stored else "--tracking-uri")
 
 
-def read_runs(sweep: str, root: str | Path, uri: str, *, include_stale: bool = False, planned: bool = True):
+def read_runs(sweep: str, root: str | Path, uri: str, *, include_stale: bool = False, planned: bool = True,
+              checked: bool = False):
     """The sweep's runs as a dashboard reads them: the current expansion's (older versions' with `include_stale`),
-    identified (`rla_ablate.dashboard.selection`). Returns (SweepRuns, Selection)."""
+    identified (`rla_ablate.dashboard.selection`). Returns (SweepRuns, Selection). `checked`: the caller has
+    already asked an http(s) store whether it answers (`check_answers`)."""
     from rla_ablate.dashboard.selection import select_runs
     from rla_ablate.tracking.read import SweepRuns
 
-    check_answers(sweep, root, uri)
+    if not checked:
+        check_answers(sweep, root, uri)
     runs = SweepRuns(uri, sweep)
     if runs.experiment_id is None:
         raise UserError(f"the tracking store {uri} has no experiment for sweep '{sweep}'")
@@ -221,10 +224,9 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
     with ctx as uri:
         tell(f"reading the runs of sweep '{sweep}'" + ("" if tracking_uri else
                                                         " (after adding what a job's metrics.jsonl has and MLflow lacks)"))
-        if not tracking_uri:
-            check_answers(sweep, root, uri)  # before the backfill, which would warn once per run
+        check_answers(sweep, root, uri)  # before the backfill, which would warn once per run
         synced = 0 if tracking_uri else sync_jobs(sdir, uri)
-        runs, selection = read_runs(sweep, root, uri, include_stale=include_stale)
+        runs, selection = read_runs(sweep, root, uri, include_stale=include_stale, checked=True)
         exp = runs.experiment_id
         counts: dict[str, int] = {}
         for r in runs.jobs:

@@ -369,7 +369,8 @@ def check_include_path(req: EvalRequest) -> None:
 def check_names_apart(eval_names: list[str], req: EvalRequest) -> str | None:
     """The first task named as one of the job's eval sets, or None: both would log `eval/<name>/...` into one run,
     and the later would overwrite the earlier's values of a shared metric (acc)."""
-    return next((t for t in req.tasks if t in set(eval_names)), None)
+    names = set(eval_names)
+    return next((t for t in req.tasks if t in names), None)
 
 
 def resolve_tasks(req: EvalRequest) -> tuple[Any, list[Any], bool]:
