@@ -111,7 +111,9 @@ def validate_data_file(located):
         data: DataConfig
 
     if isinstance(located.data, dict) and "data" not in located.data and "kind" not in located.data:
-        sweep = {"models", "base", "grid", "seeds", "search"} & set(located.data)
+        from rla_ablate.config import SWEEP_FILE_KEYS
+
+        sweep = SWEEP_FILE_KEYS & set(located.data)
         raise UserError(("is a sweep file, not a data config (its data is under base: data:); " if sweep else
                          "is not a data config: it names no kind; ")
                         + "give a YAML file holding `data: {kind: ..., ...}`, or that mapping alone; kinds: stdlib, "

@@ -1,5 +1,5 @@
 """Configuration loading: YAML with line numbers, validated by pydantic models."""
 
-from rla_ablate.config.yamlio import LocatedYAML, load_yaml, validate
+from rla_ablate.config.yamlio import SWEEP_FILE_KEYS, LocatedYAML, load_yaml, validate
 
-__all__ = ["LocatedYAML", "load_yaml", "validate"]
+__all__ = ["SWEEP_FILE_KEYS", "LocatedYAML", "load_yaml", "validate"]

@@ -39,6 +39,11 @@ def load_value(text: str) -> Any:
     return yaml.load(text, Loader=Loader)
 
 
+# Top-level keys only a sweep file has: a file holding one, given where a data config or a model preset goes, is
+# said to be a sweep file rather than checked key by key
+SWEEP_FILE_KEYS = frozenset({"models", "base", "grid", "seeds", "search"})
+
+
 @dataclass
 class LocatedYAML:
     data: Any

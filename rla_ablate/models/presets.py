@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rla_ablate.config import load_yaml, validate
+from rla_ablate.config import SWEEP_FILE_KEYS, load_yaml, validate
 from rla_ablate.errors import UserError, did_you_mean
 from rla_ablate.models.config import ModelConfig
 from rla_ablate.resources import bundled_dir
@@ -40,7 +40,7 @@ def load_preset(name_or_path: str | Path) -> ModelConfig:
     located = load_yaml(preset_path(name_or_path))
     data = located.data
     if isinstance(data, dict) and "family" not in data:
-        what = ("a sweep file (its models are under models:)" if {"models", "base", "grid", "search"} & set(data)
+        what = ("a sweep file (its models are under models:)" if SWEEP_FILE_KEYS & set(data)
                 else "a job config (its model is under model:)" if "model" in data else None)
         if what is not None:
             from rla_ablate.errors import UserError
