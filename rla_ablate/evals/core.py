@@ -509,10 +509,10 @@ def score_sweep(root: str | Path, sweep: str, req: EvalRequest, *, tracking_uri:
                         "a job folder, or a sweep name with --root", key="JOB_DIR|SWEEP")
     results: dict[str, EvalResult] = {}
     jobs = sdir.job_list()
+    states = [sdir.status(rec["job_id"]) for rec in jobs]  # read once: scoring changes none of them
     spent: list[float] = []  # seconds of each job scored here (a result read back costs nothing)
-    for k, rec in enumerate(jobs, 1):
+    for k, (rec, st) in enumerate(zip(jobs, states), 1):
         job_id, name = rec["job_id"], rec.get("name", rec["job_id"])
-        st = sdir.status(job_id)
         if st.status != Status.FINISHED:
             echo(f"[{k}/{len(jobs)}] {name}: {st.status.value}, not scored")
             continue
@@ -524,7 +524,7 @@ def score_sweep(root: str | Path, sweep: str, req: EvalRequest, *, tracking_uri:
             echo(f"[{k}/{len(jobs)}] {name}: already scored")
             continue
         spent.append(result.seconds)
-        left = sum(1 for r in jobs[k:] if sdir.status(r["job_id"]).status == Status.FINISHED)
+        left = sum(1 for later in states[k:] if later.status == Status.FINISHED)
         eta = f", about {fmt_duration(left * sum(spent) / len(spent))} left for {left} more" if left else ""
         echo(f"[{k}/{len(jobs)}] {name}: scored in {result.seconds:.1f} s{eta}")
     return results
