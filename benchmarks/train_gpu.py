@@ -2,7 +2,8 @@
 
     python benchmarks/train_gpu.py [--scale 1.5b [100m ...]] [--families rla rdn sgla gdn transformer]
                                    [--batch B] [--seq-len T] [--steps 10] [--warmup 3] [--backend auto]
-                                   [--glue auto [torch]] [--graph off [on]] [--profile [STEPS] [--top-ops N]]
+                                   [--glue auto [torch]] [--inputs shared [separate]] [--graph off [on]]
+                                   [--profile [STEPS] [--top-ops N]]
                                    [--json out.json] [--calibrate [TABLE]]
 
 Each family builds the preset `<scale>-<family>` (models/), trains --warmup untimed then --steps timed AdamW steps
@@ -19,7 +20,9 @@ optimizer) and the time the GPU waited for the host (launch overhead, syncs) —
 `--top-ops N` adds the N costliest PyTorch ops of each family with their input shapes and, on the GPU, its N
 costliest kernels by name (where the Triton kernels' time shows). `--glue auto torch` runs
 each family twice, with FLA's fused glue (in the blocks, and around the op of the linear mixers:
-rla_ablate/models/fusion.py) and with the plain-torch glue, and gives the ratio. `--graph off on` runs each family
+rla_ablate/models/fusion.py) and with the plain-torch glue, and gives the ratio. `--inputs shared separate` runs
+the fused glue twice, the readers of each layer's input (a mixer's projections, the MLP's two) sharing one backward
+(`fusion.SharedInput`, the fused glue's way) and as a linear each (rows "auto/separate"). `--graph off on` runs each family
 also with each micro batch's forward and backward captured once in a CUDA graph and replayed, as a job with
 `train.cuda_graphs: true` trains (the same class, rla_ablate/train/graphs.py; the clip and AdamW stay eager): the
 host then launches one graph a micro batch instead of every kernel, which shows how much of a step is the host's (a
@@ -42,7 +45,7 @@ from pathlib import Path
 import torch
 
 from rla_ablate.data.stream import Batch
-from rla_ablate.models import build_model, load_preset
+from rla_ablate.models import build_model, fusion, load_preset
 from rla_ablate.models.accounting import count_params, flops_per_token
 from rla_ablate.sweep.calibration import row_glue
 from rla_ablate.train.graphs import GraphedMicroStep, peak_memory_bytes
@@ -168,6 +171,16 @@ def forward_loss(model, input_ids, labels):
 
 
 def measure(family: str, scale: str, args, device: torch.device, glue: str = "auto", graph: bool = False) -> dict:
+    """One family's row; glue "auto/separate": the fused glue with a linear for each reader of an input."""
+    glue_mode, _, inputs = glue.partition("/")
+    fusion.SHARE_INPUTS = inputs != "separate"
+    try:
+        return _measure(family, scale, args, device, glue, glue_mode, graph)
+    finally:
+        fusion.SHARE_INPUTS = True
+
+
+def _measure(family: str, scale: str, args, device: torch.device, glue: str, glue_mode: str, graph: bool) -> dict:
     batch, seq_len = args.batch or SHAPES[scale][0], args.seq_len or SHAPES[scale][1]
     cfg = load_preset(f"{scale}-{family}")
     if family != "transformer" and args.backend != "auto":
@@ -176,7 +189,7 @@ def measure(family: str, scale: str, args, device: torch.device, glue: str = "au
     t_build = time.perf_counter()
     with device:  # initialise on the device: a 1.5B model built on the CPU first takes longer than its timed steps
         model = build_model(cfg)
-    model.set_glue(glue)
+    model.set_glue(glue_mode)
     say(f"{family}: built {count_params(cfg) / 1e6:.0f}M parameters in {time.perf_counter() - t_build:.1f} s")
     cuda = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=cuda)
@@ -251,6 +264,9 @@ def main():
     parser.add_argument("--glue", nargs="+", default=["auto"], choices=["auto", "torch"],
                         help="the models' glue: auto (FLA's fused kernels on the GPU) and/or torch (the "
                              "plain-torch reference); both: each family twice, side by side")
+    parser.add_argument("--inputs", nargs="+", default=["shared"], choices=["shared", "separate"],
+                        help="with the fused glue, the readers of each layer input: shared (one backward, "
+                             "fusion.SharedInput) and/or separate (a linear each); both: side by side")
     parser.add_argument("--graph", nargs="+", default=["off"], choices=["off", "on"],
                         help="on: capture each family's micro step in a CUDA graph and replay it, as train.cuda_graphs "
                              "does (GPU only); "
@@ -272,7 +288,9 @@ def main():
         parser.error(f"--graph on needs --warmup 2 or more eager steps before the capture; got {args.warmup}")
     rows = []
     for scale in args.scale:
-        for family, glue, graph in [(f, g, m == "on") for f in args.families for g in args.glue for m in args.graph]:
+        runs = [(f, g + ("" if i == "shared" else f"/{i}"), m == "on") for f in args.families for g in args.glue
+                for i in args.inputs if g == "auto" or i == "shared" for m in args.graph]
+        for family, glue, graph in runs:
             try:
                 rows.append(measure(family, scale, args, device, glue, graph))
             except torch.OutOfMemoryError:
@@ -310,11 +328,11 @@ def print_table(rows: list[dict], where: str, args) -> None:
     shape = next((f"batch {r['batch']} x {r['seq_len']} tokens" for r in rows if "batch" in r), "")
     graphs = any(r.get("graph") for r in rows)
     print(f"\n{where} | {shape} | {args.steps} timed steps")
-    print(f"{'preset':>18} {'glue':>5} {'graph':>5} {'params':>8} {'tokens/s':>10} {'MFU':>6} {'vs base':>8} "
-          f"{'vs torch glue':>13}" + (f" {'vs eager':>8} {'vs eager, rel':>13}" if graphs else "") + f" {'backend':>8}")
+    print(f"{'preset':>18} {'glue':>13} {'graph':>5} {'params':>8} {'tokens/s':>10} {'MFU':>6} {'vs base':>8} "
+          f"{'vs torch glue (separate)':>24}" + (f" {'vs eager':>8} {'vs eager, rel':>13}" if graphs else "") + f" {'backend':>8}")
     for r in rows:
         glue, graph = r.get("glue", "auto"), r.get("graph", False)
-        label = f"{r['preset']:>18} {glue:>5} {'on' if graph else 'off':>5}"
+        label = f"{r['preset']:>18} {glue:>13} {'on' if graph else 'off':>5}"
         if "error" in r:
             print(f"{label} {r['error']}")
             continue
@@ -322,6 +340,8 @@ def print_table(rows: list[dict], where: str, args) -> None:
         ratio = f"{r['tokens_per_s'] / b['tokens_per_s']:.2f}x" if "tokens_per_s" in b else ""
         t = by_family.get((r["family"], "torch", graph), {}) if glue != "torch" else {}
         vs_torch = f"{r['tokens_per_s'] / t['tokens_per_s']:.2f}x" if "tokens_per_s" in t else ""
+        sep = by_family.get((r["family"], "auto/separate", graph), {}) if glue == "auto" else {}
+        vs_torch += f" ({r['tokens_per_s'] / sep['tokens_per_s']:.2f}x sep.)" if "tokens_per_s" in sep else ""
         extra = ""
         if graphs:
             e = by_family.get((r["family"], glue, False), {}) if graph else {}
@@ -329,7 +349,7 @@ def print_table(rows: list[dict], where: str, args) -> None:
             diff = f"{r['graph_vs_eager']:.1e}" if "graph_vs_eager" in r else ""
             extra = f" {vs_eager:>8} {diff:>13}"
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-        print(f"{label} {r['params'] / 1e6:7.0f}M {r['tokens_per_s']:10.0f} {mfu:>6} {ratio:>8} {vs_torch:>13}{extra} "
+        print(f"{label} {r['params'] / 1e6:7.0f}M {r['tokens_per_s']:10.0f} {mfu:>6} {ratio:>8} {vs_torch:>24}{extra} "
               f"{str(r['backend']):>8}")
 
 
@@ -365,11 +385,11 @@ def print_summary(rows: list[dict], where: str) -> None:
         return f"{v:.1%}" if v is not None else "-"
 
     print(f"\n{where} | every scale of this run")
-    print(f"{'scale':>10} {'glue':>5} {'graph':>5} {'RLA/sGLA':>9} {'RDN/GDN':>8} {'linear MFU':>13} "
+    print(f"{'scale':>10} {'glue':>13} {'graph':>5} {'RLA/sGLA':>9} {'RDN/GDN':>8} {'linear MFU':>13} "
           f"{'transformer MFU':>15}")
     for r in summary_rows(rows):
         mfu = "-" if r["linear_mfu"] is None else f"{pct(r['linear_mfu'][0])}-{pct(r['linear_mfu'][1])}"
-        print(f"{r['scale']:>10} {r['glue']:>5} {'on' if r['graph'] else 'off':>5} {x(r['rla_vs_sgla']):>9} "
+        print(f"{r['scale']:>10} {r['glue']:>13} {'on' if r['graph'] else 'off':>5} {x(r['rla_vs_sgla']):>9} "
               f"{x(r['rdn_vs_gdn']):>8} {mfu:>13} {pct(r['transformer_mfu']):>15}")
 
 

@@ -17,13 +17,15 @@ def test_train_gpu_runs_tiny_presets_on_the_cpu(tmp_path):
     proc = subprocess.run(
         [sys.executable, "benchmarks/train_gpu.py", "--device", "cpu", "--scale", "tiny", "--families", "rla", "sgla",
          "--batch", "2", "--seq-len", "64", "--steps", "1", "--warmup", "1", "--profile", "1", "--top-ops", "3", "--glue", "auto", "torch",
-         "--json", str(out)],
+         "--inputs", "shared", "separate", "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
-    # --glue auto torch: each linear family with either glue, side by side
+    # --glue auto torch: each linear family with either glue, side by side; --inputs shared separate: the fused glue
+    # also with a linear for each reader of an input (the torch glue has only that)
     assert sorted((r["family"], r["glue"]) for r in results) == [
-        ("rla", "auto"), ("rla", "torch"), ("sgla", "auto"), ("sgla", "torch")]
+        ("rla", "auto"), ("rla", "auto/separate"), ("rla", "torch"),
+        ("sgla", "auto"), ("sgla", "auto/separate"), ("sgla", "torch")]
     rows = {r["family"]: r for r in results if r["glue"] == "auto"}
     for r in rows.values():
         assert r["tokens_per_s"] > 0 and r["backend"] == "chunk" and r["warmup_s"] >= 0
@@ -34,8 +36,8 @@ def test_train_gpu_runs_tiny_presets_on_the_cpu(tmp_path):
                               "--graph", "off", "on"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "--graph on captures CUDA graphs: it needs a CUDA device" in refused.stderr
     assert refused.stdout == ""
-    table_row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("tiny-rla  auto"))
-    assert table_row.count("x ") == 2  # the ratio columns: vs base, vs torch glue
+    table_row = next(line for line in proc.stdout.splitlines() if line.split()[:2] == ["tiny-rla", "auto"])
+    assert table_row.count("x ") == 3 and "x sep.)" in table_row  # vs base, vs torch glue, vs the separate inputs
     # --profile: a step's time split by kind of op, the GEMMs among them
     for r in rows.values():
         prof = r["profile"]

@@ -418,6 +418,49 @@ def test_short_convolution_is_causal_streams_and_hands_on_rows():
     torch.testing.assert_close(cache, x[:, -3:])
 
 
+def test_shared_input_projections_are_the_linears():
+    """`fusion.SharedInput`: outputs and gradients of every reader of one input equal separate linears' (float64),
+    wide and narrow readers mixed, a narrow one with a bias, an output left unused, a frozen weight; under autocast
+    the outputs come in autocast's dtype, as F.linear's."""
+    import rla_ablate.models.fusion as fusion
+
+    torch.manual_seed(0)
+    D = 40
+    widths = [(96, False), (6, True), (80, False), (6, False), (3, False)]
+    linears = [torch.nn.Linear(D, w, bias=b).double() for w, b in widths]
+    linears[2].weight.requires_grad_(False)
+    x = torch.randn(3, 7, D, dtype=torch.float64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    got = fusion.project(x, linears, shared=True)
+    want = [lin(x_ref) for lin in linears]
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert b.shape == a.shape
+        assert_close(f"output {i}", a, b, ratio=1e-13)
+    seeds = [torch.randn_like(y) for y in want]
+    used = [0, 1, 2, 4]  # reader 3's output goes unused: its gradient is None
+    grads = []
+    for outs, inp in ((want, x_ref), (got, x)):
+        for lin in linears:
+            lin.zero_grad()
+        sum((outs[i] * seeds[i]).sum() for i in used).backward()
+        grads.append([inp.grad] + [p.grad.clone() if p.grad is not None else None for lin in linears
+                                   for p in lin.parameters()])
+    for i, (a, b) in enumerate(zip(*grads)):
+        if a is None:
+            assert b is None, i
+            continue
+        assert_close(f"gradient {i}", a, b, ratio=1e-13)
+    assert linears[2].weight.grad is None and linears[3].weight.grad is None
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        outs = fusion.project(x.float(), [lin.float() for lin in linears], shared=True)
+        plain = [lin(x.float()) for lin in linears]
+    assert [y.dtype for y in outs] == [y.dtype for y in plain] == [torch.bfloat16] * len(linears)
+    for i, (a, b) in enumerate(zip(plain, outs)):
+        assert_close(f"autocast output {i}", a.double(), b.double(), ratio=1e-2)
+    assert not fusion.shares_inputs(x, "torch") and not fusion.shares_inputs(x, "auto")  # the CPU: plain linears
+
+
 @pytest.mark.parametrize("variant", ["rla", "rdn", "sgla-learned-beta", "rdn-tanh-nogates-nonorm-ev", "gdn-noconv",
                                      "transformer"])
 def test_fused_glue_branch_is_the_torch_glue(variant, monkeypatch):
@@ -445,8 +488,14 @@ def test_fused_glue_branch_is_the_torch_glue(variant, monkeypatch):
     assert set(calls) == expected_calls(make(variant)) - {"add_rms_norm", "swiglu"}, "blocks take it only on CUDA"
     calls.clear()
     monkeypatch.setattr(fusion, "DEVICES", ("cpu",))
+    # the readers of one input share a backward (fusion.SharedInput) where the blocks take the glue: here q, k, v and
+    # the MLP's two are wide readers and the gates narrow ones, as at 100M (all tiny otherwise)
+    monkeypatch.setattr(fusion, "NARROW", 8)
+    shared, apply = [], fusion.SharedInput.apply
+    monkeypatch.setattr(fusion.SharedInput, "apply", lambda *a: shared.append(a[1]) or apply(*a))
     fused(ids).square().sum().backward()
     assert set(calls) == expected_calls(make(variant)), calls
+    assert len(shared) == 2 * len(fused.layers) and shared[1] == 2, shared  # each mixer's readers, each MLP's two
     with torch.no_grad():
         assert_close(f"{variant} logits", ref(ids), fused(ids), ratio=1e-12)
     for (name, a), (_, b) in zip(ref.named_parameters(), fused.named_parameters()):

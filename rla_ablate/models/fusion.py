@@ -11,6 +11,10 @@ chain of ops:
     output RMSNorm * SiLU(g)   rms_norm_gated                   the training loss (on CUDA)
                                                                   head + cross-entropy      fused_linear_cross_entropy
 
+and, in every family's mixers and MLPs on CUDA, one backward for all the projections of one input (`SharedInput`,
+ours): the input's gradient summed by the GEMMs' epilogues instead of an elementwise addition per extra reader,
+the narrow gate projections one GEMM each way.
+
 The loss takes the head's bf16 logits and turns them into their own gradient in place (one Triton kernel), with the
 head's input and weight gradients computed in the forward: no fp32 copy of the logits, no log-softmax kept for the
 backward (at 100M, 32K tokens x 32K vocabulary: 2 GiB held where the plain loss holds about 12). One chunk: the
@@ -120,6 +124,104 @@ class AddRMSNorm(torch.autograd.Function):
 def _on(t: torch.Tensor):
     """The CUDA device of t as the current one while FLA launches kernels on it (as FLA's input_guard)."""
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+# A reader of a shared input this narrow (a gate's projection to one value a head) shares one GEMM with the other
+# narrow readers: a GEMM this thin costs its launch and a pass over the input, not its arithmetic.
+NARROW = 64
+
+
+class SharedInput(torch.autograd.Function):
+    """y_i = x W_i^T + b_i for every reader of one input x, with one backward for all of them.
+
+    Autograd would give x one gradient per reader and add them up with an elementwise pass over x's shape each
+    (six such additions of a [tokens, hidden] tensor per RLA mixer, which has seven readers). Here the GEMMs sum
+    them: dx = dy_0 W_0, then dx += dy_i W_i in each GEMM's epilogue (addmm with beta 1, in fp32 before the one
+    rounding), and the narrow readers (NARROW) are one GEMM each way. Outputs are the plain linears' (the wide ones
+    contiguous, the narrow ones strided views of one [tokens, sum of widths] result); x, W_i, b_i in one dtype."""
+
+    @staticmethod
+    def forward(ctx, x, n: int, *params):
+        weights, biases = params[:n], params[n:]
+        x2 = x.reshape(-1, x.shape[-1])
+        wide = [i for i in range(n) if weights[i].shape[0] > NARROW]
+        narrow = [i for i in range(n) if weights[i].shape[0] <= NARROW]
+        out: list[torch.Tensor] = [x2] * n  # every entry replaced below
+        for i in wide:
+            out[i] = F.linear(x2, weights[i], biases[i])
+        if narrow:
+            w = torch.cat([weights[i] for i in narrow])
+            b = None
+            if any(biases[i] is not None for i in narrow):
+                b = torch.cat([biases[i] if biases[i] is not None else w.new_zeros(weights[i].shape[0])
+                               for i in narrow])
+            for i, y in zip(narrow, F.linear(x2, w, b).split([weights[i].shape[0] for i in narrow], dim=-1)):
+                out[i] = y
+        ctx.save_for_backward(x2, *weights)
+        ctx.set_materialize_grads(False)  # an unused reader's gradient stays None: no zeros to multiply
+        ctx.n, ctx.wide, ctx.narrow, ctx.x_shape = n, wide, narrow, x.shape
+        ctx.bias_grad = [b is not None and ctx.needs_input_grad[2 + n + i] for i, b in enumerate(biases)]
+        return tuple(y.view(*x.shape[:-1], y.shape[-1]) for y in out)
+
+    @staticmethod
+    def backward(ctx, *dys):
+        x2, *weights = ctx.saved_tensors
+        n = ctx.n
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[2:2 + n]
+        dx = None
+        dw: list[torch.Tensor | None] = [None] * n
+        db: list[torch.Tensor | None] = [None] * n
+
+        def read(dy2, w):
+            nonlocal dx
+            if need_x:
+                dx = dy2 @ w if dx is None else dx.addmm_(dy2, w)
+
+        for i in ctx.wide:
+            if dys[i] is None:
+                continue
+            dy2 = dys[i].reshape(-1, dys[i].shape[-1])
+            read(dy2, weights[i])
+            if need_w[i]:
+                dw[i] = dy2.t() @ x2
+            if ctx.bias_grad[i]:
+                db[i] = dy2.sum(0)
+        if ctx.narrow and any(dys[i] is not None for i in ctx.narrow):
+            dy2 = torch.cat([dys[i].reshape(x2.shape[0], -1) if dys[i] is not None
+                             else x2.new_zeros(x2.shape[0], weights[i].shape[0]) for i in ctx.narrow], dim=-1)
+            read(dy2, torch.cat([weights[i] for i in ctx.narrow]))
+            widths = [weights[i].shape[0] for i in ctx.narrow]
+            got = [dys[i] is not None for i in ctx.narrow]  # an unused reader's parameters get None, as autograd's
+            if any(need_w[i] and ok for i, ok in zip(ctx.narrow, got)):
+                for i, ok, g in zip(ctx.narrow, got, (dy2.t() @ x2).split(widths)):
+                    dw[i] = g if need_w[i] and ok else None
+            for i, ok, g in zip(ctx.narrow, got, dy2.split(widths, dim=-1)):
+                if ctx.bias_grad[i] and ok:
+                    db[i] = g.sum(0)
+        if dx is None and need_x:
+            dx = torch.zeros_like(x2)
+        return (dx.view(ctx.x_shape) if need_x else None, None, *dw, *db)
+
+
+def project(x: torch.Tensor, linears: list[nn.Linear], shared: bool) -> list[torch.Tensor]:
+    """[lin(x) for lin in linears]; shared: through `SharedInput` (one backward for every reader of x), in the
+    dtype F.linear would run in (autocast's where it is on)."""
+    if not shared:
+        return [lin(x) for lin in linears]
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    weights = [lin.weight.to(dtype) for lin in linears]
+    biases = [lin.bias.to(dtype) if lin.bias is not None else None for lin in linears]
+    return list(SharedInput.apply(x.to(dtype), len(linears), *weights, *biases))
+
+
+# False: the fused glue gives each reader its own linear (benchmarks/train_gpu.py --inputs separate measures both)
+SHARE_INPUTS = True
+
+
+def shares_inputs(x: torch.Tensor, mode: str) -> bool:
+    """Whether the readers of an input like x project it through `SharedInput` (glue `mode`, on `DEVICES`)."""
+    return SHARE_INPUTS and mode == "auto" and x.device.type in DEVICES
 
 
 def mixer_glue(backend: str, mode: str) -> FusedGlue | None:

@@ -42,6 +42,9 @@ from rla_ablate.ops.chunk import chunk_base_reads
 
 # FLA's SimpleGatedLinearAttention default: keeps alpha = sigmoid(x)^(1/16) close to 1 at init.
 GATE_LOGIT_NORMALIZER = 16
+# The gates' projections of a linear mixer's input, those its family has: alpha's (gk_proj for sgla/rla, a_proj for
+# gdn/rdn), beta's (learned beta) and gamma's (residual families with gamma untied).
+GATE_PROJECTIONS = ("gk_proj", "a_proj", "b_proj", "c_proj")
 # FLA's l2norm epsilon (fla.modules.l2norm).
 L2_EPS = 1e-6
 # clip_mode relative: weight of the old value in the running residual RMS (per training forward; a proxy run of a
@@ -238,7 +241,12 @@ class ResidualAttention(nn.Module):
         H, K, V = self.num_heads, self.head_k_dim, self.head_v_dim
         if cu_seqlens is not None and state is not None:
             raise ValueError("packed sequences (cu_seqlens) run without a decoding state")
-        q, k, v = self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD)
+        # every projection of x at once (fusion.SharedInput where the glue is fused): q, k, v, the output gate and
+        # the gates' own (GATE_PROJECTIONS, those this family has)
+        names = ("q_proj", "k_proj", "v_proj", "g_proj") + tuple(n for n in GATE_PROJECTIONS if hasattr(self, n))
+        proj = dict(zip(names, fusion.project(x_BTD, [getattr(self, n) for n in names],
+                                              fusion.shares_inputs(x_BTD, self.glue))))
+        q, k, v = proj["q_proj"], proj["k_proj"], proj["v_proj"]
         self.backend_used = select_backend(q.view(B, T, H, K), cfg.backend, self.rule)
         glue = fusion.mixer_glue(self.backend_used, self.glue)
         conv_state = None
@@ -265,19 +273,19 @@ class ResidualAttention(nn.Module):
         # Gates in at least float32, as FLA computes them, whatever the activation dtype.
         acc = torch.promote_types(x_BTD.dtype, torch.float32)
         if cfg.family in ("sgla", "rla"):
-            g_BTH = F.logsigmoid(self.gk_proj(x_BTD).to(acc)) / GATE_LOGIT_NORMALIZER
+            g_BTH = F.logsigmoid(proj["gk_proj"].to(acc)) / GATE_LOGIT_NORMALIZER
         else:
-            g_BTH = -self.A_log.to(acc).exp() * F.softplus(self.a_proj(x_BTD).to(acc) + self.dt_bias.to(acc))
+            g_BTH = -self.A_log.to(acc).exp() * F.softplus(proj["a_proj"].to(acc) + self.dt_bias.to(acc))
         if cfg.beta == "fixed":
             beta_BTH = torch.ones_like(g_BTH)
         else:
-            beta_BTH = torch.sigmoid(self.b_proj(x_BTD).to(acc))
+            beta_BTH = torch.sigmoid(proj["b_proj"].to(acc))
         if not cfg.is_residual:
             gamma_BTH = None
         elif cfg.tied_gamma:
             gamma_BTH = beta_BTH
         else:
-            gamma_BTH = torch.sigmoid(self.c_proj(x_BTD).to(acc))
+            gamma_BTH = torch.sigmoid(proj["c_proj"].to(acc))
 
         initial = (state.S, state.R) if state is not None and state.S is not None else None
         self.kernel_used = kernel_tag(self.backend_used, q_BTHK, v_BTHV, self.spec, cu_seqlens)
@@ -309,7 +317,7 @@ class ResidualAttention(nn.Module):
                 S0=initial[0] if initial is not None else None, cu_seqlens=cu_seqlens,
             )
 
-        gate_BTHV = self.g_proj(x_BTD).view(B, T, H, V)
+        gate_BTHV = proj["g_proj"].view(B, T, H, V)
         if glue is not None:
             y = glue.norm_gate(o_BTHV, gate_BTHV, self.o_norm.weight, None,
                                activation="swish", eps=self.o_norm.eps)
@@ -343,7 +351,10 @@ def _rope(x_BTHD: torch.Tensor, positions_T: torch.Tensor, theta: float) -> torc
 
 
 class Attention(nn.Module):
-    """Causal softmax attention with RoPE and grouped-query attention (the Transformer baseline)."""
+    """Causal softmax attention with RoPE and grouped-query attention (the Transformer baseline). `glue`: as
+    `ResidualAttention.glue` (here: whether q, k and v share one backward, `fusion.SharedInput`)."""
+
+    glue = "auto"
 
     def __init__(self, cfg: ModelConfig, layer_idx: int = 0):
         super().__init__()
@@ -386,9 +397,10 @@ class Attention(nn.Module):
         H, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
         past = state.seen if state is not None else 0
         positions = torch.arange(past, past + T, device=x_BTD.device)
-        q_BTHD = _rope(self.q_proj(x_BTD).view(B, T, H, Dh), positions, self.cfg.rope_theta)
-        k_BTHD = _rope(self.k_proj(x_BTD).view(B, T, Hkv, Dh), positions, self.cfg.rope_theta)
-        v_BTHD = self.v_proj(x_BTD).view(B, T, Hkv, Dh)
+        q, k, v = fusion.project(x_BTD, [self.q_proj, self.k_proj, self.v_proj], fusion.shares_inputs(x_BTD, self.glue))
+        q_BTHD = _rope(q.view(B, T, H, Dh), positions, self.cfg.rope_theta)
+        k_BTHD = _rope(k.view(B, T, Hkv, Dh), positions, self.cfg.rope_theta)
+        v_BTHD = v.view(B, T, Hkv, Dh)
         if state is not None and state.k is not None:
             k_BTHD = torch.cat([state.k, k_BTHD], dim=1)
             v_BTHD = torch.cat([state.v, v_BTHD], dim=1)

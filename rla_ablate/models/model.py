@@ -39,8 +39,10 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, glue: fusion.FusedGlue | None = None) -> torch.Tensor:
-        return self.down_proj(fusion.swiglu(self.gate_proj(x), self.up_proj(x), glue))
+    def forward(self, x: torch.Tensor, glue: fusion.FusedGlue | None = None, shared: bool = False) -> torch.Tensor:
+        """shared: gate and up projections through `fusion.SharedInput` (one backward for both readers of x)."""
+        gate, up = fusion.project(x, [self.gate_proj, self.up_proj], shared)
+        return self.down_proj(fusion.swiglu(gate, up, glue))
 
 
 class Block(nn.Module):
@@ -67,7 +69,7 @@ class Block(nn.Module):
         x_BTD, residual_BTD = fusion.add_and_norm(self.attn_norm, h_BTD, residual_BTD, glue)
         h_BTD, state = self.attn(x_BTD, state, cu_seqlens=cu_seqlens)
         x_BTD, residual_BTD = fusion.add_and_norm(self.mlp_norm, h_BTD, residual_BTD, glue)
-        return self.mlp(x_BTD, glue), residual_BTD, state
+        return self.mlp(x_BTD, glue, fusion.shares_inputs(x_BTD, self.glue)), residual_BTD, state
 
 
 class CausalLM(nn.Module):
