@@ -8,6 +8,8 @@
                                                                           # kernel of their own, as it was
     python benchmarks/kernels.py --backends triton --rla-end-term-in-dqk  # adds RLA with dg's chunk end terms made
                                                                           # in the dq/dk kernel, as it was
+    python benchmarks/kernels.py --backends triton --rdn-residual-apart   # adds RDN with its prediction handed to
+                                                                          # the glue's residual kernels, as it was
     python benchmarks/kernels.py --backends triton --rla-chunk 128 --rla-warps 8   # adds RLA at another chunk size
 
 Each T runs B = tokens / T sequences of H=16 heads of dimension 128; --long adds one forward-only row set at B=1.
@@ -48,7 +50,7 @@ def make_inputs(B, T, grad):
 
 
 def candidates(backends, variants=(), rla_chunk=None, rla_warps=None):
-    """The timed ops by name: (rule, fn). variants: keys of `VARIANTS`, RLA with one design switch off."""
+    """The timed ops by name: (rule, fn). variants: keys of `VARIANTS`, RLA or RDN with one design switch off."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.simple_gla import chunk_simple_gla
 
@@ -66,8 +68,8 @@ def candidates(backends, variants=(), rla_chunk=None, rla_warps=None):
             runs[f"{name} [{backend}]"] = (rule, lambda x, rule=rule, backend=backend: residual_attention(
                 x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], rule=rule, backend=backend)[0])
     for option in variants if "triton" in backends else ():
-        name, switch = VARIANTS[option]
-        runs[name] = ("additive", partial(rla_switched_off, switch=switch))
+        name, rule, fn = VARIANTS[option]
+        runs[name] = (rule, fn)
     if rla_chunk and "triton" in backends:
         warps = f", {rla_warps} warps" if rla_warps else ""
         runs[f"RLA [triton, chunk {rla_chunk}{warps}]"] = ("additive", partial(rla_other_chunk, chunk=rla_chunk,
@@ -92,13 +94,6 @@ def rla_other_chunk(x, chunk, warps=None):
         rla.LAUNCH.update(saved)
 
 
-# RLA's design switches a variant turns off: RESIDUAL_IN_S_PASS (--rla-residual-apart: S's pass and the residuals
-# in two kernels, `_fwd_residual`), END_TERM_IN_PASS (--rla-end-term-in-dqk: dg's chunk end terms from the stored
-# state tiles in `_bwd_dqk` rather than from the reverse state passes). Both are read by the op's forward.
-VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "RESIDUAL_IN_S_PASS"),
-            "rla_end_term_in_dqk": ("RLA [triton, end term in dq/dk]", "END_TERM_IN_PASS")}
-
-
 def rla_switched_off(x, switch: str):
     """RLA on the `triton` backend with one of its design switches (`VARIANTS`) off."""
     from rla_ablate.ops.triton import rla
@@ -108,6 +103,32 @@ def rla_switched_off(x, switch: str):
         return residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], backend="triton")[0]
     finally:
         setattr(rla, switch, True)
+
+
+def rdn_residual_apart(x):
+    """RDN on the `triton` backend with the prediction out of its base pass and the residual made by the glue's
+    kernels (`backend.RDN.residual_in_reads` off)."""
+    from dataclasses import replace
+
+    from rla_ablate.ops.triton import backend
+
+    saved, backend.RDN = backend.RDN, replace(backend.RDN, residual_in_reads=False)
+    try:
+        return residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], rule="delta",
+                                  backend="triton")[0]
+    finally:
+        backend.RDN = saved
+
+
+# The design switches a variant turns off, each read by the op's forward: RLA's RESIDUAL_IN_S_PASS
+# (--rla-residual-apart: S's pass and the residuals in two kernels, `_fwd_residual`) and END_TERM_IN_PASS
+# (--rla-end-term-in-dqk: dg's chunk end terms from the stored state tiles in `_bwd_dqk` rather than from the
+# reverse state passes); RDN's residual in its read kernel (--rdn-residual-apart). name -> (label, rule, op).
+VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
+                                   partial(rla_switched_off, switch="RESIDUAL_IN_S_PASS")),
+            "rla_end_term_in_dqk": ("RLA [triton, end term in dq/dk]", "additive",
+                                    partial(rla_switched_off, switch="END_TERM_IN_PASS")),
+            "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta", rdn_residual_apart)}
 
 
 def bench(fn, x, mode):
@@ -247,6 +268,8 @@ def main():
                         help="add RLA [triton] with its forward's residuals in a kernel of their own")
     parser.add_argument("--rla-end-term-in-dqk", action="store_true",
                         help="add RLA [triton] with dg's chunk end terms made in the dq/dk kernel")
+    parser.add_argument("--rdn-residual-apart", action="store_true",
+                        help="add RDN [triton] with the residual made by the glue's kernels from the prediction")
     parser.add_argument("--rla-chunk", type=int, default=None,
                         help="add RLA [triton] at this chunk size (64 is the backend's)")
     parser.add_argument("--rla-warps", type=int, default=None, help="with --rla-chunk: every RLA kernel at these warps")

@@ -190,6 +190,25 @@ def test_triton_rla_design_switches_give_the_same_numbers(switch, T, monkeypatch
         assert_close(f"triton-{switch}-T{T} {name}", want.double(), on[name], ratio=1e-2, atol=1e-3)
 
 
+@pytest.mark.parametrize("target", ["clip", "tanh", "identity"])
+def test_triton_rdn_residual_in_the_read_kernel_gives_the_same_numbers(target, monkeypatch):
+    """RDN's residual made by the base pass's read kernel (what runs; its gradient turned into dv and dp by the
+    local kernel) and made by the glue's kernels from the prediction (what benchmarks/kernels.py times against it):
+    outputs, final states and every gradient agree to bf16 rounding (dp is now rounded to bf16 once more)."""
+    from dataclasses import replace
+
+    from rla_ablate.ops.triton import backend
+
+    master = make_inputs(B=2, T=1000)
+    combo = ("delta", "residual", target, True)
+    on = run_case(leaves(master, torch.bfloat16), "triton", combo)
+    monkeypatch.setattr(backend, "RDN", replace(backend.RDN, residual_in_reads=False))
+    off = run_case(leaves(master, torch.bfloat16), "triton", combo)
+    for name, want in off.items():
+        assert torch.isfinite(on[name]).all(), name
+        assert_close(f"triton-rdn-residual-{target} {name}", want.double(), on[name], ratio=1e-2, atol=1e-3)
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["batched", "packed"])
 def test_rdn_auxiliary_pass_keeping_its_states_matches_fla_recomputing_them(packed):
     """RDN's auxiliary recurrence on the triton backend (`rdn.DeltaKeepStates`: FLA's kernels, w, h and v_new kept

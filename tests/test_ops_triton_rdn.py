@@ -4,7 +4,8 @@ Our four kernels (S pass, the two old reads, the local write gradients, the dS p
 interpreter in fp32; the WY step is the PyTorch one (`TORCH_WY`: FLA's fused WY kernels do not run in the
 interpreter; the GPU tests run them), the auxiliary recurrence the naive delta rule, its q and k gradients posted
 to the base pass's backward through a `GradientMail` as the backend does (dk split in two shares, as FLA's dq/dk
-kernel and WY step give it), and once added by autograd instead; a graph kept for a second backward whose first
+kernel and WY step give it), and once added by autograd instead; with fit residual the read kernel makes the
+residual (as the backend runs it), and twice the prediction goes out to the glue's residual step instead; a graph kept for a second backward whose first
 needed the auxiliary pass alone (its mail must not reach the second). Against the float64 naive
 contract: outputs, final states and all eight gradients for every fit x target x gates, chunks of 16 (T=37: three
 chunks, the last partial), clip=0.7; packed sequences of uneven lengths (one of a single token, one empty) with
@@ -59,8 +60,10 @@ def check_all() -> None:
             ctx.mail.post(dq, 0.25 * dk, 0.75 * dk)
             return None, None, dbeta, None
 
-    def rdn(q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens=None, mailed=True):
+    def rdn(q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens=None, mailed=True, residual_in_reads=True):
         mail = GradientMail() if mailed else None
+        # as the backend runs it: with fit residual the read kernel makes the residual
+        residual = (spec.target, spec.clip) if residual_in_reads and spec.fit == "residual" else None
 
         def auxiliary(q, k, v, g, beta, scale, h0, cu):
             if mail is not None:
@@ -69,9 +72,10 @@ def check_all() -> None:
             return exact_delta(q, k, v, g, beta, scale, h0, cu)
 
         reads = lambda q, k, v, g, beta, S0, scale, cu: delta_two_reads(  # noqa: E731
-            q, k, v, g, beta, S0, scale, cu, wy=TORCH_WY, chunk=16, mail=mail)
+            q, k, v, g, beta, S0, scale, cu, wy=TORCH_WY, chunk=16, mail=mail, residual=residual)
         return compose_residual_attention(BaseKernels(additive=None, delta=auxiliary), q, k, v, g, beta, gamma, spec,
-                                          scale, state, cu_seqlens, base_reads=reads)
+                                          scale, state, cu_seqlens, base_reads=reads,
+                                          reads_residual=residual is not None)
 
     for fit, target, og in itertools.product(["residual", "none"], ["clip", "tanh", "identity"], [True, False]):
         spec = ResidualSpec(rule="delta", fit=fit, target=target, output_gates=og, clip=0.7)
@@ -90,6 +94,10 @@ def check_all() -> None:
     master = make()
     compare("autograd-adds-qk", run(naive_residual_attention, master, spec, torch.float64),
             run(rdn, master, spec, torch.float32, mailed=False))
+    for target in ("clip", "identity"):  # the prediction out of the base pass and the residual made by the glue
+        spec_t = ResidualSpec(rule="delta", target=target, clip=0.7)
+        compare(f"prediction-out-{target}", run(naive_residual_attention, master, spec_t, torch.float64),
+                run(rdn, master, spec_t, torch.float32, residual_in_reads=False))
 
     # a graph kept for a second backward: the first needs the auxiliary pass alone (gamma), the second the base pass
     # alone (S_T by q and k); the first's mail must not reach the second
@@ -113,7 +121,7 @@ def check_all() -> None:
 def test_one_pass_delta_rule_matches_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=20, timeout=900)
+    run_interpreted(__file__, checks=22, timeout=900)
 
 
 def test_torch_wy_step_solves_the_chunk_recurrence_of_the_delta_rule():

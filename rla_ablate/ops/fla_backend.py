@@ -202,11 +202,13 @@ def shifted_base_reads(kernels: BaseKernels, rule: str, q, k, v, g32, beta, S0, 
 
 def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float,
                                initial_state, cu_seqlens: torch.Tensor | None = None, glue: Glue = TORCH_GLUE,
-                               base_reads: Callable | None = None):
+                               base_reads: Callable | None = None, reads_residual: bool = False):
     """RLA / RDN from two exact chunk recurrences (see the module docstring). States are [N, H, V, K] fp32.
 
     base_reads(q, k, v, g32, beta, S0, scale, cu_seqlens) -> (scale S_{t-1} q_t, S_{t-1} k_t, S_T) replaces the
-    shifted double pass of `shifted_base_reads` (the `triton` backend's one-pass delta rule, `triton.rdn`)."""
+    shifted double pass of `shifted_base_reads` (the `triton` backend's one-pass delta rule, `triton.rdn`).
+    reads_residual (the delta rule with fit "residual"): base_reads gives the residual T(v_t - S_{t-1} k_t) in v's
+    dtype in place of S_{t-1} k_t, and the glue's residual step is skipped."""
     B, T, H, K = q.shape
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={B}")
@@ -223,6 +225,8 @@ def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, sp
             o, S_T = kernels.delta(q, k, v, g32, beta.to(dtype), scale, S0, cu_seqlens)
         return o, (S_T, None)
 
+    if reads_residual and (base_reads is None or spec.rule != "delta" or spec.fit != "residual"):
+        raise ValueError("reads_residual: base_reads of the delta rule with fit 'residual' only")
     if base_reads is None:
         base_read, pred, S_T = shifted_base_reads(kernels, spec.rule, q, k, v, g32, beta, S0, scale, cu_seqlens)
     else:
@@ -241,7 +245,7 @@ def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, sp
         w = glue.residual(v, pred, gamma, spec)  # gamma_t r_t
         corr, R_T = kernels.additive(q, k, w, g32, scale, R0, cu_seqlens)
     else:
-        r = glue.residual(v, pred, None, spec)
+        r = pred if reads_residual else glue.residual(v, pred, None, spec)
         corr, R_T = kernels.delta(q, k, r, g32, gamma.to(dtype), scale, R0, cu_seqlens)
     return glue.output(base_read, corr, g32, gamma, spec.output_gates, dtype), (S_T, R_T)
 

@@ -40,10 +40,13 @@ FLA_GLUE = "fla+glue"            # everything else: FLA's kernels composed with 
 class RDNPasses:
     """How RDN_READS runs the auxiliary recurrence: its delta kernel (`rdn.delta_keep_states`, or FLA's own Function,
     which recomputes the chunk states in its backward) and whether its q, k gradients go to the base pass's backward
-    through a `rdn.GradientMail` (the auxiliary kernel must then take `mail=`). benchmarks/rdn_aux.py swaps `RDN`."""
+    through a `rdn.GradientMail` (the auxiliary kernel must then take `mail=`); and whether the base pass's read
+    kernel makes the residual (`rdn.DeltaTwoReads`, residual) or hands the prediction to the glue.
+    benchmarks/rdn_aux.py and benchmarks/kernels.py swap `RDN`."""
 
     auxiliary: DeltaKernel = rdn.delta_keep_states
     mail: bool = True
+    residual_in_reads: bool = True  # False: the prediction out, the residual by the glue (benchmarks/kernels.py)
 
 
 RDN = RDNPasses()
@@ -74,9 +77,12 @@ def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale
         # one mail per call: the auxiliary pass's q, k gradients go to the base pass's dq/dk kernel (rdn.GradientMail)
         mail = rdn.GradientMail() if RDN.mail and spec.fit == "residual" else None  # fit none: no auxiliary pass
         auxiliary = partial(RDN.auxiliary, mail=mail) if mail is not None else RDN.auxiliary
+        # fit residual: the read kernel makes the residual itself (the prediction stays inside the base pass)
+        residual = (spec.target, spec.clip) if RDN.residual_in_reads and spec.fit == "residual" else None
         return compose_residual_attention(BaseKernels(additive=FLA_KERNELS.additive, delta=auxiliary), q, k, v, g, beta,
                                           gamma, spec, scale, initial_state, cu_seqlens, glue=TRITON_GLUE,
-                                          base_reads=partial(rdn.delta_two_reads, mail=mail))
+                                          base_reads=partial(rdn.delta_two_reads, mail=mail, residual=residual),
+                                          reads_residual=residual is not None)
     return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
                                       glue=TRITON_GLUE)
 

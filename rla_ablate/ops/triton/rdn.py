@@ -13,8 +13,12 @@ twice. Here the recurrence runs once and both reads come out of it (docs/MATH.md
               reads (parallel): with D = exp(b'_t - b_s)[s < t] (b' = b - g: the decay to S_{t-1}),
                   p = exp(b') k S_c^T + (k k^T * D) n           (fp32: it defines the residual)
                   B = scale (exp(b') q S_c^T + (q k^T * D) n)   (the inputs' dtype)
+              and, with fit residual, the residual r = T(v - p) itself in v's dtype (the prediction stays here:
+              x = v - p is kept in fp32 for the target's slope, not for the identity)
     backward  local (parallel): the writes' gradient from the later reads of their own chunk,
                   dn_loc = (k q^T * D^T) scale dB + (k k^T * D^T) dp
+              (with the residual made here, first dv = dr T'(x) and dp = -dv, stored for the kernels below in the
+              inputs' dtype)
               dS pass (sequential, reverse): dn = dn_loc + exp(b_L - b) k dS_{c+1}^T (stored), and
                   dS_c = exp(b_L) dS_{c+1} + (exp(b') scale dB)^T q + (exp(b') dp)^T k - dn^T w
               gradients (parallel, K tiles): dq, dk (as the reads' queries, as the keys of the reads and of the
@@ -37,8 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, Layout, _chunk_gates, _chunk_tile,
-                                          _decay, _pass_chunk, _pass_program, chunk_gate_gradient, launch_options)
+from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, TARGET_CODES, TARGET_IDENTITY,
+                                          Layout, _chunk_gates, _chunk_tile, _decay, _pass_chunk, _pass_program,
+                                          _target, _target_slope, chunk_gate_gradient, launch_options)
 
 LAUNCH = {
     "pass": dict(BV=64, num_warps=4),  # the two state passes hold a BV x K fp32 tile
@@ -80,10 +85,12 @@ def delta_fwd_pass(grid, *, k, w, u, g, S0, hS, N_, ST, cu, coff, H, K, V, BT, B
 
 
 @triton.jit
-def _delta_reads(q, k, g, hS, N_, P, BQ, cu, cidx, scale,
+def _delta_reads(q, k, v, g, hS, N_, P, BQ, RES, cu, cidx, scale, c,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                 BV: tl.constexpr):
-    """The two old reads p = S_{t-1} k_t and scale S_{t-1} q_t (grid V tiles x chunks x heads)."""
+                 BV: tl.constexpr, RESIDUAL: tl.constexpr, TARGET: tl.constexpr):
+    """The two old reads p = S_{t-1} k_t and scale S_{t-1} q_t (grid V tiles x chunks x heads). RESIDUAL: P holds
+    x = v - p instead (fp32; not stored for the identity target, whose slope needs no x) and RES the residual
+    T(x) in v's dtype (the glue's residual step, made here)."""
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
     rt = tl.arange(0, BT)
@@ -98,22 +105,32 @@ def _delta_reads(q, k, g, hS, N_, P, BQ, cu, cidx, scale,
     D = _decay(bp, b, rt[:, None] > rt[None, :])
     e = tl.exp(bp)[:, None]
     p = e * tl.dot(b_k, tl.trans(b_hS)) + tl.dot((tl.dot(b_k, tl.trans(b_k)) * D).to(dt), b_n)
-    tl.store(P + o_tv, p.to(P.dtype.element_ty), mask=m_tv)
+    if RESIDUAL:
+        x = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) - p
+        if TARGET != TARGET_IDENTITY:
+            tl.store(P + o_tv, x, mask=m_tv)
+        tl.store(RES + o_tv, _target(x, c, TARGET).to(RES.dtype.element_ty), mask=m_tv)
+    else:
+        tl.store(P + o_tv, p.to(P.dtype.element_ty), mask=m_tv)
     bq = e * tl.dot(b_q, tl.trans(b_hS)) + tl.dot((tl.dot(b_q, tl.trans(b_k)) * D).to(dt), b_n)
     tl.store(BQ + o_tv, (bq * scale).to(BQ.dtype.element_ty), mask=m_tv)
 
 
-def delta_reads(grid, *, q, k, g, hS, N_, P, BQ, cu, cidx, scale, H, K, V, BT, BK, BV, **options):
+def delta_reads(grid, *, q, k, v, g, hS, N_, P, BQ, RES, cu, cidx, scale, c, H, K, V, BT, BK, BV, RESIDUAL, TARGET,
+                **options):
     """`_delta_reads` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _delta_reads[grid](q, k, g, hS, N_, P, BQ, cu, cidx, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, **options)
+    _delta_reads[grid](q, k, v, g, hS, N_, P, BQ, RES, cu, cidx, scale, c, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                       RESIDUAL=RESIDUAL, TARGET=TARGET, **options)
 
 
 @triton.jit
-def _delta_bwd_local(q, k, g, dBQ, dP, DNL, cu, cidx, scale,
+def _delta_bwd_local(q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     BV: tl.constexpr):
+                     BV: tl.constexpr, RESIDUAL: tl.constexpr, TARGET: tl.constexpr):
     """dn_loc_s = sum_{t > s, chunk} exp(b'_t - b_s) (scale (k_s . q_t) dB_t + (k_s . k_t) dp_t), fp32 (grid V tiles
-    x chunks x heads): what the writes of a chunk get from the later reads inside it."""
+    x chunks x heads): what the writes of a chunk get from the later reads inside it. RESIDUAL: dp first, from the
+    residual's gradient dRES and the x = v - p of the forward (X): dv = dRES T'(x) (stored in dV) and dp = -dv
+    (stored in dP, the inputs' dtype, for the dS pass and the dq/dk kernel)."""
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
     rt = tl.arange(0, BT)
@@ -124,15 +141,25 @@ def _delta_bwd_local(q, k, g, dBQ, dP, DNL, cu, cidx, scale,
     b, bp, b_L = _chunk_gates(g, tok, mt)
     Dst = _decay(-b, -bp, rt[:, None] < rt[None, :])  # [s, t]: exp(b'_t - b_s) for s < t
     b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(dt)
-    b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(dt)
+    if RESIDUAL:
+        dx = tl.load(dRES + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+        if TARGET != TARGET_IDENTITY:
+            dx = dx * _target_slope(tl.load(X + o_tv, mask=m_tv, other=0.0), c, TARGET)
+        tl.store(dV + o_tv, dx.to(dV.dtype.element_ty), mask=m_tv)
+        b_dP = (-dx).to(dt)
+        tl.store(dP + o_tv, b_dP, mask=m_tv)
+    else:
+        b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(dt)
     dn = tl.dot((tl.dot(b_k, tl.trans(b_q)) * Dst * scale).to(dt), b_dB) \
         + tl.dot((tl.dot(b_k, tl.trans(b_k)) * Dst).to(dt), b_dP)
     tl.store(DNL + o_tv, dn, mask=m_tv)
 
 
-def delta_bwd_local(grid, *, q, k, g, dBQ, dP, DNL, cu, cidx, scale, H, K, V, BT, BK, BV, **options):
+def delta_bwd_local(grid, *, q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c, H, K, V, BT, BK, BV, RESIDUAL,
+                    TARGET, **options):
     """`_delta_bwd_local` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _delta_bwd_local[grid](q, k, g, dBQ, dP, DNL, cu, cidx, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, **options)
+    _delta_bwd_local[grid](q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                           RESIDUAL=RESIDUAL, TARGET=TARGET, **options)
 
 
 @triton.jit
@@ -382,11 +409,16 @@ def _grid_v(name: str, V: int) -> tuple[int, dict]:
 
 class DeltaTwoReads(torch.autograd.Function):
     """(q, k, v, g, beta, S0) -> (scale S_{t-1} q_t [inputs' dtype], S_{t-1} k_t [fp32], S_T [fp32]) of the gated
-    delta rule S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T (module docstring)."""
+    delta rule S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T (module docstring).
+
+    residual (target, clip): the second output is the residual T(v_t - S_{t-1} k_t) instead, in v's dtype, made by
+    the read kernel; the backward turns its gradient into dv and dp in the local kernel. The prediction never
+    leaves the Function: its fp32 store and the glue's pass over it are saved, and dp is kept in the inputs' dtype
+    (autograd would cast a gradient to its input's fp32)."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, S0, layout: Layout, scale: float, chunk: int, wy: WY, cu,
-                mail: GradientMail | None):
+                mail: GradientMail | None, residual: tuple[str, float] | None):
         B, T, H, K = q.shape
         V = v.shape[-1]
         dev, dt = q.device, q.dtype
@@ -405,20 +437,25 @@ class DeltaTwoReads(torch.autograd.Function):
         nv, opts = _grid_v("pass", V)
         delta_fwd_pass((nv, N * H), k=k, w=w.contiguous(), u=u.contiguous(), g=g32, S0=S0 if S0 is not None else ST,
                        hS=hS, N_=N_, ST=ST, cu=layout.cu, coff=layout.coff, HAS_S0=S0 is not None, **consts, **opts)
-        P = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)
+        target, clip = residual if residual is not None else ("identity", 0.0)
+        keeps_x = residual is None or target != "identity"  # the identity's slope needs no x
+        P = torch.empty(B, T, H, V, dtype=torch.float32, device=dev) if keeps_x else ST
         BQ = torch.empty(B, T, H, V, dtype=dt, device=dev)
+        RES = torch.empty(B, T, H, V, dtype=v.dtype, device=dev) if residual is not None else BQ
         nv, opts = _grid_v("reads", V)
-        delta_reads((nv, max(NT, 1), H), q=q, k=k, g=g32, hS=hS, N_=N_, P=P, BQ=BQ, cu=layout.cu, cidx=layout.cidx,
-                    scale=float(scale), **consts, **opts)
-        ctx.save_for_backward(q, k, v, g32, beta_c, w, hS, N_)
+        delta_reads((nv, max(NT, 1), H), q=q, k=k, v=v, g=g32, hS=hS, N_=N_, P=P, BQ=BQ, RES=RES, cu=layout.cu,
+                    cidx=layout.cidx, scale=float(scale), c=float(clip), RESIDUAL=residual is not None,
+                    TARGET=TARGET_CODES[target], **consts, **opts)
+        ctx.save_for_backward(q, k, v, g32, beta_c, w, hS, N_, P if residual is not None and keeps_x else None)
+        ctx.residual = (target, float(clip)) if residual is not None else None
         ctx.saved, ctx.layout, ctx.scale, ctx.chunk, ctx.wy, ctx.cu = saved, layout, float(scale), chunk, wy, cu
         ctx.mail = mail
         ctx.has_S0, ctx.dtypes = S0 is not None, (g.dtype, beta.dtype)
-        return BQ, P, ST
+        return BQ, (RES if residual is not None else P), ST
 
     @staticmethod
     def backward(ctx, dBQ, dP, dST):
-        q, k, v, g32, beta_c, w, hS, N_ = ctx.saved_tensors
+        q, k, v, g32, beta_c, w, hS, N_, X = ctx.saved_tensors
         layout, scale, chunk = ctx.layout, ctx.scale, ctx.chunk
         B, T, H, K = q.shape
         V = v.shape[-1]
@@ -429,9 +466,15 @@ class DeltaTwoReads(torch.autograd.Function):
         BK = max(MIN_TILE, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
         DNL = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)
+        target, clip = ctx.residual if ctx.residual is not None else ("identity", 0.0)
+        dRES = dV_res = dP
+        if ctx.residual is not None:  # dP is the residual's gradient: the local kernel makes dv and dp from it
+            dP = torch.empty(B, T, H, V, dtype=dt, device=dev)
+            dV_res = torch.empty_like(v)
         nv, opts = _grid_v("local", V)
-        delta_bwd_local((nv, C, H), q=q, k=k, g=g32, dBQ=dBQ, dP=dP, DNL=DNL, cu=layout.cu, cidx=layout.cidx,
-                        scale=scale, **consts, **opts)
+        delta_bwd_local((nv, C, H), q=q, k=k, g=g32, dBQ=dBQ, dP=dP, DNL=DNL, dRES=dRES,
+                        X=X if X is not None else dRES, dV=dV_res, cu=layout.cu, cidx=layout.cidx, scale=scale,
+                        c=clip, RESIDUAL=ctx.residual is not None, TARGET=TARGET_CODES[target], **consts, **opts)
         dhS = torch.empty(NT, H, V, K, dtype=dt, device=dev)
         DN = torch.empty(B, T, H, V, dtype=dt, device=dev)
         dS0 = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
@@ -459,8 +502,10 @@ class DeltaTwoReads(torch.autograd.Function):
         terms = E - K_P.sum(0).view(NTH // H, H) + db_wy.float().view(NTH // H, H)
         dg = chunk_gate_gradient(layout, terms, E, Z_P, H).view(B, T, H)
         g_dtype, beta_dtype = ctx.dtypes
+        if ctx.residual is not None:  # v's two shares, the WY step's and the residual's (autograd's sum before)
+            dv = torch.add(dV_res, dv, out=torch.empty_like(v))
         return (dQ, dK, dv.to(v.dtype), dg.to(g_dtype), dbeta.to(beta_dtype), dS0 if ctx.has_S0 else None,
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
 
 
 class DeltaKeepStates(torch.autograd.Function):
@@ -540,13 +585,15 @@ def covers(q: torch.Tensor, v: torch.Tensor, spec) -> bool:
 
 
 def delta_two_reads(q, k, v, g, beta, S0, scale: float, cu_seqlens: torch.Tensor | None = None,
-                    wy: WY = FLA_WY, chunk: int = CHUNK, mail: GradientMail | None = None):
+                    wy: WY = FLA_WY, chunk: int = CHUNK, mail: GradientMail | None = None,
+                    residual: tuple[str, float] | None = None):
     """(scale S_{t-1} q_t, S_{t-1} k_t, S_T) of the gated delta rule; q, k [B, T, H, K], S0 [N, H, V, K] fp32 or None.
 
     Packed sequences as in FLA: B = 1 and cu_seqlens [N + 1]. mail: where the auxiliary pass of the same q and k
-    leaves its gradients for this backward to add (`GradientMail`)."""
+    leaves its gradients for this backward to add (`GradientMail`). residual (target, clip): the residual
+    T(v_t - S_{t-1} k_t) in v's dtype in place of the prediction (`DeltaTwoReads`)."""
     B, T = q.shape[:2]
     layout = Layout.batched(B, T, chunk, q.device) if cu_seqlens is None else Layout(B, T, cu_seqlens, chunk, q.device)
     cu = cu_seqlens.long() if cu_seqlens is not None else None
     return DeltaTwoReads.apply(q, k, v, g, beta, S0.float().contiguous() if S0 is not None else None, layout,
-                               scale, chunk, wy, cu, mail)
+                               scale, chunk, wy, cu, mail, residual)
