@@ -13,8 +13,8 @@ twice. Here the recurrence runs once and both reads come out of it (docs/MATH.md
               reads (parallel): with D = exp(b'_t - b_s)[s < t] (b' = b - g: the decay to S_{t-1}),
                   p = exp(b') k S_c^T + (k k^T * D) n           (fp32: it defines the residual)
                   B = scale (exp(b') q S_c^T + (q k^T * D) n)   (the inputs' dtype)
-              and, with fit residual, the residual r = T(v - p) itself in v's dtype (the prediction stays here:
-              x = v - p is kept in fp32 for the target's slope, not for the identity)
+              and, with fit residual, the residual r = T(v - p) itself in v's dtype (the prediction stays here;
+              kept for the backward: the clip's slope as a byte, tanh's x = v - p in fp32, nothing for the identity)
     backward  local (parallel): the writes' gradient from the later reads of their own chunk,
                   dn_loc = (k q^T * D^T) scale dB + (k k^T * D^T) dp
               (with the residual made here, first dv = dr T'(x) and dp = -dv, stored for the kernels below in the
@@ -41,8 +41,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, TARGET_CODES, TARGET_IDENTITY,
-                                          Layout, _chunk_gates, _chunk_tile, _decay, _pass_chunk, _pass_program,
+from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, TARGET_CLIP, TARGET_CODES,
+                                          TARGET_IDENTITY, Layout, _chunk_gates, _chunk_tile, _decay, _pass_chunk, _pass_program,
                                           _target, _target_slope, chunk_gate_gradient, launch_options)
 
 LAUNCH = {
@@ -88,9 +88,10 @@ def delta_fwd_pass(grid, *, k, w, u, g, S0, hS, N_, ST, cu, coff, H, K, V, BT, B
 def _delta_reads(q, k, v, g, hS, N_, P, BQ, RES, cu, cidx, scale, c,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                  BV: tl.constexpr, RESIDUAL: tl.constexpr, TARGET: tl.constexpr):
-    """The two old reads p = S_{t-1} k_t and scale S_{t-1} q_t (grid V tiles x chunks x heads). RESIDUAL: P holds
-    x = v - p instead (fp32; not stored for the identity target, whose slope needs no x) and RES the residual
-    T(x) in v's dtype (the glue's residual step, made here)."""
+    """The two old reads p = S_{t-1} k_t and scale S_{t-1} q_t (grid V tiles x chunks x heads). RESIDUAL: RES holds
+    the residual T(x), x = v - p, in v's dtype (the glue's residual step, made here) and P what the backward needs
+    of x for the target's slope: the clip's slope itself (0 or 1, one byte), x for tanh (fp32), nothing for the
+    identity."""
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
     rt = tl.arange(0, BT)
@@ -107,7 +108,9 @@ def _delta_reads(q, k, v, g, hS, N_, P, BQ, RES, cu, cidx, scale, c,
     p = e * tl.dot(b_k, tl.trans(b_hS)) + tl.dot((tl.dot(b_k, tl.trans(b_k)) * D).to(dt), b_n)
     if RESIDUAL:
         x = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) - p
-        if TARGET != TARGET_IDENTITY:
+        if TARGET == TARGET_CLIP:
+            tl.store(P + o_tv, _target_slope(x, c, TARGET).to(P.dtype.element_ty), mask=m_tv)
+        elif TARGET != TARGET_IDENTITY:
             tl.store(P + o_tv, x, mask=m_tv)
         tl.store(RES + o_tv, _target(x, c, TARGET).to(RES.dtype.element_ty), mask=m_tv)
     else:
@@ -129,8 +132,8 @@ def _delta_bwd_local(q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c,
                      BV: tl.constexpr, RESIDUAL: tl.constexpr, TARGET: tl.constexpr):
     """dn_loc_s = sum_{t > s, chunk} exp(b'_t - b_s) (scale (k_s . q_t) dB_t + (k_s . k_t) dp_t), fp32 (grid V tiles
     x chunks x heads): what the writes of a chunk get from the later reads inside it. RESIDUAL: dp first, from the
-    residual's gradient dRES and the x = v - p of the forward (X): dv = dRES T'(x) (stored in dV) and dp = -dv
-    (stored in dP, the inputs' dtype, for the dS pass and the dq/dk kernel)."""
+    residual's gradient dRES and what the forward kept of x = v - p (X: the clip's slope, or x): dv = dRES T'(x)
+    (stored in dV) and dp = -dv (stored in dP, the inputs' dtype, for the dS pass and the dq/dk kernel)."""
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
     rt = tl.arange(0, BT)
@@ -143,7 +146,9 @@ def _delta_bwd_local(q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c,
     b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(dt)
     if RESIDUAL:
         dx = tl.load(dRES + o_tv, mask=m_tv, other=0.0).to(tl.float32)
-        if TARGET != TARGET_IDENTITY:
+        if TARGET == TARGET_CLIP:
+            dx = dx * tl.load(X + o_tv, mask=m_tv, other=0).to(tl.float32)
+        elif TARGET != TARGET_IDENTITY:
             dx = dx * _target_slope(tl.load(X + o_tv, mask=m_tv, other=0.0), c, TARGET)
         tl.store(dV + o_tv, dx.to(dV.dtype.element_ty), mask=m_tv)
         b_dP = (-dx).to(dt)
@@ -439,7 +444,9 @@ class DeltaTwoReads(torch.autograd.Function):
                        hS=hS, N_=N_, ST=ST, cu=layout.cu, coff=layout.coff, HAS_S0=S0 is not None, **consts, **opts)
         target, clip = residual if residual is not None else ("identity", 0.0)
         keeps_x = residual is None or target != "identity"  # the identity's slope needs no x
-        P = torch.empty(B, T, H, V, dtype=torch.float32, device=dev) if keeps_x else ST
+        # the prediction (fp32), or what the backward needs of x = v - p: the clip's slope (a byte), tanh's x
+        x_dtype = torch.uint8 if residual is not None and target == "clip" else torch.float32
+        P = torch.empty(B, T, H, V, dtype=x_dtype, device=dev) if keeps_x else ST
         BQ = torch.empty(B, T, H, V, dtype=dt, device=dev)
         RES = torch.empty(B, T, H, V, dtype=v.dtype, device=dev) if residual is not None else BQ
         nv, opts = _grid_v("reads", V)
