@@ -23,6 +23,36 @@ pytest.importorskip("triton")
 RATIO, ATOL = 1e-5, 1e-6
 
 
+def check_gate_gradient(compare) -> None:
+    """`common.gate_gradient` (one program a chunk and head) against its sums in float64: packed sequences of 5, 0,
+    1 and 9 tokens in chunks of 4 (each sequence's last chunk partial), two K tiles of partials, three rows of end
+    terms, with and without the `plus` and `extra` terms."""
+    import torch
+
+    from rla_ablate.ops.triton.common import Layout, gate_gradient
+
+    H, NK, sizes = 3, 2, (4, 1, 1, 4, 4, 1)
+    layout = Layout(1, 15, torch.tensor([0, 5, 5, 6, 15]), chunk=4, device="cpu")
+    gen = torch.Generator().manual_seed(11)
+    reads, plus, minus = (torch.randn(NK, 15 * H, generator=gen) for _ in range(3))
+    extra = torch.randn(15 * H, generator=gen)
+    Z_P = torch.randn(3, layout.chunks * H, generator=gen)
+    for with_plus, with_extra in ((True, False), (False, True)):
+        r = reads.double().sum(0).view(15, H)
+        terms = r - minus.double().sum(0).view(15, H)
+        terms += plus.double().sum(0).view(15, H) if with_plus else 0
+        terms += extra.double().view(15, H) if with_extra else 0
+        Z = Z_P.double().sum(0).view(-1, H)
+        want, start = [], 0
+        for c, size in enumerate(sizes):
+            part = terms[start:start + size]
+            want += [part[t:].sum(0) - r[start + t] + Z[c] for t in range(size)]
+            start += size
+        got = gate_gradient(layout, reads, minus, Z_P, H, 4, plus=plus if with_plus else None,
+                            extra=extra if with_extra else None)
+        compare(f"gate-gradient-{'plus' if with_plus else 'extra'}", {"dg": torch.stack(want)}, {"dg": got})
+
+
 def check_all() -> None:
     import torch
     from interpreter_checks import Comparer, check_packed, make, run
@@ -32,6 +62,7 @@ def check_all() -> None:
     from rla_ablate.ops.triton.rla import rla_triton
 
     compare = Comparer(RATIO, ATOL)
+    check_gate_gradient(compare)
 
     for fit, target, og in itertools.product(["residual", "none"], ["clip", "tanh", "identity"], [True, False]):
         spec = ResidualSpec(rule="additive", fit=fit, target=target, output_gates=og, clip=0.7)
@@ -131,7 +162,7 @@ def check_carry(compare) -> None:
 def test_fused_rla_kernels_match_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=35, timeout=900)
+    run_interpreted(__file__, checks=37, timeout=900)
 
 
 def test_long_sequences_split_into_segments():
@@ -162,31 +193,22 @@ def test_long_sequences_split_into_segments():
     assert fused.SPLIT == fused.SplitRule() and fused.SPLIT.chunks * 64 == 8192
 
 
-def test_layout_lists_chunks_and_sums_each_chunk_from_the_end():
+def test_layout_lists_chunks():
     import torch
 
     from rla_ablate.ops.triton.rla import Layout
 
     lengths = [5, 0, 1, 9]
     layout = Layout(1, sum(lengths), torch.tensor([0, 5, 5, 6, 15]), chunk=4, device="cpu")
-    assert (layout.N, layout.chunks) == (4, 2 + 0 + 1 + 3)
+    assert (layout.N, layout.chunks, layout.tokens) == (4, 2 + 0 + 1 + 3, 15)
     assert layout.coff.tolist() == [0, 2, 2, 3, 6]
     assert layout.cidx.view(-1, 2).tolist() == [[0, 0], [0, 1], [2, 0], [3, 0], [3, 1], [3, 2]]
-    assert layout.chunk_of_token.tolist() == [0] * 4 + [1] + [2] + [3] * 4 + [4] * 4 + [5]
-    x = torch.randn(sum(lengths), 3)
-    want, start = [], 0
-    for size in (4, 1, 1, 4, 4, 1):  # chunks of 4 tokens restart with each sequence; the last of each is partial
-        part = x[start:start + size]
-        want += [part[t:].sum(0) for t in range(size)]
-        start += size
-    torch.testing.assert_close(layout.chunk_reverse_cumsum(x), torch.stack(want), rtol=1e-6, atol=1e-6)
     batched = Layout(3, 7, None, chunk=4, device="cpu")
     assert batched.cu.tolist() == [0, 7, 14, 21] and batched.chunks == 6
     cached = Layout.batched(3, 7, 4, torch.device("cpu"))  # built once per shape, as every layer call asks again
     assert cached is Layout.batched(3, 7, 4, torch.device("cpu"))
     assert cached.cidx.tolist() == batched.cidx.tolist()
-    assert cached.chunk_of_token.tolist() == [0] * 4 + [1] * 3 + [2] * 4 + [3] * 3 + [4] * 4 + [5] * 3
-    assert Layout(1, 0, torch.tensor([0, 0]), chunk=4, device="cpu").chunk_of_token.numel() == 0
+    assert (lambda empty: (empty.chunks, empty.tokens))(Layout(1, 0, torch.tensor([0, 0]), chunk=4, device="cpu")) == (0, 0)
 
 
 def test_fused_kernels_take_only_what_ran_on_the_gpu():

@@ -144,15 +144,7 @@ class Layout:
         self.coff = torch.tensor(starts, dtype=torch.int32, device=device)
         pairs = [(n, c) for n, count in enumerate(counts) for c in range(count)]
         self.cidx = torch.tensor(pairs or [(0, 0)], dtype=torch.int32, device=device).flatten()
-        sizes = [min(chunk, lengths[n] - c * chunk) for n, c in pairs]
-        chunk_ends = [0]
-        for n in sizes:
-            chunk_ends.append(chunk_ends[-1] + n)
-        # output_size given: repeat_interleave would otherwise wait for the GPU to learn its length
-        self.chunk_of_token = torch.repeat_interleave(torch.arange(self.chunks, device=device),
-                                                      torch.tensor(sizes, dtype=torch.long, device=device),
-                                                      output_size=ends[-1])
-        self.chunk_end_of_token = torch.tensor(chunk_ends[1:], dtype=torch.long, device=device)[self.chunk_of_token]
+        self.tokens = ends[-1]
 
     @staticmethod
     @functools.lru_cache(maxsize=64)
@@ -161,28 +153,50 @@ class Layout:
         which every layer of every step would otherwise repeat (its tensors are only read)."""
         return Layout(B, T, None, chunk, device)
 
-    def chunk_reverse_cumsum(self, x: torch.Tensor) -> torch.Tensor:
-        """sum_{j >= t, same chunk} x_j for x [tokens, H] (fp32 out).
 
-        One scan along the innermost dimension ([H, tokens]: a scan over an outer dimension took 11 ms on the H200
-        for 64K tokens), in float64 so that subtracting the sums past each chunk's end loses nothing.
-        """
-        xt = torch.cat([x.t().double(), x.new_zeros(x.shape[1], 1, dtype=torch.float64)], dim=1)
-        tail = xt.flip(1).cumsum(1).flip(1)  # tail[:, t] = sum_{j >= t}
-        return (tail[:, :-1] - tail[:, self.chunk_end_of_token]).t().float()
+@triton.jit
+def _gate_gradient(RP, PP, MP, EXTRA, Z_P, DG, cu, cidx, NTH, NCH, NK: tl.constexpr, NZ: tl.constexpr,
+                   H: tl.constexpr, BT: tl.constexpr, HAS_PP: tl.constexpr, HAS_EXTRA: tl.constexpr):
+    """dg of one chunk and head (grid chunks x heads) from the partials of `gate_gradient`."""
+    i_c, h = tl.program_id(0), tl.program_id(1)
+    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
+    reads = tl.zeros([BT], dtype=tl.float32)
+    terms = tl.zeros([BT], dtype=tl.float32)
+    for i in tl.static_range(NK):
+        reads += tl.load(RP + i * NTH + tok, mask=mt, other=0.0)
+        if HAS_PP:
+            terms += tl.load(PP + i * NTH + tok, mask=mt, other=0.0)
+        terms -= tl.load(MP + i * NTH + tok, mask=mt, other=0.0)
+    terms += reads
+    if HAS_EXTRA:
+        terms += tl.load(EXTRA + tok, mask=mt, other=0.0).to(tl.float32)
+    z = 0.0
+    for i in tl.static_range(NZ):
+        z += tl.load(Z_P + i * NCH + i_c * H + h)
+    rt = tl.arange(0, BT)
+    tail = tl.sum(tl.where(rt[None, :] >= rt[:, None], terms[None, :], 0.0), axis=1)  # sum_{j >= t} in the chunk
+    tl.store(DG + tok, tail - reads + z, mask=mt)
 
 
-def chunk_gate_gradient(layout: Layout, terms: torch.Tensor, E: torch.Tensor, Z_P: torch.Tensor, H: int):
-    """dg [tokens, H] from the kernels' per-token terms (reads minus writes, `terms`, of which `E` are the reads
-    that start at b') and their per-K-tile partials of each chunk's end term Z_c = <dS_end, S_end> (+ R's):
+def gate_gradient(layout: Layout, reads: torch.Tensor, minus: torch.Tensor, Z_P: torch.Tensor, H: int, chunk: int,
+                  plus: torch.Tensor | None = None, extra: torch.Tensor | None = None) -> torch.Tensor:
+    """dg [tokens, H] fp32 from the kernels' per-K-tile partials [NK, tokens * H] of the per-token terms of d/db,
+    reads (those that start at b', E) plus `plus` minus `minus` (the writes) plus `extra` [tokens * H] (a term
+    summed already), and their partials Z_P [rows, chunks * H] of each chunk's end term Z_c = <dS_end, S_end>
+    (+ R's):
 
         dg_t = sum_{j >= t, same chunk} terms_j - E_t + Z_{chunk of t}
 
-    (docs/MATH.md "dg without the states"). Summed over the whole sequence instead, the terms' bf16
-    rounding accumulates and dg's error grows with the length (fp16 in the interpreter: 7e-4 at T=128, 6.5e-3 at
-    16K); the chunk's end term holds what the later chunks add, from the states, exactly."""
-    Z = Z_P.sum(0).view(-1, H) if layout.chunks else Z_P.new_zeros(0, H)
-    return layout.chunk_reverse_cumsum(terms) - E + Z[layout.chunk_of_token]
+    (docs/MATH.md "dg without the states"), one program a chunk and head. Summed over the whole sequence instead,
+    the terms' bf16 rounding accumulates and dg's error grows with the length (fp16 in the interpreter: 7e-4 at
+    T=128, 6.5e-3 at 16K); the chunk's end term holds what the later chunks add, from the states, exactly."""
+    NTH = reads.shape[1]
+    dg = torch.empty(NTH, dtype=torch.float32, device=reads.device)
+    C = max(layout.chunks, 1)
+    _gate_gradient[(C, H)](reads, plus if plus is not None else reads, minus, extra if extra is not None else reads,
+                           Z_P, dg, layout.cu, layout.cidx, NTH, Z_P.shape[1], NK=reads.shape[0], NZ=Z_P.shape[0],
+                           H=H, BT=chunk, HAS_PP=plus is not None, HAS_EXTRA=extra is not None)
+    return dg.view(NTH // H, H)
 
 
 def launch_options(name: str, V: int, table: dict) -> dict:

@@ -43,7 +43,7 @@ import triton.language as tl
 
 from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, TARGET_CLIP, TARGET_CODES,
                                           TARGET_IDENTITY, Layout, _chunk_gates, _chunk_tile, _decay, _pass_chunk, _pass_program,
-                                          _target, _target_slope, chunk_gate_gradient, launch_options)
+                                          _target, _target_slope, gate_gradient, launch_options)
 
 LAUNCH = {
     "pass": dict(BV=64, num_warps=4),  # the two state passes hold a BV x K fp32 tile
@@ -307,7 +307,7 @@ FLA_WY = WY(fwd=_fla_wy_fwd, bwd=_fla_wy_bwd)
 
 def _chunk_tokens(layout: Layout, chunk: int, device) -> torch.Tensor:
     """[chunks, chunk] token indices of each chunk, the number of tokens where a chunk ends early."""
-    total = layout.chunk_of_token.numel()
+    total = layout.tokens
     pairs = layout.cidx.view(-1, 2).long()[:layout.chunks]
     start = layout.cu.long()[pairs[:, 0]] + pairs[:, 1] * chunk
     idx = start[:, None] + torch.arange(chunk, device=device)
@@ -505,9 +505,7 @@ class DeltaTwoReads(torch.autograd.Function):
         dk_wy, dv, dbeta, db_wy = ctx.wy.bwd(k, v, beta_c, g32, ctx.saved, dW, DN, layout, ctx.cu, chunk)
         # our fp32 dk plus the WY step's, summed in fp32 and stored in the inputs' dtype by one elementwise kernel
         dK = torch.add(dK, dk_wy, out=torch.empty(B, T, H, K, dtype=dt, device=dev))
-        E = E_P.sum(0).view(NTH // H, H)
-        terms = E - K_P.sum(0).view(NTH // H, H) + db_wy.float().view(NTH // H, H)
-        dg = chunk_gate_gradient(layout, terms, E, Z_P, H).view(B, T, H)
+        dg = gate_gradient(layout, E_P, K_P, Z_P, H, chunk, extra=db_wy.contiguous()).view(B, T, H)
         g_dtype, beta_dtype = ctx.dtypes
         if ctx.residual is not None:  # v's two shares, the WY step's and the residual's (autograd's sum before)
             dv = torch.add(dV_res, dv, out=torch.empty_like(v))

@@ -50,7 +50,7 @@ import triton.language as tl
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
                                           TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
-                                          _pass_chunk, _pass_program, _target, _target_slope, chunk_gate_gradient,
+                                          _pass_chunk, _pass_program, _target, _target_slope, gate_gradient,
                                           launch_options)
 
 # Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives; tiles at
@@ -779,9 +779,7 @@ class RLAFunction(torch.autograd.Function):
             dGAMMA += dGAMMA_P.sum(0).view(B * T, H)
         if fit_res:
             dGAMMA += dGR_P.sum(0).view(B * T, H)
-        EE = EE_P.sum(0).view(B * T, H)
-        EQK = (EQ_P - EK_P).sum(0).view(B * T, H)
-        dg = chunk_gate_gradient(layout, EQK + EE, EE, Z_P, H)
+        dg = gate_gradient(layout, EE_P, EK_P, Z_P, H, chunk, plus=EQ_P)
         g_dtype, beta_dtype, gamma_dtype = ctx.dtypes
         shape_k, shape_v, shape_g = (B, T, H, K), (B, T, H, V), (B, T, H)
         uses_gamma = fit_res or spec.output_gates
