@@ -156,26 +156,33 @@ class Layout:
 
 @triton.jit
 def _gate_gradient(RP, PP, MP, EXTRA, Z_P, DG, cu, cidx, NTH, NCH, NK: tl.constexpr, NZ: tl.constexpr,
-                   H: tl.constexpr, BT: tl.constexpr, HAS_PP: tl.constexpr, HAS_EXTRA: tl.constexpr):
-    """dg of one chunk and head (grid chunks x heads) from the partials of `gate_gradient`."""
-    i_c, h = tl.program_id(0), tl.program_id(1)
-    n, eos, t, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
-    reads = tl.zeros([BT], dtype=tl.float32)
-    terms = tl.zeros([BT], dtype=tl.float32)
+                   H: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr, HAS_PP: tl.constexpr,
+                   HAS_EXTRA: tl.constexpr):
+    """dg of one chunk, every head (grid chunks) from the partials of `gate_gradient`. The chunk's rows are taken
+    last token first, so that a prefix sum down the tile is each token's sum to the chunk's end; rows of H heads
+    side by side, as the partials lie."""
+    i_c = tl.program_id(0)
+    n, c = tl.load(cidx + 2 * i_c).to(tl.int64), tl.load(cidx + 2 * i_c + 1).to(tl.int64)
+    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
+    t = bos + c * BT + (BT - 1 - tl.arange(0, BT))  # reversed
+    rh = tl.arange(0, BH)
+    m = (t < eos)[:, None] & (rh < H)[None, :]
+    o = t[:, None] * H + rh[None, :]
+    reads = tl.zeros([BT, BH], dtype=tl.float32)
+    terms = tl.zeros([BT, BH], dtype=tl.float32)
     for i in tl.static_range(NK):
-        reads += tl.load(RP + i * NTH + tok, mask=mt, other=0.0)
+        reads += tl.load(RP + i * NTH + o, mask=m, other=0.0)
         if HAS_PP:
-            terms += tl.load(PP + i * NTH + tok, mask=mt, other=0.0)
-        terms -= tl.load(MP + i * NTH + tok, mask=mt, other=0.0)
+            terms += tl.load(PP + i * NTH + o, mask=m, other=0.0)
+        terms -= tl.load(MP + i * NTH + o, mask=m, other=0.0)
     terms += reads
     if HAS_EXTRA:
-        terms += tl.load(EXTRA + tok, mask=mt, other=0.0).to(tl.float32)
-    z = 0.0
+        terms += tl.load(EXTRA + o, mask=m, other=0.0).to(tl.float32)
+    z = tl.zeros([BH], dtype=tl.float32)
     for i in tl.static_range(NZ):
-        z += tl.load(Z_P + i * NCH + i_c * H + h)
-    rt = tl.arange(0, BT)
-    tail = tl.sum(tl.where(rt[None, :] >= rt[:, None], terms[None, :], 0.0), axis=1)  # sum_{j >= t} in the chunk
-    tl.store(DG + tok, tail - reads + z, mask=mt)
+        z += tl.load(Z_P + i * NCH + i_c * H + rh, mask=rh < H, other=0.0)
+    tail = tl.cumsum(terms, axis=0)  # sum_{j >= t} within the chunk
+    tl.store(DG + o, tail - reads + z[None, :], mask=m)
 
 
 def gate_gradient(layout: Layout, reads: torch.Tensor, minus: torch.Tensor, Z_P: torch.Tensor, H: int, chunk: int,
@@ -187,15 +194,16 @@ def gate_gradient(layout: Layout, reads: torch.Tensor, minus: torch.Tensor, Z_P:
 
         dg_t = sum_{j >= t, same chunk} terms_j - E_t + Z_{chunk of t}
 
-    (docs/MATH.md "dg without the states"), one program a chunk and head. Summed over the whole sequence instead,
+    (docs/MATH.md "dg without the states"), one program a chunk. Summed over the whole sequence instead,
     the terms' bf16 rounding accumulates and dg's error grows with the length (fp16 in the interpreter: 7e-4 at
     T=128, 6.5e-3 at 16K); the chunk's end term holds what the later chunks add, from the states, exactly."""
     NTH = reads.shape[1]
     dg = torch.empty(NTH, dtype=torch.float32, device=reads.device)
     C = max(layout.chunks, 1)
-    _gate_gradient[(C, H)](reads, plus if plus is not None else reads, minus, extra if extra is not None else reads,
-                           Z_P, dg, layout.cu, layout.cidx, NTH, Z_P.shape[1], NK=reads.shape[0], NZ=Z_P.shape[0],
-                           H=H, BT=chunk, HAS_PP=plus is not None, HAS_EXTRA=extra is not None)
+    _gate_gradient[(C,)](reads, plus if plus is not None else reads, minus, extra if extra is not None else reads,
+                         Z_P, dg, layout.cu, layout.cidx, NTH, Z_P.shape[1], NK=reads.shape[0], NZ=Z_P.shape[0],
+                         H=H, BH=triton.next_power_of_2(H), BT=chunk, HAS_PP=plus is not None,
+                         HAS_EXTRA=extra is not None)
     return dg.view(NTH // H, H)
 
 
