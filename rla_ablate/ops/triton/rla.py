@@ -59,9 +59,10 @@ from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_E
 # thread, 8 warps leave one block per SM and nothing to overlap one program's loads with another's dots; two blocks
 # of 4 warps can.
 LAUNCH = {
-    # the state passes, one BV x BK fp32 tile per program (as FLA's chunk_fwd_h): one term (S, R, dR) or two (dS)
-    "state_pass": dict(BK=64, BV=64, num_warps=4),
-    "state_pass_2": dict(BK=64, BV=64, num_warps=4),
+    # the state passes, one BV x BK fp32 tile per program (as FLA's chunk_fwd_h): one term (S, R, dR) or two (dS);
+    # 64 x 128 tiles since the reverse passes also make dg's end terms (`benchmarks/kernels.py --tune additive`)
+    "state_pass": dict(BK=64, BV=128, num_warps=4),
+    "state_pass_2": dict(BK=128, BV=64, num_warps=4),
     "fwd_residual": dict(BV=64, num_warps=4),
     # S's pass making the residuals (`_s_pass_residual`): one BV x K fp32 tile a program
     "s_pass_residual": dict(BV=64, num_warps=4),
