@@ -239,7 +239,9 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         drawn = [has_comparison(spec, runs, validity_index(spec, runs, validity)) for spec in specs]
         n_drawn = sum(drawn)
         status = ", ".join(f"{n} {st}" for st, n in sorted(counts.items())) or "none"
-        tell(f"rendering {n_drawn} of {len(specs)} specs from {len(runs.jobs)} runs ({status})"
+        searched = sdir.optuna_path.is_file()  # a search sweep: its study's figure besides (search_part)
+        tell(f"rendering {n_drawn} of {len(specs)} specs" + (" and the search's figure" if searched else "")
+             + f" from {len(runs.jobs)} runs ({status})"
              + (f"; {len(specs) - n_drawn} {'has' if len(specs) - n_drawn == 1 else 'have'} nothing to compare in "
                 "this sweep" if n_drawn < len(specs) else ""))
         every = []

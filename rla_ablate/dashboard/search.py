@@ -36,7 +36,7 @@ class Search:
 
 def load_study(sdir: SweepDir):
     """The sweep's Optuna study, or None for a sweep without one (a grid sweep, a search not launched yet)."""
-    if not (sdir.path / "optuna.db").is_file():
+    if not sdir.optuna_path.is_file():
         return None
     import optuna
 

@@ -140,7 +140,7 @@ def check_study(study: Any, sweep: Any, sdir: Any) -> None:
         what = (f"search.params.{key} {_spelled(old[key]) if key in old else '(not searched)'}; this file asks for "
                 f"{_spelled(new[key]) if key in new else '(not searched)'}")
     raise _err(sweep.source, path,
-               f"the study in {sdir.path / 'optuna.db'} ({len(study.trials)} trials) was made with {what}. Its trials "
+               f"the study in {sdir.optuna_path} ({len(study.trials)} trials) was made with {what}. Its trials "
                "would be ranked with the new ones as if they answered the same question. Give the sweep its own "
                "`name:` for a new study, or set it back to continue this one")
 
@@ -219,7 +219,7 @@ class OptunaSource:
     def nothing_to_do(self, summary: Any) -> bool:
         from rla_ablate.sweep.sources import count_statuses
 
-        if not (self.sdir.path / "optuna.db").exists() or not study_done(self.sweep, self.sdir):
+        if not self.sdir.optuna_path.exists() or not study_done(self.sweep, self.sdir):
             return False
         summary.counts = count_statuses(self.sdir, (r["job_id"] for r in self.sdir.job_list()))
         summary.pruned = pruned_count(self.sdir)

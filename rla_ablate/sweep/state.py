@@ -117,8 +117,13 @@ class SweepDir:
         return self.job_dir(job_id) / "error.log"
 
     @property
+    def optuna_path(self) -> Path:
+        """The study of a search sweep (absent for a grid sweep and before a search's first launch)."""
+        return self.path / "optuna.db"
+
+    @property
     def optuna_uri(self) -> str:
-        return f"sqlite:///{self.path / 'optuna.db'}"
+        return f"sqlite:///{self.optuna_path}"
 
     def exists(self) -> bool:
         return (self.path / "sweep.json").exists()
