@@ -176,6 +176,42 @@ def test_a_continued_study_refuses_another_metric_direction_search_space_or_base
     check_study(make_study(more.config.search, more.name, uri), more, sdir)
 
 
+def test_a_refused_relaunch_leaves_the_saved_file_and_resume_as_they_were(tmp_path):
+    """A relaunch whose study check fails (a widened range, in place or from another file with --new-version) is
+    refused before the launch saves anything: the sweep folder's copy of the file and its record of where it came
+    from stay those of the last launch, so `resume` still runs that."""
+    import copy
+    import json
+
+    from rla_ablate.errors import UserError
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.sweep.launch import LaunchOptions, launch
+    from rla_ablate.sweep.search import check_study, make_study
+    from rla_ablate.sweep.state import SweepDir
+
+    root = tmp_path / "runs"
+    f = tmp_path / "search.yaml"
+    f.write_text(yaml.safe_dump(SEARCH, sort_keys=False))
+    first = load_sweep(f)
+    sdir = SweepDir(root, SEARCH["name"])
+    sdir.path.mkdir(parents=True)
+    check_study(make_study(first.config.search, first.name, sdir.optuna_uri), first, sdir)  # as its launch left it
+    (sdir.path / "sweep.yaml").write_text(f.read_text())
+    sdir.write_meta(sweep_file=str(f.resolve()), cwd=str(tmp_path))
+    saved, meta = (sdir.path / "sweep.yaml").read_text(), json.loads((sdir.path / "sweep.json").read_text())
+    wider = copy.deepcopy(SEARCH)
+    wider["search"]["params"]["train.lr"]["high"] = 2.0e-2
+    other = tmp_path / "other" / "search.yaml"
+    other.parent.mkdir()
+    for path, new_version in ((f, False), (other, True)):
+        path.write_text(yaml.safe_dump(wider, sort_keys=False))
+        with pytest.raises(UserError, match="was made with") as err:
+            launch(path, LaunchOptions(root=root, new_version=new_version))
+        assert err.value.key == "search.params.train.lr", err.value
+        assert (sdir.path / "sweep.yaml").read_text() == saved
+        assert json.loads((sdir.path / "sweep.json").read_text()) == meta
+
+
 def test_a_search_sweeps_dashboard_says_what_its_study_did_and_asks_for_no_grid_edit(tmp_path):
     """The page of a search sweep opens with its study (trials by state, the best with its job and parameters),
     draws it (the value by trial, against each parameter), lists the trials best first, and the claims it cannot

@@ -309,6 +309,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
     progress = Progress(sweep.name, console=console, interactive=opts.interactive)
     try:
         left_out = _check_version(sweep, sdir, opts)
+        source.check()
         sdir.path.mkdir(parents=True, exist_ok=True)
         Path(sdir.path / "sweep.yaml").write_text(Path(sweep.source.file).read_text(encoding="utf-8"), encoding="utf-8")
         if (sdir.path / "sweep.yaml").resolve() != Path(sweep.source.file).resolve():  # not `resume`

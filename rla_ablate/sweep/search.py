@@ -213,6 +213,12 @@ class OptunaSource:
         """The sweep's expansion: a trial changes search parameters, not which data a job reads."""
         return list(self.sweep.jobs)
 
+    def check(self) -> None:
+        """A stored study must answer this file's question (`check_study`), checked before the launch saves the
+        file: a refused relaunch (a widened range) leaves the saved file, and so `resume`, as they were."""
+        if self.sdir.optuna_path.exists():
+            check_study(make_study(self.cfg, self.sweep.name, self.sdir.optuna_uri), self.sweep, self.sdir)
+
     def prepare(self) -> None:
         """Trials are listed in jobs.json as they are asked for."""
 

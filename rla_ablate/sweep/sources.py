@@ -37,6 +37,10 @@ class JobSource(Protocol):
     def data_jobs(self) -> list[ResolvedJob]:
         """Jobs whose data and eval sets this launch may read (the launch dry-runs each distinct one first)."""
 
+    def check(self) -> None:
+        """Before the launch writes anything in the sweep folder: raise a UserError for what it cannot continue
+        (a refused launch leaves the folder, its saved file included, as it was)."""
+
     def prepare(self) -> None:
         """Before anything starts: record in the sweep folder the jobs known up front."""
 
@@ -99,6 +103,9 @@ class GridSource:
     def data_jobs(self) -> list[ResolvedJob]:
         """The unfinished jobs: what a relaunch skips is not read again."""
         return self.unfinished()
+
+    def check(self) -> None:
+        """Nothing beyond the launch's own version check (`launch._check_version`)."""
 
     def prepare(self) -> None:
         self.sdir.write_job_list([job_record(j) for j in self.jobs])
