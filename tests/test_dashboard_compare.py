@@ -622,7 +622,12 @@ def test_clip_radius_question_with_the_mechanism_off_recommends_no_seeds(server,
         seeds: [0, 1, 2]
         """, lambda job: 3.9 + noise[job.seed] + {0.05: 0.002, 0.2: 0.0001, 1.0: 0.0}[job.job.model.clip] * (
             job.seed + 1), lambda job: diag_values(0.0, 0.5))
+    first, _ = dashboard(root, "clip-radius", server)  # the repository's specs: the sweep's default page
     dash, page = dashboard(root, "clip-radius", server, specs=syn.REPO_SWEEPS.parent / "dashboards" / "questions")
+    # another set of specs renders a page of its own beside it, which leaves the first one as it was
+    assert first.out_dir.name == "dashboard" and dash.out_dir.name == "dashboard-questions"
+    assert dash.out_dir.parent == first.out_dir.parent and (first.out_dir / "index.html").is_file()
+    assert {p.name for p in first.out_dir.glob("*.png")} and not {p.name for p in first.out_dir.glob("clip_radius*")}
     assert [r.name for r in dash.rendered] == ["clip_radius", "clip_radius_curve"]
     assert {u.spec for u in dash.untested} == {"clip_radius_relative"}      # the relative-radius question's claims
     assert [v.verdict for v in dash.verdicts] == ["unresolved", "unresolved"]

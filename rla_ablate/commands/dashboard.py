@@ -17,7 +17,8 @@ def register(subparsers) -> None:
     parser.add_argument("name", help="the sweep name (or its sweep file)")
     parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
     parser.add_argument("--specs", default=None, help="folder of figure specs (default: the repository's dashboards/)")
-    parser.add_argument("--out", default=None, help="output folder (default: ROOT/NAME/dashboard)")
+    parser.add_argument("--out", default=None, help="output folder (default: ROOT/NAME/dashboard; with --specs DIR, "
+                        "ROOT/NAME/dashboard-<DIR's name>: a page per set of specs)")
     parser.add_argument("--tracking-uri", default=None,
                         help="read runs from this MLflow server instead of the sweep's own store")
     parser.add_argument("--include-stale", action="store_true",

@@ -26,7 +26,7 @@ from rla_ablate.dashboard.coverage import Untested
 from rla_ablate.dashboard.html import write_page
 from rla_ablate.dashboard.render import Rendered, has_comparison, render, validity_index
 from rla_ablate.dashboard.search import search_part
-from rla_ablate.dashboard.spec import load_specs
+from rla_ablate.dashboard.spec import load_specs, spec_dir
 from rla_ablate.dashboard.verdict import adjust_for_many
 from rla_ablate.errors import UserError
 from rla_ablate.sweep.state import SweepDir
@@ -208,7 +208,8 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
     specs = load_specs(specs_dir)
     root = Path(root)
     sdir = SweepDir(root, sweep)
-    out = Path(out_dir) if out_dir else sdir.path / "dashboard"
+    folder = dashboard_folder(specs_dir)
+    out = Path(out_dir) if out_dir else sdir.path / folder
     ctx = contextlib.nullcontext(tracking_uri) if tracking_uri else open_tracking(root, sweep)
     hint = f"start it with `rla-sweep ui {sweep}" + (f" --root {root}" if str(root) != "rla-runs" else "") + "`"
     shared = None
@@ -269,7 +270,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         logged, unlogged = None, []
         if log_artifacts and runs.parent is not None:
             tell("logging the files to the sweep's parent run in MLflow")
-            logged = _log_files(MlflowClient(uri), runs.parent.run_id, out, uri, sweep, unlogged)
+            logged = _log_files(MlflowClient(uri), runs.parent.run_id, out, folder, uri, sweep, unlogged)
         if not tracking_uri and shared is None:
             tell("stopping the MLflow server")
     return Dashboard(page, out, rendered, uri, logged, synced,
@@ -277,6 +278,15 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
 
 
 FIGURES = "figures.json"
+
+
+def dashboard_folder(specs_dir: str | Path | None) -> str:
+    """Where a sweep's dashboard of these specs goes, under the sweep's folder and in its parent MLflow run:
+    `dashboard` for the repository's specs, `dashboard-<folder name>` for another folder of specs (`--specs
+    dashboards/questions`: dashboard-questions), so that rendering one set never replaces the page of another."""
+    if specs_dir is None or Path(specs_dir).resolve() == spec_dir().resolve():
+        return "dashboard"
+    return f"dashboard-{Path(specs_dir).resolve().name}"
 
 
 def _figure_names(manifest) -> list[str]:
@@ -302,17 +312,18 @@ def _forget_old_figures(out: Path, rendered) -> None:
     manifest.write_text(json.dumps(written, indent=1))
 
 
-def _log_files(client, run_id: str, out: Path, uri: str, sweep: str, unlogged: list[str]) -> str | None:
-    """Log the dashboard's files to the sweep's parent run; returns its id, or None with the reason in `unlogged`.
+def _log_files(client, run_id: str, out: Path, folder: str, uri: str, sweep: str, unlogged: list[str]) -> str | None:
+    """Log the dashboard's files to the sweep's parent run, under `folder` (`dashboard_folder`); returns its id, or
+    None with the reason in `unlogged`.
 
     A launch's runs keep their artifacts behind its MLflow server (`mlflow-artifacts:` URIs): a client that reads
     the store directly (`--tracking-uri sqlite:///...`) can read their metrics but not write their files. The page
     is written either way, so that is a note, not a failure."""
     from mlflow.exceptions import MlflowException
 
-    logged_before = _logged_figures(client, run_id)
+    logged_before = _logged_figures(client, run_id, folder)
     try:
-        client.log_artifacts(run_id, str(out), "dashboard")
+        client.log_artifacts(run_id, str(out), folder)
     except MlflowException as err:
         if "mlflow-artifacts" not in str(err):
             raise
@@ -320,23 +331,23 @@ def _log_files(client, run_id: str, out: Path, uri: str, sweep: str, unlogged: l
                         f"bypasses; without --tracking-uri (or with the server's http:// address) the files are "
                         f"logged to the parent run of '{sweep}'")
         return None
-    _forget_old_logged_figures(client, run_id, out, uri, logged_before, unlogged)
+    _forget_old_logged_figures(client, run_id, out, folder, uri, logged_before, unlogged)
     return run_id
 
 
-def _logged_figures(client, run_id: str) -> list[str]:
-    """The figures the last render logged to the run (its `dashboard/figures.json`); none if it logged none."""
+def _logged_figures(client, run_id: str, folder: str) -> list[str]:
+    """The figures the last render logged to the run's `folder` (its figures.json); none if it logged none."""
     import tempfile
 
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            names = json.loads(Path(client.download_artifacts(run_id, f"dashboard/{FIGURES}", tmp)).read_text())
+            names = json.loads(Path(client.download_artifacts(run_id, f"{folder}/{FIGURES}", tmp)).read_text())
     except Exception:  # no earlier render logged here, or its manifest is unreadable: nothing to forget
         return []
     return _figure_names(names)
 
 
-def _forget_old_logged_figures(client, run_id: str, out: Path, uri: str, logged_before: list[str],
+def _forget_old_logged_figures(client, run_id: str, out: Path, folder: str, uri: str, logged_before: list[str],
                                unlogged: list[str]) -> None:
     """Delete from the run the figures the last render logged (`logged_before`, its manifest) and this one did not
     write: logging adds and overwrites files but never removes one, so a figure of a spec since renamed or dropped
@@ -346,7 +357,7 @@ def _forget_old_logged_figures(client, run_id: str, out: Path, uri: str, logged_
     from mlflow.exceptions import MlflowException
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-    stale = [f"dashboard/{n}" for n in logged_before if not (out / n).is_file()]
+    stale = [f"{folder}/{n}" for n in logged_before if not (out / n).is_file()]
     if not stale:
         return
     try:
