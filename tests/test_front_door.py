@@ -352,6 +352,29 @@ def test_a_sweep_name_where_its_file_belongs_and_a_file_where_its_name_does(tmp_
         assert code == 2 and "no sweep 'door'" in err, (command, err)
 
 
+def test_status_and_results_of_a_file_that_is_not_the_launched_one_say_so(tmp_path, capsys):
+    """Given a sweep file, status and results show the sweep its `name:` names; a file other than the one that sweep
+    was last launched with (here another token budget) gets a note on stderr that the jobs shown are not its own."""
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.sweep.sources import job_record
+    from rla_ablate.sweep.state import SweepDir
+
+    launched = tiny_sweep(tmp_path / "mine.yaml")
+    sdir = SweepDir(tmp_path / "runs", "door")
+    sdir.path.mkdir(parents=True)
+    (sdir.path / "sweep.yaml").write_text(launched.read_text())  # as a launch leaves it
+    sdir.write_job_list([job_record(j) for j in load_sweep(launched).jobs])
+    other = tmp_path / "other" / "mine.yaml"
+    other.parent.mkdir()
+    other.write_text(launched.read_text().replace("tokens: 512", "tokens: 1024"))
+    assert other.read_text() != launched.read_text()
+    for path, noted in ((launched, False), (other, True), (sdir.path / "sweep.yaml", False)):
+        code, err = run_cli(capsys, "status", str(path), "--root", str(tmp_path / "runs"))
+        assert code == 0 and ("is not the file sweep 'door' was last launched with" in err) == noted, (path, err)
+    code, err = run_cli(capsys, "status", "door", "--root", str(tmp_path / "runs"), "--json")
+    assert code == 0 and "note" not in err
+
+
 def test_a_train_refused_before_its_first_step_leaves_no_folder_it_made(tmp_path, capsys):
     """Data found unusable once the job opens it (here an empty text file: 1 token) is exit 2 naming the path, and
     the --out folder the command made for it goes (it kept a job.json of a job that never ran)."""

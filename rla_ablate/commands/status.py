@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(subparsers) -> None:
@@ -21,9 +22,12 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rla_ablate.sweep.progress import STYLE, fmt_tokens
-    from rla_ablate.sweep.status import open_sweep, sweep_status
+    from rla_ablate.sweep.status import open_sweep, other_file_note, sweep_status
 
     doc = sweep_status(open_sweep(args.root, args.name))
+    note = other_file_note(args.root, args.name)
+    if note:
+        print(note, file=sys.stderr)
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0

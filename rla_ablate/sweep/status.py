@@ -47,6 +47,22 @@ def resolve_name(name_or_file: str) -> str:
     return name_or_file
 
 
+def other_file_note(root: str | Path, name_or_file: str) -> str | None:
+    """For a sweep file given by path that is not the one its sweep was last launched with (the copy under --root):
+    the note that what a command shows is that launch's jobs, not this file's (a file with another token budget
+    under the same name would otherwise read as its own results). None for a name or the launched file."""
+    if not (name_or_file.endswith((".yaml", ".yml")) and Path(name_or_file).is_file()):
+        return None
+    saved = SweepDir(root, resolve_name(name_or_file)).path / "sweep.yaml"
+    try:
+        if not saved.is_file() or saved.read_bytes() == Path(name_or_file).read_bytes():
+            return None
+    except OSError:
+        return None
+    return (f"note: {name_or_file} is not the file sweep '{resolve_name(name_or_file)}' was last launched with "
+            f"({saved}): shown are that launch's jobs, not this file's")
+
+
 def open_sweep(root: str | Path, name_or_file: str) -> SweepDir:
     if Path(root).exists() and not Path(root).is_dir():
         raise UserError(f"{root} is a file, not a folder; --root names the folder a launch wrote to", key="--root")
