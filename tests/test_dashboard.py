@@ -187,8 +187,8 @@ def test_a_render_deletes_the_figures_an_earlier_one_logged_and_it_did_not(tmp_p
                 (folder / name).write_text(f"{folder.name} {name}")
             (folder / "figures.json").write_text(json.dumps(figures))
         unlogged: list[str] = []
-        assert _log_files(client, run_id, first, server.uri, "forget", unlogged) == run_id
-        assert _log_files(client, run_id, second, server.uri, "forget", unlogged) == run_id
+        assert _log_files(client, run_id, first, "dashboard", server.uri, "forget", unlogged) == run_id
+        assert _log_files(client, run_id, second, "dashboard", server.uri, "forget", unlogged) == run_id
         assert unlogged == []
         files = {f.path for f in client.list_artifacts(run_id, "dashboard")}
         assert files == {f"dashboard/{n}" for n in ("index.html", "figures.json", "a.png", "a.svg", "notes.txt",

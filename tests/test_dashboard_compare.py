@@ -533,13 +533,14 @@ def test_a_claim_on_a_metric_no_run_logged_says_so_and_names_the_closest(server,
     assert bad.mechanism == "n/a" and bad.seeds_text() == "— (no run logs the metric)"
     assert "no run of this sweep logged eval/vall/loss" in page
     assert got["logged"].verdict == "confirmed" and got["logged"].diff.diff.n == 2
-    # Rendered again with other specs into the same folder: the first render's figures go, a user's file stays.
-    assert (dash.out_dir / "t.png").is_file()
+    # Rendered again with other specs into the same folder (--out; by default each set of specs has its own): the
+    # first render's figures go, a user's file stays.
+    assert (dash.out_dir / "t.png").is_file() and dash.out_dir.name == "dashboard-specs"
     (dash.out_dir / "mine.png").write_bytes(b"not ours")
     other = tmp_path / "other"
     other.mkdir()
     (other / "u.yaml").write_text((specs / "t.yaml").read_text())
-    dash, _ = dashboard(root, "typo", server, specs=other)
+    dash, _ = dashboard(root, "typo", server, specs=other, out_dir=dash.out_dir)
     assert (dash.out_dir / "u.png").is_file() and (dash.out_dir / "mine.png").is_file()
     assert not (dash.out_dir / "t.png").exists() and not (dash.out_dir / "t.svg").exists()
 
@@ -688,6 +689,38 @@ def test_a_baseline_against_a_residual_model_is_judged_by_its_mixers_not_by_two_
     assert V.comparison(index, series["rla-r4"], series["rla"])[0] == V.ENGAGED
     state, detail = V.comparison(index, series["rla-r8"], series["rla-r4"])
     assert state == V.OFF and "target_engaged" in detail, detail
+
+
+def test_a_derived_control_without_a_run_of_its_baseline_is_checked_against_the_run_it_is_compared_with():
+    # A sweep with RLA and its matched-state control but no plain sGLA: the control's own reference has no run, so
+    # its validity alone is 'not measured'; compared with RLA, whose mixers and its own were measured, the
+    # comparison is engaged (or off, when a side measured below the threshold), not 'not measured'.
+    from types import SimpleNamespace
+
+    from rla_ablate.dashboard import validity as V
+    from rla_ablate.dashboard.spec import ValidityThresholds
+    from rla_ablate.sweep.identity import ARM, CONTROL, SERIES
+    from rla_ablate.tracking.read import RunRecord
+
+    def run(series, family, ablations, seed, mixer):
+        tags = {SERIES: series, "version": "current", "family": family, "ablations": ablations,
+                CONTROL: ablations if ablations != "none" else "none", ARM: "lm-rla", "seed": str(seed)}
+        metrics = {"eval/val/loss": 1.3 + 0.01 * seed + (0.1 if family == "sgla" else 0.0),
+                   "diag/mixer_rms_over_sqrt_eps": mixer}
+        return RunRecord(f"{series}-{seed}", "0", "finished", tags, {}, metrics)
+
+    for control_mixer, want in ((86.0, V.ENGAGED), (0.5, V.OFF)):
+        runs = [run("rla", "rla", "none", s, 22.0) for s in (0, 1)]
+        runs += [run("sgla-wallclock", "sgla", "matched_wallclock", s, control_mixer) for s in (0, 1)]
+        index = V.ValidityIndex(SimpleNamespace(jobs=runs), ValidityThresholds())
+        series = {s.key[0]: s for s in index.everything}
+        control = series["sgla-wallclock"]
+        assert index.of(control).reference is None and index.of(control).state == (
+            V.NOT_MEASURED if want == V.ENGAGED else V.OFF)
+        for pair in ((control, series["rla"]), (series["rla"], control)):
+            state, detail = V.comparison(index, *pair)
+            assert state == want, (pair, detail)
+            assert "not measured" not in detail, detail
 
 
 def test_a_missing_claim_names_the_arms_it_needs_on_both_sides():

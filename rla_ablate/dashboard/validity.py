@@ -215,14 +215,16 @@ def identical_results(a: RunRecord, b: RunRecord) -> bool:
 REFERENCE = {"ablations": "none", "control": "none"}
 
 
-def assess(series: D.Series, everything: list[D.Series], thresholds) -> Validity:
+def assess(series: D.Series, everything: list[D.Series], thresholds, reference: D.Series | None = None) -> Validity:
     """The validity of one series: its reference is the same model without ablation or control (nearest
-    config, same seed), looked up among `everything` (every series of the sweep, not only those a figure shows)."""
+    config, same seed), looked up among `everything` (every series of the sweep, not only those a figure shows);
+    or `reference` itself where given (the run a comparison pairs it with, `comparison`)."""
     family = series.value("family") or ""
     ablations = series.value("ablations") or "none"
     is_variant = ablations != "none"
     # A derived control (sGLA widened to RLA's state) is compared with the plain baseline of its family.
-    reference = D.reference_of(series, REFERENCE, everything, keys=("family",)) if is_variant else None
+    if reference is None and is_variant:
+        reference = D.reference_of(series, REFERENCE, everything, keys=("family",))
     checks = checks_for(ablations, family, thresholds)
     v = Validity(series, reference, checks)
     if not checks:
@@ -272,6 +274,10 @@ def comparison(index: ValidityIndex, a: D.Series, b: D.Series | None) -> tuple[s
     results agree on every paired seed; else the worst state of the two series' own checks."""
     va, vb = index.of(a), index.of(b) if b is not None else None
     if b is not None:
+        # A series whose own reference has no run in the sweep (a derived control without a plain run of its
+        # baseline) is checked against the run it is compared with, which its checks then read as the reference:
+        # both sides' mixers measured is a measured comparison, not one missing its reference.
+        va, vb = _against(va, b, index.thresholds), _against(vb, a, index.thresholds)
         mine, theirs = a.by_seed(), b.by_seed()
         paired = [s for s in mine if s in theirs]
         if paired and all(identical_results(mine[s], theirs[s]) for s in paired):
@@ -286,6 +292,13 @@ def comparison(index: ValidityIndex, a: D.Series, b: D.Series | None) -> tuple[s
         return NO_CHECK, "no mechanism check for these models"
     state = worst(st for _, st, _ in parts)
     return state, "; ".join(f"{who}{detail}" for who, st, detail in parts if st == state)
+
+
+def _against(v: Validity | None, other: D.Series, thresholds) -> Validity | None:
+    """`v`, or for a variant without a reference run in the sweep, its validity with `other` as the reference."""
+    if v is None or v.reference is not None or not v.checks or (v.series.value("ablations") or "none") == "none":
+        return v
+    return assess(v.series, [], thresholds, reference=other)
 
 
 def _under(value: float, threshold: float, least: int = 2) -> str:
