@@ -433,3 +433,18 @@ def test_lm_eval_asks_no_git_and_its_instance_warning_is_dropped(caplog):
     assert evaluator.get_git_commit_hash is probe
     assert [r.getMessage() for r in caplog.records] == ["another warning",
                                                        "`pretrained` model kwarg is not of type `str` (after)"]
+
+
+def test_eval_of_a_sweep_without_a_finished_job_says_so_and_exits_1(tmp_path, capsys):
+    """`eval SWEEP` ends on a line of how many jobs have scores and why the others have none; with none scored it
+    exits 1, so that a script does not go on as if the sweep had been scored."""
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(tmp_path, "unfinished")
+    sdir.path.mkdir(parents=True)
+    sdir.write_job_list([{"job_id": "a" * 16, "name": "tiny-rla/seed0"}])
+    assert main(["eval", "unfinished", "--tasks", "rla_choice", "--root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "[1/1] tiny-rla/seed0: pending, not scored" in err, err
+    assert ("eval unfinished: 0 of 1 jobs scored; 1 not finished, not scored: `rla-sweep resume unfinished` trains "
+            "them, then eval again") in err, err

@@ -89,7 +89,15 @@ def run(args) -> int:
     names = {rec["job_id"]: rec.get("name", rec["job_id"]) for rec in SweepDir(args.root, args.target).job_list()}
     for job_id, result in results.items():
         _print(f"{names.get(job_id, job_id)} ({job_id[:8]})", result)
-    return 0
+    # a line to end on: how many jobs have scores now, and why the others have none (exit 1 when none has)
+    unscored = len(names) - len(results)
+    read_back = sum(r.skipped for r in results.values())
+    line = (f"eval {args.target}: {len(results)} of {len(names)} jobs scored"
+            + (f" ({read_back} already)" if read_back else "")
+            + (f"; {unscored} not finished, not scored: `rla-sweep resume {args.target}` trains them, then eval "
+               "again" if unscored else ""))
+    print(line, file=sys.stderr)
+    return 0 if results else 1
 
 
 def _print(where: str, result) -> None:
