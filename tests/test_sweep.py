@@ -350,6 +350,13 @@ BAD = {
                              "    model.clip: {type: float, low: 0.5, high: 2.0}\n"
                              "    model.target: {type: categorical, choices: [clip, bogus]}\n  n_trials: 2\n", 6,
                              "search.params.model.target: 'bogus' is not allowed"),
+    # a value listed twice would be drawn twice as often; one value, or equal ends, is no search
+    "search_choice_twice": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                            "    model.target: {type: categorical, choices: [clip, clip]}\n  n_trials: 2\n", 5,
+                            "'clip' is listed twice in 'choices'"),
+    "search_one_value": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                         "    train.lr: {type: float, low: 1.0e-2, high: 1.0e-2}\n  n_trials: 2\n", 5,
+                         "low and high are both 0.01: one value is no search"),
     "search_choice": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                       "    model.target: {type: categorical, choices: [clip, tanhh, tanh]}\n  n_trials: 2\n", 5,
                       "model.target"),

@@ -147,11 +147,20 @@ class SearchParam(_Strict):
         if self.type == "categorical":
             if not self.choices:
                 raise ValueError("a categorical parameter needs a non-empty 'choices' list")
+            seen = [c for i, c in enumerate(self.choices) if c in self.choices[:i]]
+            if seen:  # a value listed twice is drawn twice as often: the study's trials would lean to it unasked
+                raise ValueError(f"{seen[0]!r} is listed twice in 'choices'; give each value once")
+            if len(self.choices) == 1:
+                raise ValueError(f"one choice ({self.choices[0]!r}) is no search: set it in base: (or the model's "
+                                 "overrides:) instead, or give more choices")
         else:
             if self.low is None or self.high is None:
                 raise ValueError(f"a {self.type} parameter needs 'low' and 'high'")
             if self.low > self.high:
                 raise ValueError(f"low ({self.low}) is above high ({self.high})")
+            if self.low == self.high:
+                raise ValueError(f"low and high are both {self.low:g}: one value is no search; set it in base: (or "
+                                 "the model's overrides:) instead, or widen the range")
             if self.type == "int" and not (float(self.low).is_integer() and float(self.high).is_integer()):
                 raise ValueError(f"an int parameter needs whole-number bounds (got low {self.low:g}, high "
                                  f"{self.high:g}); for fractional values use type: float")
