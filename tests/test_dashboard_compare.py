@@ -744,6 +744,18 @@ def test_a_missing_claim_names_the_arms_it_needs_on_both_sides():
     assert "add matched_state to controls:" in for_claim(spec, at_state, True, families, {"none"}).hint
 
 
+def test_a_hint_puts_each_config_value_where_a_sweep_file_takes_it():
+    """Model keys go in an arm's overrides:, train and data keys in base: (or an arm's base:), which an arm's
+    overrides: would refuse; any of them in grid:."""
+    from rla_ablate.dashboard.coverage import sweep_file_hint
+
+    assert sweep_file_hint({"point.model.clip": 0.5}) == "model.clip = 0.5 in grid: or an arm's overrides:"
+    assert sweep_file_hint({"data.kind": "stdlib"}) == "data.kind = stdlib in grid: or base: or an arm's base:"
+    assert sweep_file_hint({"model.target": "tanh", "train.lr": 0.01, "model.clip": 2}) == (
+        "model.target = tanh and model.clip = 2 in grid: or an arm's overrides:; train.lr = 0.01 in grid: or base: "
+        "or an arm's base:")
+
+
 def test_labels_shorten_a_search_draw_and_keep_what_a_sweep_file_wrote():
     """A series label shows an Optuna draw (logged whole) to 6 significant digits, and a value a sweep file wrote
     (1.0, 1e-3, clip) as written."""

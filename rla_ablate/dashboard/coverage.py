@@ -38,7 +38,8 @@ def sweep_file_hint(filters: dict, families: set[str] | None = None, present: se
     from rla_ablate.models.ablations import CONTROL_NAMES
     from rla_ablate.models.config import BASELINE_OF
 
-    parts, config = [], []
+    parts: list[str] = []
+    config: dict[bool, list[str]] = {True: [], False: []}  # model keys, train and data keys
     for key, v in filters.items():
         values = [D.spelled(x) for x in as_list(v) if D.spelled(x) != "none"]
         if not values:
@@ -60,10 +61,13 @@ def sweep_file_hint(filters: dict, families: set[str] | None = None, present: se
                 parts.append(f"add {' or '.join(ablations)} to ablations:")
             if controls:
                 parts.append(f"add {' or '.join(controls)} to controls:")
-        elif key.removeprefix("point.").split(".")[0] in ("model", "train", "data"):
-            config.append(f"{key.removeprefix('point.')} = {' or '.join(values)}")
-    if config:
-        parts.append(f"{' and '.join(config)} in grid: or an arm's overrides:")
+        elif (section := key.removeprefix("point.").split(".")[0]) in ("model", "train", "data"):
+            config[section == "model"].append(f"{key.removeprefix('point.')} = {' or '.join(values)}")
+    # where a sweep file sets such a value: model keys in an arm's overrides:, train and data keys in base: or an
+    # arm's base: (an arm's overrides: takes model keys only); any of them in grid:
+    for model, where in ((True, "an arm's overrides:"), (False, "base: or an arm's base:")):
+        if config[model]:
+            parts.append(f"{' and '.join(config[model])} in grid: or {where}")
     return "; ".join(parts)
 
 
