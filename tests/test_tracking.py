@@ -56,9 +56,13 @@ def test_runs_are_idempotent_and_status_is_mirrored(server, caplog):
     assert create_or_get_child_run(server.uri, "idem", "job-a", tags=tags, config=CONFIG) == run_id
     other = server.create_or_get_child_run("idem", "job-b", tags={**tags, "seed": 2}, config=CONFIG)
     assert other != run_id
+    # a run's name shows its point, an Optuna draw to 6 significant digits (the tag keeps it whole)
+    drawn = server.create_or_get_child_run("idem", "job-c", tags={**tags, "point.train.lr": "0.0013252449072696881",
+                                                                  "point.model.clip": "1.0"}, config=CONFIG)
+    assert client.get_run(drawn).data.tags["mlflow.runName"] == "rla-tied_gamma-lr=0.00132524-clip=1.0-s1-job-c"
     exp = client.get_experiment_by_name("rla-sweep/idem")
     runs = client.search_runs([exp.experiment_id])
-    assert sorted(r.info.run_id for r in runs) == sorted([parent, run_id, other])
+    assert sorted(r.info.run_id for r in runs) == sorted([parent, run_id, other, drawn])
 
     run = client.get_run(run_id)
     assert run.info.status == "SCHEDULED"

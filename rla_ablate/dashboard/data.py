@@ -18,6 +18,7 @@ from functools import cached_property
 from rla_ablate.dashboard.selection import BUDGET, OLDER, VERSION, config_params
 from rla_ablate.sweep.identity import ARM, CONTROL, POINT_PREFIX, PRESET, SERIES
 from rla_ablate.tracking.read import RunRecord, SweepRuns
+from rla_ablate.tracking.runs import value_text
 
 FAMILY_NAMES = {"rla": "RLA", "rdn": "RDN", "sgla": "sGLA", "gdn": "GDN", "transformer": "Transformer"}
 ABLATION_NAMES = {"none": "", "tied_gamma": "tied γ", "no_fitting": "no fitting", "no_output_gates": "no output gates",
@@ -155,17 +156,6 @@ class Series:
 def short_key(key: str) -> str:
     """model.clip -> clip, point.train.lr -> lr: how a config key is named in a label."""
     return key.rsplit(".", 1)[-1]
-
-
-def value_text(value: str) -> str:
-    """A config value as runs keep it (the string it was logged as) for a label: a float of more than 6 significant
-    digits (an Optuna draw logs 0.7238517082858716) to 6; anything else as written (clip=1.0, target=clip)."""
-    try:
-        number = float(value)
-    except ValueError:
-        return value
-    short = f"{number:.6g}"
-    return short if math.isfinite(number) and float(short) != number else value
 
 
 def _part(spec, key: str, value: str | None) -> str:

@@ -113,6 +113,18 @@ def ensure_experiment(tracking_uri: str, name: str) -> str:
         return exp.experiment_id
 
 
+def value_text(value: str) -> str:
+    """A config value as runs keep it (the string it was logged as) for a label or a run's name: a float of more
+    than 6 significant digits (an Optuna draw logs 0.7238517082858716) to 6; anything else as written (clip=1.0,
+    target=clip)."""
+    try:
+        number = float(value)
+    except ValueError:
+        return value
+    short = f"{number:.6g}"
+    return short if math.isfinite(number) and float(short) != number else value
+
+
 def _find_run(client: MlflowClient, experiment_id: str, tags: dict[str, str]) -> str | None:
     query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
     runs = client.search_runs([experiment_id], filter_string=query, max_results=2,
@@ -165,7 +177,7 @@ def create_or_get_child_run(tracking_uri: str, sweep: str, job_id: str, tags: di
     created = run_id is None
     if created:
         # Grid/zip values in the name: the runs of a clip sweep are told apart in the MLflow UI's run list.
-        point = [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in tags.items() if k.startswith("point.")]
+        point = [f"{k.rsplit('.', 1)[-1]}={value_text(v)}" for k, v in tags.items() if k.startswith("point.")]
         parts = (tags.get(FAMILY), tags.get(ABLATIONS), *point, f"s{tags[SEED]}" if SEED in tags else None)
         name = "-".join(str(x) for x in parts if x) or job_id
         run = client.create_run(exp_id, tags={**all_tags, "mlflow.runName": f"{name}-{job_id[:8]}"})
