@@ -61,6 +61,12 @@ def test_search_runs_trials_through_ray_and_mlflow(tmp_path):
         run = client.get_run(job["mlflow_run_id"])
         assert run.data.metrics["eval/val/loss"] == pytest.approx(t.value)
         assert float(run.data.params["train.lr"]) == pytest.approx(t.params["train.lr"])
+    for t in trials:  # each trial's run names its trial; a pruned one says so (its status is cancelled)
+        job = next(j for j in doc["jobs"] if j["job_id"] == t.user_attrs["job_id"])
+        tags = client.get_run(job["mlflow_run_id"]).data.tags
+        assert tags["rla.trial"] == str(t.number), tags
+        if t.state == TrialState.PRUNED:
+            assert tags["rla.cause"] == "pruned" and tags["rla.status_reason"].startswith("pruned by Optuna"), tags
 
     again = cli("launch", str(f), "--root", str(root))
     assert again.returncode == 0, again.stdout + again.stderr
@@ -120,6 +126,36 @@ def test_a_trial_enqueued_again_after_an_interrupted_launch_keeps_its_jobs_name(
     resumed = next(again.next_jobs(1))
     assert resumed.job_id == job.job_id and again.trials[job.job_id].number == 1
     assert resumed.name == "trial-000" and [r["name"] for r in sdir.job_list()] == ["trial-000"]
+
+
+def test_a_trials_run_is_tagged_with_its_trial_and_a_pruned_one_with_its_cause(tmp_path):
+    """A pruned trial's run ends cancelled, as a job stopped by hand does: its tags say pruned (rla.cause, and the
+    reason the sweep folder gives), and every trial's run names its Optuna trial (rla.trial)."""
+    from types import SimpleNamespace
+
+    from rla_ablate.outcome import JobOutcome, Status
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.sweep.search import OptunaSource
+    from rla_ablate.sweep.state import SweepDir
+
+    f = tmp_path / "search.yaml"
+    f.write_text(yaml.safe_dump(SEARCH))
+    sweep = load_sweep(f)
+    sdir = SweepDir(tmp_path / "runs", sweep.name)
+    sdir.path.mkdir(parents=True)
+    tagged: list[tuple[str, dict]] = []
+    runner = SimpleNamespace(summary=SimpleNamespace(pruned=0), progress=SimpleNamespace(note=print),
+                             tag_run=lambda job, tags: tagged.append((job.job_id, tags)))
+    source = OptunaSource(sweep, sdir)
+    source.start(runner)
+    pruned, finished = list(source.next_jobs(2))
+    source.pruned.add(pruned.job_id)
+    source.done(pruned, JobOutcome(Status.CANCELLED, error="cancelled at 1,024 tokens"))
+    source.done(finished, JobOutcome(Status.FINISHED, metrics={"eval/val/loss": 3.0}))
+    assert tagged == [(pruned.job_id, {"rla.trial": "0", "rla.cause": "pruned",
+                                       "rla.status_reason": "pruned by Optuna (trial 0)"}),
+                      (finished.job_id, {"rla.trial": "1"})]
+    assert sdir.status(pruned.job_id).cause.value == "pruned" and runner.summary.pruned == 1
 
 
 def test_a_continued_study_refuses_another_metric_direction_search_space_or_base_job(tmp_path):

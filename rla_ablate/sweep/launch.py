@@ -727,6 +727,25 @@ class _Runner:
             self.progress.note(f"{job.name}: could not update MLflow run {st.mlflow_run_id}: "
                                f"{_first_line(str(exc))}")
 
+    def tag_run(self, job: ResolvedJob, tags: dict[str, str]) -> None:
+        """Set tags on the job's MLflow run (a search's trial number, a pruned trial's cause); a tracking failure
+        is a note, as for `end_run`."""
+        from mlflow.tracking import MlflowClient
+
+        st = self.sdir.status(job.job_id)
+        if not st.mlflow_run_id or st.tracking_uri != self.services.tracking_uri:
+            return
+
+        def update() -> None:
+            client = MlflowClient(self.services.tracking_uri)
+            for key, value in tags.items():
+                client.set_tag(st.mlflow_run_id, key, value)
+
+        try:
+            self.call_tracking(update)
+        except Exception as exc:
+            self.progress.note(f"{job.name}: could not tag MLflow run {st.mlflow_run_id}: {_first_line(str(exc))}")
+
     def call_tracking(self, call: Callable[[], _T]) -> _T:
         """`call()` (MLflow requests); when it fails, wait for the embedded server that may be restarting and call
         once more. Raises the second failure, or `_TrackingDown` (from the first) when no server comes back."""

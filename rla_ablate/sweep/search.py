@@ -305,13 +305,19 @@ class OptunaSource:
         trial = self.trials.pop(job.job_id, None)
         if trial is None:
             return
+        from rla_ablate.tracking.runs import CAUSE, STATUS_REASON, TRIAL
+
         study, cfg, status = self.study, self.cfg, outcome.status
         if job.job_id in self.pruned:
-            self.sdir.set_status(job.job_id, status=Status.CANCELLED, cause=Cause.PRUNED,
-                                 error=f"{PRUNED_MESSAGE} (trial {trial.number})")
+            error = f"{PRUNED_MESSAGE} (trial {trial.number})"
+            self.sdir.set_status(job.job_id, status=Status.CANCELLED, cause=Cause.PRUNED, error=error)
             self.runner.summary.pruned += 1
             study.tell(trial, state=TrialState.PRUNED)
-        elif status == Status.FINISHED and cfg.metric in outcome.metrics:
+            # in MLflow too: its run ended cancelled, as a job stopped by hand does
+            self.runner.tag_run(job, {TRIAL: str(trial.number), CAUSE: Cause.PRUNED.value, STATUS_REASON: error})
+            return
+        self.runner.tag_run(job, {TRIAL: str(trial.number)})
+        if status == Status.FINISHED and cfg.metric in outcome.metrics:
             study.tell(trial, float(outcome.metrics[cfg.metric]))
         elif status == Status.CANCELLED:
             trial.set_user_attr(INTERRUPTED, True)

@@ -25,6 +25,8 @@ ROLE, SWEEP, JOB_ID = "rla.role", "sweep", "job_id"
 FAMILY, ABLATIONS, SEED = "family", "ablations", "seed"
 GIT_COMMIT, BACKEND, GLUE, HOST = "git_commit", "kernel_backend", "glue", "host"
 STATUS, STATUS_REASON = "rla.status", "rla.status_reason"
+# A search trial's run: its Optuna trial number, and `pruned` where the pruner stopped it (its status is cancelled).
+TRIAL, CAUSE = "rla.trial", "rla.cause"
 NO_ABLATION = "none"
 CONFIG_ARTIFACT = "config.json"
 # How a job ended (rla_ablate.outcome.Status) -> MLflow run status; a plain status string looks up the same entry.
