@@ -140,6 +140,8 @@ def test_bad_task_missing_checkpoint_and_bad_checkpoint_are_user_errors(job_dir,
     assert capsys.readouterr().err.endswith(f"{tmp_path / 'nope' / 'x'} does not exist\n")
     assert main(["eval", "no-such-sweep", "--tasks", "rla_choice", "--root", str(tmp_path)]) == 2
     assert "no sweep 'no-such-sweep'" in capsys.readouterr().err
+    assert main(["eval", str(job_dir), "--tasks", "rla_choice", "--limit", "0"]) == 2  # what was given, as elsewhere
+    assert "--limit: Input should be greater than 0 (got 0)" in capsys.readouterr().err
     # A torn newest checkpoint, one of another model, a corrupt job.json: exit 2 naming the file, nothing written
     import shutil as sh
 

@@ -312,6 +312,8 @@ BAD = {
     "unknown_preset": ("name: x\nmodels:\n  - preset: tiny-rlaa\n", 3, "did you mean 'tiny-rla'"),
     "control_as_ablation": ("name: x\nmodels: [{preset: tiny-rla}]\nablations:\n  - no_fitting\n  - matched_state\n",
                             5, "'matched_state' is a control, not an ablation: list it under `controls:`"),
+    "not_a_family": ("name: x\nmodels: [{preset: tiny-rla}]\nablations:\n  - {name: no_clip, families: [rdm]}\n", 4,
+                     "'rdm' is not a family (did you mean 'rdn'?)"),
     "not_applicable": ("name: x\nmodels: [{preset: tiny-rla}, {preset: tiny-sgla}]\nablations:\n"
                        "  - {name: no_clip, families: [sgla]}\n", 4, "does not apply to family 'sgla'"),
     "applies_to_none": ("name: x\nmodels: [{preset: tiny-sgla}]\nablations: [tied_gamma]\n", 3,

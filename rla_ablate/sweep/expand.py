@@ -468,6 +468,7 @@ def _control_refs(cfg: SweepConfig) -> list[ControlRef]:
 def check_ablations(cfg: SweepConfig, located: LocatedYAML, arm_families: list[str], registry: dict) -> dict[int, list[str]]:
     """For each ablation (by position): the arm families it will be applied to. Errors name the line."""
     from rla_ablate.models.ablations import not_an_ablation
+    from rla_ablate.models.config import FAMILIES
 
     present = sorted(set(arm_families))
     out: dict[int, list[str]] = {}
@@ -482,6 +483,9 @@ def check_ablations(cfg: SweepConfig, located: LocatedYAML, arm_families: list[s
         fits = list(registry[ref.name].families)
         if ref.families is not None:
             for fam in ref.families:
+                if fam not in FAMILIES:
+                    raise _err(located, path + ("families",), f"'{fam}' is not a family{did_you_mean(fam, FAMILIES)}; "
+                                                              f"allowed: {', '.join(FAMILIES)}")
                 if fam not in fits:
                     raise _err(located, path + ("families",),
                                f"ablation '{ref.name}' does not apply to family '{fam}'; it applies to {', '.join(fits)}")
