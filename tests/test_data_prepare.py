@@ -105,6 +105,12 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, corpus, capsys):
     (tmp_path / "empty.txt").write_text("")
     assert main(["data", "prepare", str(tmp_path / "empty.txt"), str(tmp_path / "e")]) == 2
     assert "SRC: holds no text" in capsys.readouterr().err and not (tmp_path / "e").exists()
+    # the data config's keys named as this command's flags; a flag that does not apply to text files is refused
+    assert main(["data", "prepare", str(corpus), str(tmp_path / "g"), "--glob", "*.md"]) == 2
+    assert f"--glob: no file under {corpus} matches '*.md'" in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()
+    assert main(["data", "prepare", str(corpus), str(tmp_path / "c"), "--text-column", "body"]) == 2
+    assert "--text-column: applies to HF datasets only" in capsys.readouterr().err and not (tmp_path / "c").exists()
     # A truncated shard is caught when the folder is opened, not mid-run.
     with open(out / "tokens-00000.bin", "r+b") as f:
         f.truncate(10)

@@ -32,12 +32,18 @@ def _source_config(src: str, args):
             return HFDiskData(path=path, split=args.split, text_column=args.text_column, **common)
         if args.split:
             raise UserError("applies to the embedded corpus and to HF datasets only", key="--split")
+        if args.text_column != TEXT_COLUMN:
+            raise UserError(f"applies to HF datasets only; {path} is read as text files", key="--text-column")
         return TextData(path=path, glob=args.glob, **common)
     except ValidationError as exc:
         err = exc.errors()[0]
-        flag = {"path": "SRC", "tokenizer": "--tokenizer", "eos_token": "--eos-token", "glob": "--glob",
-                "split": "--split", "text_column": "--text-column"}.get(str(err["loc"][0]), "SRC")
-        raise UserError(err["msg"].removeprefix("Value error, "), key=flag) from None
+        raise UserError(err["msg"].removeprefix("Value error, "), key=FLAGS.get(str(err["loc"][0]), "SRC")) from None
+
+
+# The data config's keys as `data prepare` spells them on its command line.
+FLAGS = {"path": "SRC", "tokenizer": "--tokenizer", "eos_token": "--eos-token", "glob": "--glob", "split": "--split",
+         "text_column": "--text-column"}
+TEXT_COLUMN = "text"
 
 
 def prepare(args) -> int:
@@ -53,14 +59,23 @@ def prepare(args) -> int:
                         "shards would overwrite files of the same names and mix with the rest", key="OUT")
     try:
         return _prepare(args)
-    except BaseException:
-        # A failed run leaves nothing half-made: the folder it created, or the files it added to an existing one.
-        if before is None:
-            shutil.rmtree(out, ignore_errors=True)
-        elif out.is_dir():
-            for path in set(out.iterdir()) - before:
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    except UserError as err:  # a data config's key as this command's flag (`glob` read as --glob)
+        _remove_what_was_made(out, before)
+        if err.key in FLAGS and not err.file:
+            raise UserError(err.message, key=FLAGS[err.key]) from None
         raise
+    except BaseException:
+        _remove_what_was_made(out, before)
+        raise
+
+
+def _remove_what_was_made(out: Path, before: set[Path] | None) -> None:
+    """A failed run leaves nothing half-made: the folder it created, or the files it added to an existing one."""
+    if before is None:
+        shutil.rmtree(out, ignore_errors=True)
+    elif out.is_dir():
+        for path in set(out.iterdir()) - before:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
 def _prepare(args) -> int:
@@ -187,7 +202,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=["uint16", "uint32"], help="token width (default: uint16 if it fits)")
     p.add_argument("--glob", default="**/*.txt", help="files of a folder to read (default: **/*.txt)")
     p.add_argument("--split", help="HF DatasetDict split, or train/validation of the embedded corpus")
-    p.add_argument("--text-column", default="text", help="HF dataset column with the text (default: text)")
+    p.add_argument("--text-column", default=TEXT_COLUMN, help="HF dataset column with the text (default: text)")
     p.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard file (default: 2^28)")
     p.set_defaults(func=prepare)
     s = sub.add_parser("show", help="print the vocabulary, size and first example of a data config",
