@@ -210,6 +210,9 @@ def test_a_continued_study_refuses_another_metric_direction_search_space_or_base
         assert err.value.key == key and err.value.line is not None, (key, err.value)
     more = sweep_with(n_trials=5, sampler="random", seed=3, train={"lr": 5.0e-3})  # train.lr is searched
     check_study(make_study(more.config.search, more.name, uri), more, sdir)
+    # bookkeeping (checkpoint interval, kept checkpoints) changes what is stored, not what a trial computes
+    kept = sweep_with(train={"checkpoint_every_tokens": 1024, "keep_checkpoints": 3})
+    check_study(make_study(kept.config.search, kept.name, uri), kept, sdir)
 
 
 def test_a_refused_relaunch_leaves_the_saved_file_and_resume_as_they_were(tmp_path):

@@ -11,7 +11,7 @@ resumes from the checkpoint. Only Optuna's public API is used (the study, live t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from rla_ablate.outcome import Cause, JobOutcome, Status
@@ -76,7 +76,17 @@ def _base_job(sweep: Any) -> dict[str, str]:
     fixed = {k: p.choices[0] if p.type == "categorical" else p.low if p.type == "float" else int(p.low)
              for k, p in sweep.config.search.params.items()}
     job = expand(sweep.config, sweep.source, points=[fixed])[0]
-    return {k: v for k, v in flatten(job.job.model_dump(mode="json")).items() if k not in fixed}
+    return _shared(flatten(job.job.model_dump(mode="json")), skip=set(fixed))
+
+
+def _shared(base: dict[str, Any], skip: Collection[str] = ()) -> dict[str, Any]:
+    """The keys of a base job its trials must share: all but `skip` and the bookkeeping that changes how a job is
+    stored or observed, not what it computes (checkpoint and log intervals, graphs: `BOOKKEEPING_FIELDS`), except
+    the evaluation interval, which sets the steps the pruner compares trials at."""
+    from rla_ablate.train.job import BOOKKEEPING_FIELDS
+
+    free = {f"train.{f}" for f in BOOKKEEPING_FIELDS - {"eval_every_tokens"}}
+    return {k: v for k, v in base.items() if k not in skip and k not in free}
 
 
 def value_text(value: Any) -> str:
@@ -119,6 +129,7 @@ def check_study(study: Any, sweep: Any, sdir: Any) -> None:
     if have is None or "base" not in have:  # a study made before this record (or before it held the base job)
         study.set_user_attr(QUESTION, want if have is None else {**have, "base": want["base"]})
         have = study.user_attrs.get(QUESTION)
+    have = {**have, "base": _shared(have["base"])}  # a record that still holds the bookkeeping keys
     if have == want:
         return
     changed = [k for k in ("metric", "direction") if have.get(k) != want[k]]
