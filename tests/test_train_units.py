@@ -313,6 +313,14 @@ def test_progress_logger_without_a_terminal_says_where_it_is_between_evals(monke
     text = buffer.getvalue()
     assert "tiny: resumed at 1,024 tokens (step 4); skipped unreadable checkpoints 2048" in text, text
     assert "tiny 2.05K/4.1K tokens (50%): loss 3.2500, 1,000 tok/s, ETA " in text, text
+    # the first such line comes after `first_s` (10 s), the next ones every `every_s` (30 s)
+    monkeypatch.setattr(ProgressLogger, "first_s", 0.0)
+    first = io.StringIO()
+    progress = ProgressLogger("tiny", console=Console(file=first, width=200), interactive=False)
+    progress.event("start", 0, {"tokens_total": 4096})
+    progress.log({"train/loss": 3.5}, 1024)
+    progress.log({"train/loss": 3.25}, 2048)
+    assert "tiny 1.02K/4.1K tokens (25%): loss 3.5000" in first.getvalue() and "2.05K/4.1K" not in first.getvalue()
     # a pipe at rich's default 80 columns: each record is one line, never wrapped mid-record
     narrow = io.StringIO()
     progress = ProgressLogger("tiny-rla/no_output_gates/seed0", console=Console(file=narrow, width=80),

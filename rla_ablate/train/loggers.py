@@ -166,10 +166,12 @@ class ProgressLogger:
 
     It learns the budget from the job's "start" event. Without a terminal (a log file, CI) it prints one
     line per eval and per event instead of redrawing a bar, and a progress line (tokens, loss, rate, ETA) at least
-    every `every_s` seconds while training logs, so that a piped run between evals is not silent.
+    every `every_s` seconds while training logs (the first after `first_s`), so that a piped run between evals is
+    not silent.
     """
 
     every_s = 30.0
+    first_s = 10.0
 
     def __init__(self, description: str = "train", console=None, interactive: bool | None = None):
         from rla_ablate.terminal import PipeConsole
@@ -182,7 +184,7 @@ class ProgressLogger:
         # the bar's own text fields, passed to rich as extra keyword arguments
         self._fields: dict[str, Any] = {"loss": "", "eval": "", "speed": ""}
         self._total = 0
-        self._said_at = time.monotonic()
+        self._said_at = time.monotonic() - (self.every_s - self.first_s)  # the first line after first_s
         self._rate_from: tuple[float, int] | None = None     # (time, tokens) where this run's rate starts
 
     def _start(self, total: int, done: int) -> None:
