@@ -125,6 +125,7 @@ def test_a_relaunch_that_would_log_to_another_store_is_refused(tmp_path):
     sdir.write_meta(tracking_uri="http://127.0.0.1:5088", embedded_tracking=False)
     assert stored_tracking_uri(sdir) == "http://127.0.0.1:5088"
     check_store(sdir, "http://127.0.0.1:5088/")
-    for other in (None, "http://127.0.0.1:5099"):
+    check_store(sdir, "http://localhost:5088")  # this machine's server under its other name
+    for other in (None, "http://127.0.0.1:5099", "http://10.0.0.2:5088", "https://127.0.0.1:5088"):
         with pytest.raises(UserError, match="Launch with --tracking-uri http://127.0.0.1:5088"):
             check_store(sdir, other)

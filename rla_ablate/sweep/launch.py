@@ -480,6 +480,19 @@ def stored_tracking_uri(sdir: SweepDir, meta: dict | None = None) -> str | None:
     return meta.get("tracking_uri") if meta.get("tracking_uri") and not meta.get("embedded_tracking", True) else None
 
 
+def _store_key(uri: str | None) -> str:
+    """A tracking URI as the store it names: without a trailing '/', and this machine's server under one name
+    (http://localhost:5000 and http://127.0.0.1:5000/ are one store)."""
+    from urllib.parse import urlsplit
+
+    text = (uri or "").rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme in ("http", "https") and parts.hostname in ("localhost", "127.0.0.1", "::1"):
+        port = f":{parts.port}" if parts.port else ""
+        return f"{parts.scheme}://127.0.0.1{port}{parts.path}"
+    return text
+
+
 def check_store(sdir: SweepDir, tracking_uri: str | None) -> None:
     """A sweep's runs stay in the store its first launch logged them to: a relaunch that logs elsewhere would leave
     its finished jobs' runs behind, and `results` and dashboards (which read one store) would show those jobs as
@@ -488,7 +501,7 @@ def check_store(sdir: SweepDir, tracking_uri: str | None) -> None:
     if not meta.get("tracking_uri"):
         return
     before = stored_tracking_uri(sdir, meta)
-    if (before or "").rstrip("/") == (tracking_uri or "").rstrip("/"):
+    if _store_key(before) == _store_key(tracking_uri):
         return
     where = before or f"its own store under --root ({sdir.path / 'mlflow'})"
     asked = tracking_uri or "its own store under --root (no --tracking-uri)"
