@@ -63,7 +63,9 @@ def run(args) -> int:
                           batch_size=args.batch_size)
     except ValidationError as exc:
         err = exc.errors()[0]
-        got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
+        # pydantic's own constraint messages say what is allowed, not what was given; the project's validators do
+        own = err["msg"].startswith("Value error, ")
+        got = f" (got {err['input']!r})" if "input" in err and not own and not isinstance(err["input"], dict) else ""
         raise UserError(err["msg"].removeprefix("Value error, ") + got,
                         key="--" + str(err["loc"][0]).replace("_", "-")) from None
     if args.device is not None:
