@@ -61,6 +61,14 @@ def test_search_runs_trials_through_ray_and_mlflow(tmp_path):
         run = client.get_run(job["mlflow_run_id"])
         assert run.data.metrics["eval/val/loss"] == pytest.approx(t.value)
         assert float(run.data.params["train.lr"]) == pytest.approx(t.params["train.lr"])
+    # status: each job's trial and its value (complete trials), in the table and in --json
+    by_job = {j["job_id"]: j for j in doc["jobs"]}
+    for t in trials:
+        assert by_job[t.user_attrs["job_id"]]["trial"] == t.number
+        assert by_job[t.user_attrs["job_id"]]["value"] == (t.value if t.state == TrialState.COMPLETE else None)
+    shown = cli("status", "e2e-search", "--root", str(root))
+    assert shown.returncode == 0 and "trial" in shown.stdout and "value" in shown.stdout, shown.stdout
+    assert f"{complete[0].value:.6g}" in shown.stdout, shown.stdout
     for t in trials:  # each trial's run names its trial; a pruned one says so (its status is cancelled)
         job = next(j for j in doc["jobs"] if j["job_id"] == t.user_attrs["job_id"])
         tags = client.get_run(job["mlflow_run_id"]).data.tags

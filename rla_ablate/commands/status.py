@@ -16,7 +16,8 @@ def register(subparsers) -> None:
     parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
     parser.add_argument("--json", action="store_true",
                         help='print {"sweep", "root", "tracking_uri", "jobs": [{job_id, name, ablations, control, status, '
-                             'mlflow_run_id, tokens_done, tokens_target, error, cause, traceback, error_log, notice}]}')
+                             'mlflow_run_id, tokens_done, tokens_target, error, cause, traceback, error_log, notice'
+                             '[, trial, value for a search]}]}')
     parser.set_defaults(func=run)
 
 
@@ -41,12 +42,16 @@ def run(args: argparse.Namespace) -> int:
         counts[j["status"]] = counts.get(j["status"], 0) + 1
     # Before any launch started MLflow the sweep has no store to name.
     store = doc["tracking_uri"] or "none yet (no launch of this sweep has started MLflow)"
-    columns = ["job", "status", "id", "variant", "tokens", "MLflow run", "cause", "error"]
+    search = any("trial" in j for j in doc["jobs"])  # a search sweep: each job's trial and value beside it
+    columns = ["job", "status", *(["trial", "value"] if search else []), "id", "variant", "tokens", "MLflow run",
+               "cause", "error"]
     rows = []
     for j in doc["jobs"]:
         # The error is one line ("Type: message"); the traceback is in the job's error.log and in --json.
         error = (j["error"] or "").strip().splitlines()
-        rows.append([escape(j["name"]), f"[{STYLE.get(j['status'], '')}]{j['status']}[/]", j["job_id"][:8],
+        trial = ["" if j["trial"] is None else str(j["trial"]),
+                 "" if j["value"] is None else f"{j['value']:.6g}"] if search else []
+        rows.append([escape(j["name"]), f"[{STYLE.get(j['status'], '')}]{j['status']}[/]", *trial, j["job_id"][:8],
                      escape(variant_label(j["ablations"], j.get("control"))),
                      f"{fmt_tokens(j['tokens_done'])}/{fmt_tokens(j['tokens_target'])}",
                      (j["mlflow_run_id"] or "")[:12], j["cause"] or "", escape(error[0][:160]) if error else ""])
@@ -54,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     title = f"sweep {doc['sweep']}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
     console.print(fitted_table(console, title, columns, rows, keep=2, fold=("error",),
                                captions=[f"runs: {escape(store)}"],
-                               drop_order=["MLflow run", "id", "variant", "cause", "tokens", "error"]))
+                               drop_order=[c for c in ("MLflow run", "id", "variant", "cause", "tokens", "value",
+                                                       "trial", "error") if c in columns]))
     for j in doc["jobs"]:
         if j["status"] == "failed" and j["error_log"]:
             console.print(f"{escape(j['name'])} ({j['job_id'][:8]}) tracebacks: {escape(j['error_log'])}",

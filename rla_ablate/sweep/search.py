@@ -192,6 +192,29 @@ def pruned_count(sdir: Any) -> int:
     return n
 
 
+def trials_of_jobs(sdir: Any) -> dict[str, tuple[int, float | None]]:
+    """job id -> (the Optuna trial that last ran it, its value if complete) for a search sweep's jobs; {} for a grid
+    sweep or a search not launched yet. A job run again after an interrupted launch keeps the later trial (the
+    interrupted one is told failed)."""
+    if not sdir.optuna_path.is_file():
+        return {}
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        study = optuna.load_study(study_name=sdir.name, storage=sdir.optuna_uri)
+    except KeyError:  # the database holds no study of this name (yet)
+        return {}
+    from optuna.trial import TrialState
+
+    out: dict[str, tuple[int, float | None]] = {}
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        job_id = t.user_attrs.get("job_id")
+        if job_id:  # a pruned trial's value is its last report, not the metric it would have finished with
+            out[job_id] = (t.number, t.value if t.state == TrialState.COMPLETE else None)
+    return out
+
+
 def study_done(sweep: Any, sdir: Any) -> bool:
     """True when the stored study already has its trials and none was left running by a killed launch."""
     from optuna.trial import TrialState

@@ -83,9 +83,13 @@ def no_sweep(sdir: SweepDir) -> UserError:
 def sweep_status(sdir: SweepDir) -> dict[str, Any]:
     """The `status --json` document. Per job, `error` is one line ("Type: message" for a failure), `cause` why it
     did not finish (rla_ablate.outcome.Cause), `traceback` the last failed attempt's, `error_log` the file holding
-    every failed attempt's traceback (None until one failed)."""
+    every failed attempt's traceback (None until one failed); a search sweep's jobs also `trial` (the Optuna trial
+    that last ran it) and `value` (its value of the search's metric, None unless complete)."""
+    from rla_ablate.sweep.search import trials_of_jobs
+
     meta = sdir.meta()
     live = sdir.lock_held_by_other()
+    trials = trials_of_jobs(sdir)  # a search sweep's jobs: their Optuna trial and its value
     jobs = []
     for rec in sdir.job_list():
         st = sdir.status(rec["job_id"])
@@ -100,7 +104,9 @@ def sweep_status(sdir: SweepDir) -> dict[str, Any]:
                      "status": status.value, "mlflow_run_id": st.mlflow_run_id, "tokens_done": done,
                      "tokens_target": int(rec.get("tokens_target") or st.tokens_target), "error": error,
                      "cause": st.cause.value if st.cause is not None else None, "traceback": st.traceback,
-                     "error_log": str(log) if log.exists() else None, "notice": st.notice})
+                     "error_log": str(log) if log.exists() else None, "notice": st.notice}
+                    | ({"trial": trials.get(rec["job_id"], (None, None))[0],
+                        "value": trials.get(rec["job_id"], (None, None))[1]} if trials else {}))
     # Embedded server: its SQLite store opens the runs after the launch (and its server) are gone.
     uri = meta.get("backend_uri") if meta.get("embedded_tracking", True) else meta.get("tracking_uri")
     return {"sweep": sdir.name, "root": str(sdir.root), "tracking_uri": uri, "jobs": jobs}
