@@ -34,19 +34,6 @@ class Search:
     """The drawn search; None while no trial has a value."""
 
 
-def load_study(sdir: SweepDir):
-    """The sweep's Optuna study, or None for a sweep without one (a grid sweep, a search not launched yet)."""
-    if not sdir.optuna_path.is_file():
-        return None
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        return optuna.load_study(study_name=sdir.name, storage=sdir.optuna_uri)
-    except KeyError:  # the database holds no study of this name (yet)
-        return None
-
-
 def search_part(sdir: SweepDir, out_dir: Path, run_url=lambda run_id: None,
                 run_ids: dict[str, str] | None = None, off=lambda: set()) -> Search | None:
     """The note and the drawn section of a search sweep; None for a sweep without a study. `run_ids` maps job ids
@@ -55,6 +42,8 @@ def search_part(sdir: SweepDir, out_dir: Path, run_url=lambda run_id: None,
     from optuna.trial import TrialState
 
     from rla_ablate.sweep.search import INTERRUPTED, QUESTION, params_text
+
+    from rla_ablate.sweep.search import load_study
 
     study = load_study(sdir)
     if study is None:

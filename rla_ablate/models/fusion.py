@@ -149,6 +149,7 @@ class SharedInput(torch.autograd.Function):
         out: list[torch.Tensor] = [x2] * n  # every entry replaced below
         for i in wide:
             out[i] = F.linear(x2, weights[i], biases[i])
+        w = None
         if narrow:
             w = torch.cat([weights[i] for i in narrow])
             b = None
@@ -157,7 +158,7 @@ class SharedInput(torch.autograd.Function):
                                for i in narrow])
             for i, y in zip(narrow, F.linear(x2, w, b).split([weights[i].shape[0] for i in narrow], dim=-1)):
                 out[i] = y
-        ctx.save_for_backward(x2, *weights)
+        ctx.save_for_backward(x2, w, *weights)  # w: the narrow readers' weights, one matrix (None without any)
         ctx.set_materialize_grads(False)  # an unused reader's gradient stays None: no zeros to multiply
         ctx.n, ctx.wide, ctx.narrow, ctx.x_shape = n, wide, narrow, x.shape
         ctx.bias_grad = [b is not None and ctx.needs_input_grad[2 + n + i] for i, b in enumerate(biases)]
@@ -165,7 +166,7 @@ class SharedInput(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *dys):
-        x2, *weights = ctx.saved_tensors
+        x2, w_narrow, *weights = ctx.saved_tensors
         n = ctx.n
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[2:2 + n]
         dx = None
@@ -189,7 +190,7 @@ class SharedInput(torch.autograd.Function):
         if ctx.narrow and any(dys[i] is not None for i in ctx.narrow):
             dy2 = torch.cat([dys[i].reshape(x2.shape[0], -1) if dys[i] is not None
                              else x2.new_zeros(x2.shape[0], weights[i].shape[0]) for i in ctx.narrow], dim=-1)
-            read(dy2, torch.cat([weights[i] for i in ctx.narrow]))
+            read(dy2, w_narrow)
             widths = [weights[i].shape[0] for i in ctx.narrow]
             got = [dys[i] is not None for i in ctx.narrow]  # an unused reader's parameters get None, as autograd's
             if any(need_w[i] and ok for i, ok in zip(ctx.narrow, got)):

@@ -43,8 +43,6 @@ def load_preset(name_or_path: str | Path) -> ModelConfig:
         what = ("a sweep file (its models are under models:)" if SWEEP_FILE_KEYS & set(data)
                 else "a job config (its model is under model:)" if "model" in data else None)
         if what is not None:
-            from rla_ablate.errors import UserError
-
             raise UserError(f"is {what}, not a model preset: give a preset name (`rla-sweep models` lists them) or "
                             "a YAML file of model keys (family, hidden_size, ...)", file=located.file, line=1)
     return validate(ModelConfig, located)

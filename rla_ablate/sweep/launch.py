@@ -722,42 +722,39 @@ class _Runner:
         from rla_ablate.tracking.runs import end_open_run
         from rla_ablate.tracking.sync import sync_from_jsonl
 
-        st = self.sdir.status(job.job_id)
-        if not st.mlflow_run_id or st.tracking_uri != self.services.tracking_uri:
-            return
         metrics = self.sdir.job_dir(job.job_id) / "metrics.jsonl"
 
-        def update() -> None:
+        def update(uri: str, run_id: str) -> None:
             if metrics.exists():
-                sync_from_jsonl(self.services.tracking_uri, st.mlflow_run_id, metrics)
+                sync_from_jsonl(uri, run_id, metrics)
             if status in ENDED:
-                end_open_run(self.services.tracking_uri, st.mlflow_run_id, str(status), reason)
+                end_open_run(uri, run_id, str(status), reason)
 
-        try:
-            self.call_tracking(update)
-        except Exception as exc:
-            # The sweep folder holds the truth; a tracking hiccup must not stop the launch.
-            self.progress.note(f"{job.name}: could not update MLflow run {st.mlflow_run_id}: "
-                               f"{_first_line(str(exc))}")
+        self._update_run(job, "update", update)
 
     def tag_run(self, job: ResolvedJob, tags: dict[str, str]) -> None:
-        """Set tags on the job's MLflow run (a search's trial number, a pruned trial's cause); a tracking failure
-        is a note, as for `end_run`."""
+        """Set tags on the job's MLflow run (a search's trial number, a pruned trial's cause)."""
         from mlflow.tracking import MlflowClient
 
+        def update(uri: str, run_id: str) -> None:
+            client = MlflowClient(uri)
+            for key, value in tags.items():
+                client.set_tag(run_id, key, value)
+
+        self._update_run(job, "tag", update)
+
+    def _update_run(self, job: ResolvedJob, verb: str, update: Callable[[str, str], None]) -> None:
+        """update(tracking URI, run id) on the job's run in this launch's store (none: nothing to do), through
+        `call_tracking`; a failure is a note: the sweep folder holds the truth, and a tracking hiccup must not stop
+        the launch."""
         st = self.sdir.status(job.job_id)
         if not st.mlflow_run_id or st.tracking_uri != self.services.tracking_uri:
             return
-
-        def update() -> None:
-            client = MlflowClient(self.services.tracking_uri)
-            for key, value in tags.items():
-                client.set_tag(st.mlflow_run_id, key, value)
-
+        uri, run_id = self.services.tracking_uri, st.mlflow_run_id
         try:
-            self.call_tracking(update)
+            self.call_tracking(lambda: update(uri, run_id))
         except Exception as exc:
-            self.progress.note(f"{job.name}: could not tag MLflow run {st.mlflow_run_id}: {_first_line(str(exc))}")
+            self.progress.note(f"{job.name}: could not {verb} MLflow run {run_id}: {_first_line(str(exc))}")
 
     def call_tracking(self, call: Callable[[], _T]) -> _T:
         """`call()` (MLflow requests); when it fails, wait for the embedded server that may be restarting and call

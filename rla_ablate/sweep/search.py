@@ -192,18 +192,26 @@ def pruned_count(sdir: Any) -> int:
     return n
 
 
-def trials_of_jobs(sdir: Any) -> dict[str, tuple[int, float | None]]:
-    """job id -> (the Optuna trial that last ran it, its value if complete) for a search sweep's jobs; {} for a grid
-    sweep or a search not launched yet. A job run again after an interrupted launch keeps the later trial (the
-    interrupted one is told failed)."""
+def load_study(sdir: Any):
+    """The sweep's stored Optuna study, read as it is (`make_study` creates one), or None for a sweep without one
+    (a grid sweep, a search not launched yet)."""
     if not sdir.optuna_path.is_file():
-        return {}
+        return None
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = optuna.load_study(study_name=sdir.name, storage=sdir.optuna_uri)
+        return optuna.load_study(study_name=sdir.name, storage=sdir.optuna_uri)
     except KeyError:  # the database holds no study of this name (yet)
+        return None
+
+
+def trials_of_jobs(sdir: Any) -> dict[str, tuple[int, float | None]]:
+    """job id -> (the Optuna trial that last ran it, its value if complete) for a search sweep's jobs; {} for a grid
+    sweep or a search not launched yet. A job run again after an interrupted launch keeps the later trial (the
+    interrupted one is told failed)."""
+    study = load_study(sdir)
+    if study is None:
         return {}
     from optuna.trial import TrialState
 

@@ -53,14 +53,15 @@ def other_file_note(root: str | Path, name_or_file: str) -> str | None:
     under the same name would otherwise read as its own results). None for a name or the launched file."""
     if not (name_or_file.endswith((".yaml", ".yml")) and Path(name_or_file).is_file()):
         return None
-    saved = SweepDir(root, resolve_name(name_or_file)).path / "sweep.yaml"
+    name = resolve_name(name_or_file)
+    saved = SweepDir(root, name).path / "sweep.yaml"
     try:
         if not saved.is_file() or saved.read_bytes() == Path(name_or_file).read_bytes():
             return None
     except OSError:
         return None
-    return (f"note: {name_or_file} is not the file sweep '{resolve_name(name_or_file)}' was last launched with "
-            f"({saved}): shown are that launch's jobs, not this file's")
+    return (f"note: {name_or_file} is not the file sweep '{name}' was last launched with ({saved}): shown are that "
+            "launch's jobs, not this file's")
 
 
 def open_sweep(root: str | Path, name_or_file: str) -> SweepDir:
@@ -105,8 +106,7 @@ def sweep_status(sdir: SweepDir) -> dict[str, Any]:
                      "tokens_target": int(rec.get("tokens_target") or st.tokens_target), "error": error,
                      "cause": st.cause.value if st.cause is not None else None, "traceback": st.traceback,
                      "error_log": str(log) if log.exists() else None, "notice": st.notice}
-                    | ({"trial": trials.get(rec["job_id"], (None, None))[0],
-                        "value": trials.get(rec["job_id"], (None, None))[1]} if trials else {}))
+                    | (dict(zip(("trial", "value"), trials.get(rec["job_id"], (None, None)))) if trials else {}))
     # Embedded server: its SQLite store opens the runs after the launch (and its server) are gone.
     uri = meta.get("backend_uri") if meta.get("embedded_tracking", True) else meta.get("tracking_uri")
     return {"sweep": sdir.name, "root": str(sdir.root), "tracking_uri": uri, "jobs": jobs}

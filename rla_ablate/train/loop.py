@@ -52,8 +52,7 @@ def check_job(job: JobConfig) -> None:
     """What can be checked before anything is built: the model's vocabulary covers every token of the data, and
     each eval set's text is tokenized as the training data's."""
     sources = [("the training data", job.data)] + [(f"eval set '{e.name}'", e.data) for e in job.eval]
-    who, cfg = max(sources, key=lambda pair: vocab_size(pair[1]))
-    need = vocab_size(cfg)
+    need, who, cfg = max(((vocab_size(c), w, c) for w, c in sources), key=lambda t: t[0])
     if need > job.model.vocab_size:
         raise UserError(f"the model's vocab_size is {job.model.vocab_size} but {who} ({cfg.kind}) needs {need} token "
                         f"ids; set model.vocab_size={need} (--set model.vocab_size={need})", key="model.vocab_size")

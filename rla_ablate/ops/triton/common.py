@@ -162,9 +162,8 @@ def _gate_gradient(RP, PP, MP, EXTRA, Z_P, DG, cu, cidx, NTH, NCH, NK: tl.conste
     last token first, so that a prefix sum down the tile is each token's sum to the chunk's end; rows of H heads
     side by side, as the partials lie."""
     i_c = tl.program_id(0)
-    n, c = tl.load(cidx + 2 * i_c).to(tl.int64), tl.load(cidx + 2 * i_c + 1).to(tl.int64)
-    bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
-    t = bos + c * BT + (BT - 1 - tl.arange(0, BT))  # reversed
+    _, eos, t, _, _ = _chunk_rows(cu, cidx, i_c, 0, H, BT)
+    t = t + (BT - 1 - 2 * tl.arange(0, BT))  # the same rows, last token first
     rh = tl.arange(0, BH)
     m = (t < eos)[:, None] & (rh < H)[None, :]
     o = t[:, None] * H + rh[None, :]
