@@ -49,7 +49,7 @@ import triton.language as tl
 
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
-                                          TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
+                                          TARGET_CLIP, TARGET_CODES, TARGET_IDENTITY, TARGET_TANH, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
                                           _pass_chunk, _pass_program, _target, _target_slope, gate_gradient,
                                           launch_options)
 
@@ -181,31 +181,43 @@ def segment_carry(grid, *, E, LD, D0, STARTS, DT, first, H, K, V, BK, BV, REVERS
 
 
 @triton.jit
-def _residual(b_k, b_v, bv, b_S, b, bp, X, W, gamma, tok, mt, o_tv, m_tv, c_clip, BT: tl.constexpr,
-              TARGET: tl.constexpr, FIT_RES: tl.constexpr):
+def _residual(b_k, b_v, bv, b_S, b, bp, X, W, o_tv, m_tv, c_clip, BT: tl.constexpr, TARGET: tl.constexpr):
     """One chunk's old reads and residuals from S_c's tile b_S (in the inputs' dtype), v's tile b_v (fp32) and
-    bv = beta v: p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v), x = v - p, w = gamma T(x) (or T(x));
-    stores x (fp32) and w (W's dtype)."""
+    bv = beta v: p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v), x = v - p, r = T(x); stores r (W's
+    dtype) and what the backward needs of x for the target's slope (X): the clip's slope itself (0 or 1, a byte),
+    tanh's x (fp32), nothing for the identity. gamma is applied where r is read (w = gamma r)."""
     rt = tl.arange(0, BT)
     dt = b_k.dtype
     M = tl.dot(b_k, tl.trans(b_k)) * _decay(bp, b, rt[:, None] > rt[None, :])
     p = tl.exp(bp)[:, None] * tl.dot(b_k, tl.trans(b_S)) + tl.dot(M.to(dt), bv.to(dt))
     x = b_v - p
-    tl.store(X + o_tv, x, mask=m_tv)
-    w = _target(x, c_clip, TARGET)
-    if FIT_RES:
-        w = w * tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
-    tl.store(W + o_tv, w.to(W.dtype.element_ty), mask=m_tv)
+    if TARGET == TARGET_CLIP:
+        tl.store(X + o_tv, _target_slope(x, c_clip, TARGET).to(X.dtype.element_ty), mask=m_tv)
+    elif TARGET != TARGET_IDENTITY:
+        tl.store(X + o_tv, x, mask=m_tv)
+    tl.store(W + o_tv, _target(x, c_clip, TARGET).to(W.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit
-def _fwd_residual(k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip,
+def _kept_slope(X, o_tv, m_tv, c_clip, TARGET: tl.constexpr):
+    """T'(x) from what `_residual` kept of x: the clip's stored slope, tanh's from x, the identity's 1."""
+    if TARGET == TARGET_CLIP:
+        d = tl.load(X + o_tv, mask=m_tv, other=0).to(tl.float32)
+    elif TARGET == TARGET_TANH:
+        d = _target_slope(tl.load(X + o_tv, mask=m_tv, other=0.0), c_clip, TARGET)
+    else:
+        d = tl.full(o_tv.shape, 1.0, tl.float32)
+    return d
+
+
+@triton.jit
+def _fwd_residual(k, v, g, beta, hS, X, W, cu, cidx, c_clip,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr):
+                  BV: tl.constexpr, TARGET: tl.constexpr):
     """The old reads and the residuals, parallel over chunks (grid V tiles x chunks x heads), once S_c is known:
 
-        p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v),   x = v - p,   w = gamma T(x) (or T(x))
-    stores x (fp32, for the backward) and w (input dtype, what R's pass and the output read).
+        p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v),   x = v - p,   r = T(x)
+    stores r (input dtype, what R's pass and the output read) and what the backward needs of x (`_residual`).
     """
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
@@ -217,20 +229,20 @@ def _fwd_residual(k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip,
     b, bp, b_L = _chunk_gates(g, tok, mt)
     b_hS = tl.load(hS + (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :],
                    mask=mv[:, None] & mk[None, :], other=0.0).to(dt)
-    _residual(b_k, b_v, bv, b_hS, b, bp, X, W, gamma, tok, mt, o_tv, m_tv, c_clip, BT, TARGET, FIT_RES)
+    _residual(b_k, b_v, bv, b_hS, b, bp, X, W, o_tv, m_tv, c_clip, BT, TARGET)
 
 
 @triton.jit
-def _s_pass_residual(k, v, g, beta, gamma, D0, hS, ST, X, W, cu, coff, c_clip,
+def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     BV: tl.constexpr, HAS_D0: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr):
+                     BV: tl.constexpr, HAS_D0: tl.constexpr, TARGET: tl.constexpr):
     """S's pass with the old reads and residuals of each chunk made from the state it holds (grid V tiles x
     sequences*heads; one BV x K fp32 tile, the whole K, as RDN's passes): per chunk, stores S_c (hS), then
 
-        p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v),   x = v - p,   w = gamma T(x) (or T(x))
+        p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v),   x = v - p,   r = T(x)
         S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k
 
-    storing x (fp32) and w, what `_fwd_residual` computes from the stored S_c in a kernel of its own. The same
+    storing r and what the backward needs of x (`_residual`), what `_fwd_residual` computes from the stored S_c in a kernel of its own. The same
     numbers: S_c enters the read rounded to the inputs' dtype, as stored. Spares the residual's reading of hS and a
     second reading of k and v (over a fifth of RLA's forward traffic at head_dim 128)."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
@@ -245,24 +257,23 @@ def _s_pass_residual(k, v, g, beta, gamma, D0, hS, ST, X, W, cu, coff, c_clip,
         b_v = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32)
         b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
         bv = b_v * b_beta[:, None]
-        _residual(b_k, b_v, bv, S.to(dt), b, bp, X, W, gamma, tok, mt, o_tv, m_tv, c_clip, BT, TARGET, FIT_RES)
+        _residual(b_k, b_v, bv, S.to(dt), b, bp, X, W, o_tv, m_tv, c_clip, BT, TARGET)
         coef = tl.exp(b_L - b) * b_beta  # as `_state_pass` (CA = COEF_TO_END, sa = beta): the same rounding
         S = tl.dot(tl.trans((b_v * coef[:, None]).to(dt)), b_k, S * tl.exp(b_L))
     tl.store(ST + o_seq + o_state, S, mask=m_state)
 
 
-def s_pass_residual(grid, *, k, v, g, beta, gamma, D0, hS, ST, X, W, cu, coff, c_clip, H, K, V, BT, BK, BV, HAS_D0,
-                    TARGET, FIT_RES, **options):
+def s_pass_residual(grid, *, k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip, H, K, V, BT, BK, BV, HAS_D0, TARGET,
+                    **options):
     """`_s_pass_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _s_pass_residual[grid](k, v, g, beta, gamma, D0, hS, ST, X, W, cu, coff, c_clip, H=H, K=K, V=V, BT=BT, BK=BK,
-                           BV=BV, HAS_D0=HAS_D0, TARGET=TARGET, FIT_RES=FIT_RES, **options)
+    _s_pass_residual[grid](k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
+                           HAS_D0=HAS_D0, TARGET=TARGET, **options)
 
 
-def fwd_residual(grid, *, k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip, H, K, V, BT, BK, BV, TARGET, FIT_RES,
-                 **options):
+def fwd_residual(grid, *, k, v, g, beta, hS, X, W, cu, cidx, c_clip, H, K, V, BT, BK, BV, TARGET, **options):
     """`_fwd_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _fwd_residual[grid](k, v, g, beta, gamma, hS, X, W, cu, cidx, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                        TARGET=TARGET, FIT_RES=FIT_RES, **options)
+    _fwd_residual[grid](k, v, g, beta, hS, X, W, cu, cidx, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, TARGET=TARGET,
+                        **options)
 
 
 @triton.jit
@@ -276,7 +287,7 @@ def _fwd_output(q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale,
     b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     dt = b_k.dtype
     b_v = tl.load(v + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
-    b_w = tl.load(W + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(dt)
+    b_r = tl.load(W + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(dt)  # r = T(x); w = gamma r
     b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
     b, bp, b_L = _chunk_gates(g, tok, mt)
     o_chunk = (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :]
@@ -288,10 +299,11 @@ def _fwd_output(q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, scale,
         + tl.dot((QK * _decay(eq, b, rt[:, None] > rt[None, :])).to(dt), (b_v * b_beta[:, None]).to(dt))
     if FIT_RES:
         b_hR = tl.load(hR + o_chunk, mask=m_state, other=0.0).to(dt)
+        b_gamma_w = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)  # the writes' gamma, on the columns
         corr = tl.exp(b)[:, None] * tl.dot(b_q, tl.trans(b_hR)) \
-            + tl.dot((QK * _decay(b, b, rt[:, None] >= rt[None, :])).to(dt), b_w)
+            + tl.dot((QK * (_decay(b, b, rt[:, None] >= rt[None, :]) * b_gamma_w[None, :])).to(dt), b_r)
     else:
-        corr = tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), axis=1)[:, None] * b_w.to(tl.float32)
+        corr = tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), axis=1)[:, None] * b_r.to(tl.float32)
     corr = corr * scale
     if GATES:
         b_gamma = tl.load(gamma + tok, mask=mt, other=0.0).to(tl.float32)
@@ -310,7 +322,7 @@ def fwd_output(grid, *, q, k, v, g, beta, gamma, W, hS, hR, O, CORR, cu, cidx, s
 
 
 @triton.jit
-def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip,
+def _bwd_residual(q, k, g, gamma, dO, X, W, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip,
                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr,
                   HAS_DRT: tl.constexpr):
@@ -320,7 +332,8 @@ def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, sca
                   (o_R = gamma do with output gates, else do; dR_end from the dR pass)
     fit none:     dw_t = scale (q_t . k_t) o_R,t, plus dR_T k_T at each sequence's last token
     Stores dx in the inputs' dtype (the dot operand of dS's pass and _bwd_dqk, and added to dv in _bwd_dv) and this
-    V tile's share of dgamma from the residual (fit residual: T(x) . dw), so that dw and x go no further.
+    V tile's share of dgamma from the residual (fit residual: r . dw, r = T(x) as the forward stored it in W), so
+    that dw goes no further. T'(x) comes from what the forward kept of x (X, `_residual`).
     """
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
@@ -345,18 +358,18 @@ def _bwd_residual(q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, sca
         if HAS_DRT:
             b_dRT = tl.load(dRT + (n * H + h) * V * K + rv[:, None] * K + rk[None, :], mask=m_state, other=0.0)
             dw += tl.where((t == eos - 1)[:, None], tl.dot(b_k, tl.trans(b_dRT.to(dt))), 0.0)
-    b_x = tl.load(X + o_tv, mask=m_tv, other=0.0)
-    dx = _target_slope(b_x, c_clip, TARGET) * dw
+    dx = _kept_slope(X, o_tv, m_tv, c_clip, TARGET) * dw
     if FIT_RES:
         dx = dx * b_gamma[:, None]
-        tl.store(dGR_P + i_v.to(tl.int64) * NTH + tok, tl.sum(_target(b_x, c_clip, TARGET) * dw, axis=1), mask=mt)
+        b_r = tl.load(W + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+        tl.store(dGR_P + i_v.to(tl.int64) * NTH + tok, tl.sum(b_r * dw, axis=1), mask=mt)
     tl.store(DX + o_tv, dx.to(DX.dtype.element_ty), mask=m_tv)
 
 
-def bwd_residual(grid, *, q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip, H, K, V, BT, BK, BV,
-                 TARGET, FIT_RES, GATES, HAS_DRT, **options):
+def bwd_residual(grid, *, q, k, g, gamma, dO, X, W, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip, H, K, V, BT, BK,
+                 BV, TARGET, FIT_RES, GATES, HAS_DRT, **options):
     """`_bwd_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _bwd_residual[grid](q, k, g, gamma, dO, X, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip, H=H, K=K, V=V, BT=BT,
+    _bwd_residual[grid](q, k, g, gamma, dO, X, W, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip, H=H, K=K, V=V, BT=BT,
                         BK=BK, BV=BV, TARGET=TARGET, FIT_RES=FIT_RES, GATES=GATES, HAS_DRT=HAS_DRT, **options)
 
 
@@ -403,11 +416,10 @@ def bwd_dv(grid, *, q, k, v, g, beta, DX, CORR, dO, dhS, dV, dBETA_P, dGAMMA_P, 
 
 
 @triton.jit
-def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P,
-             cu, cidx, NTH, NCH, scale, c_clip,
+def _bwd_dqk(q, k, v, g, beta, gamma, W, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P,
+             cu, cidx, NTH, NCH, scale,
              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-             TARGET: tl.constexpr, FIT_RES: tl.constexpr, GATES: tl.constexpr, HAS_DRT: tl.constexpr,
-             Z_STATES: tl.constexpr):
+             FIT_RES: tl.constexpr, GATES: tl.constexpr, HAS_DRT: tl.constexpr, Z_STATES: tl.constexpr):
     """dq, dk on one K tile, and its shares of the per-token d/db terms (grid K tiles x chunks x heads).
 
     The whole V is one tile (BV >= V): straight-line code in which every V contraction is consumed as soon as it is
@@ -434,7 +446,9 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     bv = (tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) * b_beta[:, None]).to(dt)
     b_hS = tl.load(hS + o_state, mask=m_state, other=0.0).to(dt)
     if FIT_RES:
-        b_w = tl.load(W + o_tv, mask=m_tv, other=0.0).to(dt)
+        # the residual r; its writes w = gamma r enter below through gamma on the BT x BT matrices' columns and on
+        # the rows of r's product with dR (no fp32 [BT, V] tile of w in this kernel at the register limit)
+        b_r = tl.load(W + o_tv, mask=m_tv, other=0.0).to(dt)
         o_R = (b_do.to(tl.float32) * (b_gamma if GATES else tl.full([BT], 1.0, tl.float32))[:, None]).to(dt)
         b_hR = tl.load(hR + o_state, mask=m_state, other=0.0).to(dt)
     # the base read by q: o += scale (exp(eq) q S_c^T + (q k^T * decay) beta v)
@@ -443,7 +457,7 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
         # and the residual read, o += gamma scale (exp(b) q R_c^T + (q k^T * decay incl. the diagonal) w): with
         # output gates both decay from b, so their gradients in q and k come from one matrix (its diagonal the
         # residual read's alone) and one chained product with the states
-        A += tl.dot(o_R, tl.trans(b_w)) * _decay(b, b, rt[:, None] >= rt[None, :])
+        A += tl.dot(o_R, tl.trans(b_r)) * (_decay(b, b, rt[:, None] >= rt[None, :]) * b_gamma[None, :])
         A = A.to(dt)
         dqS = tl.exp(b)[:, None] * tl.dot(o_R, b_hR, tl.dot(b_do, b_hS)) + tl.dot(A, b_k)
     else:
@@ -469,13 +483,13 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     if FIT_RES:
         if not GATES:
             # without output gates the base read decays from b', the residual read from b: products of its own
-            Rm = (tl.dot(o_R, tl.trans(b_w)) * _decay(b, b, rt[:, None] >= rt[None, :])).to(dt)
+            Rm = (tl.dot(o_R, tl.trans(b_r)) * (_decay(b, b, rt[:, None] >= rt[None, :]) * b_gamma[None, :])).to(dt)
             dqR = tl.exp(b)[:, None] * tl.dot(o_R, b_hR) + tl.dot(Rm, b_k)
             dq += scale * dqR
             e_q += scale * tl.sum(q32 * dqR, axis=1)
             dkW += scale * tl.dot(tl.trans(Rm), b_q)
         b_dhR = tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt)
-        sw = tl.dot(b_w, b_dhR, sw)
+        sw += b_gamma[:, None] * tl.dot(b_r, b_dhR)
     sw = tl.exp(b_L - b)[:, None] * sw
     dkW += sw
     # dg's chunk end term <dS_end, S_end> (+ <dR_end, R_end>) = exp(b_L) <dS_end, S_c> (+ R's) + the writes' k . dk;
@@ -487,8 +501,8 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
             z += tl.exp(b_L) * tl.sum(b_hR.to(tl.float32) * b_dhR.to(tl.float32))
     tl.store(Z_P + i_k.to(tl.int64) * NCH + i_c * H + h, z)
     if not FIT_RES:
-        # corr_t = c_t r_t (k_t . q~_t) and R_T = r_T k_T^T: no decays, outside d/db
-        b_r = _target(tl.load(X + o_tv, mask=m_tv, other=0.0), c_clip, TARGET)
+        # corr_t = c_t r_t (k_t . q~_t) and R_T = r_T k_T^T: no decays, outside d/db (r as the forward stored it)
+        b_r = tl.load(W + o_tv, mask=m_tv, other=0.0).to(tl.float32)
         s_n = tl.sum(b_r * b_do.to(tl.float32), axis=1) * scale
         if GATES:
             s_n = s_n * b_gamma
@@ -507,13 +521,12 @@ def _bwd_dqk(q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, d
     tl.store(EK_P + o_part, tl.sum(k32 * dkW, axis=1), mask=mt)
 
 
-def bwd_dqk(grid, *, q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, cu,
-            cidx, NTH, NCH, scale, c_clip, H, K, V, BT, BK, BV, TARGET, FIT_RES, GATES, HAS_DRT, Z_STATES=True,
-            **options):
+def bwd_dqk(grid, *, q, k, v, g, beta, gamma, W, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, cu, cidx,
+            NTH, NCH, scale, H, K, V, BT, BK, BV, FIT_RES, GATES, HAS_DRT, Z_STATES=True, **options):
     """`_bwd_dqk` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _bwd_dqk[grid](q, k, v, g, beta, gamma, W, X, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, cu,
-                   cidx, NTH, NCH, scale, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, TARGET=TARGET, FIT_RES=FIT_RES,
-                   GATES=GATES, HAS_DRT=HAS_DRT, Z_STATES=Z_STATES, **options)
+    _bwd_dqk[grid](q, k, v, g, beta, gamma, W, DX, dO, hS, hR, dhS, dhR, dRT, dQ, dK, EQ_P, EE_P, EK_P, Z_P, cu, cidx,
+                   NTH, NCH, scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, FIT_RES=FIT_RES, GATES=GATES, HAS_DRT=HAS_DRT,
+                   Z_STATES=Z_STATES, **options)
 
 
 def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int) -> tuple[tuple, dict]:
@@ -627,15 +640,15 @@ def _segment_starts(segs: Segments, two_terms: bool, *, g, D0, hD, DT, HAS_D0: b
     return E, starts
 
 
-def run_s_pass_residual(layout: Layout, *, k, v, g, beta, gamma, D0, hS, ST, X, W, HAS_D0: bool, c_clip: float,
-                        TARGET: int, FIT_RES: bool, H: int, K: int, V: int, chunk: int) -> None:
+def run_s_pass_residual(layout: Layout, *, k, v, g, beta, D0, hS, ST, X, W, HAS_D0: bool, c_clip: float, TARGET: int,
+                        H: int, K: int, V: int, chunk: int) -> None:
     """S's pass with the residuals made in it (`_s_pass_residual`): hS, ST, X and W as S's pass and
     `_fwd_residual` give them. A long sequence on few programs is split as `run_state_pass` splits it: the plain
     pass and the carry give each segment's start, then the fused pass runs from those."""
     opts = launch_options("s_pass_residual", V, LAUNCH)
     nv = triton.cdiv(V, opts["BV"])
-    fused = dict(k=k, v=v, g=g, beta=beta, gamma=gamma, hS=hS, X=X, W=W, c_clip=c_clip, H=H, K=K, V=V, BT=chunk,
-                 BK=max(MIN_TILE, triton.next_power_of_2(K)), TARGET=TARGET, FIT_RES=FIT_RES, **opts)
+    fused = dict(k=k, v=v, g=g, beta=beta, hS=hS, X=X, W=W, c_clip=c_clip, H=H, K=K, V=V, BT=chunk,
+                 BK=max(MIN_TILE, triton.next_power_of_2(K)), TARGET=TARGET, **opts)
     segs = _segments(layout, nv * layout.N * H, chunk, g.device)
     if segs is None:
         s_pass_residual((nv, layout.N * H), D0=D0, ST=ST, cu=layout.cu, coff=layout.coff, HAS_D0=HAS_D0, **fused)
@@ -660,7 +673,11 @@ class RLAFunction(torch.autograd.Function):
         NT, N = layout.chunks, layout.N
         hS = torch.empty(NT, H, V, K, dtype=q.dtype, device=dev)
         hR = torch.empty_like(hS) if fit_res else hS.new_empty(1)
-        X = torch.empty(B * T, H, V, dtype=torch.float32, device=dev)
+        # the residual r = T(x) (gamma is applied where it is read), and what the backward needs of x = v - p for
+        # the target's slope: the clip's slope (a byte), tanh's x (fp32), nothing for the identity
+        keeps_x = spec.target != "identity"
+        X = torch.empty(B * T, H, V, dtype=torch.uint8 if spec.target == "clip" else torch.float32,
+                        device=dev) if keeps_x else q.new_empty(1)
         W = torch.empty(B * T, H, V, dtype=v.dtype, device=dev)
         ST = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
         RT = torch.empty_like(ST) if fit_res else ST.new_empty(1)
@@ -670,21 +687,22 @@ class RLAFunction(torch.autograd.Function):
         dims = dict(H=H, K=K, V=V, chunk=chunk)
         # S's pass; the old reads and residuals from its chunk states; R's pass over the residuals
         if RESIDUAL_IN_S_PASS:
-            run_s_pass_residual(layout, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, D0=S0 if S0 is not None else ST,
-                                hS=hS, ST=ST, X=X, W=W, HAS_D0=S0 is not None, c_clip=float(spec.clip),
-                                TARGET=TARGET_CODES[spec.target], FIT_RES=fit_res, **dims)
+            run_s_pass_residual(layout, k=k, v=v, g=g32, beta=beta_c, D0=S0 if S0 is not None else ST, hS=hS, ST=ST,
+                                X=X, W=W, HAS_D0=S0 is not None, c_clip=float(spec.clip),
+                                TARGET=TARGET_CODES[spec.target], **dims)
         else:
             run_state_pass(layout, False, ka=k, ua=v, sa=beta_c, kb=k, ub=v, g=g32, D0=S0 if S0 is not None else ST,
                            hD=hS, DT=ST, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
                            CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False, HAS_D0=S0 is not None, **dims)
             opts = launch_options("fwd_residual", V, LAUNCH)
-            fwd_residual((triton.cdiv(V, opts["BV"]), C, H), k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, hS=hS,
-                         X=X, W=W, cu=layout.cu, cidx=layout.cidx, c_clip=float(spec.clip),
-                         TARGET=TARGET_CODES[spec.target], FIT_RES=fit_res, **consts, **opts)
+            fwd_residual((triton.cdiv(V, opts["BV"]), C, H), k=k, v=v, g=g32, beta=beta_c, hS=hS, X=X, W=W,
+                         cu=layout.cu, cidx=layout.cidx, c_clip=float(spec.clip), TARGET=TARGET_CODES[spec.target],
+                         **consts, **opts)
         if fit_res:
-            run_state_pass(layout, False, ka=k, ua=W, sa=beta_c, kb=k, ub=W, g=g32, D0=R0 if R0 is not None else RT,
+            # R's writes w = gamma r, gamma applied as S's pass applies beta
+            run_state_pass(layout, False, ka=k, ua=W, sa=gamma_c, kb=k, ub=W, g=g32, D0=R0 if R0 is not None else RT,
                            hD=hR, DT=RT, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
-                           CB=COEF_TO_END.value, HAS_SA=False, HAS_B=False, HAS_D0=R0 is not None, **dims)
+                           CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False, HAS_D0=R0 is not None, **dims)
         O = torch.empty(B * T, H, V, dtype=q.dtype, device=dev)
         # the residual read before its gate, for dgamma = do . corr: in the inputs' dtype, as the output
         CORR = torch.empty(B * T, H, V, dtype=q.dtype, device=dev) if spec.output_gates else X.new_empty(1)
@@ -720,8 +738,7 @@ class RLAFunction(torch.autograd.Function):
         dST = dST.contiguous() if dST is not None else None
         dRT = dRT.contiguous() if dRT is not None else None
         BK = max(MIN_TILE, triton.next_power_of_2(K))
-        consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK, TARGET=TARGET_CODES[spec.target], FIT_RES=fit_res,
-                      GATES=spec.output_gates)
+        consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK, FIT_RES=fit_res, GATES=spec.output_gates)
         dhS = torch.empty(NT, H, V, K, dtype=q.dtype, device=dev)
         dhR = torch.empty_like(dhS) if fit_res else dhS.new_empty(1)
         dS0 = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
@@ -750,9 +767,10 @@ class RLAFunction(torch.autograd.Function):
         opts = launch_options("bwd_residual", V, LAUNCH)
         NVr = triton.cdiv(V, opts["BV"])
         dGR_P = torch.empty(NVr, NTH, dtype=torch.float32, device=dev) if fit_res else DX.new_empty(1)
-        bwd_residual((NVr, C, H), q=q, k=k, g=g32, gamma=gamma_c, dO=dO, X=X, hdR=dhR,
+        bwd_residual((NVr, C, H), q=q, k=k, g=g32, gamma=gamma_c, dO=dO, X=X, W=W, hdR=dhR,
                      dRT=dRT if dRT is not None else dS0, DX=DX, dGR_P=dGR_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH,
-                     scale=scale, c_clip=float(spec.clip), HAS_DRT=dRT is not None, **consts, **opts)
+                     scale=scale, c_clip=float(spec.clip), TARGET=TARGET_CODES[spec.target], HAS_DRT=dRT is not None,
+                     **consts, **opts)
         run_state_pass(layout, True, ka=q, ua=dO, sa=gamma_c, kb=k, ub=DX, g=g32, D0=dST if dST is not None else dS0,
                        hD=dhS, DT=dS0, scale_a=scale, sign_b=-1.0, REVERSE=True,
                        CA=(COEF_B if spec.output_gates else COEF_B_PRIME).value, CB=COEF_B_PRIME.value, HAS_SA=False,
@@ -770,9 +788,9 @@ class RLAFunction(torch.autograd.Function):
                BT=chunk, BK=BK, GATES=spec.output_gates, **opts)
         EQ_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
         EE_P, EK_P = torch.empty_like(EQ_P), torch.empty_like(EQ_P)
-        bwd_dqk((NK, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, W=W, X=X, DX=DX, dO=dO, hS=hS, hR=hR,
+        bwd_dqk((NK, C, H), q=q, k=k, v=v, g=g32, beta=beta_c, gamma=gamma_c, W=W, DX=DX, dO=dO, hS=hS, hR=hR,
                 dhS=dhS, dhR=dhR, dRT=dRT if dRT is not None else dS0, dQ=dQ, dK=dK, EQ_P=EQ_P, EE_P=EE_P, EK_P=EK_P,
-                Z_P=Z_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale, c_clip=float(spec.clip),
+                Z_P=Z_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale,
                 HAS_DRT=dRT is not None and not fit_res, Z_STATES=not in_pass, **(consts | dict(BK=BKt)), **opts_dqk)
         dBETA = dBETA_P.sum(0).view(B * T, H)
         dGAMMA = torch.zeros(B * T, H, dtype=torch.float32, device=dev)
