@@ -105,14 +105,16 @@ def rla_switched_off(x, switch: str):
         setattr(rla, switch, True)
 
 
-def rdn_residual_apart(x):
-    """RDN on the `triton` backend with the prediction out of its base pass and the residual made by the glue's
-    kernels (`backend.RDN.residual_in_reads` off)."""
+def rdn_changed(x, **changes):
+    """RDN on the `triton` backend with `backend.RDN` changed: residual_in_reads=False (the prediction out of its
+    base pass and the residual made by the glue's kernels), wy=FLA_WY_FLA_BWD (FLA's WY backward)."""
     from dataclasses import replace
 
     from rla_ablate.ops.triton import backend
 
-    saved, backend.RDN = backend.RDN, replace(backend.RDN, residual_in_reads=False)
+    if "wy" in changes:
+        changes["wy"] = getattr(backend.rdn, changes["wy"])
+    saved, backend.RDN = backend.RDN, replace(backend.RDN, **changes)
     try:
         return residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], rule="delta",
                                   backend="triton")[0]
@@ -123,12 +125,15 @@ def rdn_residual_apart(x):
 # The design switches a variant turns off, each read by the op's forward: RLA's RESIDUAL_IN_S_PASS
 # (--rla-residual-apart: S's pass and the residuals in two kernels, `_fwd_residual`) and END_TERM_IN_PASS
 # (--rla-end-term-in-dqk: dg's chunk end terms from the stored state tiles in `_bwd_dqk` rather than from the
-# reverse state passes); RDN's residual in its read kernel (--rdn-residual-apart). name -> (label, rule, op).
+# reverse state passes); RDN's residual in its read kernel (--rdn-residual-apart) and its WY backward with the
+# additions around it (--rdn-wy-fla: FLA's prepare_wy_repr_bwd and two PyTorch additions). name -> (label, rule, op).
 VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
                                    partial(rla_switched_off, switch="RESIDUAL_IN_S_PASS")),
             "rla_end_term_in_dqk": ("RLA [triton, end term in dq/dk]", "additive",
                                     partial(rla_switched_off, switch="END_TERM_IN_PASS")),
-            "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta", rdn_residual_apart)}
+            "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta",
+                                   partial(rdn_changed, residual_in_reads=False)),
+            "rdn_wy_fla": ("RDN [triton, FLA's WY bwd]", "delta", partial(rdn_changed, wy="FLA_WY_FLA_BWD"))}
 
 
 def bench(fn, x, mode):
@@ -172,7 +177,8 @@ def profile(runs, T, tokens, names):
 
 
 # the tile widths each kernel's launch options name (RLA's and RDN's LAUNCH tables); the rest: BV
-TILE_KEYS = {"state_pass": ("BK", "BV"), "state_pass_2": ("BK", "BV"), "bwd_dqk": ("BK",), "dqk": ("BK",)}
+TILE_KEYS = {"state_pass": ("BK", "BV"), "state_pass_2": ("BK", "BV"), "bwd_dqk": ("BK",), "dqk": ("BK",),
+             "wy_bwd": ("BK", "BV")}
 
 
 def tune_variants(name, default):
@@ -270,6 +276,8 @@ def main():
                         help="add RLA [triton] with dg's chunk end terms made in the dq/dk kernel")
     parser.add_argument("--rdn-residual-apart", action="store_true",
                         help="add RDN [triton] with the residual made by the glue's kernels from the prediction")
+    parser.add_argument("--rdn-wy-fla", action="store_true",
+                        help="add RDN [triton] with FLA's WY backward and the additions around it in PyTorch")
     parser.add_argument("--rla-chunk", type=int, default=None,
                         help="add RLA [triton] at this chunk size (64 is the backend's)")
     parser.add_argument("--rla-warps", type=int, default=None, help="with --rla-chunk: every RLA kernel at these warps")

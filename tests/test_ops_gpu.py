@@ -190,23 +190,29 @@ def test_triton_rla_design_switches_give_the_same_numbers(switch, T, monkeypatch
         assert_close(f"triton-{switch}-T{T} {name}", want.double(), on[name], ratio=1e-2, atol=1e-3)
 
 
-@pytest.mark.parametrize("target", ["clip", "tanh", "identity"])
-def test_triton_rdn_residual_in_the_read_kernel_gives_the_same_numbers(target, monkeypatch):
-    """RDN's residual made by the base pass's read kernel (what runs; its gradient turned into dv and dp by the
-    local kernel) and made by the glue's kernels from the prediction (what benchmarks/kernels.py times against it):
-    outputs, final states and every gradient agree to bf16 rounding (dp is now rounded to bf16 once more)."""
+@pytest.mark.parametrize("change,fit,target", [
+    ("residual_in_reads", "residual", "clip"), ("residual_in_reads", "residual", "tanh"),
+    ("residual_in_reads", "residual", "identity"), ("wy", "residual", "clip"), ("wy", "residual", "identity"),
+    ("wy", "none", "clip")])
+def test_triton_rdn_design_switches_give_the_same_numbers(change, fit, target, monkeypatch):
+    """RDN's design switches, as they run and as benchmarks/kernels.py times them against: the residual made by the
+    base pass's read kernel (its gradient turned into dv and dp by the local kernel) or by the glue's kernels from
+    the prediction (`residual_in_reads`; dp is now rounded to bf16 once more); the WY step's backward on our kernel,
+    which adds the base pass's fp32 dk and the residual's dv before its stores, or FLA's prepare_wy_repr_bwd with
+    PyTorch's additions after it (`wy`). Outputs, final states and every gradient agree to bf16 rounding."""
     from dataclasses import replace
 
-    from rla_ablate.ops.triton import backend
+    from rla_ablate.ops.triton import backend, rdn
 
     master = make_inputs(B=2, T=1000)
-    combo = ("delta", "residual", target, True)
+    combo = ("delta", fit, target, True)
     on = run_case(leaves(master, torch.bfloat16), "triton", combo)
-    monkeypatch.setattr(backend, "RDN", replace(backend.RDN, residual_in_reads=False))
+    off_value = False if change == "residual_in_reads" else rdn.FLA_WY_FLA_BWD
+    monkeypatch.setattr(backend, "RDN", replace(backend.RDN, **{change: off_value}))
     off = run_case(leaves(master, torch.bfloat16), "triton", combo)
     for name, want in off.items():
         assert torch.isfinite(on[name]).all(), name
-        assert_close(f"triton-rdn-residual-{target} {name}", want.double(), on[name], ratio=1e-2, atol=1e-3)
+        assert_close(f"triton-rdn-{change}-{fit}-{target} {name}", want.double(), on[name], ratio=1e-2, atol=1e-3)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["batched", "packed"])

@@ -1,8 +1,8 @@
 """RDN's one-pass base recurrence (rla_ablate/ops/triton/rdn.py) on CPU, through Triton's interpreter.
 
 Our four kernels (S pass, the two old reads, the local write gradients, the dS pass, dq/dk/dw) run in the
-interpreter in fp32; the WY step is the PyTorch one (`TORCH_WY`: FLA's fused WY kernels do not run in the
-interpreter; the GPU tests run them), the auxiliary recurrence the naive delta rule, its q and k gradients posted
+interpreter in fp32; the WY step's forward is the PyTorch one (FLA's fused WY kernels do not run in the
+interpreter; the GPU tests run them) and its backward our kernel (`TORCH_WY_OUR_BWD`; once PyTorch's, `TORCH_WY`), the auxiliary recurrence the naive delta rule, its q and k gradients posted
 to the base pass's backward through a `GradientMail` as the backend does (dk split in two shares, as FLA's dq/dk
 kernel and WY step give it), and once added by autograd instead; with fit residual the read kernel makes the
 residual (as the backend runs it), and twice the prediction goes out to the glue's residual step instead; a graph kept for a second backward whose first
@@ -33,7 +33,7 @@ def check_all() -> None:
     from rla_ablate.ops.fla_backend import BaseKernels, compose_residual_attention
     from rla_ablate.ops.naive import naive_residual_attention
     from rla_ablate.ops.spec import ResidualSpec
-    from rla_ablate.ops.triton.rdn import TORCH_WY, GradientMail, delta_two_reads
+    from rla_ablate.ops.triton.rdn import TORCH_WY, TORCH_WY_OUR_BWD, GradientMail, delta_two_reads
 
     compare = Comparer(RATIO, ATOL)
     off = ResidualSpec(rule="delta", fit="off")
@@ -60,7 +60,8 @@ def check_all() -> None:
             ctx.mail.post(dq, 0.25 * dk, 0.75 * dk)
             return None, None, dbeta, None
 
-    def rdn(q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens=None, mailed=True, residual_in_reads=True):
+    def rdn(q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens=None, mailed=True, residual_in_reads=True,
+            wy=TORCH_WY_OUR_BWD):
         mail = GradientMail() if mailed else None
         # as the backend runs it: with fit residual the read kernel makes the residual
         residual = (spec.target, spec.clip) if residual_in_reads and spec.fit == "residual" else None
@@ -72,7 +73,7 @@ def check_all() -> None:
             return exact_delta(q, k, v, g, beta, scale, h0, cu)
 
         reads = lambda q, k, v, g, beta, S0, scale, cu: delta_two_reads(  # noqa: E731
-            q, k, v, g, beta, S0, scale, cu, wy=TORCH_WY, chunk=16, mail=mail, residual=residual)
+            q, k, v, g, beta, S0, scale, cu, wy=wy, chunk=16, mail=mail, residual=residual)
         return compose_residual_attention(BaseKernels(additive=None, delta=auxiliary), q, k, v, g, beta, gamma, spec,
                                           scale, state, cu_seqlens, base_reads=reads,
                                           reads_residual=residual is not None)
@@ -92,6 +93,9 @@ def check_all() -> None:
                 run(rdn, master, spec, torch.float32))
 
     master = make()
+    # the WY step's backward in PyTorch (autograd through solve_triangular) instead of our kernel
+    compare("torch-wy-backward", run(naive_residual_attention, master, spec, torch.float64),
+            run(rdn, master, spec, torch.float32, wy=TORCH_WY))
     compare("autograd-adds-qk", run(naive_residual_attention, master, spec, torch.float64),
             run(rdn, master, spec, torch.float32, mailed=False))
     for target in ("clip", "identity"):  # the prediction out of the base pass and the residual made by the glue
@@ -121,7 +125,7 @@ def check_all() -> None:
 def test_one_pass_delta_rule_matches_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=22, timeout=900)
+    run_interpreted(__file__, checks=23, timeout=900)
 
 
 def test_torch_wy_step_solves_the_chunk_recurrence_of_the_delta_rule():

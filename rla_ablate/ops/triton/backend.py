@@ -41,12 +41,14 @@ class RDNPasses:
     """How RDN_READS runs the auxiliary recurrence: its delta kernel (`rdn.delta_keep_states`, or FLA's own Function,
     which recomputes the chunk states in its backward) and whether its q, k gradients go to the base pass's backward
     through a `rdn.GradientMail` (the auxiliary kernel must then take `mail=`); and whether the base pass's read
-    kernel makes the residual (`rdn.DeltaTwoReads`, residual) or hands the prediction to the glue.
-    benchmarks/rdn_aux.py and benchmarks/kernels.py swap `RDN`."""
+    kernel makes the residual (`rdn.DeltaTwoReads`, residual) or hands the prediction to the glue; and the base
+    pass's WY step (`rdn.FLA_WY`: FLA's forward, our backward). benchmarks/rdn_aux.py and benchmarks/kernels.py swap
+    `RDN`."""
 
     auxiliary: DeltaKernel = rdn.delta_keep_states
     mail: bool = True
     residual_in_reads: bool = True  # False: the prediction out, the residual by the glue (benchmarks/kernels.py)
+    wy: rdn.WY = rdn.FLA_WY  # rdn.FLA_WY_FLA_BWD: FLA's WY backward and PyTorch's additions (benchmarks/kernels.py)
 
 
 RDN = RDNPasses()
@@ -81,7 +83,8 @@ def triton_residual_attention(q, k, v, g, beta, gamma, spec: ResidualSpec, scale
         residual = (spec.target, spec.clip) if RDN.residual_in_reads and spec.fit == "residual" else None
         return compose_residual_attention(BaseKernels(additive=FLA_KERNELS.additive, delta=auxiliary), q, k, v, g, beta,
                                           gamma, spec, scale, initial_state, cu_seqlens, glue=TRITON_GLUE,
-                                          base_reads=partial(rdn.delta_two_reads, mail=mail, residual=residual),
+                                          base_reads=partial(rdn.delta_two_reads, mail=mail, residual=residual,
+                                                             wy=RDN.wy),
                                           reads_residual=residual is not None)
     return compose_residual_attention(FLA_KERNELS, q, k, v, g, beta, gamma, spec, scale, initial_state, cu_seqlens,
                                       glue=TRITON_GLUE)

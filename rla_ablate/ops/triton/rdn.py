@@ -23,7 +23,8 @@ twice. Here the recurrence runs once and both reads come out of it (docs/MATH.md
                   dS_c = exp(b_L) dS_{c+1} + (exp(b') scale dB)^T q + (exp(b') dp)^T k - dn^T w
               gradients (parallel, K tiles): dq, dk (as the reads' queries, as the keys of the reads and of the
                   chunk-end write), dw = -dn S_c, and per token the d/db terms of reads and writes
-              WY step backward (FLA's prepare_wy_repr_bwd): from dw, du = dn to dk, dv, dbeta and dg.
+              WY step backward (`_wy_bwd`, one program a chunk): from dw, du = dn to dk, dv, dbeta and dg, adding the
+                  dk above (fp32) and the residual's dv before the one store of each.
 
 dg: the reads and writes follow docs/MATH.md's identity (reads at b' minus writes, a reverse cumsum over the
 sequence); the WY step's own dependence on the gates comes back from it already as a gradient of g.
@@ -42,7 +43,8 @@ import triton
 import triton.language as tl
 
 from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, TARGET_CLIP, TARGET_CODES,
-                                          TARGET_IDENTITY, Layout, _chunk_gates, _chunk_tile, _decay, _pass_chunk, _pass_program,
+                                          TARGET_IDENTITY, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
+                                          _pass_chunk, _pass_program,
                                           _target, _target_slope, gate_gradient, launch_options)
 
 LAUNCH = {
@@ -52,6 +54,7 @@ LAUNCH = {
     "reads": dict(BV=64, num_warps=4),
     "local": dict(BV=64, num_warps=4),
     "dqk": dict(BK=64, num_warps=4),  # its V tile is the whole V
+    "wy_bwd": dict(BK=64, BV=64, num_warps=4),  # one program a chunk and head, looping over K and V tiles
 }
 FLOOR = float(G_FLOOR.value)
 
@@ -130,8 +133,8 @@ def delta_reads(grid, *, q, k, v, g, hS, N_, P, BQ, RES, cu, cidx, scale, c, H, 
 def _delta_bwd_local(q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, RESIDUAL: tl.constexpr, TARGET: tl.constexpr):
-    """dn_loc_s = sum_{t > s, chunk} exp(b'_t - b_s) (scale (k_s . q_t) dB_t + (k_s . k_t) dp_t), fp32 (grid V tiles
-    x chunks x heads): what the writes of a chunk get from the later reads inside it. RESIDUAL: dp first, from the
+    """dn_loc_s = sum_{t > s, chunk} exp(b'_t - b_s) (scale (k_s . q_t) dB_t + (k_s . k_t) dp_t), in the inputs'
+    dtype (grid V tiles x chunks x heads): what the writes of a chunk get from the later reads inside it. RESIDUAL: dp first, from the
     residual's gradient dRES and what the forward kept of x = v - p (X: the clip's slope, or x): dv = dRES T'(x)
     (stored in dV) and dp = -dv (stored in dP, the inputs' dtype, for the dS pass and the dq/dk kernel)."""
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -157,7 +160,7 @@ def _delta_bwd_local(q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c,
         b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(dt)
     dn = tl.dot((tl.dot(b_k, tl.trans(b_q)) * Dst * scale).to(dt), b_dB) \
         + tl.dot((tl.dot(b_k, tl.trans(b_k)) * Dst).to(dt), b_dP)
-    tl.store(DNL + o_tv, dn, mask=m_tv)
+    tl.store(DNL + o_tv, dn.to(DNL.dtype.element_ty), mask=m_tv)
 
 
 def delta_bwd_local(grid, *, q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c, H, K, V, BT, BK, BV, RESIDUAL,
@@ -185,7 +188,7 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
         dt = b_k.dtype
         b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(dt)
-        dn = tl.load(DNL + o_tv, mask=m_tv, other=0.0) \
+        dn = tl.load(DNL + o_tv, mask=m_tv, other=0.0).to(tl.float32) \
             + tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(D.to(dt)))
         tl.store(DN + o_tv, dn.to(DN.dtype.element_ty), mask=m_tv)
         e = tl.exp(bp)
@@ -275,12 +278,104 @@ class WY:
     """The delta rule's WY step for chunks of CHUNK tokens, and its backward.
 
     fwd(k, v, beta, g, layout, cu_seqlens, chunk) -> (w, u, saved), tensors [B, T, H, *], g already floored, fp32;
-    bwd(k, v, beta, g, saved, dw, du, layout, cu_seqlens, chunk) -> (dk, dv, dbeta, db), db [B, T, H] the gradient of
-    the chunk-local cumsum b_t of g (what it reads from S_c at b_t belongs in the sequence-wide reverse cumsum).
+    saved ends with A [B, T, H, chunk] (each token's row of its chunk's A, FLA's layout) where `wy_bwd` is to read it.
+    bwd(k, v, beta, g, saved, dw, du, layout, cu_seqlens, chunk, dk_in, dv_in) -> (dk, dv, dbeta, db): dk and dv
+    with dk_in (fp32, the base pass's) and dv_in (or None) added, in k's and v's dtypes; db [B, T, H] the gradient
+    of the chunk-local cumsum b_t of g (what it reads from S_c at b_t belongs in the sequence-wide reverse cumsum).
     """
 
     fwd: Callable
     bwd: Callable
+
+
+@triton.jit
+def _wy_bwd(k, v, beta, g, A, dW, dU, dK_IN, dV_IN, dK, dV, dBETA, dB, cu, cidx,
+            H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+            HAS_DV_IN: tl.constexpr):
+    """The WY step's backward for one chunk and head (grid chunks x heads), with the base pass's dk (fp32) and the
+    residual's dv added before the single store in the inputs' dtype. With M = beta exp(b) k, N = beta v,
+    L = strict_lower(beta_t exp(b_t - b_s) k_t . k_s) and A = (I + L)^-1 (w = A M, u = A N):
+
+        dM = A^T dw,  dN = A^T du,  dA = dw M^T + du N^T,  dL = -(A^T dA A^T) on the strict lower triangle
+        dk = beta exp(b) dM + beta (G k) + G^T (beta k) + dk_in          G = dL * exp(b_t - b_s)
+        dv = beta dN + dv_in,   dbeta = exp(b) (dM . k) + dN . v + (G k) . k
+        db = M . dM + rowsum(G * L') - colsum(G * L'),   L'_ts = beta_t k_t . k_s
+
+    Two passes over K tiles (the first for dA, the second for dk, dM made again rather than stored), one over V."""
+    i_c, h = tl.program_id(0), tl.program_id(1)
+    _, _, _, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
+    rt = tl.arange(0, BT)
+    dt = k.dtype.element_ty
+    b, _, _ = _chunk_gates(g, tok, mt)
+    e = tl.exp(b)
+    b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
+    AT = tl.load(A + tok[None, :] * BT + rt[:, None], mask=mt[None, :], other=0.0).to(dt)  # AT[i, j] = A[j, i]
+    dA = tl.zeros([BT, BT], dtype=tl.float32)
+    KK = tl.zeros([BT, BT], dtype=tl.float32)
+    dbeta = tl.zeros([BT], dtype=tl.float32)
+    db = tl.zeros([BT], dtype=tl.float32)
+    for i in range(tl.cdiv(K, BK)):
+        rk = i * BK + tl.arange(0, BK)
+        m_tk = mt[:, None] & (rk < K)[None, :]
+        o_tk = tok[:, None] * K + rk[None, :]
+        b_k = tl.load(k + o_tk, mask=m_tk, other=0.0)
+        b_dw = tl.load(dW + o_tk, mask=m_tk, other=0.0).to(dt)
+        M = b_k.to(tl.float32) * (b_beta * e)[:, None]
+        dA = tl.dot(b_dw, tl.trans(M.to(dt)), dA)
+        dM = tl.dot(AT, b_dw)
+        dbeta += e * tl.sum(dM * b_k.to(tl.float32), axis=1)
+        db += tl.sum(dM * M, axis=1)
+        KK = tl.dot(b_k, tl.trans(b_k), KK)
+    for i in range(tl.cdiv(V, BV)):
+        rv = i * BV + tl.arange(0, BV)
+        m_tv = mt[:, None] & (rv < V)[None, :]
+        o_tv = tok[:, None] * V + rv[None, :]
+        b_v = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+        b_du = tl.load(dU + o_tv, mask=m_tv, other=0.0).to(dt)
+        dA = tl.dot(b_du, tl.trans((b_v * b_beta[:, None]).to(dt)), dA)
+        dN = tl.dot(AT, b_du)
+        dbeta += tl.sum(dN * b_v, axis=1)
+        dv = dN * b_beta[:, None]
+        if HAS_DV_IN:
+            dv += tl.load(dV_IN + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+        tl.store(dV + o_tv, dv.to(dV.dtype.element_ty), mask=m_tv)
+    strict = rt[:, None] > rt[None, :]
+    dA = tl.where(strict, dA, 0.0).to(dt)
+    G = -tl.dot(AT, tl.dot(dA, AT).to(dt)) * _decay(b, b, strict)
+    GL = G * KK * b_beta[:, None]
+    db += tl.sum(GL, axis=1) - tl.sum(GL, axis=0)
+    G = G.to(dt)
+    for i in range(tl.cdiv(K, BK)):
+        rk = i * BK + tl.arange(0, BK)
+        m_tk = mt[:, None] & (rk < K)[None, :]
+        o_tk = tok[:, None] * K + rk[None, :]
+        b_k = tl.load(k + o_tk, mask=m_tk, other=0.0)
+        k32 = b_k.to(tl.float32)
+        Gk = tl.dot(G, b_k)
+        dbeta += tl.sum(Gk * k32, axis=1)
+        dk = tl.dot(AT, tl.load(dW + o_tk, mask=m_tk, other=0.0).to(dt)) * (b_beta * e)[:, None] \
+            + Gk * b_beta[:, None] + tl.dot(tl.trans(G), (k32 * b_beta[:, None]).to(dt)) \
+            + tl.load(dK_IN + o_tk, mask=m_tk, other=0.0).to(tl.float32)
+        tl.store(dK + o_tk, dk.to(dK.dtype.element_ty), mask=m_tk)
+    tl.store(dBETA + tok, dbeta, mask=mt)
+    tl.store(dB + tok, db, mask=mt)
+
+
+def wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk, dk_in, dv_in):
+    """`WY.bwd` on our kernel (`_wy_bwd`), from the A that the forward saved last: dk + dk_in in k's dtype, dv (+ dv_in)
+    in v's, dbeta and db in fp32. One kernel where FLA's prepare_wy_repr_bwd and two PyTorch additions ran."""
+    B, T, H, K = k.shape
+    V = v.shape[-1]
+    A = saved[-1]
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dbeta = torch.empty(B, T, H, dtype=torch.float32, device=k.device)
+    db = torch.empty_like(dbeta)
+    opts = dict(LAUNCH["wy_bwd"])
+    _wy_bwd[(max(layout.chunks, 1), H)](k, v, beta, g, A.contiguous(), dw.contiguous(), du.contiguous(),
+                                        dk_in.contiguous(), dv_in.contiguous() if dv_in is not None else dv, dk, dv,
+                                        dbeta, db, layout.cu, layout.cidx, H=H, K=K, V=V, BT=chunk,
+                                        HAS_DV_IN=dv_in is not None, **opts)
+    return dk, dv, dbeta, db
 
 
 def _fla_wy_fwd(k, v, beta, g, layout, cu, chunk):
@@ -294,15 +389,25 @@ def _fla_wy_fwd(k, v, beta, g, layout, cu, chunk):
     return w, u, (g_cs, A)
 
 
-def _fla_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk):
+def _fla_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk, dk_in, dv_in):
     from fla.ops.gated_delta_rule.wy_fast import prepare_wy_repr_bwd
 
     g_cs, A = saved
     # its dg is the gradient of the chunk-local cumsum (FLA sums it from each chunk's end to get that of g)
-    return prepare_wy_repr_bwd(k=k, v=v, beta=beta, A=A, dw=dw, du=du, g=g_cs, cu_seqlens=cu)
+    dk, dv, dbeta, db = prepare_wy_repr_bwd(k=k, v=v, beta=beta, A=A, dw=dw, du=du, g=g_cs, cu_seqlens=cu)
+    return _add_shares(dk, dv, dk_in, dv_in) + (dbeta, db)
 
 
-FLA_WY = WY(fwd=_fla_wy_fwd, bwd=_fla_wy_bwd)
+def _add_shares(dk, dv, dk_in, dv_in):
+    """dk + dk_in (summed in fp32) in k's dtype, dv + dv_in in v's, by PyTorch (the WY backwards that do not add)."""
+    dk = torch.add(dk_in, dk, out=torch.empty_like(dk))
+    return dk, (torch.add(dv_in, dv, out=torch.empty_like(dv)) if dv_in is not None else dv)
+
+
+# FLA's WY forward (fused kkt + solve + recompute), our backward; FLA_WY_FLA_BWD: FLA's backward too and the two
+# additions in PyTorch (benchmarks/kernels.py --rdn-wy-fla)
+FLA_WY = WY(fwd=_fla_wy_fwd, bwd=wy_bwd)
+FLA_WY_FLA_BWD = WY(fwd=_fla_wy_fwd, bwd=_fla_wy_bwd)
 
 
 def _chunk_tokens(layout: Layout, chunk: int, device) -> torch.Tensor:
@@ -338,7 +443,9 @@ def _torch_wy_forward(k, v, beta, g, layout, chunk, b_of=None):
     rhs_u = (vc * bc[..., None]).permute(0, 2, 1, 3)
     w = torch.linalg.solve_triangular(M, rhs_w, upper=False, unitriangular=True).permute(0, 2, 1, 3)
     u = torch.linalg.solve_triangular(M, rhs_u, upper=False, unitriangular=True).permute(0, 2, 1, 3)
-    return _scatter(w, idx, B, T), _scatter(u, idx, B, T), (b, idx)
+    A = torch.linalg.solve_triangular(M, torch.eye(chunk, dtype=M.dtype, device=M.device).expand_as(M), upper=False,
+                                      unitriangular=True).permute(0, 2, 1, 3)  # [C, t, H, s]: FLA's rows
+    return _scatter(w, idx, B, T), _scatter(u, idx, B, T), (b, idx, _scatter(A, idx, B, T))
 
 
 def _scatter(xc, idx, B, T):
@@ -348,11 +455,11 @@ def _scatter(xc, idx, B, T):
 
 
 def _torch_wy_fwd(k, v, beta, g, layout, cu, chunk):
-    w, u, _ = _torch_wy_forward(k, v, beta, g, layout, chunk)
-    return w.to(k.dtype), u.to(v.dtype), None
+    w, u, (_, _, A) = _torch_wy_forward(k, v, beta, g, layout, chunk)
+    return w.to(k.dtype), u.to(v.dtype), (A.to(k.dtype),)
 
 
-def _torch_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk):
+def _torch_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk, dk_in, dv_in):
     leaf = []
 
     def as_leaf(b):
@@ -361,13 +468,16 @@ def _torch_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk):
 
     with torch.enable_grad():
         inputs = [x.detach().requires_grad_(True) for x in (k, v, beta)]
-        w, u, (_, idx) = _torch_wy_forward(*inputs, g, layout, chunk, b_of=as_leaf)
+        w, u, (_, idx, _) = _torch_wy_forward(*inputs, g, layout, chunk, b_of=as_leaf)
         dk, dv, dbeta, db = torch.autograd.grad((w, u), inputs + leaf, (dw.to(w.dtype), du.to(u.dtype)))
     B, T = k.shape[:2]
-    return dk, dv, dbeta, _scatter(db, idx, B, T)
+    return _add_shares(dk, dv, dk_in, dv_in) + (dbeta, _scatter(db, idx, B, T))
 
 
+# the WY step in PyTorch, forward and backward: the reference; TORCH_WY_OUR_BWD: with our backward kernel (tests,
+# under the interpreter: FLA's forward kernels do not run there)
 TORCH_WY = WY(fwd=_torch_wy_fwd, bwd=_torch_wy_bwd)
+TORCH_WY_OUR_BWD = WY(fwd=_torch_wy_fwd, bwd=wy_bwd)
 
 
 class GradientMail:
@@ -472,7 +582,8 @@ class DeltaTwoReads(torch.autograd.Function):
         dBQ, dP = dBQ.contiguous(), dP.contiguous()  # never None: autograd materializes unused outputs' gradients
         BK = max(MIN_TILE, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
-        DNL = torch.empty(B, T, H, V, dtype=torch.float32, device=dev)
+        # the local share of dn in the inputs' dtype, as FLA's chunk_bwd_dv_local keeps the delta rule's
+        DNL = torch.empty(B, T, H, V, dtype=dt, device=dev)
         target, clip = ctx.residual if ctx.residual is not None else ("identity", 0.0)
         dRES = dV_res = dP
         if ctx.residual is not None:  # dP is the residual's gradient: the local kernel makes dv and dp from it
@@ -502,13 +613,12 @@ class DeltaTwoReads(torch.autograd.Function):
                       E_P=E_P, K_P=K_P, Z_P=Z_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale, H=H,
                       K=K, V=V, BT=chunk, BK=BKt, BV=max(MIN_TILE, triton.next_power_of_2(V)),
                       mailed=ctx.mail.collect() if ctx.mail is not None else None, **opts)
-        dk_wy, dv, dbeta, db_wy = ctx.wy.bwd(k, v, beta_c, g32, ctx.saved, dW, DN, layout, ctx.cu, chunk)
-        # our fp32 dk plus the WY step's, summed in fp32 and stored in the inputs' dtype by one elementwise kernel
-        dK = torch.add(dK, dk_wy, out=torch.empty(B, T, H, K, dtype=dt, device=dev))
+        # the WY step's backward adds our fp32 dk and, with the residual made here, v's share from it (autograd's sum
+        # before) to its own before storing them in the inputs' dtypes
+        dK, dv, dbeta, db_wy = ctx.wy.bwd(k, v, beta_c, g32, ctx.saved, dW, DN, layout, ctx.cu, chunk, dK,
+                                          dV_res if ctx.residual is not None else None)
         dg = gate_gradient(layout, E_P, K_P, Z_P, H, chunk, extra=db_wy.contiguous()).view(B, T, H)
         g_dtype, beta_dtype = ctx.dtypes
-        if ctx.residual is not None:  # v's two shares, the WY step's and the residual's (autograd's sum before)
-            dv = torch.add(dV_res, dv, out=torch.empty_like(v))
         return (dQ, dK, dv.to(v.dtype), dg.to(g_dtype), dbeta.to(beta_dtype), dS0 if ctx.has_S0 else None,
                 None, None, None, None, None, None, None)
 
