@@ -446,6 +446,8 @@ def calibrate(path: str, rows: list[dict], args, where: str) -> None:
             new["graph"] = True
         if r["model"].get("family") == "rdn":
             new["rdn_states_kept"] = True  # its peak holds what the auxiliary pass keeps (calibration.row_a_f)
+        if r["model"].get("family") == "rla":
+            new["rla_x_slope"] = True  # its peak holds x's slope, not x (calibration.row_a_f)
         table["rows"] = [x for x in table["rows"] if key(x) != key(new)] + [new]
     Path(path).write_text(json.dumps(table, indent=1) + "\n")
     say(f"calibration: {len(rows)} rows merged into {path}")

@@ -29,7 +29,9 @@ its family's nearest calibrated width, not from an assumed peak. Rows measured w
 has none) and never a memory coefficient: a graphed job's memory is the eager estimate plus GRAPH_EXTRA.
 RDN's auxiliary pass keeps its chunk states for the backward (8 bytes a token and layer per unit of width at
 head_dim 128): rows measured before it have those bytes added to their a_f (`kept_state_bytes`); rows measured
-since say `rdn_states_kept`.
+since say `rdn_states_kept`. RLA's forward kept x = v - p in fp32 for its backward until it kept only what its
+target's slope needs (a byte for the clip): rows measured before that have the difference taken from their a_f
+(`dropped_x_bytes`); rows measured since say `rla_x_slope`.
 """
 
 from __future__ import annotations
@@ -164,9 +166,20 @@ def kept_state_bytes(model: Any) -> float:
     return 2.0 * (H * dk * dv / KEPT_STATE_CHUNK + H * dv + H * dk)
 
 
+def dropped_x_bytes(model: Any) -> float:
+    """Bytes per token and layer that RLA's forward (the `triton` backend's rla_ablate.ops.triton.rla) no longer keeps
+    for its backward: it kept x = v - p in fp32 (4 bytes an element, H dv a token) and keeps only what its target's
+    slope needs, the clip's as a byte, tanh's x in fp32, nothing for the identity; 0 for every other model."""
+    if model.family != "rla" or model.fit == "off":
+        return 0.0
+    kept = {"clip": 1.0, "tanh": 4.0, "identity": 0.0}[model.target]
+    return (4.0 - kept) * model.num_heads * model.head_v_dim
+
+
 def row_a_f(row: dict[str, Any], model: Any) -> float:
     """The activation coefficient one measured row implies (see the module docstring). A row measured before RDN's
-    auxiliary pass kept its states (no `rdn_states_kept`) gets their bytes added: its peak lacks them."""
+    auxiliary pass kept its states (no `rdn_states_kept`) gets their bytes added: its peak lacks them; one measured
+    before RLA kept x's slope instead of x (no `rla_x_slope`) gets the bytes it held then taken away."""
     train = _Shape(row["micro_batch_size"], row["seq_len"])
     static = sum(_static_bytes(model, train))
     mlp, loss = _per_token_other(model, row_glue(row))
@@ -174,6 +187,8 @@ def row_a_f(row: dict[str, Any], model: Any) -> float:
     rest = row["peak_gib"] * GiB - static - n * (mlp + loss)
     if not row.get("rdn_states_kept"):
         rest += n * model.num_layers * kept_state_bytes(model)
+    if not row.get("rla_x_slope"):
+        rest -= n * model.num_layers * dropped_x_bytes(model)
     return rest / (n * model.num_layers * mixer_width(model))
 
 
