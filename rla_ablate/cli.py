@@ -34,9 +34,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The arguments; what the command does not take is refused by the command's own parser (its usage, not the
+    top-level one), naming the commands that take an unknown option where some do."""
+    args, extras = parser.parse_known_args(argv)
+    command = getattr(args, "command", None)
+    if not extras:
+        return args
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    if command is None:
+        parser.error(message)
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for option in dict.fromkeys(x.split("=", 1)[0] for x in extras if x.startswith("--")):
+        takers = sorted(name for name, sub in subs.items() if option in sub._option_string_actions)
+        if takers:
+            message += f"; {option} is an option of {', '.join(takers)}"
+    subs[command].error(message)
+    raise AssertionError("unreachable")  # ArgumentParser.error exits
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

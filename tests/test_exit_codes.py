@@ -67,6 +67,20 @@ def test_dashboard_help_has_no_doubled_percent(capsys):
     assert "95% CI" in " ".join(out.split()) and "%%" not in out
 
 
+def test_an_option_a_command_does_not_take_is_refused_with_that_commands_usage(capsys):
+    """`plan FILE --root R`: plan's usage, not the top-level one, and which commands take --root; exit 2."""
+    with pytest.raises(SystemExit) as info:
+        main(["plan", "sweeps/smoke.yaml", "--root", "/tmp/r"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: rla-sweep plan" in err and "unrecognized arguments: --root /tmp/r" in err
+    assert "--root is an option of" in err and "launch" in err and "status" in err
+    with pytest.raises(SystemExit) as info:
+        main(["status", "x", "--bogus=1"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "usage: rla-sweep status" in err and "is an option of" not in err
+
+
 @pytest.mark.slow
 def test_cancel_exits_130_and_ends_every_run_killed(tmp_path):
     from mlflow.tracking import MlflowClient
