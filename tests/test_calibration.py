@@ -353,7 +353,8 @@ def test_the_shipped_table_is_valid():
     # row measured while its forward kept x no longer holds.
     for r, m in rows:
         shape = job("tiny-rla", mb=r["micro_batch_size"], seq=r["seq_len"]).model_copy(update={"model": m})
-        dropped = 0 if r.get("rla_x_slope") else r["micro_batch_size"] * r["seq_len"] * m.num_layers * C.dropped_x_bytes(m)
+        tokens = r["micro_batch_size"] * r["seq_len"]
+        dropped = 0 if r.get("rla_x_slope") else tokens * m.num_layers * C.dropped_x_bytes(m)
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(environment.GLUE_ENV, "torch" if C.row_glue(r) == "torch" else "auto")
             assert C.estimate_memory(shape).total >= (r["peak_gib"] * C.GiB - dropped) * (1 - 1e-9), \

@@ -1,9 +1,9 @@
 """RDN's one-pass base recurrence (rla_ablate/ops/triton/rdn.py) on CPU, through Triton's interpreter.
 
-Our four kernels (S pass, the two old reads, the local write gradients, the dS pass, dq/dk/dw) run in the
-interpreter in fp32; the WY step's forward is the PyTorch one (FLA's fused WY kernels do not run in the
-interpreter; the GPU tests run them) and its backward our kernel (`TORCH_WY_OUR_BWD`; once PyTorch's, `TORCH_WY`), the auxiliary recurrence the naive delta rule, its q and k gradients posted
-to the base pass's backward through a `GradientMail` as the backend does (dk split in two shares, as FLA's dq/dk
+Our kernels (S pass, the two old reads, the local write gradients, the dS pass, dq/dk/dw, the WY step's backward)
+run in the interpreter in fp32; the WY step's forward is the PyTorch one (FLA's fused WY kernels do not run in the
+interpreter; the GPU tests run them), its backward our kernel (`TORCH_WY_OUR_BWD`; once PyTorch's, `TORCH_WY`),
+the auxiliary recurrence the naive delta rule, its q and k gradients posted to the base pass's backward through a `GradientMail` as the backend does (dk split in two shares, as FLA's dq/dk
 kernel and WY step give it), and once added by autograd instead; with fit residual the read kernel makes the
 residual (as the backend runs it), and twice the prediction goes out to the glue's residual step instead; a graph kept for a second backward whose first
 needed the auxiliary pass alone (its mail must not reach the second). Against the float64 naive

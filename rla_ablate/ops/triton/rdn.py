@@ -134,9 +134,10 @@ def _delta_bwd_local(q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                      BV: tl.constexpr, RESIDUAL: tl.constexpr, TARGET: tl.constexpr):
     """dn_loc_s = sum_{t > s, chunk} exp(b'_t - b_s) (scale (k_s . q_t) dB_t + (k_s . k_t) dp_t), in the inputs'
-    dtype (grid V tiles x chunks x heads): what the writes of a chunk get from the later reads inside it. RESIDUAL: dp first, from the
-    residual's gradient dRES and what the forward kept of x = v - p (X: the clip's slope, or x): dv = dRES T'(x)
-    (stored in dV) and dp = -dv (stored in dP, the inputs' dtype, for the dS pass and the dq/dk kernel)."""
+    dtype (grid V tiles x chunks x heads): what the writes of a chunk get from the later reads inside it. RESIDUAL:
+    dp first, from the residual's gradient dRES and what the forward kept of x = v - p (X: the clip's slope, or x):
+    dv = dRES T'(x) (stored in dV) and dp = -dv (stored in dP, the inputs' dtype, for the dS pass and the dq/dk
+    kernel)."""
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
     rt = tl.arange(0, BT)

@@ -49,9 +49,9 @@ import triton.language as tl
 
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
-                                          TARGET_CLIP, TARGET_CODES, TARGET_IDENTITY, TARGET_TANH, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
-                                          _pass_chunk, _pass_program, _target, _target_slope, gate_gradient,
-                                          launch_options)
+                                          TARGET_CLIP, TARGET_CODES, TARGET_IDENTITY, TARGET_TANH, Layout,
+                                          _chunk_gates, _chunk_rows, _chunk_tile, _decay, _pass_chunk, _pass_program,
+                                          _target, _target_slope, gate_gradient, launch_options)
 
 # Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives; tiles at
 # least MIN_TILE wide). Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat
@@ -242,8 +242,8 @@ def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
         p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v),   x = v - p,   r = T(x)
         S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k
 
-    storing r and what the backward needs of x (`_residual`), what `_fwd_residual` computes from the stored S_c in a kernel of its own. The same
-    numbers: S_c enters the read rounded to the inputs' dtype, as stored. Spares the residual's reading of hS and a
+    storing r and what the backward needs of x (`_residual`), what `_fwd_residual` computes from the stored S_c in a
+    kernel of its own. The same numbers: S_c enters the read rounded to the inputs' dtype, as stored. Spares the residual's reading of hS and a
     second reading of k and v (over a fifth of RLA's forward traffic at head_dim 128)."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
         cu, coff, D0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_D0)
@@ -369,8 +369,8 @@ def _bwd_residual(q, k, g, gamma, dO, X, W, hdR, dRT, DX, dGR_P, cu, cidx, NTH, 
 def bwd_residual(grid, *, q, k, g, gamma, dO, X, W, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip, H, K, V, BT, BK,
                  BV, TARGET, FIT_RES, GATES, HAS_DRT, **options):
     """`_bwd_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _bwd_residual[grid](q, k, g, gamma, dO, X, W, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip, H=H, K=K, V=V, BT=BT,
-                        BK=BK, BV=BV, TARGET=TARGET, FIT_RES=FIT_RES, GATES=GATES, HAS_DRT=HAS_DRT, **options)
+    _bwd_residual[grid](q, k, g, gamma, dO, X, W, hdR, dRT, DX, dGR_P, cu, cidx, NTH, scale, c_clip, H=H, K=K, V=V,
+                        BT=BT, BK=BK, BV=BV, TARGET=TARGET, FIT_RES=FIT_RES, GATES=GATES, HAS_DRT=HAS_DRT, **options)
 
 
 @triton.jit
