@@ -10,9 +10,14 @@
                                                                           # in the dq/dk kernel, as it was
     python benchmarks/kernels.py --backends triton --rdn-residual-apart   # adds RDN with its prediction handed to
                                                                           # the glue's residual kernels, as it was
+    python benchmarks/kernels.py --backends triton --rdn-wy-fla           # adds RDN with FLA's WY backward and
+                                                                          # PyTorch's additions around it, as it was
     python benchmarks/kernels.py --backends triton --rla-chunk 128 --rla-warps 8   # adds RLA at another chunk size
+    python benchmarks/kernels.py --backends triton --rla-split 1024:8 512:16 --heads 6 --seq-lens 2048
+                                          # adds RLA whose state passes split sequences by other rules (programs:chunks
+                                          # of `rla.SplitRule`), here at a 100M layer's shape (6 heads)
 
-Each T runs B = tokens / T sequences of H=16 heads of dimension 128; --long adds one forward-only row set at B=1.
+Each T runs B = tokens / T sequences of H=16 heads (--heads) of dimension 128; --long adds one forward-only row set at B=1.
 Baselines: FLA chunk_simple_gla (sGLA, the additive base) and chunk_gated_delta_rule (Gated DeltaNet, the delta
 base), and causal SDPA (flash). RLA and RDN run through every GPU backend of `residual_attention` with the paper
 defaults (fit=residual, target=clip, output gates). Median milliseconds by `triton.testing.do_bench`; the ratio
@@ -49,8 +54,9 @@ def make_inputs(B, T, grad):
     return tensors
 
 
-def candidates(backends, variants=(), rla_chunk=None, rla_warps=None):
-    """The timed ops by name: (rule, fn). variants: keys of `VARIANTS`, RLA or RDN with one design switch off."""
+def candidates(backends, variants=(), rla_chunk=None, rla_warps=None, rla_splits=()):
+    """The timed ops by name: (rule, fn). variants: keys of `VARIANTS`, RLA or RDN with one design switch off;
+    rla_splits: `rla.SplitRule`s for RLA's state passes."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.simple_gla import chunk_simple_gla
 
@@ -74,7 +80,21 @@ def candidates(backends, variants=(), rla_chunk=None, rla_warps=None):
         warps = f", {rla_warps} warps" if rla_warps else ""
         runs[f"RLA [triton, chunk {rla_chunk}{warps}]"] = ("additive", partial(rla_other_chunk, chunk=rla_chunk,
                                                                                    warps=rla_warps))
+    for rule in rla_splits if "triton" in backends else ():
+        runs[f"RLA [triton, split {rule.programs}:{rule.chunks}]"] = ("additive", partial(rla_split, rule=rule))
     return runs
+
+
+def rla_split(x, rule):
+    """RLA on the `triton` backend with its state passes split by `rule` (`rla.SPLIT`): a sequence is cut into
+    segments of rule.chunks chunks when a pass has fewer than rule.programs programs."""
+    from rla_ablate.ops.triton import rla
+
+    saved, rla.SPLIT = rla.SPLIT, rule
+    try:
+        return residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], backend="triton")[0]
+    finally:
+        rla.SPLIT = saved
 
 
 def rla_other_chunk(x, chunk, warps=None):
@@ -281,10 +301,30 @@ def main():
     parser.add_argument("--rla-chunk", type=int, default=None,
                         help="add RLA [triton] at this chunk size (64 is the backend's)")
     parser.add_argument("--rla-warps", type=int, default=None, help="with --rla-chunk: every RLA kernel at these warps")
+    parser.add_argument("--rla-split", nargs="+", default=[], metavar="PROGRAMS:CHUNKS",
+                        help="add RLA [triton] with its state passes split by these rules (rla.SplitRule: split when a "
+                             "pass has fewer programs than PROGRAMS, into segments of CHUNKS chunks)")
+    parser.add_argument("--heads", type=int, default=16, help="heads of every call (a 100M layer has 6, 1.5B 16)")
     args = parser.parse_args()
+    splits = []
+    for text in args.rla_split:
+        try:
+            programs, chunks = (int(n) for n in text.split(":"))
+            if programs < 0 or chunks < 1:
+                raise ValueError
+        except ValueError:
+            parser.error(f"--rla-split takes PROGRAMS:CHUNKS, two integers (PROGRAMS >= 0, CHUNKS >= 1); got {text!r}")
+        splits.append((programs, chunks))
+    if args.heads < 1:
+        parser.error(f"--heads takes a positive integer; got {args.heads}")
+    global H
+    H = args.heads
     _load_gpu_backends()
     backends = args.backends or [b for b in BACKENDS if b not in ("naive", "chunk")]
-    runs = candidates(backends, [v for v in VARIANTS if getattr(args, v)], args.rla_chunk, args.rla_warps)
+    from rla_ablate.ops.triton.rla import SplitRule
+
+    runs = candidates(backends, [v for v in VARIANTS if getattr(args, v)], args.rla_chunk, args.rla_warps,
+                      [SplitRule(programs=p, chunks=c) for p, c in splits])
     if args.profile:
         for T in args.seq_lens:
             profile(runs, T, args.tokens, [n for n in runs if n != "SDPA causal"])
