@@ -231,3 +231,25 @@ def test_yaml_true_or_false_is_never_read_as_a_number(tmp_path):
     # bool fields take bools; numbers written as YAML strings still read as numbers
     assert ModelConfig(**{**tiny, "output_gates": False}).output_gates is False
     assert TrainConfig(lr="1e-3").lr == 1e-3
+
+
+def test_an_infinite_or_nan_number_is_refused_at_its_line(tmp_path):
+    """`lr: .inf` trained a run of skipped steps to a NaN model that ended "finished": every number of the train,
+    model, data and sweep configs is finite."""
+    import pydantic
+
+    from rla_ablate.data.config import MQARData
+    from rla_ablate.errors import UserError
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.train.config import TrainConfig
+
+    path = tmp_path / "s.yaml"
+    for key, value in (("lr", ".inf"), ("weight_decay", ".inf"), ("min_lr", ".nan")):
+        path.write_text(f"name: s\nmodels:\n  - preset: tiny-rla\nbase:\n  train:\n    {key}: {value}\n")
+        with pytest.raises(UserError, match=rf"s.yaml:6: base.train.{key}: Input should be a finite number"):
+            load_sweep(path)
+    with pytest.raises(pydantic.ValidationError, match="finite number"):
+        TrainConfig(adam_eps=float("inf"))
+    with pytest.raises(pydantic.ValidationError, match="finite number"):
+        MQARData.model_validate({"kind": "mqar", "vocab_size": 64, "seq_len": 64, "num_pairs": 4,
+                                 "power_a": float("nan")})

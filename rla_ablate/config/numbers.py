@@ -1,4 +1,4 @@
-"""A base for the configuration models: YAML's true/false is never read as a number.
+"""A base for the configuration models: YAML's true/false is never read as a number, nor .inf / .nan as a value.
 
 Pydantic's lax mode reads a bool as 1 or 0 for an int or float field, so `tokens: true` in a sweep file became a
 budget of one token and was reported as something else entirely. Every other lax reading stays (a YAML string
@@ -9,7 +9,7 @@ from __future__ import annotations
 import types
 from typing import Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
 def _numeric(annotation: Any) -> bool:
@@ -19,6 +19,9 @@ def _numeric(annotation: Any) -> bool:
 
 
 class NumbersNotBools(BaseModel):
+    # an infinite learning rate or weight decay trained a run of skipped steps to a NaN model that ended "finished"
+    model_config = ConfigDict(allow_inf_nan=False)
+
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:

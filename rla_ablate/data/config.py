@@ -32,7 +32,7 @@ def _existing(p: Path | None, what: str) -> Path | None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class _Tokenized(_Strict):
