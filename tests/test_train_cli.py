@@ -140,3 +140,30 @@ def test_a_vocabulary_too_small_for_the_data_names_the_data_and_the_fix(tmp_path
     assert ("model.vocab_size: the model's vocab_size is 257 but the training data (mqar) needs 8192 token ids; set "
             "model.vocab_size=8192 (--set model.vocab_size=8192)") in err, err
     assert not (tmp_path / "mq").exists()
+
+
+def test_sigterm_stops_train_after_a_step_with_a_checkpoint(tmp_path):
+    """A scheduler's preemption (SIGTERM) stops `rla-sweep train` as Ctrl-C does: a checkpoint at the end of the
+    step, the rerun hint, exit 143; before, the process died with everything since its last checkpoint."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from cli_run import REPO
+
+    out = tmp_path / "run"
+    sets = [s for s in SMALL if not s.startswith("train.tokens")] + ["train.tokens=4194304"]
+    proc = subprocess.Popen([sys.executable, "-m", "rla_ablate.cli", "train", "tiny-rla", "--out", str(out),
+                             "--profile", "cpu"] + [a for s in sets for a in ("--set", s)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and '"train/loss"' in metrics.read_text()):  # a step is done: the loop runs
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, stderr
+    assert "SIGTERM: stopping after this step (checkpoint)" in stderr and "rerun the same command" in stderr
+    assert list((out / "checkpoints").glob("ckpt-*.pt")), "no checkpoint"

@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
             job, dropped = job.model_copy(update={"eval": []}), True
     check_device(job.train)
     # A reader that goes away (`2>&1 | head`) stops the job gracefully: a checkpoint, then exit 141.
-    stop = {"requested": False, "closed": False}
+    stop = {"requested": False, "closed": False, "signal": None}
     console = PipeConsole(stderr=True, on_closed=lambda: stop.update(requested=True, closed=True))
     t = job.train
     console.print(f"[bold]{job.model.family}[/] {args.model}: {count_params(job.model):,} params; profile {profile}"
@@ -186,13 +186,15 @@ def run(args: argparse.Namespace) -> int:
         # said here; the trainer's warning would repeat it with a source line
         warnings.filterwarnings("ignore", message="skipped unreadable checkpoints")
 
-    def on_sigint(signum, frame):
+    def on_signal(signum, frame):
+        # Ctrl-C, and SIGTERM (a scheduler's preemption, `kill`, `timeout`): a checkpoint at the end of this step
         if stop["requested"]:
             raise KeyboardInterrupt
-        stop["requested"] = True
-        console.print("stopping after this step (checkpoint); press Ctrl-C again to abort at once")
+        stop["requested"], stop["signal"] = True, signum
+        again = "press Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C aborts"
+        console.print(f"{signal.Signals(signum).name}: stopping after this step (checkpoint); {again} at once")
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         result = run_job(job, out, ProgressLogger(description=args.model, console=console),
                          should_stop=lambda: stop["requested"])
@@ -203,14 +205,15 @@ def run(args: argparse.Namespace) -> int:
             shutil.rmtree(out, ignore_errors=True)
         raise
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     _summary(console, result, out)
     resume = f"rerun the same command to resume from {out / 'checkpoints'}"
     if result.status == Status.FINISHED:
         return 0
     if result.status == Status.CANCELLED:
         console.print(f"cancelled at {result.tokens_done:,} tokens; {resume}")
-        return 141 if stop["closed"] else 130
+        return 141 if stop["closed"] else 128 + (stop["signal"] or signal.SIGINT)
     # A failure prints its whole traceback, which ends with the error line.
     raise JobFailed(f"job {result.status}: {result.traceback or result.error}\n{resume}"
                     if result.status == Status.FAILED else
