@@ -168,6 +168,18 @@ def test_validator_messages_have_no_pydantic_prefix():
                                                  "s.yaml"))
         assert str(info.value) == (f"s.yaml:3: {section}: 'train.seed' is not swept here: list the seeds under "
                                    "'seeds:' (seeds: [0, 1]); each job runs once per seed")
+    # ... and so would a base train.seed: every job's seed comes from seeds:, whatever base says
+    with pytest.raises(UserError) as info:
+        validate(SweepConfig, load_yaml_text("name: x\nmodels: [{preset: a}]\nbase:\n  train: {seed: 5}\n",
+                                             "s.yaml"))
+    assert str(info.value) == ("s.yaml:3: base: 'train.seed' is not set in base: list the seeds under 'seeds:' "
+                               "(seeds: [5]); each job runs once per seed")
+    # an ablation listed twice, by name or as a mapping: the same jobs again, or families that contradict
+    with pytest.raises(UserError) as info:
+        validate(SweepConfig, load_yaml_text("name: x\nmodels: [{preset: a}]\n"
+                                             "ablations: [no_clip, {name: no_clip, families: [rdn]}]\n", "s.yaml"))
+    assert str(info.value) == ("s.yaml:3: ablations: ablation no_clip listed more than once; list each once "
+                               "(with families: [...] to limit it)")
 
 
 def test_validation_message_leaves_out_the_key_it_is_reported_at():

@@ -249,6 +249,20 @@ class SweepConfig(_Strict):
         if extra:
             raise ValueError(f"unknown section(s) {', '.join(extra)} in base; allowed: train, data, eval "
                              "(the model comes from 'models:')")
+        train = v.get("train")
+        if isinstance(train, dict) and "seed" in train:  # `seeds:` sets it for every job, over what base says
+            raise ValueError(f"'train.seed' is not set in base: list the seeds under 'seeds:' (seeds: "
+                             f"[{train['seed']}]); each job runs once per seed")
+        return v
+
+    @field_validator("ablations")
+    @classmethod
+    def _ablations_once(cls, v: list) -> list:
+        names = [a if isinstance(a, str) else a.name for a in v]
+        repeated = [n for n in dict.fromkeys(names) if names.count(n) > 1]
+        if repeated:  # the second would be the same jobs again, or its families would contradict the first's
+            raise ValueError(f"ablation{'s' if len(repeated) > 1 else ''} {', '.join(repeated)} listed more than "
+                             "once; list each once (with families: [...] to limit it)")
         return v
 
     @field_validator("grid", "zip")
