@@ -299,6 +299,16 @@ def test_an_unknown_sweep_is_named_with_its_root(tmp_path, capsys, command):
     assert code == 2 and err.startswith(f"rla-sweep: error: no sweep 'nope' under {root}; sweeps there: door"), err
 
 
+@pytest.mark.parametrize("command", ["status", "cancel", "resume", "results", "dashboard"])
+def test_a_sweep_file_that_does_not_exist_is_said_to_be_missing(tmp_path, capsys, command):
+    """A path (a sweep name has no '/' and no .yaml) to no file: not looked up as a sweep of that name."""
+    root = tmp_path / "runs"
+    for missing in (str(tmp_path / "sw" / "nonexist.yaml"), "nonexist.yml"):
+        code, err = run_cli(capsys, command, missing, "--root", str(root))
+        assert (code, err) == (2, f"rla-sweep: error: {missing}: no such file; give a sweep file or the name of a "
+                                  "launched sweep\n")
+
+
 def test_an_unknown_control_is_one_problem(tmp_path, capsys):
     path = tiny_sweep(tmp_path / "s.yaml", controls=["matched_stat"])
     code, err = run_cli(capsys, "plan", str(path))

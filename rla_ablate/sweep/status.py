@@ -36,8 +36,14 @@ def _resume_how(sdir: SweepDir, job_id: str) -> tuple[str, int]:
 
 
 def resolve_name(name_or_file: str) -> str:
-    """A sweep name, or the name inside a sweep file given by path."""
+    """A sweep name, or the name inside a sweep file given by path. A path to no file (a sweep name has no '/' and
+    does not end in .yaml) is refused as such, not looked up as a sweep of that name."""
     p = Path(name_or_file)
+    looks_like_a_file = name_or_file.endswith((".yaml", ".yml")) or "/" in name_or_file
+    if looks_like_a_file and not p.exists():
+        from rla_ablate.errors import UserError
+
+        raise UserError(f"{name_or_file}: no such file; give a sweep file or the name of a launched sweep")
     if name_or_file.endswith((".yaml", ".yml")) and p.is_file():
         from rla_ablate.config import load_yaml
 
