@@ -37,6 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """The arguments; what the command does not take is refused by the command's own parser (its usage, not the
     top-level one), naming the commands that take an unknown option where some do."""
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    words = sys.argv[1:] if argv is None else argv
+    if words and not words[0].startswith("-") and words[0] not in subs:
+        import difflib
+
+        close = difflib.get_close_matches(words[0], subs, n=1)
+        parser.error(f"unknown command '{words[0]}'" + (f"; did you mean '{close[0]}'?" if close else "")
+                     + f" (commands: {', '.join(sorted(subs))})")
     args, extras = parser.parse_known_args(argv)
     command = getattr(args, "command", None)
     if not extras:
@@ -44,11 +52,13 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     message = f"unrecognized arguments: {' '.join(extras)}"
     if command is None:
         parser.error(message)
-    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     for option in dict.fromkeys(x.split("=", 1)[0] for x in extras if x.startswith("--")):
         takers = sorted(name for name, sub in subs.items() if option in sub._option_string_actions)
         if takers:
             message += f"; {option} is an option of {', '.join(takers)}"
+        elif option == "--resume":
+            message += ("; rerun the same command to resume: train goes on from the newest checkpoint in its --out, "
+                        "a launch from each job's (`rla-sweep resume NAME` for a sweep)")
     subs[command].error(message)
     raise AssertionError("unreachable")  # ArgumentParser.error exits
 

@@ -79,6 +79,20 @@ def test_an_option_a_command_does_not_take_is_refused_with_that_commands_usage(c
         main(["status", "x", "--bogus=1"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "usage: rla-sweep status" in err and "is an option of" not in err
+    with pytest.raises(SystemExit) as info:
+        main(["train", "tiny-rla", "--out", "x", "--resume"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "rerun the same command to resume" in err
+    # a misspelt command: the close one, and the list
+    for typo, close in (("lauch", "launch"), ("statu", "status")):
+        with pytest.raises(SystemExit) as info:
+            main([typo, "x"])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and f"unknown command '{typo}'; did you mean '{close}'?" in err, err
+    with pytest.raises(SystemExit):
+        main(["zzz"])
+    err = capsys.readouterr().err
+    assert "unknown command 'zzz' (commands: cancel," in err and "did you mean" not in err
 
 
 @pytest.mark.slow
