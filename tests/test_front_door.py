@@ -410,3 +410,21 @@ def test_a_data_config_given_to_train_is_checked_at_its_own_lines(tmp_path, caps
     (partial / "tokens-00000.bin").write_bytes(b"\0\0")
     code, err = run_cli(capsys, "train", "tiny-rla", "--out", str(tmp_path / "job"), "--data", str(partial))
     assert code == 2 and "no index.json: a `data prepare` that did not finish" in err, err
+
+
+def test_plan_says_when_the_file_leaves_the_token_budget_at_the_papers(tmp_path, capsys):
+    """A sweep without train.tokens trains every job 50B tokens (`rla-sweep train` defaults by machine): plan says
+    so, and says nothing once the file sets it (in base, or as a grid key)."""
+    import yaml as _yaml
+
+    path = tiny_sweep(tmp_path / "s.yaml")
+    data = _yaml.safe_load(path.read_text())
+    del data["base"]["train"]["tokens"]
+    path.write_text(_yaml.safe_dump(data, sort_keys=False))
+    assert main(["plan", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"train.tokens is not set in {path}: each job trains the default 50,000,000,000 tokens" in out, out
+    data["grid"] = {"train.tokens": [512, 1024]}
+    path.write_text(_yaml.safe_dump(data, sort_keys=False))
+    assert main(["plan", str(path)]) == 0
+    assert "is not set" not in capsys.readouterr().out
