@@ -24,6 +24,10 @@ class PipeConsole(Console):
     def __init__(self, *args, on_closed: Callable[[], None] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.on_closed = on_closed
+        if "soft_wrap" not in kwargs and not self.is_terminal:
+            # into a pipe or a log file, a line of text stays one line: wrapped at 80 columns it broke the paths and
+            # hints in it for grep and copy-paste (tables keep their width)
+            self.soft_wrap = True
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
