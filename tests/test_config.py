@@ -265,3 +265,16 @@ def test_an_infinite_or_nan_number_is_refused_at_its_line(tmp_path):
     with pytest.raises(pydantic.ValidationError, match="finite number"):
         MQARData.model_validate({"kind": "mqar", "vocab_size": 64, "seq_len": 64, "num_pairs": 4,
                                  "power_a": float("nan")})
+
+
+def test_an_unknown_data_kind_gets_a_did_you_mean_and_the_kinds(tmp_path):
+    """A discriminated union's tag: pydantic's "Input tag 'stdlb' found using 'kind' does not match any of the
+    expected tags" becomes the project's wording."""
+    from rla_ablate.sweep.expand import load_sweep
+
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\nmodels: [{preset: tiny-rla}]\nbase:\n  train: {tokens: 8192, batch_tokens: 512}\n"
+                    "  data: {kind: stdlb}\n")
+    with pytest.raises(UserError) as info:
+        load_sweep(path)
+    assert "base.data: unknown kind 'stdlb' (did you mean 'stdlib'?); allowed: stdlib, text," in str(info.value)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from rla_ablate.terminal import count
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -65,11 +67,12 @@ def run(args: argparse.Namespace) -> int:
     t = doc["totals"]
     packing = f", {t['jobs_per_gpu']:g} jobs per GPU" if t["jobs_per_gpu"] else ""
     if t["runs_on"] == "cpu":
-        title = (f"sweep {t['sweep']}: {t['jobs']} jobs, {_h(t['tokens'])} tokens on the CPU (resources.gpus: 0), "
-                 f"whose speed is not calibrated: no time estimate. On one GPU ({t['gpu']}) they would take "
+        title = (f"sweep {t['sweep']}: {count(t['jobs'], 'job')}, {_h(t['tokens'])} tokens on the CPU (resources.gpus: 0), "
+                 f"whose speed is not calibrated: no time estimate. On one GPU ({t['gpu']}) "
+                 f"{'it' if t['jobs'] == 1 else 'they'} would take "
                  f"{_gpu_time(t['gpu_hours'])} (resources.gpus: auto)")
     else:
-        title = (f"sweep {t['sweep']}: {t['jobs']} jobs, {_h(t['tokens'])} tokens, {_gpu_time(t['gpu_hours'])}; "
+        title = (f"sweep {t['sweep']}: {count(t['jobs'], 'job')}, {_h(t['tokens'])} tokens, {_gpu_time(t['gpu_hours'])}; "
                  f"peak memory up to {t['max_mem_gib']:.1f} GiB of {t['gpu_memory_gib']:g} ({t['gpu']}){packing}")
     columns = ["job", "id", "family", "variant", "params", "state/layer", "FLOPs/tok", "tokens", "mem GiB",
                "GPU share", "tok/s", "GPU time"]
@@ -131,11 +134,11 @@ def _glue_caption(jobs: list[dict]) -> str:
 
     glues = sorted({r["mem_glue"] for r in jobs})
     what = {"fused": "FLA's fused glue", "torch": "the plain-torch glue"}
-    said = " and ".join(f"{what[g]} ({sum(r['mem_glue'] == g for r in jobs)} jobs)" for g in glues)
+    said = " and ".join(f"{what[g]} ({count(sum(r['mem_glue'] == g for r in jobs), 'job')})" for g in glues)
     other = ("" if environment.glue_mode() == "torch"
              else f"; {environment.GLUE_ENV}=torch estimates the plain-torch glue")
     graphed = sum(r["cuda_graphs"] for r in jobs)
-    graphs = (f"; {graphed} jobs replay CUDA graphs (train.cuda_graphs): their memory includes the graph's pool"
+    graphs = (f"; {count(graphed, 'job')} {'replays' if graphed == 1 else 'replay'} CUDA graphs (train.cuda_graphs): their memory includes the graph's pool"
               if graphed else "")
     from rla_ablate.sweep.calibration import CONTEXT_BYTES, TUNING_BYTES, GiB
 

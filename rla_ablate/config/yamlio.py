@@ -266,6 +266,12 @@ def _describe(err: dict, model: type[BaseModel], loc: tuple, name: str | None = 
             return (f"unknown {plural[:-1]} {got!r}{did_you_mean(str(got), choices)}; "
                     f"allowed: {', '.join(choices)}")
         return f"{got!r} is not allowed; allowed: {', '.join(choices)}{did_you_mean(str(got), choices)}"
+    if err["type"] == "union_tag_invalid":  # a discriminated union's tag (data: {kind: stdlb})
+        ctx = err.get("ctx") or {}
+        tags = [t.strip(" '") for t in str(ctx.get("expected_tags", "")).split(",") if t.strip(" '")]
+        tag = str(ctx.get("tag", got))
+        return (f"unknown {ctx.get('discriminator', 'kind').strip(chr(39))} {tag!r}{did_you_mean(tag, tags)}; "
+                f"allowed: {', '.join(tags)}")
     if err["type"] == "value_error":
         msg = err["msg"].removeprefix("Value error, ")
     elif err["type"] == "model_type":
