@@ -278,3 +278,12 @@ def test_an_unknown_data_kind_gets_a_did_you_mean_and_the_kinds(tmp_path):
     with pytest.raises(UserError) as info:
         load_sweep(path)
     assert "base.data: unknown kind 'stdlb' (did you mean 'stdlib'?); allowed: stdlib, text," in str(info.value)
+
+
+def test_a_key_in_both_grid_and_zip_is_reported_at_zip():
+    from rla_ablate.sweep.schema import SweepConfig
+
+    text = "name: x\nmodels: [{preset: a}]\ngrid: {train.lr: [1, 2]}\nzip:\n  train.lr: [1, 2]\n  train.min_lr: [0, 1]\n"
+    with pytest.raises(UserError) as info:
+        validate(SweepConfig, load_yaml_text(text, "s.yaml"))
+    assert str(info.value) == "s.yaml:4: zip: key(s) train.lr are in both grid and zip; list each in one of them"

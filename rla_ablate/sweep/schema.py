@@ -24,7 +24,7 @@ import math
 import re
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rla_ablate.config.numbers import NumbersNotBools
 from rla_ablate.evals.core import EvalRequest
@@ -326,10 +326,12 @@ class SweepConfig(_Strict):
                              "listed more than once; each seed runs once per job")
         return v
 
-    @model_validator(mode="after")
-    def _no_overlap(self) -> "SweepConfig":
-        both = set(self.grid) & set(self.zip)
+    @field_validator("zip")
+    @classmethod
+    def _not_in_grid(cls, v: dict, info: ValidationInfo) -> dict:
+        # at zip's line (grid comes first in the file's fields): said where the second listing is
+        both = set(info.data.get("grid") or {}) & set(v)
         if both:
-            raise ValueError(f"key(s) {', '.join(sorted(both))} are in both grid and zip")
+            raise ValueError(f"key(s) {', '.join(sorted(both))} are in both grid and zip; list each in one of them")
         # a search with a grid or zip at all is refused at that section's line (expand: one model, one seed)
-        return self
+        return v
