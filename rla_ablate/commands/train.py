@@ -149,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
             job, dropped = job.model_copy(update={"eval": []}), True
     check_device(job.train)
     # A reader that goes away (`2>&1 | head`) stops the job gracefully: a checkpoint, then exit 141.
-    stop = {"requested": False, "closed": False, "signal": None}
+    stop = {"requested": False, "closed": False}
+    received = {"signal": signal.SIGINT}  # what stopped it: Ctrl-C (130) or SIGTERM (143)
     console = PipeConsole(stderr=True, on_closed=lambda: stop.update(requested=True, closed=True))
     t = job.train
     console.print(f"[bold]{job.model.family}[/] {args.model}: {count_params(job.model):,} params; profile {profile}"
@@ -190,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         # Ctrl-C, and SIGTERM (a scheduler's preemption, `kill`, `timeout`): a checkpoint at the end of this step
         if stop["requested"]:
             raise KeyboardInterrupt
-        stop["requested"], stop["signal"] = True, signum
+        stop["requested"], received["signal"] = True, signum
         again = "press Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C aborts"
         console.print(f"{signal.Signals(signum).name}: stopping after this step (checkpoint); {again} at once")
 
@@ -213,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if result.status == Status.CANCELLED:
         console.print(f"cancelled at {result.tokens_done:,} tokens; {resume}")
-        return 141 if stop["closed"] else 128 + (stop["signal"] or signal.SIGINT)
+        return 141 if stop["closed"] else 128 + received["signal"]
     # A failure prints its whole traceback, which ends with the error line.
     raise JobFailed(f"job {result.status}: {result.traceback or result.error}\n{resume}"
                     if result.status == Status.FAILED else
