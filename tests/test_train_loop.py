@@ -253,7 +253,7 @@ def test_cancel_checkpoints_and_resume_finishes(tmp_path):
 
     cancelled = run_job(job, tmp_path, should_stop=stop_before_third_step)
     assert (cancelled.status, cancelled.tokens_done) == ("cancelled", 1024)
-    assert cancelled.error == "cancelled at 1024 tokens"
+    assert cancelled.error == "cancelled at 1,024 tokens"
     assert [t for t, _ in list_checkpoints(tmp_path)][-1] == 1024
     done = run_job(job, tmp_path)
     assert (done.status, done.tokens_done) == ("finished", 2048)

@@ -96,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         captions.append(f"Optuna search: the base job above runs as {t['search_trials']} trials (totals include them), "
                         f"each with {escape(space_text(s['params']))}; {s['direction']} {escape(s['metric'])} "
                         f"({s['sampler']} sampler, {s['pruner']} pruner)")
+    from rla_ablate.sweep.plan import unset_budget_note
+
     unset = unset_budget_note(sweep, t["runs_on"] == "cpu")
     if unset:
         captions.insert(0, f"[bold]{escape(unset)}[/]")
@@ -111,21 +113,6 @@ def run(args: argparse.Namespace) -> int:
                                drop_order=["FLOPs/tok", "state/layer", "id", "params", "tok/s", "GPU share",
                                            "tokens", "family", "mem GiB", "GPU time", "variant"]))
     return 0
-
-
-def unset_budget_note(sweep, on_cpu: bool) -> str | None:
-    """Where the file never sets train.tokens (base, grid, zip or search): every job trains the default, the
-    paper's budget, which is days of a GPU and years of a CPU; said, since `rla-sweep train` defaults differently."""
-    from rla_ablate.train.config import TrainConfig
-
-    cfg = sweep.config
-    keys = set(cfg.grid) | set(cfg.zip) | (set(cfg.search.params) if cfg.search else set())
-    if "tokens" in (cfg.base.get("train") or {}) or "train.tokens" in keys:
-        return None
-    default = TrainConfig.model_fields["tokens"].default
-    where = "on the CPU " if on_cpu else ""
-    return (f"train.tokens is not set in {sweep.source.file}: each job trains the default {default:,} tokens "
-            f"{where}(the paper's budget); set base.train.tokens")
 
 
 def _glue_caption(jobs: list[dict]) -> str:

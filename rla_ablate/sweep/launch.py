@@ -324,6 +324,11 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
             summary.evals_error = score_evals(sweep, sdir, None, progress)
             progress.nothing_to_do(summary)
             return summary
+        from rla_ablate.sweep.plan import unset_budget_note
+
+        unset = unset_budget_note(sweep, on_cpu=opts.address is None and gpu_bytes is None)
+        if unset:
+            progress.note(f"note: {unset}")
         t0 = time.monotonic()
         progress.note(f"starting {'Ray (joining ' + opts.address + ')' if opts.address else 'a local Ray instance'} "
                       f"and {'the MLflow server' if opts.tracking_uri is None else 'the MLflow client'}: "

@@ -107,3 +107,18 @@ def variant_label(ablations: list[str], control: str | None) -> str:
     ablated job by its ablations, the unablated one '-'. The sweep's records keep a control's name under
     `ablations` too, where the dashboards' run filters look for it."""
     return control or "+".join(ablations) or "-"
+
+
+def unset_budget_note(sweep, on_cpu: bool) -> str | None:
+    """Where the file never sets train.tokens (base, grid, zip or search): every job trains the default, the
+    paper's budget, which is days of a GPU and years of a CPU; said, since `rla-sweep train` defaults differently."""
+    from rla_ablate.train.config import TrainConfig
+
+    cfg = sweep.config
+    keys = set(cfg.grid) | set(cfg.zip) | (set(cfg.search.params) if cfg.search else set())
+    if "tokens" in (cfg.base.get("train") or {}) or "train.tokens" in keys:
+        return None
+    default = TrainConfig.model_fields["tokens"].default
+    where = "on the CPU " if on_cpu else ""
+    return (f"train.tokens is not set in {sweep.source.file}: each job trains the default {default:,} tokens "
+            f"{where}(the paper's budget); set base.train.tokens")

@@ -564,7 +564,7 @@ class Trainer:
             if self._stop_requested():
                 if saved_at != self.tokens:  # the step before may have written this very state (at 1.5B, gigabytes)
                     self.save()
-                return self.result(Status.CANCELLED, f"cancelled at {self.tokens} tokens")
+                return self.result(Status.CANCELLED, f"cancelled at {self.tokens:,} tokens")
             lr = self._lr(self.tokens + cfg.batch_tokens)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
