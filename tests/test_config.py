@@ -287,3 +287,22 @@ def test_a_key_in_both_grid_and_zip_is_reported_at_zip():
     with pytest.raises(UserError) as info:
         validate(SweepConfig, load_yaml_text(text, "s.yaml"))
     assert str(info.value) == "s.yaml:4: zip: key(s) train.lr are in both grid and zip; list each in one of them"
+
+
+def test_a_misspelt_required_key_is_one_problem():
+    """`hiden_size` for `hidden_size`: the unknown key with its did-you-mean, not also 'hidden_size: Field
+    required' at another line."""
+    import yaml as _yaml
+
+    from rla_ablate.models import ModelConfig, load_preset
+
+    data = load_preset("tiny-rla").model_dump(mode="json")
+    data["hiden_size"] = data.pop("hidden_size")
+    with pytest.raises(UserError) as info:
+        validate(ModelConfig, load_yaml_text(_yaml.safe_dump(data, sort_keys=False), "m.yaml"))
+    msg = str(info.value)
+    assert "unknown key 'hiden_size' (did you mean 'hidden_size'?)" in msg and "Field required" not in msg, msg
+    assert "problems" not in msg
+    del data["hiden_size"]  # missing and not misspelt: still said
+    with pytest.raises(UserError, match="hidden_size: Field required"):
+        validate(ModelConfig, load_yaml_text(_yaml.safe_dump(data, sort_keys=False), "m.yaml"))

@@ -326,6 +326,16 @@ def _errors(exc: ValidationError, model: type[BaseModel]) -> list[tuple[dict, tu
             merged[left[0]] = {"type": "union", "input": errs[left[0]][0].get("input"),
                                "msg": "Input should be " + " or ".join(wanted)}
             drop |= set(left[1:])
+    # a misspelt required key (hiden_size) is one problem: the unknown key with its did-you-mean, not also the
+    # required key it was meant to be as missing
+    import difflib
+
+    missing = {loc: i for i, (err, loc) in enumerate(errs) if err["type"] == "missing"}
+    for err, loc in errs:
+        owner = _model_at(model, loc) if err["type"] == "extra_forbidden" and loc else None
+        close = difflib.get_close_matches(str(loc[-1]), list(owner.model_fields), n=1) if owner else []
+        if close and loc[:-1] + (close[0],) in missing:
+            drop.add(missing[loc[:-1] + (close[0],)])
     return [(merged.get(i, err), loc) for i, (err, loc) in enumerate(errs) if i not in drop]
 
 
