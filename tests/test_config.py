@@ -306,3 +306,12 @@ def test_a_misspelt_required_key_is_one_problem():
     del data["hiden_size"]  # missing and not misspelt: still said
     with pytest.raises(UserError, match="hidden_size: Field required"):
         validate(ModelConfig, load_yaml_text(_yaml.safe_dump(data, sort_keys=False), "m.yaml"))
+
+
+def test_a_second_yaml_document_is_named_as_such(tmp_path):
+    """PyYAML's "but found another document" becomes what to do about it; a leading '---' alone is fine."""
+    with pytest.raises(UserError) as info:
+        load_yaml_text("name: a\nmodels: []\n---\nname: b\n", "s.yaml")
+    assert str(info.value) == ("s.yaml:3: a second YAML document starts here ('---'); the file must hold one "
+                               "document: remove the '---' and what follows, or split the file")
+    assert load_yaml_text("---\nname: a\n", "s.yaml").data == {"name": "a"}

@@ -94,6 +94,10 @@ def _yaml_error(exc: yaml.YAMLError, text: str, file: str) -> UserError:
         what = f"the {opener!r} opened here" if opener in ("[", "{", "'", '"') else "what opens here"
         return UserError(f"malformed YAML: {what} is not closed ({problem} on line {problem_mark.line + 1})",
                          file=file, line=context_mark.line + 1, key=_key_at(text, context_mark))
+    if "another document" in problem:  # PyYAML: "expected a single document in the stream / but found another"
+        return UserError("a second YAML document starts here ('---'); the file must hold one document: remove the "
+                         "'---' and what follows, or split the file", file=file,
+                         line=problem_mark.line + 1 if problem_mark is not None else None)
     return UserError(f"malformed YAML: {problem}", file=file,
                      line=problem_mark.line + 1 if problem_mark is not None else None)
 
