@@ -48,6 +48,9 @@ def export_job(job_dir: str | Path, out: str | Path, tokens: int | None = None, 
     hf.config.eos_token_id = hf.config.pad_token_id = tok.eos_token_id
     tok.model_max_length = int(job.train.seq_len)
     make_folder(out, "OUT", "the exported model")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars among the command's own lines
     hf.save_pretrained(out)
     tok.save_pretrained(out)
     (out / MODELING_FILE).write_text(MODELING_CODE, encoding="utf-8")
