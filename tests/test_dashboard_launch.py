@@ -91,6 +91,11 @@ def test_launched_clip_sweep_gives_one_series_per_clip_value(tmp_path, capsys, m
     said = capsys.readouterr().out
     assert "not logged to MLflow" in said and "logged to MLflow run" not in said, said
     assert (tmp_path / "dash" / "index.html").is_file()
+    # without --tracking-uri the command serves the store only while it runs: the page names the store it read
+    assert main(["dashboard", "clip-e2e", "--root", str(root), "--specs", str(REPO / "dashboards" / "questions"),
+                 "--out", str(tmp_path / "dash2")]) == 0
+    rendered = (tmp_path / "dash2" / "index.html").read_text().split("Rendered ", 1)[1].split("</p>", 1)[0]
+    assert f"from the sweep&#x27;s MLflow store {root / 'clip-e2e' / 'mlflow'}" in rendered, rendered
     # a bare path or a missing store is no tracking URI: exit 2, and no empty store is created in its place
     db = root / "clip-e2e" / "mlflow" / "mlflow.db"
     for command in ("results", "dashboard"):

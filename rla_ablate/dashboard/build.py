@@ -212,7 +212,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
     out = Path(out_dir) if out_dir else sdir.path / folder
     ctx = contextlib.nullcontext(tracking_uri) if tracking_uri else open_tracking(root, sweep)
     hint = f"start it with `rla-sweep ui {sweep}" + (f" --root {root}" if str(root) != "rla-runs" else "") + "`"
-    shared = None
+    shared, store = None, None
     if not tracking_uri:
         shared, store = tracking_of(root, sweep)
         tell(f"starting an MLflow server on the sweep's store {store}" if shared is None
@@ -262,7 +262,9 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
                 rendered.insert(0, search.section)
         tell(f"writing {out / 'index.html'} and verdicts.json")
         out.mkdir(parents=True, exist_ok=True)          # no spec drawn: the page still lists what was not tested
-        page = write_page(out / "index.html", sweep, rendered, tracking=uri, run_url=run_url, n_runs=counts,
+        # the embedded store's server lives only while this command runs: the page names the store it read
+        source = uri if tracking_uri or shared is not None else f"the sweep's MLflow store {store}"
+        page = write_page(out / "index.html", sweep, rendered, tracking=source, run_url=run_url, n_runs=counts,
                           ui_hint=f"{ui_url} ({hint})", notes=notes, untested=untested)
         records = [v.as_dict() for r in rendered for v in r.verdicts] + [u.as_dict() for u in untested if u.claim]
         (out / "verdicts.json").write_text(json.dumps(records, indent=1))
