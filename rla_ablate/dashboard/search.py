@@ -160,6 +160,7 @@ def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool
     ax.step(*zip(*line), where="post", color=COLORS[1], label="best so far", zorder=4)
     ax.scatter([best.number], [best.value], marker="*", s=140, color=COLORS[3], zorder=5, label="best")
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    ax.margins(x=0.06, y=0.12)  # the best trial's star and the edge trials' markers whole, not cut by the frame
     ax.set_xlabel("trial")
     ax.set_ylabel(metric)
     ax.set_title("by trial")
@@ -178,14 +179,17 @@ def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool
             xs_p = values
             if getattr(dist, "log", False):
                 ax.set_xscale("log")
-                ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-                ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
-                ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+            # a few short labels: within a decade a log axis falls back to linear ticks that ran into each other
+            wide = bool(getattr(dist, "log", False) and values) and max(values) >= 10 * min(values) > 0
+            ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)) if wide else ticker.MaxNLocator(3))
+            ax.xaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+            ax.xaxis.set_minor_formatter(ticker.NullFormatter())
             best_x = best.params.get(name)
         ax.scatter(xs_p, [t.value for t in have], s=18, zorder=3, edgecolors=COLORS[0],
                    facecolors=["none" if t.number in off else COLORS[0] for t in have])
         if best_x is not None:
             ax.scatter([best_x], [best.value], marker="*", s=140, color=COLORS[3], zorder=5)
+        ax.margins(x=0.08, y=0.12)
         ax.set_xlabel(name)
         ax.set_title(f"against {name}")
     for ax in flat[1 + len(params):]:
