@@ -16,7 +16,7 @@ import pkgutil
 import sys
 
 from rla_ablate import __version__, environment
-from rla_ablate.errors import JobFailed, UserError
+from rla_ablate.errors import JobFailed, UserError, did_you_mean
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,11 +40,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     words = sys.argv[1:] if argv is None else argv
     if words and not words[0].startswith("-") and words[0] not in subs:
-        import difflib
-
-        close = difflib.get_close_matches(words[0], subs, n=1)
-        parser.error(f"unknown command '{words[0]}'" + (f"; did you mean '{close[0]}'?" if close else "")
-                     + f" (commands: {', '.join(sorted(subs))})")
+        parser.error(f"unknown command '{words[0]}'{did_you_mean(words[0], subs)}; commands: {', '.join(sorted(subs))}")
     args, extras = parser.parse_known_args(argv)
     command = getattr(args, "command", None)
     if not extras:

@@ -88,11 +88,11 @@ def test_an_option_a_command_does_not_take_is_refused_with_that_commands_usage(c
         with pytest.raises(SystemExit) as info:
             main([typo, "x"])
         err = capsys.readouterr().err
-        assert info.value.code == 2 and f"unknown command '{typo}'; did you mean '{close}'?" in err, err
+        assert info.value.code == 2 and f"unknown command '{typo}' (did you mean '{close}'?); commands:" in err, err
     with pytest.raises(SystemExit):
         main(["zzz"])
     err = capsys.readouterr().err
-    assert "unknown command 'zzz' (commands: cancel," in err and "did you mean" not in err
+    assert "unknown command 'zzz'; commands: cancel," in err and "did you mean" not in err
 
 
 @pytest.mark.slow
