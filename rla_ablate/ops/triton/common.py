@@ -58,6 +58,27 @@ def _target_slope(x, c, TARGET: tl.constexpr):
 
 
 @triton.jit
+def _keep_for_slope(X, o, m, x, c, TARGET: tl.constexpr):
+    """Store at X what a backward needs of the residual's input x (= v - p) for the target's slope T'(x): the clip's
+    slope itself (0 or 1, one byte), tanh's x (fp32), nothing for the identity. bf16 cannot hold x: T'(x) flips for
+    every x that rounds across +-c."""
+    if TARGET == TARGET_CLIP:
+        tl.store(X + o, _target_slope(x, c, TARGET).to(X.dtype.element_ty), mask=m)
+    elif TARGET != TARGET_IDENTITY:
+        tl.store(X + o, x, mask=m)
+
+
+@triton.jit
+def _times_kept_slope(d, X, o, m, c, TARGET: tl.constexpr):
+    """d T'(x), with T'(x) from what `_keep_for_slope` kept at X (fp32 d)."""
+    if TARGET == TARGET_CLIP:
+        d = d * tl.load(X + o, mask=m, other=0).to(tl.float32)
+    elif TARGET != TARGET_IDENTITY:
+        d = d * _target_slope(tl.load(X + o, mask=m, other=0.0), c, TARGET)
+    return d
+
+
+@triton.jit
 def _decay(rows, cols, keep):
     """exp(rows_t - cols_s) where keep[t, s], else 0 (masked before exp: never inf)."""
     return tl.exp(tl.where(keep, rows[:, None] - cols[None, :], float("-inf")))

@@ -42,10 +42,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, TARGET_CLIP, TARGET_CODES,
-                                          TARGET_IDENTITY, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
-                                          _pass_chunk, _pass_program,
-                                          _target, _target_slope, gate_gradient, launch_options)
+from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, TARGET_CODES, Layout, _chunk_gates,
+                                          _chunk_rows, _chunk_tile, _decay, _keep_for_slope, _pass_chunk,
+                                          _pass_program, _target, _times_kept_slope, gate_gradient, launch_options)
 
 LAUNCH = {
     "pass": dict(BV=64, num_warps=4),  # the two state passes hold a BV x K fp32 tile
@@ -111,10 +110,7 @@ def _delta_reads(q, k, v, g, hS, N_, P, BQ, RES, cu, cidx, scale, c,
     p = e * tl.dot(b_k, tl.trans(b_hS)) + tl.dot((tl.dot(b_k, tl.trans(b_k)) * D).to(dt), b_n)
     if RESIDUAL:
         x = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) - p
-        if TARGET == TARGET_CLIP:
-            tl.store(P + o_tv, _target_slope(x, c, TARGET).to(P.dtype.element_ty), mask=m_tv)
-        elif TARGET != TARGET_IDENTITY:
-            tl.store(P + o_tv, x, mask=m_tv)
+        _keep_for_slope(P, o_tv, m_tv, x, c, TARGET)
         tl.store(RES + o_tv, _target(x, c, TARGET).to(RES.dtype.element_ty), mask=m_tv)
     else:
         tl.store(P + o_tv, p.to(P.dtype.element_ty), mask=m_tv)
@@ -149,11 +145,7 @@ def _delta_bwd_local(q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c,
     Dst = _decay(-b, -bp, rt[:, None] < rt[None, :])  # [s, t]: exp(b'_t - b_s) for s < t
     b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(dt)
     if RESIDUAL:
-        dx = tl.load(dRES + o_tv, mask=m_tv, other=0.0).to(tl.float32)
-        if TARGET == TARGET_CLIP:
-            dx = dx * tl.load(X + o_tv, mask=m_tv, other=0).to(tl.float32)
-        elif TARGET != TARGET_IDENTITY:
-            dx = dx * _target_slope(tl.load(X + o_tv, mask=m_tv, other=0.0), c, TARGET)
+        dx = _times_kept_slope(tl.load(dRES + o_tv, mask=m_tv, other=0.0).to(tl.float32), X, o_tv, m_tv, c, TARGET)
         tl.store(dV + o_tv, dx.to(dV.dtype.element_ty), mask=m_tv)
         b_dP = (-dx).to(dt)
         tl.store(dP + o_tv, b_dP, mask=m_tv)

@@ -49,9 +49,9 @@ import triton.language as tl
 
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
-                                          TARGET_CLIP, TARGET_CODES, TARGET_IDENTITY, TARGET_TANH, Layout,
-                                          _chunk_gates, _chunk_rows, _chunk_tile, _decay, _pass_chunk, _pass_program,
-                                          _target, _target_slope, gate_gradient, launch_options)
+                                          TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
+                                          _keep_for_slope, _pass_chunk, _pass_program, _target, _times_kept_slope,
+                                          gate_gradient, launch_options)
 
 # Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives; tiles at
 # least MIN_TILE wide). Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat
@@ -191,23 +191,8 @@ def _residual(b_k, b_v, bv, b_S, b, bp, X, W, o_tv, m_tv, c_clip, BT: tl.constex
     M = tl.dot(b_k, tl.trans(b_k)) * _decay(bp, b, rt[:, None] > rt[None, :])
     p = tl.exp(bp)[:, None] * tl.dot(b_k, tl.trans(b_S)) + tl.dot(M.to(dt), bv.to(dt))
     x = b_v - p
-    if TARGET == TARGET_CLIP:
-        tl.store(X + o_tv, _target_slope(x, c_clip, TARGET).to(X.dtype.element_ty), mask=m_tv)
-    elif TARGET != TARGET_IDENTITY:
-        tl.store(X + o_tv, x, mask=m_tv)
+    _keep_for_slope(X, o_tv, m_tv, x, c_clip, TARGET)
     tl.store(W + o_tv, _target(x, c_clip, TARGET).to(W.dtype.element_ty), mask=m_tv)
-
-
-@triton.jit
-def _kept_slope(X, o_tv, m_tv, c_clip, TARGET: tl.constexpr):
-    """T'(x) from what `_residual` kept of x: the clip's stored slope, tanh's from x, the identity's 1."""
-    if TARGET == TARGET_CLIP:
-        d = tl.load(X + o_tv, mask=m_tv, other=0).to(tl.float32)
-    elif TARGET == TARGET_TANH:
-        d = _target_slope(tl.load(X + o_tv, mask=m_tv, other=0.0), c_clip, TARGET)
-    else:
-        d = tl.full(o_tv.shape, 1.0, tl.float32)
-    return d
 
 
 @triton.jit
@@ -243,8 +228,9 @@ def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
         S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k
 
     storing r and what the backward needs of x (`_residual`), what `_fwd_residual` computes from the stored S_c in a
-    kernel of its own. The same numbers: S_c enters the read rounded to the inputs' dtype, as stored. Spares the residual's reading of hS and a
-    second reading of k and v (over a fifth of RLA's forward traffic at head_dim 128)."""
+    kernel of its own. The same numbers: S_c enters the read rounded to the inputs' dtype, as stored. Spares the
+    residual's reading of hS and a second reading of k and v (over a fifth of RLA's forward traffic at head_dim
+    128)."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
         cu, coff, D0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_D0)
     NC = tl.cdiv(eos - bos, BT)
@@ -358,7 +344,7 @@ def _bwd_residual(q, k, g, gamma, dO, X, W, hdR, dRT, DX, dGR_P, cu, cidx, NTH, 
         if HAS_DRT:
             b_dRT = tl.load(dRT + (n * H + h) * V * K + rv[:, None] * K + rk[None, :], mask=m_state, other=0.0)
             dw += tl.where((t == eos - 1)[:, None], tl.dot(b_k, tl.trans(b_dRT.to(dt))), 0.0)
-    dx = _kept_slope(X, o_tv, m_tv, c_clip, TARGET) * dw
+    dx = _times_kept_slope(dw, X, o_tv, m_tv, c_clip, TARGET)
     if FIT_RES:
         dx = dx * b_gamma[:, None]
         b_r = tl.load(W + o_tv, mask=m_tv, other=0.0).to(tl.float32)
