@@ -32,12 +32,17 @@ class JobFailed(Exception):
     exit_code = 1
 
 
+def closest(word: str, choices: Iterable[str], n: int = 1) -> list[str]:
+    """Up to `n` choices close to `word`, closest first (what `did_you_mean` names)."""
+    import difflib
+
+    return difflib.get_close_matches(str(word), list(choices), n=n)
+
+
 def did_you_mean(word: str, choices: Iterable[str], *, n: int = 1, prefix: str = "") -> str:
     """" (did you mean 'x'?)" naming the choice closest to `word`, or "" when none is close; with n > 1 up to n
     choices, unquoted: " (did you mean a, b?)". `prefix` goes before each choice shown (e.g. a section name)."""
-    import difflib
-
-    close = difflib.get_close_matches(str(word), list(choices), n=n)
+    close = closest(word, choices, n)
     if not close:
         return ""
     if n == 1:

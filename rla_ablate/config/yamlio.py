@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from rla_ablate.errors import UserError, did_you_mean
+from rla_ablate.errors import UserError, closest, did_you_mean
 
 
 class Loader(yaml.SafeLoader):
@@ -244,8 +244,9 @@ def user_loc(err: Any, model: type[BaseModel]) -> tuple:
     return _walk(model, _loc(err))[1]
 
 
-def _choices(err: dict) -> list[str]:
-    expected = str((err.get("ctx") or {}).get("expected", ""))
+def _choices(err: dict, field: str = "expected") -> list[str]:
+    """The allowed values pydantic lists in an error's context (`expected`; a union's tags: `expected_tags`)."""
+    expected = str((err.get("ctx") or {}).get(field, ""))
     return [c.strip(" '") for c in re.split(r",| or ", expected) if c.strip(" '")]
 
 
@@ -272,10 +273,9 @@ def _describe(err: dict, model: type[BaseModel], loc: tuple, name: str | None = 
         return f"{got!r} is not allowed; allowed: {', '.join(choices)}{did_you_mean(str(got), choices)}"
     if err["type"] == "union_tag_invalid":  # a discriminated union's tag (data: {kind: stdlb})
         ctx = err.get("ctx") or {}
-        tags = [t.strip(" '") for t in str(ctx.get("expected_tags", "")).split(",") if t.strip(" '")]
-        tag = str(ctx.get("tag", got))
-        return (f"unknown {ctx.get('discriminator', 'kind').strip(chr(39))} {tag!r}{did_you_mean(tag, tags)}; "
-                f"allowed: {', '.join(tags)}")
+        tags, tag = _choices(err, "expected_tags"), str(ctx.get("tag", got))
+        key = str(ctx.get("discriminator", "kind")).strip("'")
+        return f"unknown {key} {tag!r}{did_you_mean(tag, tags)}; allowed: {', '.join(tags)}"
     if err["type"] == "value_error":
         msg = err["msg"].removeprefix("Value error, ")
     elif err["type"] == "model_type":
@@ -332,12 +332,10 @@ def _errors(exc: ValidationError, model: type[BaseModel]) -> list[tuple[dict, tu
             drop |= set(left[1:])
     # a misspelt required key (hiden_size) is one problem: the unknown key with its did-you-mean, not also the
     # required key it was meant to be as missing
-    import difflib
-
     missing = {loc: i for i, (err, loc) in enumerate(errs) if err["type"] == "missing"}
     for err, loc in errs:
         owner = _model_at(model, loc) if err["type"] == "extra_forbidden" and loc else None
-        close = difflib.get_close_matches(str(loc[-1]), list(owner.model_fields), n=1) if owner else []
+        close = closest(str(loc[-1]), owner.model_fields) if owner else []
         if close and loc[:-1] + (close[0],) in missing:
             drop.add(missing[loc[:-1] + (close[0],)])
     return [(merged.get(i, err), loc) for i, (err, loc) in enumerate(errs) if i not in drop]
