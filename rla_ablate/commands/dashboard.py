@@ -47,11 +47,9 @@ def _check_out(out: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rla_ablate.sweep.status import other_file_note, resolve_name
+    from rla_ablate.sweep.status import note_other_file, resolve_name
 
-    note = other_file_note(args.root, args.name)
-    if note:
-        print(note, file=sys.stderr)
+    note_other_file(args.root, args.name)
     args.name = resolve_name(args.name)  # a sweep file names its sweep, as for status and results
     if args.out is not None:
         _check_out(args.out)

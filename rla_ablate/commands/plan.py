@@ -67,13 +67,13 @@ def run(args: argparse.Namespace) -> int:
     t = doc["totals"]
     packing = f", {t['jobs_per_gpu']:g} jobs per GPU" if t["jobs_per_gpu"] else ""
     if t["runs_on"] == "cpu":
-        title = (f"sweep {t['sweep']}: {count(t['jobs'], 'job')}, {_h(t['tokens'])} tokens on the CPU (resources.gpus: 0), "
-                 f"whose speed is not calibrated: no time estimate. On one GPU ({t['gpu']}) "
-                 f"{'it' if t['jobs'] == 1 else 'they'} would take "
-                 f"{_gpu_time(t['gpu_hours'])} (resources.gpus: auto)")
+        title = (f"sweep {t['sweep']}: {count(t['jobs'], 'job')}, {_h(t['tokens'])} tokens on the CPU "
+                 f"(resources.gpus: 0), whose speed is not calibrated: no time estimate. On one GPU ({t['gpu']}) "
+                 f"{'it' if t['jobs'] == 1 else 'they'} would take {_gpu_time(t['gpu_hours'])} (resources.gpus: auto)")
     else:
-        title = (f"sweep {t['sweep']}: {count(t['jobs'], 'job')}, {_h(t['tokens'])} tokens, {_gpu_time(t['gpu_hours'])}; "
-                 f"peak memory up to {t['max_mem_gib']:.1f} GiB of {t['gpu_memory_gib']:g} ({t['gpu']}){packing}")
+        title = (f"sweep {t['sweep']}: {count(t['jobs'], 'job')}, {_h(t['tokens'])} tokens, "
+                 f"{_gpu_time(t['gpu_hours'])}; peak memory up to {t['max_mem_gib']:.1f} GiB of "
+                 f"{t['gpu_memory_gib']:g} ({t['gpu']}){packing}")
     columns = ["job", "id", "family", "variant", "params", "state/layer", "FLOPs/tok", "tokens", "mem GiB",
                "GPU share", "tok/s", "GPU time"]
     rows = [[escape(r["name"]), r["job_id"][:8], r["family"], escape(variant_label(r["ablations"], r["control"])),
@@ -125,8 +125,8 @@ def _glue_caption(jobs: list[dict]) -> str:
     other = ("" if environment.glue_mode() == "torch"
              else f"; {environment.GLUE_ENV}=torch estimates the plain-torch glue")
     graphed = sum(r["cuda_graphs"] for r in jobs)
-    graphs = (f"; {count(graphed, 'job')} {'replays' if graphed == 1 else 'replay'} CUDA graphs (train.cuda_graphs): their memory includes the graph's pool"
-              if graphed else "")
+    graphs = (f"; {count(graphed, 'job')} {'replays' if graphed == 1 else 'replay'} CUDA graphs (train.cuda_graphs): "
+              "their memory includes the graph's pool" if graphed else "")
     from rla_ablate.sweep.calibration import CONTEXT_BYTES, TUNING_BYTES, GiB
 
     shares = (f"; a GPU share adds {CONTEXT_BYTES / GiB:g} GiB for the job's process, and {TUNING_BYTES / GiB:g} GiB of "

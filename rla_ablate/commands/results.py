@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     from rla_ablate.dashboard.build import open_sweep_dir, open_tracking, read_runs
     from rla_ablate.dashboard.results import PROVENANCE, result_rows
-    from rla_ablate.sweep.status import other_file_note, resolve_name
+    from rla_ablate.sweep.status import note_other_file, resolve_name
 
     name = resolve_name(args.name)
     if args.tracking_uri is not None:
@@ -73,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
     ctx = contextlib.nullcontext(args.tracking_uri) if args.tracking_uri else open_tracking(args.root, name, read_only=True)
     with ctx as uri:
         runs, selection = read_runs(name, args.root, uri, include_stale=args.include_stale)
-    note = other_file_note(args.root, args.name)
-    if note:
-        print(note, file=sys.stderr)
+    note_other_file(args.root, args.name)
     columns, rows = result_rows(runs.jobs)
     if args.json:
         print(json.dumps([{c: _json_value(v, c) for c, v in row.items()} for row in rows], indent=1))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 
 def register(subparsers) -> None:
@@ -23,12 +22,10 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rla_ablate.sweep.progress import STYLE, fmt_tokens
-    from rla_ablate.sweep.status import open_sweep, other_file_note, sweep_status
+    from rla_ablate.sweep.status import note_other_file, open_sweep, sweep_status
 
     doc = sweep_status(open_sweep(args.root, args.name))
-    note = other_file_note(args.root, args.name)
-    if note:
-        print(note, file=sys.stderr)
+    note_other_file(args.root, args.name)
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0

@@ -41,9 +41,7 @@ def search_part(sdir: SweepDir, out_dir: Path, run_url=lambda run_id: None,
     hollow and counted in the note, the caption and the figure (asked only of a sweep with a study)."""
     from optuna.trial import TrialState
 
-    from rla_ablate.sweep.search import INTERRUPTED, QUESTION, params_text
-
-    from rla_ablate.sweep.search import load_study
+    from rla_ablate.sweep.search import INTERRUPTED, QUESTION, load_study, params_text
 
     study = load_study(sdir)
     if study is None:

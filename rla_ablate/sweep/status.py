@@ -53,21 +53,23 @@ def resolve_name(name_or_file: str) -> str:
     return name_or_file
 
 
-def other_file_note(root: str | Path, name_or_file: str) -> str | None:
+def note_other_file(root: str | Path, name_or_file: str) -> None:
     """For a sweep file given by path that is not the one its sweep was last launched with (the copy under --root):
-    the note that what a command shows is that launch's jobs, not this file's (a file with another token budget
-    under the same name would otherwise read as its own results). None for a name or the launched file."""
+    say on stderr that what the command shows is that launch's jobs, not this file's (a file with another token
+    budget under the same name would otherwise read as its own results). Nothing for a name or the launched file."""
+    import sys
+
     if not (name_or_file.endswith((".yaml", ".yml")) and Path(name_or_file).is_file()):
-        return None
+        return
     name = resolve_name(name_or_file)
     saved = SweepDir(root, name).path / "sweep.yaml"
     try:
         if not saved.is_file() or saved.read_bytes() == Path(name_or_file).read_bytes():
-            return None
+            return
     except OSError:
-        return None
-    return (f"note: {name_or_file} is not the file sweep '{name}' was last launched with ({saved}): shown are that "
-            "launch's jobs, not this file's")
+        return
+    print(f"note: {name_or_file} is not the file sweep '{name}' was last launched with ({saved}): shown are that "
+          "launch's jobs, not this file's", file=sys.stderr)
 
 
 def open_sweep(root: str | Path, name_or_file: str) -> SweepDir:
