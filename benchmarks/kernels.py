@@ -81,20 +81,19 @@ def candidates(backends, variants=(), rla_chunk=None, rla_warps=None, rla_splits
         runs[f"RLA [triton, chunk {rla_chunk}{warps}]"] = ("additive", partial(rla_other_chunk, chunk=rla_chunk,
                                                                                    warps=rla_warps))
     for rule in rla_splits if "triton" in backends else ():
-        runs[f"RLA [triton, split {rule.programs}:{rule.chunks}]"] = ("additive", partial(rla_split, rule=rule))
+        runs[f"RLA [triton, split {rule.programs}:{rule.chunks}]"] = ("additive", partial(rla_with, SPLIT=rule))
     return runs
 
 
-def rla_split(x, rule):
-    """RLA on the `triton` backend with its state passes split by `rule` (`rla.SPLIT`): a sequence is cut into
-    segments of rule.chunks chunks when a pass has fewer than rule.programs programs."""
+def rla_with(x, **settings):
+    """RLA on the `triton` backend with module settings of `rla_ablate.ops.triton.rla` changed for the call: a design
+    switch off (`VARIANTS`), or SPLIT, the rule by which the state passes cut a sequence into segments."""
+    from unittest import mock
+
     from rla_ablate.ops.triton import rla
 
-    saved, rla.SPLIT = rla.SPLIT, rule
-    try:
+    with mock.patch.multiple(rla, **settings):
         return residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], backend="triton")[0]
-    finally:
-        rla.SPLIT = saved
 
 
 def rla_other_chunk(x, chunk, warps=None):
@@ -112,17 +111,6 @@ def rla_other_chunk(x, chunk, warps=None):
                               chunk=chunk)[0]
     finally:
         rla.LAUNCH.update(saved)
-
-
-def rla_switched_off(x, switch: str):
-    """RLA on the `triton` backend with one of its design switches (`VARIANTS`) off."""
-    from rla_ablate.ops.triton import rla
-
-    setattr(rla, switch, False)
-    try:
-        return residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], backend="triton")[0]
-    finally:
-        setattr(rla, switch, True)
 
 
 def rdn_changed(x, **changes):
@@ -148,9 +136,9 @@ def rdn_changed(x, **changes):
 # reverse state passes); RDN's residual in its read kernel (--rdn-residual-apart) and its WY backward with the
 # additions around it (--rdn-wy-fla: FLA's prepare_wy_repr_bwd and two PyTorch additions). name -> (label, rule, op).
 VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
-                                   partial(rla_switched_off, switch="RESIDUAL_IN_S_PASS")),
+                                   partial(rla_with, RESIDUAL_IN_S_PASS=False)),
             "rla_end_term_in_dqk": ("RLA [triton, end term in dq/dk]", "additive",
-                                    partial(rla_switched_off, switch="END_TERM_IN_PASS")),
+                                    partial(rla_with, END_TERM_IN_PASS=False)),
             "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta",
                                    partial(rdn_changed, residual_in_reads=False)),
             "rdn_wy_fla": ("RDN [triton, FLA's WY bwd]", "delta", partial(rdn_changed, wy="FLA_WY_FLA_BWD"))}
