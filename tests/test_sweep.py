@@ -523,10 +523,13 @@ def test_the_plan_says_whose_gpu_its_speeds_are(capsys, monkeypatch):
     assert main(["plan", path]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "tok/s alone on one NVIDIA H200 (the calibration table's GPU, not this machine's NVIDIA H100 80GB HBM3" in said
+    assert "GPU tok/s" in said  # smoke runs on the CPU: the speed column's header says whose speed it is
     # a sweep that runs on the GPU: what packing adds to each share, and keeps free on each GPU
     assert main(["plan", str(REPO / "sweeps" / "gpu-graphs.yaml")]) == 0
+    said = " ".join(capsys.readouterr().out.split())
     assert ("a GPU share adds 1 GiB for the job's process, and 4.5 GiB of each GPU stays free for the one packed job "
-            "that autotunes at a time") in " ".join(capsys.readouterr().out.split())
+            "that autotunes at a time") in said
+    assert "tok/s" in said and "GPU tok/s" not in said
     # on the table's own card, or without a GPU, the caption names the table's GPU alone
     monkeypatch.setattr(packing, "gpu_identity", lambda: None)
     assert main(["plan", path]) == 0

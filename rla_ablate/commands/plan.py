@@ -74,8 +74,10 @@ def run(args: argparse.Namespace) -> int:
         title = (f"sweep {t['sweep']}: {count(t['jobs'], 'job')}, {_h(t['tokens'])} tokens, "
                  f"{_gpu_time(t['gpu_hours'])}; peak memory up to {t['max_mem_gib']:.1f} GiB of "
                  f"{t['gpu_memory_gib']:g} ({t['gpu']}){packing}")
+    # a CPU sweep's speed columns are the calibration GPU's (the title says so): their headers say it too
+    speed = "GPU tok/s" if t["runs_on"] == "cpu" else "tok/s"
     columns = ["job", "id", "family", "variant", "params", "state/layer", "FLOPs/tok", "tokens", "mem GiB",
-               "GPU share", "tok/s", "GPU time"]
+               "GPU share", speed, "GPU time"]
     rows = [[escape(r["name"]), r["job_id"][:8], r["family"], escape(variant_label(r["ablations"], r["control"])),
              _h(r["params"]), _h(r["state_elements"]), _h(r["flops_per_token"]), _h(r["tokens"]),
              f"{r['mem_gib']:.1f}", f"{r['gpu_share']:.2f}" if r["gpu_share"] else "-", _h(r["tokens_per_s"]),
@@ -110,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     console = stdout_console()
     # a narrow terminal loses the columns least needed to choose what to run first
     console.print(fitted_table(console, title, columns, rows, keep=1, right=tuple(columns[4:]), captions=captions,
-                               drop_order=["FLOPs/tok", "state/layer", "id", "params", "tok/s", "GPU share",
+                               drop_order=["FLOPs/tok", "state/layer", "id", "params", speed, "GPU share",
                                            "tokens", "family", "mem GiB", "GPU time", "variant"]))
     return 0
 

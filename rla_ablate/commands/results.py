@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from rich.markup import escape
 
-        from rla_ablate.terminal import fitted_table, stdout_console
+        from rla_ablate.terminal import count, fitted_table, stdout_console
 
         # what ran (kernels, glue) is in --csv and --json; the table keeps to what is compared
         hidden = ("run_id", "job_id", *PROVENANCE)
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         first = [c for c in ("version", "preset", "series", "arm", "control", "tokens") if c in shown]
         rest = [c for c in reversed(shown[2:]) if c not in first]
         metrics = [c for c in rest if "/" in c]
-        console.print(fitted_table(console, f"sweep {name}: {len(rows)} jobs", shown, cells, keep=2,
+        console.print(fitted_table(console, f"sweep {name}: {count(len(rows), 'job')}", shown, cells, keep=2,
                                    drop_order=first + metrics + [c for c in rest if c not in metrics],
                                    captions=selection.notes(), whole="--csv"))
     for note in selection.notes() if (args.csv or args.json) else ():
