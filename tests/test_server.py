@@ -190,6 +190,10 @@ def test_ui_never_serves_another_servers_runs(tmp_path, capsys):
         assert main(["ui", "mine", "--root", str(root), "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"--port: port {port} on 127.0.0.1 is in use by another process" in err, err
+    for bad in ("70000", "-1", "0"):  # refused before the socket call that raised OverflowError on them
+        assert main(["ui", "mine", "--root", str(root), "--port", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"--port: {bad} is not a port; give one in 1-65535" in err and "Traceback" not in err, err
 
 
 def test_ui_of_a_sweep_on_a_server_that_does_not_answer_says_so(tmp_path, capsys):

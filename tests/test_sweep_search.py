@@ -136,6 +136,47 @@ def test_a_trial_enqueued_again_after_an_interrupted_launch_keeps_its_jobs_name(
     assert resumed.name == "trial-000" and [r["name"] for r in sdir.job_list()] == ["trial-000"]
 
 
+def test_a_trial_that_resumes_an_interrupted_job_holds_the_jobs_earlier_reports(tmp_path):
+    """The new trial of a job resumed after an interrupted launch must hold what the job reported before, or the
+    median pruner compares every other trial at those steps without it. The job's metrics.jsonl is the record; a
+    step the resumed job reports again is told once (the first value stands)."""
+    import json
+    from types import SimpleNamespace
+
+    from optuna.trial import TrialState
+
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.sweep.search import OptunaSource
+    from rla_ablate.sweep.state import SweepDir
+
+    f = tmp_path / "search.yaml"
+    f.write_text(yaml.safe_dump(SEARCH))
+    sweep = load_sweep(f)
+    sdir = SweepDir(tmp_path / "runs", sweep.name)
+    sdir.path.mkdir(parents=True)
+    runner = SimpleNamespace(summary=SimpleNamespace(pruned=0), progress=SimpleNamespace(note=print))
+    first = OptunaSource(sweep, sdir)
+    first.start(runner)
+    job = next(first.next_jobs(1))
+    logged = [(1024, 3.5), (2048, 3.25), (3072, 3.0)]
+    with open(sdir.job_dir(job.job_id) / "metrics.jsonl", "w") as fh:
+        for step, value in logged:
+            fh.write(json.dumps({"type": "metrics", "step": step, "values": {"eval/val/loss": value}}) + "\n")
+    assert first.observe(job, logged) is None  # then the launch is killed
+
+    again = OptunaSource(sweep, sdir)
+    again.start(runner)
+    resumed = next(again.next_jobs(1))
+    assert resumed.job_id == job.job_id
+    assert again.observe(resumed, [(3072, 2.9), (4096, 2.75)]) is None  # the resumed job from its 2,048 checkpoint
+
+    def reports(number: int) -> dict:
+        return next(t for t in again.study.get_trials() if t.number == number).intermediate_values
+
+    assert next(t for t in again.study.get_trials() if t.number == 0).state == TrialState.FAIL
+    assert reports(1) == {1024: 3.5, 2048: 3.25, 3072: 3.0, 4096: 2.75}
+
+
 def test_a_trials_run_is_tagged_with_its_trial_and_a_pruned_one_with_its_cause(tmp_path):
     """A pruned trial's run ends cancelled, as a job stopped by hand does: its tags say pruned (rla.cause, and the
     reason the sweep folder gives), and every trial's run names its Optuna trial (rla.trial)."""

@@ -116,10 +116,9 @@ def _default_allowed_hosts(host: str) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from rla_ablate.commands.launch import check_root
     from rla_ablate.errors import UserError
-    from rla_ablate.tracking.server import TrackingServer
+    from rla_ablate.tracking.server import TrackingServer, check_port
 
-    if not 0 < args.port < 65536:
-        raise UserError(f"{args.port} is not a port; give one in 1-65535", key="--port")
+    check_port(args.port)
     if args.workers < 1:
         raise UserError(f"must be at least 1; got {args.workers}", key="--workers")
     root = Path(args.root)

@@ -26,9 +26,11 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.dashboard.build import tracking_of
     from rla_ablate.errors import UserError
     from rla_ablate.tracking import TrackingServer
+    from rla_ablate.tracking.server import check_port
 
     from rla_ablate.sweep.status import resolve_name
 
+    check_port(args.port)
     root = Path(args.root)
     name = resolve_name(args.name) if args.name is not None else None
     if name is None:
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
         if not is_healthy(uri, timeout=3.0):
             raise UserError(f"sweep {name} logs to {uri}, which does not answer now: start that server again "
-                            f"(`rla-sweep server --root {root} ...` with the store it had) and open it there")
+                            "(`rla-sweep server` with the --root and --backend-store-uri it had) and open it there")
         print(f"sweep {name} logs to {uri}: open it there")
         return 0
     if not (store / "mlflow.db").exists():

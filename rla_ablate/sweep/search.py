@@ -250,6 +250,8 @@ class OptunaSource:
         self.trials: dict[str, Any] = {}
         self.pruned: set[str] = set()
         self.known: dict[str, dict] = {}
+        # job_id -> the steps its live trial has been told (a resumed job logs again what its checkpoint preceded)
+        self.reported: dict[str, set[int]] = {}
 
     def data_jobs(self) -> list[ResolvedJob]:
         """The sweep's expansion: a trial changes search parameters, not which data a job reads."""
@@ -325,16 +327,33 @@ class OptunaSource:
                 study.tell(trial, state=TrialState.FAIL)
                 continue
             self.trials[job.job_id] = trial
+            self._report(job.job_id, trial, self._history(job.job_id))
             capacity -= 1
             yield job
+
+    def _history(self, job_id: str) -> list[tuple[int, float]]:
+        """What a job logged of the metric before this trial ran it: a job that an interrupted launch left resumes
+        from its checkpoint under a new trial, which must hold the earlier steps too, or the pruner compares every
+        other trial at those steps without it (and a later trial with fewer)."""
+        from rla_ablate.train.loggers import metric_series, read_jsonl
+
+        return metric_series(read_jsonl(self.sdir.job_dir(job_id) / "metrics.jsonl"), self.cfg.metric)
+
+    def _report(self, job_id: str, trial: Any, values: list[tuple[int, float]]) -> None:
+        """Tell the trial each step once: the first value of a step stands (a resumed job reports again the
+        steps between its checkpoint and where the interrupted launch had reached)."""
+        told = self.reported.setdefault(job_id, set())
+        for step, value in values:
+            if step not in told:
+                trial.report(value, step)
+                told.add(step)
 
     def observe(self, job: ResolvedJob, values: list[tuple[int, float]]) -> str | None:
         """Feed the values to the pruner; a pruned trial's job is stopped."""
         trial = self.trials.get(job.job_id)
         if trial is None or job.job_id in self.pruned:
             return None
-        for step, value in values:
-            trial.report(value, step)
+        self._report(job.job_id, trial, values)
         if not trial.should_prune():
             return None
         self.pruned.add(job.job_id)
@@ -345,6 +364,7 @@ class OptunaSource:
         from optuna.trial import TrialState
 
         trial = self.trials.pop(job.job_id, None)
+        self.reported.pop(job.job_id, None)
         if trial is None:
             return
         from rla_ablate.tracking.runs import CAUSE, STATUS_REASON, TRIAL

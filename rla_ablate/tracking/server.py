@@ -49,6 +49,12 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
+def check_port(port: int) -> None:
+    """A port a server can bind on 127.0.0.1, or a UserError naming --port."""
+    if not 0 < port < 65536:
+        raise UserError(f"{port} is not a port; give one in 1-65535", key="--port")
+
+
 def free_port(host: str = HOST) -> int:
     with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         s.bind((host, 0))
