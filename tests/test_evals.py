@@ -181,6 +181,24 @@ def test_bad_task_missing_checkpoint_and_bad_checkpoint_are_user_errors(job_dir,
     err = capsys.readouterr().err
     assert "--tasks: a task's data could not be read" in err and "missing.jsonl" in err and "Traceback" not in err
     assert sorted(job_dir.glob("evals/*")) == before
+    # a task on the Hub, offline, with its data in no cache (as lm-eval's own tasks on a compute node): datasets
+    # raises ConnectionError, which was a traceback
+    import datasets.config
+    import huggingface_hub.constants
+
+    (tasks / "hubonly.yaml").write_text(shipped.replace("task: rla_choice", "task: hubonly").replace(
+        "dataset_path: json", "dataset_path: rla-sweep-tests/no-such-dataset").replace("    test: rla_choice.jsonl\n", "")
+        .replace("dataset_kwargs:\n  data_files:\n", ""))
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+            mp.setenv(name, "1")
+        mp.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        assert main(["eval", str(job_dir), "--tasks", "hubonly", "--include-path", str(tasks), "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--tasks: a task's data is not in this machine's Hugging Face cache and the Hub cannot be reached" in err
+    assert "rla-sweep-tests/no-such-dataset" in err and "Traceback" not in err, err
+    assert sorted(job_dir.glob("evals/*")) == before
     assert not list(torn.glob("evals/*")) and not list(other.glob("evals/*"))
     # a task folder that does not exist is said also where the result is cached (rla_choice was scored above)
     assert main(["eval", str(job_dir), "--tasks", "rla_choice", "--include-path", str(tmp_path / "nodir")]) == 2
@@ -442,11 +460,16 @@ def test_eval_of_a_sweep_without_a_finished_job_says_so_and_exits_1(tmp_path, ca
     exits 1, so that a script does not go on as if the sweep had been scored."""
     from rla_ablate.sweep.state import SweepDir
 
+    from rla_ablate.outcome import Cause, Status
+
     sdir = SweepDir(tmp_path, "unfinished")
     sdir.path.mkdir(parents=True)
-    sdir.write_job_list([{"job_id": "a" * 16, "name": "tiny-rla/seed0"}])
+    sdir.write_job_list([{"job_id": "a" * 16, "name": "tiny-rla/seed0"}, {"job_id": "b" * 16, "name": "trial-001"}])
+    sdir.job_dir("b" * 16).mkdir(parents=True)
+    sdir.set_status("b" * 16, status=Status.CANCELLED, cause=Cause.PRUNED, error="pruned by Optuna (trial 1)")
     assert main(["eval", "unfinished", "--tasks", "rla_choice", "--root", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert "[1/1] tiny-rla/seed0: pending, not scored" in err, err
-    assert ("eval unfinished: 0 of 1 jobs scored; 1 not finished, not scored: `rla-sweep resume unfinished` trains "
-            "them, then eval again") in err, err
+    assert "tiny-rla/seed0: pending, not scored" in err, err
+    # a pruned trial is not sent to `resume`, which would not train it
+    assert (f"eval unfinished: 0 of 2 jobs scored; 1 pruned by Optuna, not scored; 1 not finished, not scored: "
+            f"`rla-sweep resume unfinished --root {tmp_path}` trains them, then eval again") in err, err

@@ -89,16 +89,22 @@ def run(args) -> int:
     # a line per job with the time left, instead of lm-eval's progress bars (several per job and task)
     results = score_sweep(args.root, args.target, req, force=args.force, device=args.device,
                           echo=lambda line: print(line, file=sys.stderr, flush=True), silent=True)
-    names = {rec["job_id"]: rec.get("name", rec["job_id"]) for rec in SweepDir(args.root, args.target).job_list()}
+    from rla_ablate.outcome import Cause
+
+    sdir = SweepDir(args.root, args.target)
+    names = {rec["job_id"]: rec.get("name", rec["job_id"]) for rec in sdir.job_list()}
     for job_id, result in results.items():
         _print(f"{names.get(job_id, job_id)} ({job_id[:8]})", result)
-    # a line to end on: how many jobs have scores now, and why the others have none (exit 1 when none has)
-    unscored = len(names) - len(results)
+    # a line to end on: how many jobs have scores now, and why the others have none (exit 1 when none has); a
+    # search's pruned trials stay unfinished, and a resume does not train them
+    unscored = [j for j in names if j not in results]
+    pruned = sum(sdir.status(j).cause == Cause.PRUNED for j in unscored)
     read_back = sum(r.skipped for r in results.values())
     line = (f"eval {args.target}: {len(results)} of {len(names)} jobs scored"
             + (f" ({read_back} already)" if read_back else "")
-            + (f"; {unscored} not finished, not scored: `rla-sweep resume {args.target}` trains them, then eval "
-               "again" if unscored else ""))
+            + (f"; {pruned} pruned by Optuna, not scored" if pruned else "")
+            + (f"; {len(unscored) - pruned} not finished, not scored: `rla-sweep resume {args.target} --root "
+               f"{sdir.root}` trains them, then eval again" if len(unscored) > pruned else ""))
     print(line, file=sys.stderr)
     return 0 if results else 1
 

@@ -476,6 +476,11 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
                                               fewshot_random_seed=0)
         except FileNotFoundError as exc:  # a task file whose data file is not where it says
             raise UserError(f"a task's data could not be read: {exc}", key="--tasks") from None
+        except ConnectionError as exc:  # lm-eval's own tasks load their data from the Hub or its cache
+            raise UserError(f"a task's data is not in this machine's Hugging Face cache and the Hub cannot be "
+                            f"reached: {str(exc).splitlines()[0][:300]}; fetch it once where the Hub is reachable "
+                            "(the same HF_HOME), or score the shipped tasks, which need no download",
+                            key="--tasks") from None
     result = EvalResult(tasks=req.tasks, limit=req.limit, tokens=tokens, checkpoint=ckpt.name,
                         metrics=flatten_results(results), lm_eval_version=getattr(lm_eval, "__version__", ""),
                         seconds=round(time.monotonic() - t0, 2))
