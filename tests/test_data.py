@@ -272,6 +272,10 @@ def test_hf_disk(tmp_path):
         open_source(HFDiskData(path=tmp_path / "single"))
     with pytest.raises(UserError, match="split: split 'validation' is not in .*allowed: train, test"):
         open_source(HFDiskData(path=tmp_path / "dict", split="validation", text_column="body"))
+    # a column that is not text was made text by str(): 1, 2, 3 trained as digits
+    with pytest.raises(UserError, match=r"text_column: column 'id' of .* holds Value\(.*int64.*\), not text; allowed: "
+                                        r"a string column \(body\)"):
+        open_source(HFDiskData(path=tmp_path / "single", text_column="id"))
 
 
 class _Job(BaseModel):

@@ -79,6 +79,11 @@ def _hf_dataset(cfg: HFDiskData):
     if cfg.text_column not in ds.column_names:
         raise UserError(f"column {cfg.text_column!r} is not in {cfg.path}; allowed: {', '.join(ds.column_names)}",
                         key="text_column")
+    feature = ds.features[cfg.text_column]
+    if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+        texts = [n for n, f in ds.features.items() if isinstance(f, datasets.Value) and f.dtype in ("string", "large_string")]
+        raise UserError(f"column {cfg.text_column!r} of {cfg.path} holds {feature}, not text; allowed: a string column"
+                        + (f" ({', '.join(texts)})" if texts else " (this dataset has none)"), key="text_column")
     return ds
 
 
