@@ -321,3 +321,4 @@ def test_a_chosen_port_taken_before_the_server_binds_it_is_replaced(tmp_path, mo
             busy.bind(("127.0.0.1", 0))
             busy.listen(1)
             TrackingServer(tmp_path / "named", port=busy.getsockname()[1]).start()
+    assert not (tmp_path / "named").exists()  # refused before it made its folder

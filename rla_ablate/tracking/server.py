@@ -313,8 +313,6 @@ class TrackingServer:
                             + (f" ({exc.filename})" if exc.filename else ""), file=str(self.root)) from None
 
     def _start(self, wait: bool) -> "TrackingServer":
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.artifacts_dir.mkdir(exist_ok=True)
         if self.proc is not None or self._adopt_or_clean():
             return self
         self._stopping.clear()
@@ -322,6 +320,9 @@ class TrackingServer:
             # Whatever answers there is not this store's server: waiting for its /health would show the wrong runs.
             raise UserError(f"port {self.port} on {self.host} is in use by another process (another `rla-sweep ui` "
                             "or server?); pick a free one with --port", key="--port")
+        # only now: a refused start leaves no folder behind
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.artifacts_dir.mkdir(exist_ok=True)
         # PDEATHSIG fires when the creating *thread* exits, so only the main thread may arm it.
         self._port_chosen = self.port is None  # ours to change if another process takes it first
         self._spawn(self.port or free_port(), deathsig=threading.current_thread() is threading.main_thread())
