@@ -203,6 +203,13 @@ def test_bad_task_missing_checkpoint_and_bad_checkpoint_are_user_errors(job_dir,
     # a task folder that does not exist is said also where the result is cached (rla_choice was scored above)
     assert main(["eval", str(job_dir), "--tasks", "rla_choice", "--include-path", str(tmp_path / "nodir")]) == 2
     assert "--include-path: no such folder" in capsys.readouterr().err
+    assert main(["eval", str(job_dir), "--tasks", "rla_choice", "--include-path", str(tasks / "broken.yaml")]) == 2
+    assert "--include-path: " + str(tasks / "broken.yaml") + " is a file, not a folder" in capsys.readouterr().err
+    # a task file that does not parse: lm-eval skips it, so its task is only unknown; the error names the file
+    (tasks / "torn.yaml").write_text("task: torn\ndataset_path: json\ndoc_to_text: [unclosed\n")
+    assert main(["eval", str(job_dir), "--tasks", "torn", "--include-path", str(tasks), "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown task(s) 'torn'" in err and f"these task files do not parse, so lm-eval skipped them: {tasks / 'torn.yaml'}:4" in err, err
     # a task named as one of the job's eval sets: both would log eval/rla_choice/* into its run
     clash = tmp_path / "clash"
     sh.copytree(job_dir, clash, ignore=sh.ignore_patterns("evals"))

@@ -363,7 +363,31 @@ def check_include_path(req: EvalRequest) -> None:
     whether or not the job was scored already)."""
     for p in req.include_path:
         if not Path(p).is_dir():
-            raise UserError(f"no such folder: {p}", key="--include-path")
+            raise UserError(f"{p} is a file, not a folder of task YAML files" if Path(p).exists()
+                            else f"no such folder: {p}", key="--include-path")
+
+
+def unreadable_task_files(folders: list[str]) -> list[str]:
+    """'file:line: problem' for each YAML file under the task folders that does not parse: lm-eval skips such a
+    file, so its task is then only "unknown". Its tags (`!function`) are read as nothing."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    out = []
+    for folder in folders:
+        for path in sorted(Path(folder).rglob("*.yaml")):
+            try:
+                yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)  # noqa: S506 - a SafeLoader
+            except UnicodeDecodeError:
+                out.append(f"{path}: not UTF-8 text")
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+                out.append(f"{where}: {getattr(exc, 'problem', None) or exc}")
+    return out
 
 
 def check_names_apart(eval_names: list[str], req: EvalRequest) -> str | None:
@@ -389,9 +413,11 @@ def resolve_tasks(req: EvalRequest) -> tuple[Any, list[Any], bool]:
         for t in unknown:
             hints.append(f"{t!r}{did_you_mean(t, tm.all_tasks, n=3)}")
         shipped = sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
+        broken = unreadable_task_files(paths[1:])
         raise UserError(f"unknown task(s) {', '.join(hints)}; allowed: lm-eval's task names (`lm-eval ls tasks` lists "
-                        f"them), tasks defined in --include-path folders, and the shipped {', '.join(shipped)}",
-                        key="--tasks")
+                        f"them), tasks defined in --include-path folders, and the shipped {', '.join(shipped)}"
+                        + (f"; these task files do not parse, so lm-eval skipped them: {'; '.join(broken)}"
+                           if broken else ""), key="--tasks")
     index = getattr(tm, "task_index", {})
     tasks: list[Any] = []
     local = True
