@@ -116,6 +116,12 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, corpus, capsys):
         f.truncate(10)
     with pytest.raises(UserError, match="should hold"):
         open_source(ShardsData(path=out))
+    # a text file named as shards: prepare it into another folder (it was told to write shards into the file)
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=f"{tmp_path / 'empty.txt'} is a file, not a shards folder; tokenize it "
+                                              "with `rla-sweep data prepare"):
+        ShardsData(path=tmp_path / "empty.txt")
 
 
 def test_show_prints_a_config(tmp_path, capsys):
@@ -138,3 +144,11 @@ def test_show_prints_a_config(tmp_path, capsys):
     # a length too short for a synthetic task: the flag at fault is named, not the task's own field
     assert main(["data", "show", "mqar", "--seq-len", "8"]) == 2
     assert "--seq-len: 8 is too short for this mqar task (seq_len=8 leaves room for" in capsys.readouterr().err
+    # what the data turns out to be is said at its key's line, and nothing is printed before the error
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9 au lait")
+    for text, line in ((f"data:\n  kind: text\n  path: {tmp_path / 'latin1.txt'}\n", 3),
+                       (f"kind: text\npath: {tmp_path / 'latin1.txt'}\n", 2)):
+        (tmp_path / "notutf8.yaml").write_text(text)
+        assert main(["data", "show", str(tmp_path / "notutf8.yaml")]) == 2
+        out, err = capsys.readouterr()
+        assert f"notutf8.yaml:{line}: data.path: {tmp_path / 'latin1.txt'} is not UTF-8 text" in err and out == "", err

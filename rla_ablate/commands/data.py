@@ -161,14 +161,25 @@ def show(args) -> int:
         kind = "shards" if (path / "index.json").is_file() else "hf_disk" if _is_hf_dataset(path) else "text"
         raise UserError(f"is a folder; `data show` reads a data config: a YAML file holding `data: {{kind: {kind}, "
                         f"path: {path}}}` (or the mapping alone)", file=str(path))
-    return _show(validate_data_file(load_yaml(path))[1], args.seq_len)
+    located = load_yaml(path)
+    cfg = validate_data_file(located)[1]
+    try:
+        return _show(cfg, args.seq_len)
+    except UserError as exc:
+        # what the data turned out to be (a file not UTF-8, a split with no file) at the key's line in the file
+        if exc.file is not None or not exc.key or exc.key.startswith("--"):
+            raise
+        nested = isinstance(located.data, dict) and "data" in located.data
+        line = located.lines.get(("data", exc.key) if nested else (exc.key,))
+        raise UserError(exc.message, file=located.file, line=line, key=f"data.{exc.key}") from None
 
 
 def _show(cfg, seq_len: int) -> int:
+    """Print what the data config reads; every line once the data has been read (an error prints none of them)."""
     from rla_ablate.data import EvalConfig, make_eval_batches, vocab_size
     from rla_ablate.data.sources import open_source
 
-    print(f"kind: {cfg.kind}, vocabulary: {vocab_size(cfg)}")
+    lines = [f"kind: {cfg.kind}, vocabulary: {vocab_size(cfg)}"]
     if cfg.kind in ("mqar", "niah"):
         ev = EvalConfig(name="show", data=cfg, examples=1)
         try:
@@ -179,11 +190,12 @@ def _show(cfg, seq_len: int) -> int:
         tok = open_source(cfg.haystack).tokenizer if cfg.kind == "niah" else None
     else:
         src = open_source(cfg)
-        print(f"tokens: {len(src):,}, windows of {seq_len + 1}: {(len(src) - 1) // seq_len:,}")
+        lines.append(f"tokens: {len(src):,}, windows of {seq_len + 1}: {(len(src) - 1) // seq_len:,}")
         batch = make_eval_batches(EvalConfig(name="show", data=cfg, tokens=seq_len), seq_len, 1)[0]
         tok = src.tokenizer
     ids = batch.input_ids[0]
-    print("first example:", tok.decode(ids) if tok is not None else ids.tolist())
+    lines.append(f"first example: {tok.decode(ids) if tok is not None else ids.tolist()}")
+    print("\n".join(lines))
     return 0
 
 

@@ -99,6 +99,9 @@ class ShardsData(_Strict):
         p = _existing(v, "shards folder")
         if p.is_file() and p.name == "index.json":
             p = p.parent
+        if p.is_file():  # a text file named as shards: the folder to write is another path
+            raise ValueError(f"{p} is a file, not a shards folder; tokenize it with `rla-sweep data prepare {p} OUT` "
+                             f"and give OUT here, or read it as it is with kind: text")
         if not (p / "index.json").is_file():
             raise ValueError(f"no index.json in {p}; write shards with `rla-sweep data prepare SRC {p}`")
         return p
