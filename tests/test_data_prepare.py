@@ -111,6 +111,9 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, corpus, capsys):
     assert not (tmp_path / "g").exists()
     assert main(["data", "prepare", str(corpus), str(tmp_path / "c"), "--text-column", "body"]) == 2
     assert "--text-column: applies to HF datasets only" in capsys.readouterr().err and not (tmp_path / "c").exists()
+    assert main(["data", "prepare", "stdlib", str(tmp_path / "s"), "--glob", "*.md"]) == 2  # it was ignored
+    assert ("--glob: applies to folders of text files only; the embedded corpus has no files to match"
+            in capsys.readouterr().err and not (tmp_path / "s").exists())
     # A truncated shard is caught when the folder is opened, not mid-run.
     with open(out / "tokens-00000.bin", "r+b") as f:
         f.truncate(10)

@@ -22,13 +22,17 @@ def _source_config(src: str, args):
     from rla_ablate.data.config import HFDiskData, StdlibData, TextData
 
     common = {"tokenizer": args.tokenizer, "eos_token": args.eos_token}
+    path = Path(src)
+    if src != "stdlib" and not path.exists():
+        raise UserError(f"no such file or folder: {path}", key="SRC")
+    text = src != "stdlib" and not (path.is_dir() and _is_hf_dataset(path))
+    if not text and args.glob != GLOB:
+        what = "the embedded corpus" if src == "stdlib" else f"{path} is a saved HF dataset, which"
+        raise UserError(f"applies to folders of text files only; {what} has no files to match", key="--glob")
     try:
         if src == "stdlib":
             return StdlibData(split=args.split or "train", **common)
-        path = Path(src)
-        if not path.exists():
-            raise UserError(f"no such file or folder: {path}", key="SRC")
-        if path.is_dir() and _is_hf_dataset(path):
+        if not text:
             return HFDiskData(path=path, split=args.split, text_column=args.text_column, **common)
         if args.split:
             raise UserError("applies to the embedded corpus and to HF datasets only", key="--split")
@@ -44,6 +48,7 @@ def _source_config(src: str, args):
 FLAGS = {"path": "SRC", "tokenizer": "--tokenizer", "eos_token": "--eos-token", "glob": "--glob", "split": "--split",
          "text_column": "--text-column"}
 TEXT_COLUMN = "text"
+GLOB = "**/*.txt"
 
 
 def prepare(args) -> int:
@@ -84,6 +89,7 @@ def _prepare(args) -> int:
     from rla_ablate.data.shards import ShardWriter, choose_dtype
     from rla_ablate.data.sources import count_documents, iter_documents, tokenize_documents
     from rla_ablate.data.tokenizer import load_tokenizer
+    from rla_ablate.terminal import count
 
     cfg = _source_config(args.src, args)
     tok = load_tokenizer(cfg.tokenizer, cfg.eos_token)
@@ -108,7 +114,7 @@ def _prepare(args) -> int:
         # and training on them failed later, far from here
         raise UserError("holds no text: nothing to tokenize (its documents are empty)", key="SRC")
     index = writer.close()
-    print(f"wrote {index['tokens']:,} tokens ({index['documents']:,} documents, {dtype}, vocabulary "
+    print(f"wrote {index['tokens']:,} tokens ({count(index['documents'], 'document')}, {dtype}, vocabulary "
           f"{index['vocab_size']}) in {len(index['shards'])} shard(s) to {args.out}")
     print(f"use it with: data: {{kind: shards, path: {Path(args.out).resolve()}}}")
     return 0
@@ -212,7 +218,7 @@ def register(subparsers) -> None:
     p.add_argument("--tokenizer", type=Path, help="a tokenizers JSON file (default: UTF-8 bytes)")
     p.add_argument("--eos-token", help="the end-of-document token of the tokenizer (default: guessed)")
     p.add_argument("--dtype", choices=["uint16", "uint32"], help="token width (default: uint16 if it fits)")
-    p.add_argument("--glob", default="**/*.txt", help="files of a folder to read (default: **/*.txt)")
+    p.add_argument("--glob", default=GLOB, help=f"files of a folder to read (default: {GLOB})")
     p.add_argument("--split", help="HF DatasetDict split, or train/validation of the embedded corpus")
     p.add_argument("--text-column", default=TEXT_COLUMN, help="HF dataset column with the text (default: text)")
     p.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard file (default: 2^28)")

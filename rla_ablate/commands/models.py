@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seq_len < 1:
         raise UserError(f"--seq-len must be >= 1 (got {args.seq_len})")
-    names = args.presets or list_presets()
+    names = list(dict.fromkeys(args.presets)) or list_presets()  # a preset named twice is one row
     if not names:
         from rla_ablate.resources import bundled_dir
 
