@@ -514,7 +514,7 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
         tracking_uri, run_id = tracking_target(job_dir)
     # The run's value of a metric at this step is the most complete scoring of it, not the last request: a
     # `--limit` check after the full scoring must not replace the full scores in results and dashboards.
-    result.kept = kept_by_more_complete(job_dir, result)
+    result.kept = kept_by_more_complete(job_dir, result) if tracking_uri and run_id else {}  # no run, nothing kept
     logged = {k: v for k, v in result.metrics.items() if k not in result.kept}
     if tracking_uri and run_id and logged:
         log_to_mlflow(tracking_uri, run_id, logged, tokens)
