@@ -360,6 +360,10 @@ def test_a_sweep_name_where_its_file_belongs_and_a_file_where_its_name_does(tmp_
     for command in ("dashboard", "resume", "ui", "status", "results"):
         code, err = run_cli(capsys, command, str(sweep), "--root", str(tmp_path / "runs"))
         assert code == 2 and "no sweep 'door'" in err, (command, err)
+    # a --root that is a file is said to be one, not a place to launch into
+    for command in (["dashboard"], ["status"], ["results"], ["eval", "--tasks", "rla_choice"]):
+        code, err = run_cli(capsys, command[0], "door", *command[1:], "--root", str(sweep))
+        assert code == 2 and f"--root: {sweep} is a file, not a folder" in err and "launch one" not in err, (command, err)
 
 
 def test_status_and_results_of_a_file_that_is_not_the_launched_one_say_so(tmp_path, capsys):

@@ -73,6 +73,10 @@ def run(args) -> int:
     from rla_ablate.sweep.state import SweepDir
 
     target = Path(args.target)
+    if "/" not in args.target and not target.exists():  # a sweep's name: under --root
+        from rla_ablate.sweep.status import check_root_folder
+
+        check_root_folder(args.root)
     is_sweep = "/" not in args.target and SweepDir(args.root, args.target).has_job_list()
     # a path (it has a folder in it) that does not exist is a job folder mistyped, not a sweep's name
     if (target / "job.json").is_file() or (target.is_dir() and not is_sweep) or ("/" in args.target

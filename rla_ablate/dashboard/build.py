@@ -118,6 +118,9 @@ def sweep_names(root: Path) -> list[str]:
 
 def open_sweep_dir(root: str | Path, sweep: str) -> SweepDir:
     """The sweep's folder, or a UserError naming the sweeps that exist under `root`."""
+    from rla_ablate.sweep.status import check_root_folder
+
+    check_root_folder(root)
     sdir = SweepDir(root, sweep)
     if not sdir.exists():
         known = sweep_names(sdir.root)

@@ -72,9 +72,14 @@ def note_other_file(root: str | Path, name_or_file: str) -> None:
           "launch's jobs, not this file's", file=sys.stderr)
 
 
-def open_sweep(root: str | Path, name_or_file: str) -> SweepDir:
+def check_root_folder(root: str | Path) -> None:
+    """A --root that is a file is said to be one (not "no sweep under it; launch one there")."""
     if Path(root).exists() and not Path(root).is_dir():
         raise UserError(f"{root} is a file, not a folder; --root names the folder a launch wrote to", key="--root")
+
+
+def open_sweep(root: str | Path, name_or_file: str) -> SweepDir:
+    check_root_folder(root)
     sdir = SweepDir(root, resolve_name(name_or_file))
     if not sdir.path.is_dir() or not (sdir.path / "jobs.json").exists():
         raise no_sweep(sdir)
