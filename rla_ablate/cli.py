@@ -48,15 +48,28 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     message = f"unrecognized arguments: {' '.join(extras)}"
     if command is None:
         parser.error(message)
+    own = _innermost(subs[command], args)  # `data prepare`'s parser, not `data`'s
     for option in dict.fromkeys(x.split("=", 1)[0] for x in extras if x.startswith("--")):
         takers = sorted(name for name, sub in subs.items() if option in sub._option_string_actions)
-        if takers:
-            message += f"; {option} is an option of {', '.join(takers)}"
-        elif option == "--resume":
+        near = did_you_mean(option, [o for o in own._option_string_actions if o.startswith("--")])
+        if option == "--resume":
             message += ("; rerun the same command to resume: train goes on from the newest checkpoint in its --out, "
                         "a launch from each job's (`rla-sweep resume NAME` for a sweep)")
-    subs[command].error(message)
+        elif near:
+            message += f"; {option}{near}"
+        elif takers:
+            message += f"; {option} is an option of {', '.join(takers)}"
+    own.error(message)
     raise AssertionError("unreachable")  # ArgumentParser.error exits
+
+
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command that was given: a command with actions of its own (`data prepare`) has them
+    as a subparsers action whose dest the namespace holds."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and getattr(args, action.dest or "", None) in action.choices:
+            return _innermost(action.choices[getattr(args, action.dest)], args)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

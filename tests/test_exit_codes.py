@@ -83,6 +83,12 @@ def test_an_option_a_command_does_not_take_is_refused_with_that_commands_usage(c
         main(["train", "tiny-rla", "--out", "x", "--resume"])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "rerun the same command to resume" in err
+    # a misspelt option of a command's action: that action's usage and the option it is close to
+    with pytest.raises(SystemExit) as info:
+        main(["data", "prepare", "corpus", "out", "--tokenzier", "t.json"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "usage: rla-sweep data prepare" in err, err
+    assert "--tokenzier (did you mean '--tokenizer'?)" in err, err
     # a misspelt command: the close one, and the list
     for typo, close in (("lauch", "launch"), ("statu", "status")):
         with pytest.raises(SystemExit) as info:
