@@ -485,3 +485,7 @@ def test_eval_of_a_sweep_without_a_finished_job_says_so_and_exits_1(tmp_path, ca
     # a pruned trial is not sent to `resume`, which would not train it
     assert (f"eval unfinished: 0 of 2 jobs scored; 1 pruned by Optuna, not scored; 1 not finished, not scored: "
             f"`rla-sweep resume unfinished --root {tmp_path}` trains them, then eval again") in err, err
+    # the sweep's file names it, as for status and results (it was taken for a job folder)
+    (tmp_path / "unfinished.yaml").write_text("name: unfinished\n")
+    assert main(["eval", str(tmp_path / "unfinished.yaml"), "--tasks", "rla_choice", "--root", str(tmp_path)]) == 1
+    assert "eval unfinished: 0 of 2 jobs scored" in capsys.readouterr().err

@@ -72,6 +72,10 @@ def run(args) -> int:
         _check_device(args.device)
     from rla_ablate.sweep.state import SweepDir
 
+    if args.target.endswith((".yaml", ".yml")) and Path(args.target).is_file():
+        from rla_ablate.sweep.status import resolve_name
+
+        args.target = resolve_name(args.target)  # a sweep file names its sweep, as for status and results
     target = Path(args.target)
     if "/" not in args.target and not target.exists():  # a sweep's name: under --root
         from rla_ablate.sweep.status import check_root_folder
