@@ -404,5 +404,5 @@ def load_specs(directory: str | Path | None = None) -> list[FigureSpec]:
         raise UserError(what, key="--specs", file=str(directory))
     files = sorted(directory.glob("*.yaml"))
     if not files:
-        raise UserError(f"no dashboard specs (*.yaml) in {directory}")
+        raise UserError(f"no dashboard specs (*.yaml) in {directory}", key="--specs")
     return [load_spec(f) for f in files]
