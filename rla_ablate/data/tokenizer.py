@@ -59,7 +59,7 @@ class JsonTokenizer:
             if eos_token:
                 raise UserError(f"token {eos_token!r} is not in the vocabulary of {self.path}", key="eos_token")
             raise UserError(f"{self.path} has none of the usual end-of-document tokens "
-                            f"({', '.join(EOS_CANDIDATES)}); set eos_token to one of its tokens", key="eos_token")
+                            f"({', '.join(EOS_CANDIDATES)}); name one of its tokens here", key="eos_token")
         self.eos_token, self.eos_id = found[0]
         self.vocab_size = max(self.vocab_size, self.eos_id + 1)
         digest = hashlib.sha256(self.path.read_bytes()).hexdigest()
