@@ -49,18 +49,30 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
     if command is None:
         parser.error(message)
     own = _innermost(subs[command], args)  # `data prepare`'s parser, not `data`'s
+    every = dict(_all_parsers(subs))
     for option in dict.fromkeys(x.split("=", 1)[0] for x in extras if x.startswith("--")):
-        takers = sorted(name for name, sub in subs.items() if option in sub._option_string_actions)
-        near = did_you_mean(option, [o for o in own._option_string_actions if o.startswith("--")])
+        takers = sorted(name for name, sub in every.items() if option in sub._option_string_actions)
         if option == "--resume":
             message += ("; rerun the same command to resume: train goes on from the newest checkpoint in its --out, "
                         "a launch from each job's (`rla-sweep resume NAME` for a sweep)")
-        elif near:
-            message += f"; {option}{near}"
-        elif takers:
+        elif takers:  # an option of other commands, exactly: not this command's closest option
             message += f"; {option} is an option of {', '.join(takers)}"
+        else:
+            mine = [o for o in own._option_string_actions if o.startswith("--")]
+            anyone = {o for sub in every.values() for o in sub._option_string_actions if o.startswith("--")}
+            message += f"; {option}" + (did_you_mean(option, mine) or " is no command's option"
+                                        + did_you_mean(option, sorted(anyone)))
     own.error(message)
     raise AssertionError("unreachable")  # ArgumentParser.error exits
+
+
+def _all_parsers(subs: dict, prefix: str = ""):
+    """(name, parser) of every command and every action of one (`data prepare`)."""
+    for name, sub in subs.items():
+        yield prefix + name, sub
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                yield from _all_parsers(action.choices, f"{prefix}{name} ")
 
 
 def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:

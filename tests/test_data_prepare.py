@@ -114,6 +114,10 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, corpus, capsys):
     assert main(["data", "prepare", "stdlib", str(tmp_path / "s"), "--glob", "*.md"]) == 2  # it was ignored
     assert ("--glob: applies to folders of text files only; the embedded corpus has no files to match"
             in capsys.readouterr().err and not (tmp_path / "s").exists())
+    one = next(corpus.rglob("*.txt"))
+    assert main(["data", "prepare", str(one), str(tmp_path / "s"), "--glob", "*.md"]) == 2
+    assert (f"--glob: applies to folders of text files only; {one} is a file, which has no files to match"
+            in capsys.readouterr().err and not (tmp_path / "s").exists())
     # A truncated shard is caught when the folder is opened, not mid-run.
     with open(out / "tokens-00000.bin", "r+b") as f:
         f.truncate(10)
@@ -125,6 +129,8 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, corpus, capsys):
     with pytest.raises(ValidationError, match=f"{tmp_path / 'empty.txt'} is a file, not a shards folder; tokenize it "
                                               "with `rla-sweep data prepare"):
         ShardsData(path=tmp_path / "empty.txt")
+    with pytest.raises(ValidationError, match=f"is one file of the shards folder {out}; give the folder"):
+        ShardsData(path=out / "tokens-00000.bin")
 
 
 def test_show_prints_a_config(tmp_path, capsys):
@@ -155,3 +161,9 @@ def test_show_prints_a_config(tmp_path, capsys):
         assert main(["data", "show", str(tmp_path / "notutf8.yaml")]) == 2
         out, err = capsys.readouterr()
         assert f"notutf8.yaml:{line}: data.path: {tmp_path / 'latin1.txt'} is not UTF-8 text" in err and out == "", err
+    # the data as a whole, too short for the windows asked: at its mapping's line, under `data` (not data.data)
+    (tmp_path / "short.txt").write_text("hello")
+    (tmp_path / "short.yaml").write_text(f"data:\n  kind: text\n  path: {tmp_path / 'short.txt'}\n")
+    assert main(["data", "show", str(tmp_path / "short.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "short.yaml:1: data: the data at" in err and "fewer than seq_len + 1 = 257" in err, err

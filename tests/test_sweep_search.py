@@ -137,9 +137,10 @@ def test_a_trial_enqueued_again_after_an_interrupted_launch_keeps_its_jobs_name(
 
 
 def test_a_trial_that_resumes_an_interrupted_job_holds_the_jobs_earlier_reports(tmp_path):
-    """The new trial of a job resumed after an interrupted launch must hold what the job reported before, or the
-    median pruner compares every other trial at those steps without it. The job's metrics.jsonl is the record; a
-    step the resumed job reports again is told once (the first value stands)."""
+    """The new trial of a job resumed after an interrupted launch must hold what the job reported up to the
+    checkpoint it resumes from, or the median pruner compares every other trial at those steps without it. The
+    job's metrics.jsonl is the record; the steps after the checkpoint come again from the resumed job, and a job
+    without a checkpoint (it starts over) brings nothing."""
     import json
     from types import SimpleNamespace
 
@@ -164,17 +165,23 @@ def test_a_trial_that_resumes_an_interrupted_job_holds_the_jobs_earlier_reports(
             fh.write(json.dumps({"type": "metrics", "step": step, "values": {"eval/val/loss": value}}) + "\n")
     assert first.observe(job, logged) is None  # then the launch is killed
 
-    again = OptunaSource(sweep, sdir)
-    again.start(runner)
-    resumed = next(again.next_jobs(1))
-    assert resumed.job_id == job.job_id
-    assert again.observe(resumed, [(3072, 2.9), (4096, 2.75)]) is None  # the resumed job from its 2,048 checkpoint
+    def relaunch() -> OptunaSource:
+        source = OptunaSource(sweep, sdir)
+        source.start(runner)
+        assert next(source.next_jobs(1)).job_id == job.job_id
+        return source
 
-    def reports(number: int) -> dict:
-        return next(t for t in again.study.get_trials() if t.number == number).intermediate_values
+    def reports(source: OptunaSource, number: int) -> dict:
+        return next(t for t in source.study.get_trials() if t.number == number).intermediate_values
 
-    assert next(t for t in again.study.get_trials() if t.number == 0).state == TrialState.FAIL
-    assert reports(1) == {1024: 3.5, 2048: 3.25, 3072: 3.0, 4096: 2.75}
+    again = relaunch()  # no checkpoint: the job starts over, and so does what its trial holds
+    assert reports(again, 1) == {}
+    (sdir.job_dir(job.job_id) / "checkpoints").mkdir()
+    (sdir.job_dir(job.job_id) / "checkpoints" / f"ckpt-{2048:015d}.pt").write_bytes(b"")
+    again = relaunch()
+    assert again.observe(job, [(3072, 2.9), (4096, 2.75)]) is None  # the resumed job from its 2,048 checkpoint
+    assert [t.state for t in again.study.get_trials()][:2] == [TrialState.FAIL, TrialState.FAIL]
+    assert reports(again, 2) == {1024: 3.5, 2048: 3.25, 3072: 2.9, 4096: 2.75}
 
 
 def test_a_trials_run_is_tagged_with_its_trial_and_a_pruned_one_with_its_cause(tmp_path):

@@ -26,8 +26,9 @@ def _source_config(src: str, args):
     if src != "stdlib" and not path.exists():
         raise UserError(f"no such file or folder: {path}", key="SRC")
     text = src != "stdlib" and not (path.is_dir() and _is_hf_dataset(path))
-    if not text and args.glob != GLOB:
-        what = "the embedded corpus" if src == "stdlib" else f"{path} is a saved HF dataset, which"
+    if args.glob != GLOB and not (text and path.is_dir()):
+        what = ("the embedded corpus" if src == "stdlib" else f"{path} is a file, which" if text
+                else f"{path} is a saved HF dataset, which")
         raise UserError(f"applies to folders of text files only; {what} has no files to match", key="--glob")
     try:
         if src == "stdlib":
@@ -176,6 +177,9 @@ def show(args) -> int:
         if exc.file is not None or not exc.key or exc.key.startswith("--"):
             raise
         nested = isinstance(located.data, dict) and "data" in located.data
+        if exc.key == "data":  # the data as a whole (too few tokens for --seq-len): where its mapping starts
+            line = located.lines.get(("data",)) if nested else 1
+            raise UserError(exc.message, file=located.file, line=line, key="data") from None
         line = located.lines.get(("data", exc.key) if nested else (exc.key,))
         raise UserError(exc.message, file=located.file, line=line, key=f"data.{exc.key}") from None
 

@@ -73,8 +73,9 @@ def run(args) -> int:
     from rla_ablate.sweep.state import SweepDir
 
     if args.target.endswith((".yaml", ".yml")) and Path(args.target).is_file():
-        from rla_ablate.sweep.status import resolve_name
+        from rla_ablate.sweep.status import note_other_file, resolve_name
 
+        note_other_file(args.root, args.target)  # a file other than the launched one: its jobs are not these
         args.target = resolve_name(args.target)  # a sweep file names its sweep, as for status and results
     target = Path(args.target)
     if "/" not in args.target and not target.exists():  # a sweep's name: under --root

@@ -99,6 +99,8 @@ class ShardsData(_Strict):
         p = _existing(v, "shards folder")
         if p.is_file() and p.name == "index.json":
             p = p.parent
+        if p.is_file() and (p.parent / "index.json").is_file():
+            raise ValueError(f"{p} is one file of the shards folder {p.parent}; give the folder")
         if p.is_file():  # a text file named as shards: the folder to write is another path
             raise ValueError(f"{p} is a file, not a shards folder; tokenize it with `rla-sweep data prepare {p} OUT` "
                              f"and give OUT here, or read it as it is with kind: text")

@@ -383,6 +383,8 @@ def unreadable_task_files(folders: list[str]) -> list[str]:
                 yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)  # noqa: S506 - a SafeLoader
             except UnicodeDecodeError:
                 out.append(f"{path}: not UTF-8 text")
+            except OSError as exc:
+                out.append(f"{path}: unreadable ({exc.strerror or exc})")
             except yaml.YAMLError as exc:
                 mark = getattr(exc, "problem_mark", None)
                 where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -502,9 +504,11 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
                                               fewshot_random_seed=0)
         except FileNotFoundError as exc:  # a task file whose data file is not where it says
             raise UserError(f"a task's data could not be read: {exc}", key="--tasks") from None
+        except (BrokenPipeError, ConnectionResetError):  # a closed pipe (`| head`), not the Hub
+            raise
         except ConnectionError as exc:  # lm-eval's own tasks load their data from the Hub or its cache
             raise UserError(f"a task's data is not in this machine's Hugging Face cache and the Hub cannot be "
-                            f"reached: {str(exc).splitlines()[0][:300]}; fetch it once where the Hub is reachable "
+                            f"reached: {exception_line(exc, 300)}; fetch it once where the Hub is reachable "
                             "(the same HF_HOME), or score the shipped tasks, which need no download",
                             key="--tasks") from None
     result = EvalResult(tasks=req.tasks, limit=req.limit, tokens=tokens, checkpoint=ckpt.name,

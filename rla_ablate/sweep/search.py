@@ -332,12 +332,16 @@ class OptunaSource:
             yield job
 
     def _history(self, job_id: str) -> list[tuple[int, float]]:
-        """What a job logged of the metric before this trial ran it: a job that an interrupted launch left resumes
-        from its checkpoint under a new trial, which must hold the earlier steps too, or the pruner compares every
-        other trial at those steps without it (and a later trial with fewer)."""
+        """What a job logged of the metric up to the checkpoint it resumes from: a job that an interrupted launch
+        left resumes under a new trial, which must hold those steps too, or the pruner compares every other trial at
+        them without it (and this one with fewer). Later steps are dropped as the trainer drops them (it logs them
+        again); a job without a checkpoint starts over and keeps nothing."""
+        from rla_ablate.sweep.status import resume_tokens
         from rla_ablate.train.loggers import metric_series, read_jsonl
 
-        return metric_series(read_jsonl(self.sdir.job_dir(job_id) / "metrics.jsonl"), self.cfg.metric)
+        kept = resume_tokens(self.sdir, job_id)
+        series = metric_series(read_jsonl(self.sdir.job_dir(job_id) / "metrics.jsonl"), self.cfg.metric)
+        return [(step, value) for step, value in series if step <= kept] if kept else []
 
     def _report(self, job_id: str, trial: Any, values: list[tuple[int, float]]) -> None:
         """Tell the trial each step once: the first value of a step stands (a resumed job reports again the
