@@ -460,6 +460,8 @@ def test_lm_eval_asks_no_git_and_its_instance_warning_is_dropped(caplog):
         with lm_eval_quirks():
             assert evaluator.get_git_commit_hash() is None
             log.warning("`pretrained` model kwarg is not of type `str`. Many other model arguments may be ignored.")
+            log.warning("Passed an already-initialized model through `pretrained`, assuming single-process call to "
+                        "evaluate() or custom distributed integration")
             log.warning("another warning")
         log.warning("`pretrained` model kwarg is not of type `str` (after)")
     assert evaluator.get_git_commit_hash is probe

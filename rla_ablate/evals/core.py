@@ -309,15 +309,16 @@ class _DropKnown:
 @contextlib.contextmanager
 def lm_eval_quirks():
     """Two things lm-eval does that say nothing about a job's scores: it asks git for the working folder's commit
-    (`fatal: not a git repository` on the terminal outside one, once per job) and warns that the model it is given
-    is an instance, not a name (as rla-sweep always gives it)."""
+    (`fatal: not a git repository` on the terminal outside one, once per job) and warns, twice, that the model it is
+    given is an instance, not a name (as rla-sweep always gives it)."""
     import logging
 
     import lm_eval.evaluator as evaluator
 
     probe = evaluator.get_git_commit_hash
     evaluator.get_git_commit_hash = lambda: None
-    drop = _DropKnown("`pretrained` model kwarg is not of type `str`")
+    drop = _DropKnown("`pretrained` model kwarg is not of type `str`",
+                      "Passed an already-initialized model through `pretrained`")
     logger = logging.getLogger("lm_eval.models.huggingface")
     logger.addFilter(drop)
     try:
