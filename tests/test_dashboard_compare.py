@@ -287,8 +287,10 @@ def test_validity_panel_states_engaged_off_not_measured_identical(server, tmp_pa
     assert tied.seeds_text() == "— (more seeds do not help: the results are identical)"
     svg = (dash.out_dir / "table5_output_gates.svg").read_text()
     text = re.sub(r"\s+", " ", " ".join(re.findall(r"<text[^>]*>(.*?)</text>", svg, re.S)))
-    assert "RDN, no output gates − RDN: Δ = +0.0100 ± 0.0000 (n=2), p=0; seeds for 80% power: — (more seeds do " \
-           "not help until the mechanism is engaged)" in text
+    # the figure's footer gives each verdict's q among the dashboard's claims (they are evaluated before any figure)
+    assert "RDN, no output gates − RDN: Δ = +0.0100 ± 0.0000 (n=2), p=0, q=0; seeds for 80% power: — (more seeds " \
+           "do not help until the mechanism is engaged)" in text
+    assert "Cells: mean ± the 95% t-interval's half-width over n seeds" in text and "ONE SEED" not in text
     saved = {(v["spec"], v["claim"]): v for v in json.loads((dash.out_dir / "verdicts.json").read_text())}
     assert saved[("table5_output_gates", gates.claim.claim)]["seeds_needed"] is None
     # Spec thresholds are used: with the mixer threshold lowered to 0.1, RDN without output gates is engaged.
@@ -818,3 +820,35 @@ def test_a_side_measured_below_its_threshold_is_off_whether_or_not_the_other_was
     assert V.Measured(check, {"job": 3.0, "reference": float("nan")}).state == V.NOT_MEASURED
     assert V.Measured(check, {"job": 3.0, "reference": 2.0}).state == V.ENGAGED
     assert V.Measured(check, {"job": 3.0, "reference": 0.5}).state == V.OFF
+
+
+def test_a_panel_with_no_valid_comparison_says_so_across_it_and_one_seed_is_said_under_the_figure():
+    """Every series of a panel flagged (mechanism off, or identical to its reference): the panel itself says so,
+    where the curves are, not only its legend; a panel with one valid series does not. A figure that shows a value
+    of one seed says, under it, that no interval exists there."""
+    import matplotlib.pyplot as plt
+
+    from rla_ablate.dashboard import validity as V
+    from rla_ablate.dashboard.render import Rendered, _footer, _watermark
+
+    def marks(states):
+        fig, ax = plt.subplots()
+        _watermark(ax, states)
+        said = [t.get_text() for t in ax.texts]
+        plt.close(fig)
+        return said
+
+    assert marks([V.OFF, V.OFF]) == ["MECHANISM OFF\nnot a test of the ablation"]
+    assert marks([V.IDENTICAL]) == ["IDENTICAL TO REFERENCE\nnot a test of the ablation"]
+    assert marks([V.OFF, V.IDENTICAL]) == ["NOT A VALID COMPARISON\nnot a test of the ablation"]
+    assert marks([V.OFF, V.ENGAGED]) == marks([]) == []
+
+    def footer(**kw):
+        fig, _ = plt.subplots()
+        _footer(fig, Rendered("t", "t", "", "curve", **kw))
+        said = " ".join(t.get_text() for t in fig.texts)
+        plt.close(fig)
+        return said
+
+    assert "ONE SEED: where n=1 no interval or test exists" in footer(single_seed=True)
+    assert "ONE SEED" not in footer(single_seed=False)

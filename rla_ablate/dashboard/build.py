@@ -27,7 +27,7 @@ from rla_ablate.dashboard.html import write_page
 from rla_ablate.dashboard.render import Rendered, has_comparison, render, validity_index
 from rla_ablate.dashboard.search import search_part
 from rla_ablate.dashboard.spec import load_specs, spec_dir
-from rla_ablate.dashboard.verdict import adjust_for_many
+from rla_ablate.dashboard.verdict import adjust_for_many, evaluate
 from rla_ablate.errors import UserError
 from rla_ablate.sweep.state import SweepDir
 from rla_ablate.tracking.runs import JOB_ID
@@ -248,14 +248,18 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
              + f" from {len(runs.jobs)} runs ({status})"
              + (f"; {len(specs) - n_drawn} {'has' if len(specs) - n_drawn == 1 else 'have'} nothing to compare in "
                 "this sweep" if n_drawn < len(specs) else ""))
+        # every verdict first, so that each figure's footer can give its q among all the dashboard's claims
+        evaluated = [evaluate(spec, runs, validity_index(spec, runs, validity), drawn=draw)
+                     for spec, draw in zip(specs, drawn)]
+        many = adjust_for_many([v for (verdicts, _), draw in zip(evaluated, drawn) if draw for v in verdicts])
         every = []
-        for spec, draw in zip(specs, drawn):
-            every.append(render(spec, runs, out, run_url, validity, drawn=draw))
+        for spec, draw, ev in zip(specs, drawn, evaluated):
+            every.append(render(spec, runs, out, run_url, validity, drawn=draw, evaluated=ev))
             if progress is not None:
                 progress(spec)
         rendered = [r for r in every if r.drawn]
         untested = [u for r in every for u in r.untested]
-        notes = selection.notes() + adjust_for_many([v for r in rendered for v in r.verdicts])
+        notes = selection.notes() + many
         search = search_part(sdir, out, run_url, {r.tags.get(JOB_ID): r.run_id for r in runs.jobs if r.run_id},
                              lambda: off_jobs(runs, validity))
         if search is not None:  # a search file holds no ablations, controls or grid: no such edit to suggest

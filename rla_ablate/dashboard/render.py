@@ -61,6 +61,8 @@ class Rendered:
     runs: list[tuple[str, str, str]] = field(default_factory=list)
     """(label, run name, run id) of every run the figure read."""
     verdicts: list[Verdict] = field(default_factory=list)
+    single_seed: bool = False
+    """Some value or difference it shows rests on one seed (a table's cell, a verdict): no interval exists."""
     """The verdict on each of the spec's claims."""
     flagged: list[tuple[str, str, str]] = field(default_factory=list)
     """(state, label, detail) of each variant whose mechanism was off, identical or not measured."""
@@ -87,6 +89,17 @@ def _width(i: int, n: int) -> float:
 
 DIVERGED = "diverged"
 FLAG_SUFFIX = {V.OFF: " [mechanism off]", V.IDENTICAL: " [identical to reference]"}
+
+
+def _watermark(ax, states: list[str]) -> None:
+    """Across a panel in which no series drawn is a valid comparison (every one's mechanism off, or identical to its
+    reference): say so on the panel itself, where the curves are, not only in its legend and footer."""
+    if not states or not all(st in FLAG_SUFFIX for st in states):
+        return
+    text = ("MECHANISM OFF" if all(st == V.OFF for st in states) else
+            "IDENTICAL TO REFERENCE" if all(st == V.IDENTICAL for st in states) else "NOT A VALID COMPARISON")
+    ax.text(0.5, 0.5, text + "\nnot a test of the ablation", transform=ax.transAxes, ha="center", va="center",
+            fontsize=15, fontweight="bold", color="#8a4b00", alpha=0.28, rotation=18, zorder=1)
 
 
 def _colors(spec, series: list[D.Series]) -> dict[tuple, tuple[tuple, int]]:
@@ -187,7 +200,7 @@ def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered, index: V.Valid
     for ax, (panel, series) in zip(axes, panels.items()):
         _note_missing(out, spec, panel, series)
         colors = _colors(spec, series)
-        drawn = 0
+        drawn, states = 0, []
         for i, s in enumerate(series):
             per_run = []
             for r in s.unique:
@@ -200,6 +213,7 @@ def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered, index: V.Valid
             if not per_run:
                 continue
             state = _flag(out, index, s, _validity_reference(spec, s, series), _where(spec, panel))
+            states.append(state)
             steps = sorted(set().union(*(d.keys() for _, d in per_run)))
             stats = [mean_ci([d[x] for _, d in per_run if x in d]) for x in steps]
             mean = np.array([st.mean for st in stats])
@@ -207,6 +221,7 @@ def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered, index: V.Valid
             hi = np.array([st.hi for st in stats])
             n_done = sum(r.finished for r, _ in per_run)
             unfinished = len(per_run) - n_done
+            out.single_seed |= len(per_run) == 1
             label = f"{s.label} (n={len(per_run)}" + (f", {unfinished} unfinished)" if unfinished else ")")
             label += FLAG_SUFFIX.get(state, "")
             style = ":" if state in FLAG_SUFFIX else ("-" if n_done == len(per_run) else "--")
@@ -223,6 +238,7 @@ def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered, index: V.Valid
             continue
         _tokens_axis(ax)
         _finish_panel(ax, spec, panel, spec.ylabel or key)
+        _watermark(ax, states)
     return fig
 
 
@@ -246,7 +262,7 @@ def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered, index: V.Val
     for ax, (panel, series) in zip(axes, panels.items()):
         _note_missing(out, spec, panel, series)
         colors = _colors(spec, series)
-        drawn = 0
+        drawn, states = 0, []
         for i, s in enumerate(series):
             xs, st = [], []
             for layer, key in layers:
@@ -257,12 +273,14 @@ def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered, index: V.Val
             if not xs:
                 continue
             state = _flag(out, index, s, _validity_reference(spec, s, series), _where(spec, panel))
+            states.append(state)
             out.runs.extend((s.label, r.name, r.run_id) for r in s.finished)
             mean = np.array([x.mean for x in st])
             err = np.array([x.half_width if x.n >= 2 else 0.0 for x in st])
             color, shade = colors[s.key]
             marker = MARKERS[(i if not spec.color else shade) % len(MARKERS)]
             flagged = state in FLAG_SUFFIX
+            out.single_seed |= max(x.n for x in st) == 1
             ax.errorbar(xs, mean, yerr=err, color=color, marker=marker, markersize=5, capsize=3,
                         linestyle=":" if flagged else "-", markerfacecolor="none" if flagged else color,
                         linewidth=_width(i, len(series)), zorder=2 + i,
@@ -274,6 +292,7 @@ def render_layers(spec: LayersSpec, runs: SweepRuns, out: Rendered, index: V.Val
         ax.set_xlabel("layer")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         _finish_panel(ax, spec, panel, spec.ylabel or spec.y.format(layer="XX"))
+        _watermark(ax, states)
     return fig
 
 
@@ -317,6 +336,7 @@ def render_gains(spec: GainsSpec, runs: SweepRuns, out: Rendered, index: V.Valid
                     for seed in t.keys() & r.keys():
                         per_seed.setdefault(seed, []).append(sign * (t[seed] - r[seed]))
                 st = mean_ci([float(np.mean(v)) for v in per_seed.values()])
+                out.single_seed |= st.n == 1
                 if st.n:
                     xs.append(c_idx + (i - (len(pairs) - 1) / 2) * width)
                     means.append(st.mean)
@@ -385,6 +405,7 @@ def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered, index: V.V
             state = _flag(out, index, s, _validity_reference(spec, s, series))
             flagged = state in FLAG_SUFFIX
             st = mean_ci(list(finals.values()))
+            out.single_seed |= st.n == 1
             x = float(np.median(xs))
             if spec.color:
                 color, shade = by_color[s.key]
@@ -474,11 +495,13 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: 
             label = c.label or c.metric
             if len(keys) > 1:
                 label += f" ({D.glob_part(c.metric, key)})"
-            columns.append((c, key, label))
+            # which way is better: a loss's Δ > 0 is worse, an accuracy's better
+            columns.append((c, key, label + (" ↑" if c.higher_is_better else " ↓")))
     out.header = ["model"] + [h for _, _, label in columns for h in (label, f"Δ {label}")] + ["mechanism", "runs"]
     for panel, series in panels.items():
         _note_missing(out, spec, panel, series)
         summaries = {id(s): [mean_ci(list(D.final_by_seed(s, k).values())) for _, k, _ in columns] for s in series}
+        out.single_seed |= any(st.n == 1 for sts in summaries.values() for st in sts)
         best = []
         for j, (c, _, _) in enumerate(columns):
             means = [summaries[id(s)][j].mean for s in series if summaries[id(s)][j].n]
@@ -598,9 +621,19 @@ def render_rows_png(out: Rendered, widths: tuple[float, ...] = ()):
     return fig
 
 
+def _caveats(v) -> str:
+    """What a verdict's reason adds to its rule (the seeds that learned a task on each side, seeds left out): the
+    notes after its first clause, which says which rule decided it."""
+    _, _, notes = v.reason.partition("; ")
+    return f" ({notes})" if notes else ""
+
+
 def _footer(fig, out: Rendered) -> None:
     """Print the flagged variants and the verdicts on the figure itself, under its axes."""
     lines = [f"⚠ {note}" for note in out.fallbacks]
+    if out.single_seed or any(v.diff is not None and v.diff.diff.n == 1 for v in out.verdicts):
+        lines.append("⚠ ONE SEED: where n=1 no interval or test exists; a Δ there is one pair of runs, which seed "
+                     "noise alone can give either sign")
     for state, what in ((V.OFF, "MECHANISM OFF (the comparison cannot test the ablation)"),
                         (V.IDENTICAL, "IDENTICAL to the reference (same final results on every seed)"),
                         (V.NOT_MEASURED,
@@ -610,10 +643,13 @@ def _footer(fig, out: Rendered) -> None:
             lines.append(f"⚠ {what}: {', '.join(labels)}")
     off = [f"  {label}: {detail}" for st, label, detail in out.flagged if st == V.OFF]
     lines += off[:6] + ([f"  ... {len(off) - 6} more in the validity panel"] if len(off) > 6 else [])
+    if out.kind == "table" and out.rows:
+        lines.append("Cells: mean ± the 95% t-interval's half-width over n seeds; Δ: the row minus its reference, "
+                     "paired by seed; ↑ / ↓: higher / lower is better; bold: the best mean of a column.")
     if out.verdicts:
-        lines.append("Verdicts (paired by seed, 95% t-interval):")
+        lines.append("Verdicts (paired by seed, 95% t-interval; q: false-discovery rate over the sweep's claims):")
         lines += [f"  {v.verdict.upper()}: {v.claim.claim} [{v.comparison()}: Δ = {v.diff_text()}; "
-                  f"seeds for 80% power: {v.seeds_text()}]" for v in out.verdicts]
+                  f"seeds for 80% power: {v.seeds_text()}]" + _caveats(v) for v in out.verdicts]
     if out.untested:
         lines.append("Not tested by this sweep (no runs of the treatment):")
         lines += [f"  {u.claim}: needs runs with {u.needs}" for u in out.untested]
@@ -702,15 +738,19 @@ def unmatched_labels(spec: FigureSpec, runs: SweepRuns) -> list[str]:
 
 
 def render(spec: FigureSpec, runs: SweepRuns, out_dir: Path, run_url=lambda run_id: None,
-           validity_cache: dict | None = None, drawn: bool | None = None) -> Rendered:
+           validity_cache: dict | None = None, drawn: bool | None = None,
+           evaluated: tuple[list, list] | None = None) -> Rendered:
     """Render one spec; `validity_cache` shares the validity of every series between specs with equal thresholds.
-    `drawn`: `has_comparison` when the caller has it already (None: decided here)."""
+    `drawn`: `has_comparison` when the caller has it already (None: decided here). `evaluated`: the spec's
+    (verdicts, untested) when the caller has them already, with each verdict's q among the dashboard's claims
+    (`adjust_for_many`), which the footer then prints (None: evaluated here, without q)."""
     out = Rendered(spec.name, spec.title, spec.caption, spec.kind)
     with plt.rc_context(STYLE):
         try:
             index = validity_index(spec, runs, validity_cache)
             out.drawn = has_comparison(spec, runs, index) if drawn is None else drawn
-            out.verdicts, out.untested = evaluate(spec, runs, index, drawn=out.drawn)
+            out.verdicts, out.untested = evaluated if evaluated is not None else evaluate(spec, runs, index,
+                                                                                         drawn=out.drawn)
             if not out.drawn:
                 if not spec.claims:
                     out.untested = [C.for_figure(spec, runs)]
