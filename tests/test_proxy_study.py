@@ -68,7 +68,7 @@ def test_tiny_proxy_study_launches_and_engages_the_mechanisms(tmp_path):
         # the budget as trained (whole batches), which is what the pair compares
         assert report["tokens_trained"] == control.job.train.total_tokens == jobs[control.name]["tokens_done"]
         ratio = report["tokens_trained"] / report["reference_tokens_trained"]
-        assert f"{arm}, matched wall-clock ({ratio:.2f}x tokens)" in labels, labels
+        assert f"sGLA for RLA's time, {arm} ({ratio:.2f}x tokens)" in labels, labels  # the spec's name for it
     notes = selection.notes()
     assert notes[0] == "matched wall-clock budgets:" and len(notes) == 3, notes
     assert all("x the tokens of" in n and "as trained" in n and "measured" in n for n in notes[1:]), notes
