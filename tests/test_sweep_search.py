@@ -107,14 +107,11 @@ def test_a_continued_study_draws_new_parameters_and_a_new_one_repeats_its_seed(t
     assert draw(f"sqlite:///{tmp_path / 'b.db'}", 3) == first
 
 
-def test_a_trial_enqueued_again_after_an_interrupted_launch_keeps_its_jobs_name(tmp_path):
-    """A launch killed mid-trial leaves the trial running in the study; the next launch marks it interrupted and
-    enqueues its parameters, which Optuna asks as a new trial number but which give the same job: the job keeps the
-    name it was listed under (status, results and the launch's progress lines say the same trial-NNN)."""
+def _search_folder(tmp_path):
+    """(sweep, its folder, a runner stand-in) of SEARCH, for the job source's unit tests."""
     from types import SimpleNamespace
 
     from rla_ablate.sweep.expand import load_sweep
-    from rla_ablate.sweep.search import OptunaSource
     from rla_ablate.sweep.state import SweepDir
 
     f = tmp_path / "search.yaml"
@@ -122,7 +119,16 @@ def test_a_trial_enqueued_again_after_an_interrupted_launch_keeps_its_jobs_name(
     sweep = load_sweep(f)
     sdir = SweepDir(tmp_path / "runs", sweep.name)
     sdir.path.mkdir(parents=True)
-    runner = SimpleNamespace(summary=SimpleNamespace(pruned=0), progress=SimpleNamespace(note=print))
+    return sweep, sdir, SimpleNamespace(summary=SimpleNamespace(pruned=0), progress=SimpleNamespace(note=print))
+
+
+def test_a_trial_enqueued_again_after_an_interrupted_launch_keeps_its_jobs_name(tmp_path):
+    """A launch killed mid-trial leaves the trial running in the study; the next launch marks it interrupted and
+    enqueues its parameters, which Optuna asks as a new trial number but which give the same job: the job keeps the
+    name it was listed under (status, results and the launch's progress lines say the same trial-NNN)."""
+    from rla_ablate.sweep.search import OptunaSource
+
+    sweep, sdir, runner = _search_folder(tmp_path)
 
     first = OptunaSource(sweep, sdir)
     first.start(runner)
@@ -142,20 +148,12 @@ def test_a_trial_that_resumes_an_interrupted_job_holds_the_jobs_earlier_reports(
     job's metrics.jsonl is the record; the steps after the checkpoint come again from the resumed job, and a job
     without a checkpoint (it starts over) brings nothing."""
     import json
-    from types import SimpleNamespace
 
     from optuna.trial import TrialState
 
-    from rla_ablate.sweep.expand import load_sweep
     from rla_ablate.sweep.search import OptunaSource
-    from rla_ablate.sweep.state import SweepDir
 
-    f = tmp_path / "search.yaml"
-    f.write_text(yaml.safe_dump(SEARCH))
-    sweep = load_sweep(f)
-    sdir = SweepDir(tmp_path / "runs", sweep.name)
-    sdir.path.mkdir(parents=True)
-    runner = SimpleNamespace(summary=SimpleNamespace(pruned=0), progress=SimpleNamespace(note=print))
+    sweep, sdir, runner = _search_folder(tmp_path)
     first = OptunaSource(sweep, sdir)
     first.start(runner)
     job = next(first.next_jobs(1))
