@@ -370,6 +370,12 @@ def test_verdict_rules_on_known_effects(server, tmp_path):
     assert "learned the task (at least 0.01 from chance) on seeds 0, 1, 2, 3, 4, 5 of the treatment and seed" \
         in got["fitting clears chance"].reason, got["fitting clears chance"].reason
     assert "learned the task" not in got["fitting helps"].reason               # no chance level: nothing to say
+    # the figure's footer repeats that caveat after the verdict's line, and only the caveats (not its rule's words)
+    from rla_ablate.dashboard.render import _caveats
+
+    said = _caveats(got["fitting clears chance"])
+    assert said.startswith(" (learned the task (at least 0.01 from chance)") and "interval" not in said, said
+    assert _caveats(got["fitting helps"]) == ""
     for claim, abl in (("fitting helps", "no_fitting"), ("tying γ hurts", "tied_gamma")):
         expected = paired_diff({s: by[(abl, s)] for s in seeds}, {s: by[("none", s)] for s in seeds})
         v = got[claim]

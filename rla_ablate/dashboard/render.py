@@ -61,9 +61,9 @@ class Rendered:
     runs: list[tuple[str, str, str]] = field(default_factory=list)
     """(label, run name, run id) of every run the figure read."""
     verdicts: list[Verdict] = field(default_factory=list)
+    """The verdict on each of the spec's claims."""
     single_seed: bool = False
     """Some value or difference it shows rests on one seed (a table's cell, a verdict): no interval exists."""
-    """The verdict on each of the spec's claims."""
     flagged: list[tuple[str, str, str]] = field(default_factory=list)
     """(state, label, detail) of each variant whose mechanism was off, identical or not measured."""
     fallbacks: list[str] = field(default_factory=list)
@@ -622,10 +622,9 @@ def render_rows_png(out: Rendered, widths: tuple[float, ...] = ()):
 
 
 def _caveats(v) -> str:
-    """What a verdict's reason adds to its rule (the seeds that learned a task on each side, seeds left out): the
-    notes after its first clause, which says which rule decided it."""
-    _, _, notes = v.reason.partition("; ")
-    return f" ({notes})" if notes else ""
+    """What a verdict's reason adds to the rule that decided it (seeds that learned a task on one side only, seeds
+    left out, a diverged seed), in parentheses after its line."""
+    return f" ({'; '.join(v.caveats)})" if v.caveats else ""
 
 
 def _footer(fig, out: Rendered) -> None:

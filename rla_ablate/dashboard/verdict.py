@@ -67,6 +67,9 @@ class Verdict:
     (mechanism off, identical results, task not learned) or divergence decided it; '' otherwise."""
     q: float | None = None
     """Its Benjamini-Hochberg adjusted p-value among the dashboard's claims that have one (`adjust_for_many`)."""
+    caveats: tuple[str, ...] = ()
+    """What the reason adds to the rule that decided it (a diverged seed, seeds left out, seeds that learned the
+    task on one side only): the figure's footer repeats them."""
 
     def seeds_text(self) -> str:
         """The power line's value: a seed count, or '—' with why none is given."""
@@ -284,21 +287,18 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
                 reason += " (mechanism not measured)"
             needed = seeds_for_power(d.diff.std, claim.min_effect) if d.diff.n >= 2 and not no_power else None
             decided = _by_divergence(claim, t, ref, treated, reference)
+            caveats: list[str] = []
             if decided is not None:
                 (verdict, reason), needed, no_power = decided, None, NO_POWER["divergence"]
                 # The diverged side has no final diagnostics, and needs none: losing training is the outcome.
                 state, detail = V.NO_CHECK, "decided by divergence (a diverged run has no final diagnostics)"
             else:
-                if note := _divergence_note(t, ref):
-                    reason += f"; {note}"
-                if note := _seeds_note(t, ref, treated, reference):
-                    reason += f"; {note}"
-                if note := _schedule_note(key, t, ref):
-                    reason += f"; {note}"
-                if not floor and (note := _learned_note(claim, treated, reference)):
-                    reason += f"; {note}"
+                caveats = [note for note in (_divergence_note(t, ref), _seeds_note(t, ref, treated, reference),
+                                             _schedule_note(key, t, ref),
+                                             "" if floor else _learned_note(claim, treated, reference)) if note]
+                reason = "; ".join([reason, *caveats])
             out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], key, d, verdict, reason, needed,
-                               state, detail, no_power))
+                               state, detail, no_power, caveats=tuple(caveats)))
     return out, untested
 
 
