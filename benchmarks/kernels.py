@@ -294,25 +294,19 @@ def main():
                              "pass has fewer programs than PROGRAMS, into segments of CHUNKS chunks)")
     parser.add_argument("--heads", type=int, default=16, help="heads of every call (a 100M layer has 6, 1.5B 16)")
     args = parser.parse_args()
-    splits = []
-    for text in args.rla_split:
-        try:
-            programs, chunks = (int(n) for n in text.split(":"))
-            if programs < 0 or chunks < 1:
-                raise ValueError
-        except ValueError:
-            parser.error(f"--rla-split takes PROGRAMS:CHUNKS, two integers (PROGRAMS >= 0, CHUNKS >= 1); got {text!r}")
-        splits.append((programs, chunks))
+    from rla_ablate.ops.triton.rla import SplitRule
+
+    try:
+        splits = [SplitRule.parse(text) for text in args.rla_split]
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.heads < 1:
         parser.error(f"--heads takes a positive integer; got {args.heads}")
     global H
     H = args.heads
     _load_gpu_backends()
     backends = args.backends or [b for b in BACKENDS if b not in ("naive", "chunk")]
-    from rla_ablate.ops.triton.rla import SplitRule
-
-    runs = candidates(backends, [v for v in VARIANTS if getattr(args, v)], args.rla_chunk, args.rla_warps,
-                      [SplitRule(programs=p, chunks=c) for p, c in splits])
+    runs = candidates(backends, [v for v in VARIANTS if getattr(args, v)], args.rla_chunk, args.rla_warps, splits)
     if args.profile:
         for T in args.seq_lens:
             profile(runs, T, args.tokens, [n for n in runs if n != "SDPA causal"])

@@ -3,7 +3,7 @@
     python benchmarks/train_gpu.py [--scale 1.5b [100m ...]] [--families rla rdn sgla gdn transformer]
                                    [--batch B] [--seq-len T] [--steps 10] [--warmup 3] [--backend auto]
                                    [--glue auto [torch]] [--inputs shared [separate]] [--graph off [on]]
-                                   [--profile [STEPS] [--top-ops N]]
+                                   [--profile [STEPS] [--top-ops N]] [--rla-split PROGRAMS:CHUNKS]
                                    [--json out.json] [--calibrate [TABLE]]
 
 Each family builds the preset `<scale>-<family>` (models/), trains --warmup untimed then --steps timed AdamW steps
@@ -271,11 +271,21 @@ def main():
                         help="on: capture each family's micro step in a CUDA graph and replay it, as train.cuda_graphs "
                              "does (GPU only); "
                              "off on: each family both ways, side by side")
+    parser.add_argument("--rla-split", default=None, metavar="PROGRAMS:CHUNKS",
+                        help="RLA's state passes split by this rule (rla.SplitRule: split when a pass has fewer "
+                             "programs than PROGRAMS, into segments of CHUNKS chunks) instead of the default")
     parser.add_argument("--top-ops", type=int, default=0, metavar="N",
                         help="with --profile: list the N costliest PyTorch ops per family with their input shapes")
     parser.add_argument("--calibrate", nargs="?", const=str(CALIBRATION), default=None, metavar="TABLE",
                         help="merge the rows into this calibration table (default: the package's H200 table)")
     args = parser.parse_args()
+    if args.rla_split is not None:
+        from rla_ablate.ops.triton import rla
+
+        try:
+            rla.SPLIT = rla.SplitRule.parse(args.rla_split)
+        except ValueError as exc:
+            parser.error(str(exc))
     unknown = [scale for scale in args.scale if scale not in SHAPES and (args.batch is None or args.seq_len is None)]
     if unknown:
         parser.error(f"no batch shape for scale {', '.join(unknown)}: pass --batch and --seq-len (known: {SHAPES})")

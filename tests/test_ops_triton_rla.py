@@ -235,3 +235,14 @@ def test_calls_whose_chunks_exceed_a_grid_axis_take_the_composition():
 
 if __name__ == "__main__":
     check_all()
+
+
+def test_a_split_rule_is_parsed_as_the_benchmarks_take_it():
+    """`--rla-split PROGRAMS:CHUNKS` of benchmarks/kernels.py and train_gpu.py: one parser, what is allowed said."""
+    from rla_ablate.ops.triton.rla import SplitRule
+
+    assert SplitRule.parse("1024:16") == SplitRule(programs=1024, chunks=16)
+    assert SplitRule.parse("0:1") == SplitRule(programs=0, chunks=1)
+    for bad in ("1024", "1024:0", "-1:8", "a:8", "1:2:3"):
+        with pytest.raises(ValueError, match=f"--rla-split takes PROGRAMS:CHUNKS.*got '{bad}'"):
+            SplitRule.parse(bad)

@@ -537,6 +537,18 @@ class SplitRule:
     programs: int = 256
     chunks: int = 128  # 8,192 tokens a segment at 64-token chunks
 
+    @classmethod
+    def parse(cls, text: str) -> "SplitRule":
+        """'PROGRAMS:CHUNKS', as the benchmarks' --rla-split takes it; ValueError saying what is allowed."""
+        try:
+            programs, chunks = (int(n) for n in text.split(":"))
+            if programs < 0 or chunks < 1:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"--rla-split takes PROGRAMS:CHUNKS, two integers (PROGRAMS >= 0, CHUNKS >= 1); "
+                             f"got {text!r}") from None
+        return cls(programs=programs, chunks=chunks)
+
 
 SPLIT = SplitRule()
 # The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
