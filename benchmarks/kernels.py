@@ -16,6 +16,9 @@
     python benchmarks/kernels.py --backends triton --rla-split 1024:8 512:16 --heads 6 --seq-lens 2048
                                           # adds RLA whose state passes split sequences by other rules (programs:chunks
                                           # of `rla.SplitRule`), here at a 100M layer's shape (6 heads)
+    python benchmarks/kernels.py --backends triton --rla-launch state_pass:BK=64,BV=64 --heads 16 --seq-lens 4096
+                                          # adds RLA with some kernels' launch options changed (rla.LAUNCH)
+    python benchmarks/kernels.py --tune additive --tune-kernels state_pass state_pass_2   # only those kernels' options
 
 Each T runs B = tokens / T sequences of H=16 heads (--heads) of dimension 128; --long adds one forward-only row set at B=1.
 Baselines: FLA chunk_simple_gla (sGLA, the additive base) and chunk_gated_delta_rule (Gated DeltaNet, the delta
@@ -54,9 +57,9 @@ def make_inputs(B, T, grad):
     return tensors
 
 
-def candidates(backends, variants=(), rla_chunk=None, rla_warps=None, rla_splits=()):
+def candidates(backends, variants=(), rla_chunk=None, rla_warps=None, rla_splits=(), rla_launch=None):
     """The timed ops by name: (rule, fn). variants: keys of `VARIANTS`, RLA or RDN with one design switch off;
-    rla_splits: `rla.SplitRule`s for RLA's state passes."""
+    rla_splits: `rla.SplitRule`s for RLA's state passes; rla_launch: (label, table), RLA with another launch table."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.simple_gla import chunk_simple_gla
 
@@ -82,12 +85,16 @@ def candidates(backends, variants=(), rla_chunk=None, rla_warps=None, rla_splits
                                                                                    warps=rla_warps))
     for rule in rla_splits if "triton" in backends else ():
         runs[f"RLA [triton, split {rule.programs}:{rule.chunks}]"] = ("additive", partial(rla_with, SPLIT=rule))
+    if rla_launch and "triton" in backends:
+        label, table = rla_launch
+        runs[f"RLA [triton, {label}]"] = ("additive", partial(rla_with, LAUNCH=table))
     return runs
 
 
 def rla_with(x, **settings):
     """RLA on the `triton` backend with module settings of `rla_ablate.ops.triton.rla` changed for the call: a design
-    switch off (`VARIANTS`), or SPLIT, the rule by which the state passes cut a sequence into segments."""
+    switch off (`VARIANTS`), SPLIT, the rule by which the state passes cut a sequence into segments, or LAUNCH, the
+    kernels' launch options."""
     from unittest import mock
 
     from rla_ablate.ops.triton import rla
@@ -200,10 +207,10 @@ def tune_variants(name, default):
     return [o for o in options if o != default]
 
 
-def tune(T, tokens, rule):
+def tune(T, tokens, rule, only=()):
     """RLA's or RDN's `triton` fwd+bwd with each of its kernels at other tile widths or warp counts (the others at
     their defaults), each checked against the defaults' output and gradients; then every kernel at its fastest
-    option together, beside the FLA base (sGLA, GDN)."""
+    option together, beside the FLA base (sGLA, GDN). only: the kernels to vary (default every one)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.simple_gla import chunk_simple_gla
 
@@ -238,7 +245,7 @@ def tune(T, tokens, rule):
     best = {}
     skip = set() if module is rdn else {"fwd_residual"} if rla.RESIDUAL_IN_S_PASS else {"s_pass_residual"}
     for kernel in defaults:
-        if kernel in skip:
+        if kernel in skip or (only and kernel not in only):
             continue
         best[kernel] = (base, defaults[kernel])
         for option in tune_variants(kernel, defaults[kernel]):
@@ -292,27 +299,44 @@ def main():
     parser.add_argument("--rla-split", nargs="+", default=[], metavar="PROGRAMS:CHUNKS",
                         help="add RLA [triton] with its state passes split by these rules (rla.SplitRule: split when a "
                              "pass has fewer programs than PROGRAMS, into segments of CHUNKS chunks)")
+    parser.add_argument("--tune-kernels", nargs="+", default=[], metavar="KERNEL",
+                        help="with --tune: vary only these kernels (names of the LAUNCH tables)")
+    parser.add_argument("--rla-launch", nargs="+", default=[], metavar="KERNEL:KEY=VALUE,...",
+                        help="add RLA [triton] with these kernels' launch options changed (rla.LAUNCH; keys BK, BV, "
+                             "num_warps, num_stages), e.g. state_pass:BK=64,BV=64")
     parser.add_argument("--heads", type=int, default=16, help="heads of every call (a 100M layer has 6, 1.5B 16)")
     args = parser.parse_args()
-    from rla_ablate.ops.triton.rla import SplitRule
+    from rla_ablate.ops.triton import rdn, rla
+    from rla_ablate.ops.triton.common import parse_launch
 
     try:
-        splits = [SplitRule.parse(text) for text in args.rla_split]
+        splits = [rla.SplitRule.parse(text) for text in args.rla_split]
+        table = {k: dict(v) for k, v in rla.LAUNCH.items()}
+        for text in args.rla_launch:
+            name, options = parse_launch(text, table)
+            table[name] = options
     except ValueError as exc:
         parser.error(str(exc))
+    known = set(rla.LAUNCH) | set(rdn.LAUNCH)
+    if [k for k in args.tune_kernels if k not in known]:
+        parser.error(f"--tune-kernels: no kernel {[k for k in args.tune_kernels if k not in known][0]!r}; kernels: "
+                     f"{', '.join(sorted(known))}")
+    launch = (" ".join(args.rla_launch), table) if args.rla_launch else None
     if args.heads < 1:
         parser.error(f"--heads takes a positive integer; got {args.heads}")
     global H
     H = args.heads
     _load_gpu_backends()
     backends = args.backends or [b for b in BACKENDS if b not in ("naive", "chunk")]
-    runs = candidates(backends, [v for v in VARIANTS if getattr(args, v)], args.rla_chunk, args.rla_warps, splits)
+    runs = candidates(backends, [v for v in VARIANTS if getattr(args, v)], args.rla_chunk, args.rla_warps, splits,
+                      launch)
     if args.profile:
         for T in args.seq_lens:
             profile(runs, T, args.tokens, [n for n in runs if n != "SDPA causal"])
         return
     if args.tune is not None:
-        found = [tune(T, args.tokens, rule) for rule in args.tune or ["additive", "delta"] for T in args.seq_lens]
+        found = [tune(T, args.tokens, rule, args.tune_kernels) for rule in args.tune or ["additive", "delta"]
+                 for T in args.seq_lens]
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(found, f, indent=1)

@@ -4,6 +4,7 @@
                                    [--batch B] [--seq-len T] [--steps 10] [--warmup 3] [--backend auto]
                                    [--glue auto [torch]] [--inputs shared [separate]] [--graph off [on]]
                                    [--profile [STEPS] [--top-ops N]] [--rla-split PROGRAMS:CHUNKS]
+                                   [--rla-launch KERNEL:KEY=VALUE,... ...]
                                    [--json out.json] [--calibrate [TABLE]]
 
 Each family builds the preset `<scale>-<family>` (models/), trains --warmup untimed then --steps timed AdamW steps
@@ -274,16 +275,24 @@ def main():
     parser.add_argument("--rla-split", default=None, metavar="PROGRAMS:CHUNKS",
                         help="RLA's state passes split by this rule (rla.SplitRule: split when a pass has fewer "
                              "programs than PROGRAMS, into segments of CHUNKS chunks) instead of the default")
+    parser.add_argument("--rla-launch", nargs="+", default=[], metavar="KERNEL:KEY=VALUE,...",
+                        help="RLA's kernels with these launch options changed (rla.LAUNCH; keys BK, BV, num_warps, "
+                             "num_stages), e.g. state_pass:BK=64,BV=64")
     parser.add_argument("--top-ops", type=int, default=0, metavar="N",
                         help="with --profile: list the N costliest PyTorch ops per family with their input shapes")
     parser.add_argument("--calibrate", nargs="?", const=str(CALIBRATION), default=None, metavar="TABLE",
                         help="merge the rows into this calibration table (default: the package's H200 table)")
     args = parser.parse_args()
-    if args.rla_split is not None:
+    if args.rla_split is not None or args.rla_launch:
         from rla_ablate.ops.triton import rla
+        from rla_ablate.ops.triton.common import parse_launch
 
         try:
-            rla.SPLIT = rla.SplitRule.parse(args.rla_split)
+            if args.rla_split is not None:
+                rla.SPLIT = rla.SplitRule.parse(args.rla_split)
+            for text in args.rla_launch:
+                name, options = parse_launch(text, rla.LAUNCH)
+                rla.LAUNCH[name] = options
         except ValueError as exc:
             parser.error(str(exc))
     unknown = [scale for scale in args.scale if scale not in SHAPES and (args.batch is None or args.seq_len is None)]

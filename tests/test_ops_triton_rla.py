@@ -15,6 +15,7 @@ tolerance 1e-5.
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 
@@ -246,3 +247,23 @@ def test_a_split_rule_is_parsed_as_the_benchmarks_take_it():
     for bad in ("1024", "1024:0", "-1:8", "a:8", "1:2:3"):
         with pytest.raises(ValueError, match=f"--rla-split takes PROGRAMS:CHUNKS.*got '{bad}'"):
             SplitRule.parse(bad)
+
+
+def test_a_launch_change_is_parsed_as_the_benchmarks_take_it():
+    """`--rla-launch KERNEL:KEY=VALUE,...` of benchmarks/kernels.py and train_gpu.py: the kernel's entry with those
+    options changed, the table left as it was; what is allowed said."""
+    from rla_ablate.ops.triton.common import parse_launch
+    from rla_ablate.ops.triton.rla import LAUNCH
+
+    before = {k: dict(v) for k, v in LAUNCH.items()}
+    name, options = parse_launch("state_pass:BK=128,num_warps=8", LAUNCH)
+    assert (name, options) == ("state_pass", dict(LAUNCH["state_pass"], BK=128, num_warps=8))
+    assert LAUNCH == before
+    for bad, said in (("nope:BK=64", "no kernel 'nope'; kernels: state_pass, "), ("state_pass", "takes KERNEL:KEY"),
+                      ("state_pass:", "takes KERNEL:KEY"), ("state_pass:BQ=64", "no option 'BQ'; options: BK, BV"),
+                      ("state_pass:BK=96", "power of two of at least 64; got 96"),
+                      ("state_pass:BV=32", "power of two of at least 64; got 32"),
+                      ("state_pass:num_warps=0", "positive integer; got '0'"),
+                      ("state_pass:num_warps=four", "positive integer; got 'four'")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            parse_launch(bad, LAUNCH)

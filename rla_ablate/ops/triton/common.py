@@ -234,3 +234,29 @@ def launch_options(name: str, V: int, table: dict) -> dict:
     whole = triton.next_power_of_2(V)
     opts["BV"] = max(MIN_TILE, min(opts.get("BV", whole), whole))
     return opts
+
+
+LAUNCH_KEYS = ("BK", "BV", "num_warps", "num_stages")
+
+
+def parse_launch(text: str, table: dict) -> tuple[str, dict]:
+    """'KERNEL:KEY=VALUE[,KEY=VALUE...]', as the benchmarks' --rla-launch takes it: the kernel's entry of `table`
+    (a LAUNCH table) with those options changed. Tile widths are powers of two of at least MIN_TILE. ValueError
+    saying what is allowed."""
+    name, _, settings = text.partition(":")
+    if name not in table:
+        raise ValueError(f"--rla-launch: no kernel {name!r}; kernels: {', '.join(table)}")
+    options = dict(table[name])
+    if not settings:
+        raise ValueError(f"--rla-launch takes KERNEL:KEY=VALUE[,KEY=VALUE...]; got {text!r}")
+    for item in settings.split(","):
+        key, _, value = item.partition("=")
+        if key not in LAUNCH_KEYS:
+            raise ValueError(f"--rla-launch {name}: no option {key!r}; options: {', '.join(LAUNCH_KEYS)}")
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--rla-launch {name}: {key} takes a positive integer; got {value!r}")
+        n = int(value)
+        if key in ("BK", "BV") and (n < MIN_TILE or n & (n - 1)):
+            raise ValueError(f"--rla-launch {name}: {key} takes a power of two of at least {MIN_TILE}; got {n}")
+        options[key] = n
+    return name, options
