@@ -858,3 +858,43 @@ def test_a_panel_with_no_valid_comparison_says_so_across_it_and_one_seed_is_said
 
     assert "ONE SEED: where n=1 no interval or test exists" in footer(single_seed=True)
     assert "ONE SEED" not in footer(single_seed=False)
+
+
+def test_a_table_orders_numbered_columns_says_n_a_for_another_tasks_metric_and_lists_seeds(server, tmp_path):
+    """A glob column over MQAR's sets runs kv8, kv16, kv32 (not the text's kv16, kv32, kv8); a row whose finished
+    runs never log such a metric (an LM model under an MQAR column) says n/a, not missing; a `per_seed` column lists
+    each seed's value under the mean; the HTML caption and the figure's footer say what both mean."""
+    acc = {0: 0.99, 1: 0.70, 2: 0.08}                           # bimodal across seeds: the t-interval says little
+
+    def recall(job):
+        if job.job.model.family != "rla":
+            return None
+        return {f"eval/mqar_kv{n}/acc": acc[job.seed] - 0.01 * n for n in (8, 16, 32)}
+
+    root, _, _ = logged(server, tmp_path, """\
+        name: tasks
+        models: [{preset: tiny-rla}, {preset: tiny-sgla}]
+        seeds: [0, 1, 2]
+        """, lambda job: 3.0 + 0.01 * job.seed, diag=recall)
+    spec_dir = tmp_path / "specs"
+    spec_dir.mkdir()
+    (spec_dir / "recall.yaml").write_text(
+        "kind: table\ntitle: recall\nruns: {family: [rla, sgla]}\nseries: [family]\n"
+        "columns: [{metric: 'eval/mqar_*/acc', label: acc, per_seed: true, higher_is_better: true},"
+        " {metric: eval/val/loss}]\n")
+    dash, page = dashboard(root, "tasks", server, specs=spec_dir)
+    section = page[page.index('id="recall"'):]
+    heads = re.findall(r"<th>(.*?)</th>", section[:section.index("</thead>")])
+    assert [h for h in heads if h.startswith("acc")] == ["acc (kv8) ↑", "acc (kv16) ↑", "acc (kv32) ↑"]
+    rows = table(page, "recall")
+    assert rows["sGLA"][1:7] == ["n/a", "n/a"] * 3 and rows["sGLA"][7].startswith("3.010")
+    assert rows["RLA"][1] == "0.510 ± 1.155 (n=3)<br>seeds 0.910 / 0.620 / 0.000"
+    caption = section[section.index('<p class="caption">'):]
+    assert "then each seed's value in seed order" in caption and "a value n/a: the row's runs do not log" in caption
+    svg = (dash.out_dir / "recall.svg").read_text()
+    text = re.sub(r"\s+", " ", " ".join(re.findall(r"<text[^>]*>(.*?)</text>", svg, re.S)))
+    assert "then each seed's value in seed order" in text and "n/a: the row's runs do not log that metric" in text
+    assert "sGLA n/a n/a n/a 3.010" in text                     # no Δ line under an n/a value
+    # the mechanism column names the checks it ran, and what they cannot show
+    assert "mechanism: engaged when each check holds" in text and "not that the model learned" in text
+    assert "mixer_rms_over_sqrt_eps &gt;= 1 (job)" in caption

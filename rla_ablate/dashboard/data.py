@@ -284,13 +284,16 @@ def _series_order(spec, s: Series) -> tuple:
 
 
 def _preference(key: str) -> tuple:
-    # The LM validation set first: "eval loss" in a paper means held-out text, not a recall probe.
+    # The LM validation set first: "eval loss" in a paper means held-out text, not a recall probe. Then numbers in
+    # their order, not the text's: mqar_kv8, mqar_kv16, mqar_kv32, mqar_kv48_t256.
     parts = key.split("/")
-    return (0 if any(p in ("val", "valid", "validation") for p in parts) else 1, key)
+    natural = tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", key) if t)
+    return (0 if any(p in ("val", "valid", "validation") for p in parts) else 1, natural)
 
 
 def matching_metrics(pattern: str, runs: list[RunRecord]) -> list[str]:
-    """Metric keys a (possibly glob) name refers to, validation sets first, then alphabetical."""
+    """Metric keys a (possibly glob) name refers to, validation sets first, then alphabetical with numbers in their
+    order."""
     keys = {k for r in runs for k in r.metrics}
     if pattern in keys:
         return [pattern]

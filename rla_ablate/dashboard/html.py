@@ -9,7 +9,7 @@ from html import escape
 from pathlib import Path
 
 from rla_ablate.dashboard.coverage import Untested
-from rla_ablate.dashboard.render import Cell, Rendered
+from rla_ablate.dashboard.render import MECHANISM_CHECKS, Cell, Rendered
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1d1d1f;
@@ -48,7 +48,7 @@ a.file { font-size: 12px; color: #666; margin-right: 10px; }
 
 
 def _cell(c: Cell, tag: str = "td") -> str:
-    text = escape(c.text)
+    text = escape(c.text).replace("\n", "<br>")  # a table cell's seeds under its mean
     if c.links:
         text = " ".join(f'<a href="{escape(url)}">{escape(t)}</a>' if url else escape(t) for t, url in c.links)
     elif c.link:
@@ -117,10 +117,14 @@ def _section(r: Rendered, run_url) -> str:
                      + "</tr></thead><tbody>")
         parts += ["<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in r.rows]
         parts.append("</tbody></table>")
-        parts.append('<p class="caption">mean ± 95% t-interval over seeds (n seeds); Δ = row − reference, paired '
-                     "by seed, with its 95% interval and paired t-test p. mechanism: engaged, off, identical "
-                     "(results equal the reference's), not measured (a diagnostic, or the run it is compared with, "
-                     "is missing), n/a; * see the notes.</p>")
+        parts.append('<p class="caption">mean ± 95% t-interval over seeds (n seeds)'
+                     + (", then each seed's value in seed order" if r.per_seed else "")
+                     + "; Δ = row − reference, paired by seed, with its 95% interval and paired t-test p"
+                     + ("; a value n/a: the row's runs do not log that metric (another task's)"
+                        if r.not_applicable else "")
+                     + ". mechanism: engaged, off, identical (results equal the reference's), not measured (a "
+                     "diagnostic, or the run it is compared with, is missing), n/a; * see the notes"
+                     + (f"; {MECHANISM_CHECKS}: {escape('; '.join(r.checks))}" if r.checks else "") + ".</p>")
     elif r.png is not None and r.png.exists():
         data = base64.b64encode(r.png.read_bytes()).decode()
         parts.append(f'<figure><img alt="{escape(r.title)}" src="data:image/png;base64,{data}"></figure>')

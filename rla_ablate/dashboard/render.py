@@ -64,6 +64,12 @@ class Rendered:
     """The verdict on each of the spec's claims."""
     single_seed: bool = False
     """Some value or difference it shows rests on one seed (a table's cell, a verdict): no interval exists."""
+    per_seed: bool = False
+    """A table's cells list each seed's value (a column's `per_seed`)."""
+    not_applicable: bool = False
+    """A table has n/a cells: rows whose runs do not log a column's metric (another task's)."""
+    checks: list[str] = field(default_factory=list)
+    """The validity checks behind a table's mechanism column (`validity.Check.describe`), in order of first use."""
     flagged: list[tuple[str, str, str]] = field(default_factory=list)
     """(state, label, detail) of each variant whose mechanism was off, identical or not measured."""
     fallbacks: list[str] = field(default_factory=list)
@@ -478,6 +484,19 @@ def _column_keys(c, runs: SweepRuns) -> list[str]:
     return keys
 
 
+NOT_APPLICABLE = "n/a"
+# what a table's mechanism column tests, said under it: activity, not learning
+MECHANISM_CHECKS = ("engaged when each check holds in the final diagnostics; they show that the mechanism acted, "
+                    "not that the model learned (a run at chance can pass)")
+
+
+def _absent(s: D.Series, key: str | None) -> str:
+    """What a table cell without a value says: n/a where the series' finished runs log no such metric (an LM row
+    under an MQAR column), else missing (no finished run, or its value is not a number)."""
+    done = list(s.by_seed().values())
+    return NOT_APPLICABLE if done and key is not None and not any(key in r.metrics for r in done) else "missing"
+
+
 def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: V.ValidityIndex) -> None:
     panels = D.group(spec, runs)
     # A glob column becomes one column per matching metric (eval/*/loss -> eval loss (val), eval loss (mqar)).
@@ -513,13 +532,25 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: 
             row = [Cell(label)]
             for j, (c, key, _) in enumerate(columns):
                 st = summaries[id(s)][j]
-                row.append(Cell(st.format(c.digits) if st.n else "missing", best=st.n > 0 and st.mean == best[j]))
+                if not st.n:
+                    absent = _absent(s, key)
+                    out.not_applicable |= absent == NOT_APPLICABLE
+                    row += [Cell(absent), Cell(NOT_APPLICABLE if absent == NOT_APPLICABLE else "—")]
+                    continue
+                text = st.format(c.digits)
+                if c.per_seed and st.n > 1:
+                    finals = D.final_by_seed(s, key)
+                    text += "\nseeds " + " / ".join(f"{finals[seed]:.{c.digits}f}" for seed in sorted(finals))
+                    out.per_seed = True
+                row.append(Cell(text, best=st.mean == best[j]))
                 if ref is None:
                     row.append(Cell("reference" if any(s is r for r in refs) else "—"))
                 else:
                     d = paired_diff(D.final_by_seed(s, key), D.final_by_seed(ref, key))
                     row.append(Cell(d.format(c.digits) if d.diff.n else "no paired seeds"))
             state = _flag(out, index, s, ref, _where(spec, panel))
+            for v in (index.of(s), index.of(ref) if ref is not None else None):
+                out.checks.extend(d for c in (v.checks if v is not None else []) if (d := c.describe()) not in out.checks)
             row.append(Cell(state + ("*" if state in V.MARK else "")))
             links = [(f"seed {s.seed(r)}", run_url(r.run_id) if r.run_id else None) for r in s.runs]
             row.append(Cell(" ".join(t for t, _ in links) or "no run", links=links))
@@ -537,7 +568,7 @@ def render_table(spec: TableSpec, out: Rendered):
         marks = [False]
         for j in range(len(metrics)):
             value, diff = row[1 + 2 * j], row[2 + 2 * j]
-            below = {"—": "", "reference": "\nreference"}.get(diff.text, f"\nΔ {diff.text}")
+            below = {"—": "", NOT_APPLICABLE: "", "reference": "\nreference"}.get(diff.text, f"\nΔ {diff.text}")
             line.append(value.text + below)
             marks.append(value.best)
         line.append(row[-2].text)
@@ -643,8 +674,13 @@ def _footer(fig, out: Rendered) -> None:
     off = [f"  {label}: {detail}" for st, label, detail in out.flagged if st == V.OFF]
     lines += off[:6] + ([f"  ... {len(off) - 6} more in the validity panel"] if len(off) > 6 else [])
     if out.kind == "table" and out.rows:
-        lines.append("Cells: mean ± the 95% t-interval's half-width over n seeds; Δ: the row minus its reference, "
-                     "paired by seed; ↑ / ↓: higher / lower is better; bold: the best mean of a column.")
+        lines.append("Cells: mean ± the 95% t-interval's half-width over n seeds"
+                     + (", then each seed's value in seed order" if out.per_seed else "")
+                     + "; Δ: the row minus its reference, paired by seed; ↑ / ↓: higher / lower is better; bold: the "
+                     "best mean of a column" + ("; n/a: the row's runs do not log that metric (another task's)"
+                                                if out.not_applicable else "") + ".")
+        if out.checks:
+            lines.append(f"mechanism: {MECHANISM_CHECKS} ({'; '.join(out.checks)}).")
     if out.verdicts:
         lines.append("Verdicts (paired by seed, 95% t-interval; q: false-discovery rate over the sweep's claims):")
         lines += [f"  {v.verdict.upper()}: {v.claim.claim} [{v.comparison()}: Δ = {v.diff_text()}; "

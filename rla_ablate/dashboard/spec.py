@@ -318,6 +318,9 @@ class Column(_Strict):
     """Decimals shown."""
     higher_is_better: bool = False
     """Marks the best mean in bold and orients the difference."""
+    per_seed: bool = False
+    """Also list each seed's value under the mean: for a bounded or bimodal metric (an accuracy that some seeds
+    learn and others do not) whose t-interval at a few seeds says little."""
     sets: list[str] | None = None
     """Globs the '*' of a glob metric must match (e.g. [piqa, arc_*] for eval/*/acc: task accuracies, not the
     training eval sets' argmax accuracy); default: any."""
