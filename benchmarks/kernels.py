@@ -8,6 +8,8 @@
                                                                           # kernel of their own, as it was
     python benchmarks/kernels.py --backends triton --rla-end-term-in-dqk  # adds RLA with dg's chunk end terms made
                                                                           # in the dq/dk kernel, as it was
+    python benchmarks/kernels.py --backends triton --rla-gates-in-pass --rla-wide-tiles --heads 16 --tokens 16384 \
+        --seq-lens 4096 --long 0         # adds RLA with its state passes making their gates, and at their wide tiles
     python benchmarks/kernels.py --backends triton --rdn-residual-apart   # adds RDN with its prediction handed to
                                                                           # the glue's residual kernels, as it was
     python benchmarks/kernels.py --backends triton --rdn-wy-fla           # adds RDN with FLA's WY backward and
@@ -138,14 +140,18 @@ def rdn_changed(x, **changes):
 
 
 # The design switches a variant turns off, each read by the op's forward: RLA's RESIDUAL_IN_S_PASS
-# (--rla-residual-apart: S's pass and the residuals in two kernels, `_fwd_residual`) and END_TERM_IN_PASS
+# (--rla-residual-apart: S's pass and the residuals in two kernels, `_fwd_residual`), END_TERM_IN_PASS
 # (--rla-end-term-in-dqk: dg's chunk end terms from the stored state tiles in `_bwd_dqk` rather than from the
-# reverse state passes); RDN's residual in its read kernel (--rdn-residual-apart) and its WY backward with the
+# reverse state passes), GATES_MADE_ONCE (--rla-gates-in-pass: each state pass makes the gates' cumsum in its loop)
+# and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even where their programs leave SMs idle); RDN's residual in its read kernel (--rdn-residual-apart) and its WY backward with the
 # additions around it (--rdn-wy-fla: FLA's prepare_wy_repr_bwd and two PyTorch additions). name -> (label, rule, op).
 VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
                                    partial(rla_with, RESIDUAL_IN_S_PASS=False)),
             "rla_end_term_in_dqk": ("RLA [triton, end term in dq/dk]", "additive",
                                     partial(rla_with, END_TERM_IN_PASS=False)),
+            "rla_gates_in_pass": ("RLA [triton, gates in passes]", "additive",
+                                  partial(rla_with, GATES_MADE_ONCE=False)),
+            "rla_wide_tiles": ("RLA [triton, wide pass tiles]", "additive", partial(rla_with, NARROW_BELOW=0)),
             "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta",
                                    partial(rdn_changed, residual_in_reads=False)),
             "rdn_wy_fla": ("RDN [triton, FLA's WY bwd]", "delta", partial(rdn_changed, wy="FLA_WY_FLA_BWD"))}
@@ -289,6 +295,11 @@ def main():
                         help="add RLA [triton] with its forward's residuals in a kernel of their own")
     parser.add_argument("--rla-end-term-in-dqk", action="store_true",
                         help="add RLA [triton] with dg's chunk end terms made in the dq/dk kernel")
+    parser.add_argument("--rla-gates-in-pass", action="store_true",
+                        help="add RLA [triton] with each state pass making the gates' chunk cumsum in its loop")
+    parser.add_argument("--rla-wide-tiles", action="store_true",
+                        help="add RLA [triton] with its state passes at their default tiles where they have fewer "
+                             "programs than the GPU has SMs")
     parser.add_argument("--rdn-residual-apart", action="store_true",
                         help="add RDN [triton] with the residual made by the glue's kernels from the prediction")
     parser.add_argument("--rdn-wy-fla", action="store_true",

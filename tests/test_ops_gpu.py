@@ -172,18 +172,21 @@ def test_triton_splits_a_long_sequence_over_segments_as_the_unsplit_pass(fit, mo
 
 
 @pytest.mark.parametrize("T", [2048, 20_000], ids=["T2048", "T20000-split"])
-@pytest.mark.parametrize("switch", ["RESIDUAL_IN_S_PASS", "END_TERM_IN_PASS"])
-def test_triton_rla_design_switches_give_the_same_numbers(switch, T, monkeypatch):
+@pytest.mark.parametrize("switch,off", [("RESIDUAL_IN_S_PASS", False), ("END_TERM_IN_PASS", False),
+                                        ("GATES_MADE_ONCE", False), ("NARROW_BELOW", 0)])
+def test_triton_rla_design_switches_give_the_same_numbers(switch, off, T, monkeypatch):
     """RLA's design switches, on (what runs) and off (what benchmarks/kernels.py times against it): the forward's
     residuals made inside S's pass (`_s_pass_residual`) or in a kernel of their own (`_fwd_residual`); dg's chunk end
     terms stored by the reverse state passes from their fp32 states or made by the dq/dk kernel from the stored
-    bf16 tiles. Outputs, final states and every gradient agree to bf16 rounding (a split pass too)."""
+    bf16 tiles; the passes' gates made once or in each pass's loop; the passes at 64 x 64 tiles where they have
+    fewer programs than SMs (at T=2048: 2 x 16 heads) or at their default tiles. Outputs, final states and every
+    gradient agree to bf16 rounding (a split pass too)."""
     import rla_ablate.ops.triton.rla as fused
 
     master = make_inputs(B=2 if T == 2048 else 1, T=T)
     combo = ("additive", "residual", "clip", True)
     on = run_case(leaves(master, torch.bfloat16), "triton", combo)
-    monkeypatch.setattr(fused, switch, False)
+    monkeypatch.setattr(fused, switch, off)
     off = run_case(leaves(master, torch.bfloat16), "triton", combo)
     for name, want in off.items():
         assert torch.isfinite(on[name]).all(), name

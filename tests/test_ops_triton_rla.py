@@ -128,6 +128,31 @@ def check_all() -> None:
                 run(naive_residual_attention, master, spec, torch.float64),
                 run(rla_triton, master, spec, torch.float32, chunk=16))
     fused.END_TERM_IN_PASS = True
+    # the state passes at MIN_TILE x MIN_TILE tiles (`NARROW_BELOW`: a pass with fewer programs than the GPU has SMs):
+    # heads wider than one tile, so that both kinds of pass change tiles, and dg's end terms as many rows as tiles;
+    # with the end terms from the dq/dk kernel too
+    fused.NARROW_BELOW = 10**9
+    for fit, in_pass in (("residual", True), ("none", True), ("residual", False)):
+        fused.END_TERM_IN_PASS = in_pass
+        spec = ResidualSpec(rule="additive", fit=fit, clip=0.7)
+        master = make(B=1, T=37, H=1, K=80, V=72)
+        compare(f"narrow-{fit}{'' if in_pass else '-end-term-in-dqk'}",
+                run(naive_residual_attention, master, spec, torch.float64),
+                run(rla_triton, master, spec, torch.float32, chunk=16))
+    fused.NARROW_BELOW, fused.END_TERM_IN_PASS = None, True
+    # the state passes making their gates in their loop (`GATES_MADE_ONCE` off), which benchmarks/kernels.py times
+    # against the gates made once: unsplit and split, and packed with an empty sequence and huge gates
+    fused.GATES_MADE_ONCE = False
+    for fit, og, per in (("residual", True, None), ("none", False, None), ("residual", True, 1)):
+        fused.SPLIT = fused.SplitRule(programs=10**9, chunks=per) if per else fused.SplitRule()
+        spec = ResidualSpec(rule="additive", fit=fit, output_gates=og, clip=0.7)
+        master = make(T=37)
+        compare(f"gates-in-pass-{fit}-{'gates' if og else 'nogates'}{'-split' if per else ''}",
+                run(naive_residual_attention, master, spec, torch.float64),
+                run(rla_triton, master, spec, torch.float32, chunk=16))
+    fused.SPLIT = fused.SplitRule()
+    check_packed(compare, "additive", rla_triton, chunk=16)
+    fused.GATES_MADE_ONCE = True
     check_carry(compare)
 
 
@@ -163,7 +188,7 @@ def check_carry(compare) -> None:
 def test_fused_rla_kernels_match_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=37, timeout=900)
+    run_interpreted(__file__, checks=46, timeout=900)
 
 
 def test_long_sequences_split_into_segments():

@@ -145,6 +145,30 @@ def _pass_chunk(g, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr):
     return mt, tok, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :], b, bp, b_L
 
 
+@triton.jit
+def _pass_chunk_made(bg, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr):
+    """`_pass_chunk` from gates made once (`made_gates`: bg = b, the chunk-local cumsum): b loaded, b' = the b of
+    the token before in the chunk (0 for its first), b_L = the b of its last token. No scan and no sum on a pass's
+    sequential path, where they cost a barrier each per chunk. Rows past the end carry b = b' = b_L, as there."""
+    r = tl.arange(0, BT)
+    t = bos + c * BT + r
+    mt = t < eos
+    tok = t * H + h
+    b_L = tl.load(bg + (tl.minimum(bos + c * BT + BT, eos) - 1) * H + h)
+    b = tl.where(mt, tl.load(bg + tok, mask=mt, other=0.0), b_L)
+    bp = tl.where(mt, tl.load(bg + tok - H, mask=mt & (r > 0), other=0.0), b_L)
+    return mt, tok, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :], b, bp, b_L
+
+
+@triton.jit
+def _made_gates(g, BG, cu, cidx, H: tl.constexpr, BT: tl.constexpr):
+    """b of one chunk and head (grid chunks x heads): `_chunk_gates`' chunk-local cumsum of the floored g."""
+    i_c, h = tl.program_id(0), tl.program_id(1)
+    _, _, _, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
+    b, _, _ = _chunk_gates(g, tok, mt)
+    tl.store(BG + tok, b, mask=mt)
+
+
 class Layout:
     """Packed-sequence bookkeeping shared by the kernels: cu_seqlens, chunk offsets and the chunk list."""
 
@@ -260,3 +284,11 @@ def parse_launch(text: str, table: dict) -> tuple[str, dict]:
             raise ValueError(f"--rla-launch {name}: {key} takes a power of two of at least {MIN_TILE}; got {n}")
         options[key] = n
     return name, options
+
+
+def made_gates(layout: Layout, g: torch.Tensor, H: int, chunk: int) -> torch.Tensor:
+    """b for every token ([tokens, H] fp32, from g of the same shape): the gates a state pass reads
+    (`_pass_chunk_made`) instead of making them in its sequential loop."""
+    BG = torch.empty_like(g)
+    _made_gates[(max(layout.chunks, 1), H)](g, BG, layout.cu, layout.cidx, H=H, BT=chunk, num_warps=1)
+    return BG

@@ -1,18 +1,21 @@
-"""RLA (the additive rule) in Triton kernels of our own (eight launches), one autograd Function.
+"""RLA (the additive rule) in Triton kernels of our own (nine launches), one autograd Function.
 
 The `fla` composition runs the base recurrence twice over (once per query, [q; k]) and the auxiliary one after it,
 with PyTorch glue in between. Here, per head and chunk of BT tokens (b = the chunk-local cumsum of g, b' = b - g,
 b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "chunked RLA"):
 
     forward
+      gates     b for every token, once (`made_gates`): the state passes read it, where making it in their sequential
+                loop costs a scan and a sum (a barrier each) per chunk
       S pass    (sequential over chunks; grid V tiles x sequences x heads, one BV x K state tile each):
                 S_{c+1} = exp(b_L) S_c + (beta v * exp(b_L - b))^T k, storing every S_c, and from S_c, before the
                 update, each chunk's residuals (`_s_pass_residual`):
                 p = exp(b') k S_c^T + (k k^T * exp(b'_t - b_s)[s<t]) (beta v)   the old read
                 x = v - p,  w = gamma T(x)  (fit="none": w = T(x)); stores x (fp32) and w.
                 A long sequence on few programs is cut into segments that run side by side (`run_state_pass`)
-      R pass    a plain state pass over w (grid K tiles x V tiles x sequences x heads, one 64 x 64 state tile
-                each, as FLA's chunk_fwd_h): R_{c+1} = exp(b_L) R_c + (w * exp(b_L - b))^T k
+      R pass    a plain state pass over w (grid K tiles x V tiles x sequences x heads, one state tile each, as
+                FLA's chunk_fwd_h: `LAUNCH`, or 64 x 64 where the pass has fewer programs than the GPU has SMs,
+                `NARROW_BELOW`): R_{c+1} = exp(b_L) R_c + (w * exp(b_L - b))^T k
       output    (parallel): o = scale (exp(b) q S_c^T + (q k^T * exp(b_t - b_s)[s<t]) (beta v))
                               + gamma scale (exp(b) q R_c^T + (q k^T * exp(b_t - b_s)[s<=t]) w)
                 (no output gates: b' replaces b in the base read and gamma goes).
@@ -50,8 +53,8 @@ import triton.language as tl
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
                                           TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
-                                          _keep_for_slope, _pass_chunk, _pass_program, _target, _times_kept_slope,
-                                          gate_gradient, launch_options)
+                                          _keep_for_slope, _pass_chunk, _pass_chunk_made, _pass_program, _target,
+                                          _times_kept_slope, gate_gradient, launch_options, made_gates)
 
 # Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives; tiles at
 # least MIN_TILE wide). Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat
@@ -91,7 +94,7 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, REVERSE: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, HAS_SA: tl.constexpr,
                 HAS_B: tl.constexpr, HAS_D0: tl.constexpr, STORE_H: tl.constexpr, STORE_L: tl.constexpr,
-                STORE_Z: tl.constexpr):
+                STORE_Z: tl.constexpr, MADE: tl.constexpr):
     """One chunked state recurrence, sequential over chunks (grid K tiles x V tiles x sequences x heads).
 
         D <- exp(b_L) D + ((ua * sa * scale_a * c_A(b)) ^T ka) [+ sign_b (ub * c_B(b)) ^T kb]     per chunk
@@ -106,6 +109,7 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
     STORE_Z (reverse, a state gradient): with hF the forward's chunk states (S_c or R_c where chunk c starts), this
     tile's share of dg's chunk end term from the states, exp(b_L) <D_end, hF[c]>, D in fp32 as it is carried, in
     Z_P[tile, c * H + head] (tiles K-major, NCH = chunks x heads); the dq/dk kernel then adds only the writes'.
+    MADE: g holds the gates made once (`made_gates`: b, read by `_pass_chunk_made`), not the raw g.
     """
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
         cu, coff, D0, tl.program_id(0), tl.program_id(1), tl.program_id(2), H, K, V, BK, BV, HAS_D0)
@@ -115,7 +119,10 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
         c = NC - 1 - i if REVERSE else i
         if STORE_H:
             tl.store(hD + ((c0 + c) * H + h) * V * K + o_state, D.to(hD.dtype.element_ty), mask=m_state)
-        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
+        if MADE:
+            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk_made(g, bos, eos, c, h, mk, mv, H, BT)
+        else:
+            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
         if STORE_Z:
             b_hF = tl.load(hF + ((c0 + c) * H + h) * V * K + o_state, mask=m_state, other=0.0).to(tl.float32)
             tl.store(Z_P + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * NCH
@@ -141,14 +148,14 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
 
 
 def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H, K, V, BT, BK, BV, REVERSE, CA,
-               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, end_term=None, **options):
+               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, end_term=None, MADE=False, **options):
     """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages. LD: where the pass
     stores each program row's log decay (STORE_L), or None. end_term: (hF, Z_P) for STORE_Z, or None."""
     hF, Z_P = end_term if end_term is not None else (DT, DT)
     _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, LD if LD is not None else DT, hF, Z_P,
                       Z_P.shape[-1] if end_term is not None else 0, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT,
                       BK=BK, BV=BV, REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0,
-                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None, **options)
+                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None, MADE=MADE, **options)
 
 
 @triton.jit
@@ -220,7 +227,7 @@ def _fwd_residual(k, v, g, beta, hS, X, W, cu, cidx, c_clip,
 @triton.jit
 def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     BV: tl.constexpr, HAS_D0: tl.constexpr, TARGET: tl.constexpr):
+                     BV: tl.constexpr, HAS_D0: tl.constexpr, TARGET: tl.constexpr, MADE: tl.constexpr):
     """S's pass with the old reads and residuals of each chunk made from the state it holds (grid V tiles x
     sequences*heads; one BV x K fp32 tile, the whole K, as RDN's passes): per chunk, stores S_c (hS), then
 
@@ -230,13 +237,16 @@ def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
     storing r and what the backward needs of x (`_residual`), what `_fwd_residual` computes from the stored S_c in a
     kernel of its own. The same numbers: S_c enters the read rounded to the inputs' dtype, as stored. Spares the
     residual's reading of hS and a second reading of k and v (over a fifth of RLA's forward traffic at head_dim
-    128)."""
+    128). MADE: g holds the gates made once, as `_state_pass` takes them."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
         cu, coff, D0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_D0)
     NC = tl.cdiv(eos - bos, BT)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
-        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
+        if MADE:
+            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk_made(g, bos, eos, c, h, mk, mv, H, BT)
+        else:
+            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
         o_tv = tok[:, None] * V + rv[None, :]
         b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_k.dtype
@@ -250,10 +260,10 @@ def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
 
 
 def s_pass_residual(grid, *, k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip, H, K, V, BT, BK, BV, HAS_D0, TARGET,
-                    **options):
+                    MADE=False, **options):
     """`_s_pass_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
     _s_pass_residual[grid](k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                           HAS_D0=HAS_D0, TARGET=TARGET, **options)
+                           HAS_D0=HAS_D0, TARGET=TARGET, MADE=MADE, **options)
 
 
 def fwd_residual(grid, *, k, v, g, beta, hS, X, W, cu, cidx, c_clip, H, K, V, BT, BK, BV, TARGET, **options):
@@ -515,17 +525,43 @@ def bwd_dqk(grid, *, q, k, v, g, beta, gamma, W, DX, dO, hS, hR, dhS, dhR, dRT, 
                    Z_STATES=Z_STATES, **options)
 
 
-def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int) -> tuple[tuple, dict]:
-    """Grid and options of a state pass: K tiles x V tiles x sequences*heads."""
+def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int,
+                  narrow: bool = False) -> tuple[tuple, dict]:
+    """Grid and options of a state pass: K tiles x V tiles x sequences*heads (narrow: MIN_TILE x MIN_TILE tiles)."""
     opts = dict(LAUNCH["state_pass_2" if two_terms else "state_pass"])
+    if narrow:
+        opts.update(BK=MIN_TILE, BV=MIN_TILE)
     opts["BK"] = max(MIN_TILE, min(opts["BK"], triton.next_power_of_2(K)))
     opts["BV"] = max(MIN_TILE, min(opts["BV"], triton.next_power_of_2(V)))
     return (triton.cdiv(K, opts["BK"]), triton.cdiv(V, opts["BV"]), NH), dict(H=H, K=K, V=V, BT=chunk, **opts)
 
 
-def _state_tiles(two_terms: bool, K: int, V: int) -> int:
-    """How many state tiles (programs per sequence and head) a state pass has."""
-    grid, _ = _state_launch(two_terms, 1, K, V, CHUNK, 1)
+def _narrow_below(device: torch.device) -> int:
+    """`NARROW_BELOW`, or where it is None the device's SM count (0 off CUDA: the interpreter has none)."""
+    if NARROW_BELOW is not None:
+        return NARROW_BELOW
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _pass_plan(layout: Layout, two_terms: bool, H: int, K: int, V: int, chunk: int,
+               device: torch.device) -> tuple[tuple, dict, "Segments | None"]:
+    """Grid, launch options and segments of a state pass over the layout: its sequences cut into segments when
+    they are long and its programs few (`SPLIT`); else, when its programs would leave SMs idle (`NARROW_BELOW`),
+    MIN_TILE x MIN_TILE state tiles, which give a sequence and head twice the programs at head_dim 128 (a 1.5B
+    layer, 4 x 4096 x 16 heads: 128 programs at 64 x 128, on 132 SMs)."""
+    grid, state = _state_launch(two_terms, H, K, V, chunk, layout.N * H)
+    programs = grid[0] * grid[1] * grid[2]
+    segs = _segments(layout, programs, chunk, device)
+    if segs is None and programs < _narrow_below(device):
+        grid, state = _state_launch(two_terms, H, K, V, chunk, layout.N * H, narrow=True)
+    return grid, state, segs
+
+
+def _pass_tiles(layout: Layout, two_terms: bool, H: int, K: int, V: int, chunk: int, device: torch.device) -> int:
+    """How many state tiles (programs per sequence and head) the state pass that stores the chunk states has."""
+    grid, _, _ = _pass_plan(layout, two_terms, H, K, V, chunk, device)
     return grid[0] * grid[1]
 
 
@@ -551,6 +587,13 @@ class SplitRule:
 
 
 SPLIT = SplitRule()
+# A state pass that is not split and would have fewer programs than this runs at MIN_TILE x MIN_TILE tiles
+# (`_pass_plan`): None, the device's SM count; 0, never (benchmarks/kernels.py --rla-wide-tiles).
+NARROW_BELOW: int | None = None
+# The state passes read the gates' chunk-local cumsum made once by a small kernel (`made_gates`) rather than making
+# it in their sequential loop (benchmarks/kernels.py --rla-gates-in-pass). Read by the forward: a call's backward
+# follows the switch as it was when the call ran.
+GATES_MADE_ONCE = True
 # The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
 # (`_fwd_residual`); benchmarks/kernels.py --rla-residual-apart times both.
 RESIDUAL_IN_S_PASS = True
@@ -608,8 +651,7 @@ def run_state_pass(layout: Layout, two_terms: bool, *, g, D0, hD, DT, HAS_D0: bo
     chunk states the unsplit pass would (to fp32 rounding). Three launches and no PyTorch operation: an eager
     caller's host time stays near the unsplit pass's. end_term: (hF, Z_P), the pass that stores the chunk states
     also stores dg's end-term partials (`_state_pass`, STORE_Z)."""
-    grid, state = _state_launch(two_terms, H, K, V, chunk, layout.N * H)
-    segs = _segments(layout, grid[0] * grid[1] * grid[2], chunk, g.device)
+    grid, state, segs = _pass_plan(layout, two_terms, H, K, V, chunk, g.device)
     if segs is None:
         state_pass(grid, g=g, D0=D0, hD=hD, DT=DT, cu=layout.cu, coff=layout.coff, REVERSE=REVERSE, HAS_D0=HAS_D0,
                    end_term=end_term, **terms, **state)
@@ -639,21 +681,21 @@ def _segment_starts(segs: Segments, two_terms: bool, *, g, D0, hD, DT, HAS_D0: b
 
 
 def run_s_pass_residual(layout: Layout, *, k, v, g, beta, D0, hS, ST, X, W, HAS_D0: bool, c_clip: float, TARGET: int,
-                        H: int, K: int, V: int, chunk: int) -> None:
+                        H: int, K: int, V: int, chunk: int, MADE: bool = False) -> None:
     """S's pass with the residuals made in it (`_s_pass_residual`): hS, ST, X and W as S's pass and
     `_fwd_residual` give them. A long sequence on few programs is split as `run_state_pass` splits it: the plain
     pass and the carry give each segment's start, then the fused pass runs from those."""
     opts = launch_options("s_pass_residual", V, LAUNCH)
     nv = triton.cdiv(V, opts["BV"])
     fused = dict(k=k, v=v, g=g, beta=beta, hS=hS, X=X, W=W, c_clip=c_clip, H=H, K=K, V=V, BT=chunk,
-                 BK=max(MIN_TILE, triton.next_power_of_2(K)), TARGET=TARGET, **opts)
+                 BK=max(MIN_TILE, triton.next_power_of_2(K)), TARGET=TARGET, MADE=MADE, **opts)
     segs = _segments(layout, nv * layout.N * H, chunk, g.device)
     if segs is None:
         s_pass_residual((nv, layout.N * H), D0=D0, ST=ST, cu=layout.cu, coff=layout.coff, HAS_D0=HAS_D0, **fused)
         return
     E, starts = _segment_starts(segs, False, g=g, D0=D0, hD=hS, DT=ST, HAS_D0=HAS_D0, REVERSE=False, H=H, K=K, V=V,
                                 chunk=chunk, ka=k, ua=v, sa=beta, kb=k, ub=v, scale_a=1.0, sign_b=0.0,
-                                CA=COEF_TO_END.value, CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False)
+                                CA=COEF_TO_END.value, CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False, MADE=MADE)
     s_pass_residual((nv, segs.count * H), D0=starts, ST=E, cu=segs.cu, coff=segs.coff, HAS_D0=True, **fused)
 
 
@@ -682,14 +724,18 @@ class RLAFunction(torch.autograd.Function):
         BK = max(MIN_TILE, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
         C = max(NT, 1)
+        # the state passes' gates: their chunk-local cumsum made once, or g (each pass makes them)
+        made = GATES_MADE_ONCE
+        gates = made_gates(layout, g32, H, chunk) if made else g32
         dims = dict(H=H, K=K, V=V, chunk=chunk)
         # S's pass; the old reads and residuals from its chunk states; R's pass over the residuals
         if RESIDUAL_IN_S_PASS:
-            run_s_pass_residual(layout, k=k, v=v, g=g32, beta=beta_c, D0=S0 if S0 is not None else ST, hS=hS, ST=ST,
+            run_s_pass_residual(layout, k=k, v=v, g=gates, MADE=made, beta=beta_c, D0=S0 if S0 is not None else ST, hS=hS, ST=ST,
                                 X=X, W=W, HAS_D0=S0 is not None, c_clip=float(spec.clip),
                                 TARGET=TARGET_CODES[spec.target], **dims)
         else:
-            run_state_pass(layout, False, ka=k, ua=v, sa=beta_c, kb=k, ub=v, g=g32, D0=S0 if S0 is not None else ST,
+            run_state_pass(layout, False, ka=k, ua=v, sa=beta_c, kb=k, ub=v, g=gates, MADE=made,
+                           D0=S0 if S0 is not None else ST,
                            hD=hS, DT=ST, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
                            CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False, HAS_D0=S0 is not None, **dims)
             opts = launch_options("fwd_residual", V, LAUNCH)
@@ -698,7 +744,8 @@ class RLAFunction(torch.autograd.Function):
                          **consts, **opts)
         if fit_res:
             # R's writes w = gamma r, gamma applied as S's pass applies beta
-            run_state_pass(layout, False, ka=k, ua=W, sa=gamma_c, kb=k, ub=W, g=g32, D0=R0 if R0 is not None else RT,
+            run_state_pass(layout, False, ka=k, ua=W, sa=gamma_c, kb=k, ub=W, g=gates, MADE=made,
+                           D0=R0 if R0 is not None else RT,
                            hD=hR, DT=RT, scale_a=1.0, sign_b=0.0, REVERSE=False, CA=COEF_TO_END.value,
                            CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False, HAS_D0=R0 is not None, **dims)
         O = torch.empty(B * T, H, V, dtype=q.dtype, device=dev)
@@ -717,16 +764,16 @@ class RLAFunction(torch.autograd.Function):
             if min(layout.lengths) == 0:
                 empty = torch.tensor([n == 0 for n in layout.lengths], device=dev)[:, None, None, None]
                 R_T = torch.where(empty, 0.0, R_T)
-        ctx.save_for_backward(q, k, v, g32, beta_c, gamma_c, hS, hR, X, W, CORR)
+        ctx.save_for_backward(q, k, v, g32, gates, beta_c, gamma_c, hS, hR, X, W, CORR)
         ctx.layout, ctx.spec, ctx.scale, ctx.chunk = layout, spec, float(scale), chunk
         ctx.shape, ctx.has_S0, ctx.has_R0 = (B, T, H, K, V), S0 is not None, R0 is not None
-        ctx.end_term_in_pass = END_TERM_IN_PASS
+        ctx.end_term_in_pass, ctx.made = END_TERM_IN_PASS, made
         ctx.dtypes = (g.dtype, beta.dtype, gamma.dtype)
         return O.view(B, T, H, V), ST, R_T
 
     @staticmethod
     def backward(ctx, dO, dST, dRT):
-        q, k, v, g32, beta_c, gamma_c, hS, hR, X, W, CORR = ctx.saved_tensors
+        q, k, v, g32, gates, beta_c, gamma_c, hS, hR, X, W, CORR = ctx.saved_tensors
         layout, spec, scale, chunk = ctx.layout, ctx.spec, ctx.scale, ctx.chunk
         B, T, H, K, V = ctx.shape
         dev = q.device
@@ -751,14 +798,14 @@ class RLAFunction(torch.autograd.Function):
         BKt = opts_dqk.pop("BK")
         NK = triton.cdiv(K, BKt)
         in_pass = ctx.end_term_in_pass
-        tiles_S = _state_tiles(True, K, V) if in_pass else 0
-        tiles_R = _state_tiles(False, K, V) if in_pass and fit_res else 0
+        tiles_S = _pass_tiles(layout, True, H, K, V, chunk, dev) if in_pass else 0
+        tiles_R = _pass_tiles(layout, False, H, K, V, chunk, dev) if in_pass and fit_res else 0
         Z_P = torch.empty(NK + tiles_S + tiles_R, C * H, dtype=torch.float32, device=dev)
         end_S = (hS, Z_P[NK:NK + tiles_S]) if in_pass else None
         end_R = (hR, Z_P[NK + tiles_S:]) if tiles_R else None
         if fit_res:
             # dR's pass (it does not depend on dS); then dw, dx in parallel; then dS's pass, which needs dx
-            run_state_pass(layout, False, ka=q, ua=dO, sa=gamma_c, kb=q, ub=dO, g=g32,
+            run_state_pass(layout, False, ka=q, ua=dO, sa=gamma_c, kb=q, ub=dO, g=gates, MADE=ctx.made,
                            D0=dRT if dRT is not None else dS0, hD=dhR, DT=dR0, scale_a=scale, sign_b=0.0, REVERSE=True,
                            CA=COEF_B.value, CB=COEF_TO_END.value, HAS_SA=spec.output_gates, HAS_B=False,
                            HAS_D0=dRT is not None, end_term=end_R, **dims)
@@ -769,7 +816,8 @@ class RLAFunction(torch.autograd.Function):
                      dRT=dRT if dRT is not None else dS0, DX=DX, dGR_P=dGR_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH,
                      scale=scale, c_clip=float(spec.clip), TARGET=TARGET_CODES[spec.target], HAS_DRT=dRT is not None,
                      **consts, **opts)
-        run_state_pass(layout, True, ka=q, ua=dO, sa=gamma_c, kb=k, ub=DX, g=g32, D0=dST if dST is not None else dS0,
+        run_state_pass(layout, True, ka=q, ua=dO, sa=gamma_c, kb=k, ub=DX, g=gates, MADE=ctx.made,
+                       D0=dST if dST is not None else dS0,
                        hD=dhS, DT=dS0, scale_a=scale, sign_b=-1.0, REVERSE=True,
                        CA=(COEF_B if spec.output_gates else COEF_B_PRIME).value, CB=COEF_B_PRIME.value, HAS_SA=False,
                        HAS_B=True, HAS_D0=dST is not None, end_term=end_S, **dims)
