@@ -154,11 +154,14 @@ def test_malformed_yaml_and_cli_exit_code(tmp_path, capsys):
     with pytest.raises(UserError, match=r"broken.yaml:2: title: malformed YAML"):
         load_spec(path)
     # The CLI validates every spec before touching a tracking store: exit 2, one line, no traceback.
-    assert main(["dashboard", "smoke", "--root", str(tmp_path), "--specs", str(tmp_path)]) == 2
+    (tmp_path / "runs" / "smoke").mkdir(parents=True)
+    (tmp_path / "runs" / "smoke" / "sweep.json").write_text("{}")
+    assert main(["dashboard", "smoke", "--root", str(tmp_path / "runs"), "--specs", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "broken.yaml" in err and "Traceback" not in err
-    assert main(["dashboard", "smoke", "--root", str(tmp_path / "nowhere")]) == 2
-    assert "no sweep 'smoke'" in capsys.readouterr().err
+    # an unknown sweep is said first, alone: no "loading the specs" before it
+    assert main(["dashboard", "smoke", "--root", str(tmp_path / "nowhere"), "--specs", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("rla-sweep: error: no sweep 'smoke'")
 
 
 def test_metrics_and_params_no_run_has_are_noted_with_the_closest(tmp_path):

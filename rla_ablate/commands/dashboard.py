@@ -47,7 +47,7 @@ def _check_out(out: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rla_ablate.sweep.status import note_other_file, resolve_name
+    from rla_ablate.sweep.status import note_other_file, open_sweep_dir, resolve_name
 
     note_other_file(args.root, args.name)
     args.name = resolve_name(args.name)  # a sweep file names its sweep, as for status and results
@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
         from rla_ablate.tracking.read import reader_uri
 
         args.tracking_uri = reader_uri(args.tracking_uri)
+    else:  # the sweep's own store: an unknown sweep is said before anything else
+        open_sweep_dir(args.root, args.name)
     # The imports and the specs' validation take seconds before build_dashboard reports its phases.
     print(f"dashboard {args.name}: loading the specs", file=sys.stderr, flush=True)
     from rich.markup import escape
@@ -69,10 +71,6 @@ def run(args: argparse.Namespace) -> int:
 
     console = PipeConsole()  # a reader that goes away (`| head`) ends the command with 141, as for every command
     n = len(load_specs(args.specs))
-    if args.tracking_uri is None:  # the sweep's own store: an unknown sweep is said before any progress is drawn
-        from rla_ablate.dashboard.build import open_sweep_dir
-
-        open_sweep_dir(args.root, args.name)
     columns = (TextColumn("[bold]dashboard[/] {task.description}"), BarColumn(),
                TextColumn("{task.completed}/{task.total}"))
     with Progress(*columns, console=console, transient=True) as bar:

@@ -30,6 +30,7 @@ from rla_ablate.dashboard.spec import load_specs, spec_dir
 from rla_ablate.dashboard.verdict import adjust_for_many, evaluate
 from rla_ablate.errors import UserError
 from rla_ablate.sweep.state import SweepDir
+from rla_ablate.sweep.status import open_sweep_dir
 from rla_ablate.tracking.runs import JOB_ID
 
 log = logging.getLogger(__name__)
@@ -111,23 +112,6 @@ def sync_jobs(sdir: SweepDir, uri: str, job_ids: list[str] | None = None) -> int
             log.warning("could not backfill run %s from %s: %s", status.mlflow_run_id, jsonl, exc)
     return total
 
-
-def sweep_names(root: Path) -> list[str]:
-    return sorted(p.parent.name for p in Path(root).glob("*/sweep.json"))
-
-
-def open_sweep_dir(root: str | Path, sweep: str) -> SweepDir:
-    """The sweep's folder, or a UserError naming the sweeps that exist under `root`."""
-    from rla_ablate.sweep.status import check_root_folder
-
-    check_root_folder(root)
-    sdir = SweepDir(root, sweep)
-    if not sdir.exists():
-        known = sweep_names(sdir.root)
-        hint = (f"; sweeps there: {', '.join(known)}" if known
-                else f"; launch one with `rla-sweep launch FILE --root {root}`")
-        raise UserError(f"no sweep '{sweep}' under {sdir.root}{hint}")
-    return sdir
 
 
 def tracking_of(root: str | Path, sweep: str) -> tuple[str | None, Path | None]:

@@ -78,6 +78,22 @@ def check_root_folder(root: str | Path) -> None:
         raise UserError(f"{root} is a file, not a folder; --root names the folder a launch wrote to", key="--root")
 
 
+def sweep_names(root: Path) -> list[str]:
+    return sorted(p.parent.name for p in Path(root).glob("*/sweep.json"))
+
+
+def open_sweep_dir(root: str | Path, sweep: str) -> SweepDir:
+    """The sweep's folder, or a UserError naming the sweeps that exist under `root`."""
+    check_root_folder(root)
+    sdir = SweepDir(root, sweep)
+    if not sdir.exists():
+        known = sweep_names(sdir.root)
+        hint = (f"; sweeps there: {', '.join(known)}" if known
+                else f"; launch one with `rla-sweep launch FILE --root {root}`")
+        raise UserError(f"no sweep '{sweep}' under {sdir.root}{hint}")
+    return sdir
+
+
 def open_sweep(root: str | Path, name_or_file: str) -> SweepDir:
     check_root_folder(root)
     sdir = SweepDir(root, resolve_name(name_or_file))
