@@ -93,12 +93,19 @@ def test_finishes_with_every_metric(straight):
 
 
 def cpu_fingerprint() -> str:
-    """What decides torch's CPU kernel paths: architecture, vector ISA torch dispatches to, and the CPU model."""
+    """What decides torch's CPU kernel paths: architecture, vector ISA torch dispatches to, and the CPU model, by its
+    name and by its family, model and stepping numbers (a virtual machine may name every EPYC alike, and two EPYC
+    generations with AVX512 sum in other orders)."""
     model = ""
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
-        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                      if line.startswith("model name")), "")
+        fields: dict[str, str] = {}
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+        model = fields.get("model name", "")
+        if "cpu family" in fields:
+            model += f" (family {fields['cpu family']}, model {fields.get('model')}, stepping {fields.get('stepping')})"
     return f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()} {model}".strip()
 
 
