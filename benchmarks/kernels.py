@@ -32,9 +32,11 @@ column divides by the FLA baseline of the same rule. The table prints last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 from functools import partial
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -88,20 +90,22 @@ def candidates(backends, variants=(), rla_chunk=None, rla_warps=None, rla_splits
     for rule in rla_splits if "triton" in backends else ():
         runs[f"RLA [triton, split {rule.programs}:{rule.chunks}]"] = ("additive", partial(rla_with, SPLIT=rule))
     if rla_launch and "triton" in backends:
+        from rla_ablate.ops.triton import rla
+
         label, table = rla_launch
-        runs[f"RLA [triton, {label}]"] = ("additive", partial(rla_with, LAUNCH=table))
+        # state-pass tiles named: at those tiles, not narrowed below the SM count (`rla.NARROW_BELOW`)
+        named = any(table[k] != rla.LAUNCH[k] for k in ("state_pass", "state_pass_2"))
+        runs[f"RLA [triton, {label}]"] = ("additive", partial(rla_with, LAUNCH=table,
+                                                              **({"NARROW_BELOW": 0} if named else {})))
     return runs
 
 
 def rla_with(x, **settings):
-    """RLA on the `triton` backend with module settings of `rla_ablate.ops.triton.rla` changed for the call: a design
-    switch off (`VARIANTS`), SPLIT, the rule by which the state passes cut a sequence into segments, or LAUNCH, the
-    kernels' launch options."""
-    from unittest import mock
-
-    from rla_ablate.ops.triton import rla
-
-    with mock.patch.multiple(rla, **settings):
+    """RLA on the `triton` backend with module settings of `rla_ablate.ops.triton.rla` changed: a design switch off
+    (`VARIANTS`), SPLIT, the rule by which the state passes cut a sequence into segments, or LAUNCH, the kernels'
+    launch options. The backward reads SPLIT, LAUNCH and NARROW_BELOW when it runs, after this call has returned:
+    `bench` and `profile` hold the settings over it too (`settings_of`)."""
+    with settings_of(partial(rla_with, **settings)):
         return residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], backend="triton")[0]
 
 
@@ -111,15 +115,22 @@ def rla_other_chunk(x, chunk, warps=None):
     from rla_ablate.ops.spec import ResidualSpec
     from rla_ablate.ops.triton import rla
 
-    saved = {k: dict(v) for k, v in rla.LAUNCH.items()}
-    if warps:
-        for name in rla.LAUNCH:
-            rla.LAUNCH[name]["num_warps"] = warps
-    try:
+    with settings_of(partial(rla_other_chunk, chunk=chunk, warps=warps)):
         return rla.rla_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], ResidualSpec(), D ** -0.5, None,
                               chunk=chunk)[0]
-    finally:
-        rla.LAUNCH.update(saved)
+
+
+def settings_of(fn):
+    """The module settings of `rla_ablate.ops.triton.rla` a timed op runs with (a variant of `rla_with`, or
+    `rla_other_chunk`'s warps), as one context for its forward and its backward; nothing for the others."""
+    from rla_ablate.ops.triton import rla
+
+    if isinstance(fn, partial) and fn.func is rla_with:
+        return mock.patch.multiple(rla, **fn.keywords)
+    if isinstance(fn, partial) and fn.func is rla_other_chunk and fn.keywords.get("warps"):
+        table = {k: dict(v, num_warps=fn.keywords["warps"]) for k, v in rla.LAUNCH.items()}
+        return mock.patch.multiple(rla, LAUNCH=table)
+    return contextlib.nullcontext()
 
 
 def rdn_changed(x, **changes):
@@ -160,52 +171,56 @@ VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
 def bench(fn, x, mode):
     from triton.testing import do_bench
 
-    if mode == "fwd":
-        with torch.no_grad():
-            return do_bench(lambda: fn(x), warmup=50, rep=200, return_mode="median")
-    leaves = list(x.values())
-    do = torch.randn_like(fn(x))
+    with settings_of(fn):
+        if mode == "fwd":
+            with torch.no_grad():
+                return do_bench(lambda: fn(x), warmup=50, rep=200, return_mode="median")
+        leaves = list(x.values())
+        do = torch.randn_like(fn(x))
 
-    def step():
-        fn(x).backward(do)
+        def step():
+            fn(x).backward(do)
 
-    return do_bench(step, warmup=50, rep=200, grad_to_none=leaves, return_mode="median")
+        return do_bench(step, warmup=50, rep=200, grad_to_none=leaves, return_mode="median")
 
 
 def profile(runs, T, tokens, names):
     """One fwd+bwd of each named run under torch.profiler: GPU microseconds per kernel, biggest first."""
+    for name in names:
+        _, fn = runs[name]
+        with settings_of(fn):
+            _profile_one(name, fn, T, tokens)
+
+
+def _profile_one(name, fn, T, tokens):
+    """`profile` of one run, inside its settings."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    for name in names:
-        _, fn = runs[name]
-        x = make_inputs(tokens // T, T, grad=True)
-        do = torch.randn_like(fn(x))
-        for _ in range(3):
-            fn(x).backward(do)
-        for t in x.values():
-            t.grad = None  # else the profile shows the accumulation of 4 calls' gradients, which do_bench avoids
+    x = make_inputs(tokens // T, T, grad=True)
+    do = torch.randn_like(fn(x))
+    for _ in range(3):
+        fn(x).backward(do)
+    for t in x.values():
+        t.grad = None  # else the profile shows the accumulation of 4 calls' gradients, which do_bench avoids
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(x).backward(do)
         torch.cuda.synchronize()
-        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-            fn(x).backward(do)
-            torch.cuda.synchronize()
-        kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.device_time_total > 0]
-        kernels.sort(key=lambda e: -e.device_time_total)
-        total = sum(e.device_time_total for e in kernels)
-        print(f"\n{name}, {tokens // T}x{T}, fwd+bwd: {total / 1000:.2f} ms of GPU time in {len(kernels)} kernels")
-        for e in kernels[:14]:
-            print(f"  {e.device_time_total / 1000:8.3f} ms  x{e.count:<3d} {e.key[:90]}")
-
-
-# the tile widths each kernel's launch options name (RLA's and RDN's LAUNCH tables); the rest: BV
-TILE_KEYS = {"state_pass": ("BK", "BV"), "state_pass_2": ("BK", "BV"), "bwd_dqk": ("BK",), "dqk": ("BK",),
-             "wy_bwd": ("BK", "BV")}
+    kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA" and e.device_time_total > 0]
+    kernels.sort(key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in kernels)
+    print(f"\n{name}, {tokens // T}x{T}, fwd+bwd: {total / 1000:.2f} ms of GPU time in {len(kernels)} kernels")
+    for e in kernels[:14]:
+        print(f"  {e.device_time_total / 1000:8.3f} ms  x{e.count:<3d} {e.key[:90]}")
 
 
 def tune_variants(name, default):
     """Launch options to try for one kernel: each tile width 64 or 128 (narrower tiles fault on Hopper with Triton
     3.7, docs/RESULTS.md) at 4 or 8 warps, less the default (pipeline stages moved nothing, docs/RESULTS.md)."""
     import itertools
+
+    from rla_ablate.ops.triton.common import TILE_KEYS
 
     keys = TILE_KEYS.get(name, ("BV",))
     options = [dict(default, num_warps=w, **dict(zip(keys, tiles)))
@@ -224,6 +239,8 @@ def tune(T, tokens, rule, only=()):
 
     module = rla if rule == "additive" else rdn
     name, base_name = ("RLA", "sGLA") if rule == "additive" else ("RDN", "GDN")
+    # the state passes at the tiles each option names: never narrowed below the SM count (`rla.NARROW_BELOW`)
+    narrow, rla.NARROW_BELOW = rla.NARROW_BELOW, 0
     baseline = ((lambda y: chunk_simple_gla(y["q"], y["k"], y["v"], g=y["g"])[0]) if rule == "additive" else
                 (lambda y: chunk_gated_delta_rule(y["q"], y["k"], y["v"], y["g"], y["beta"])[0]))
     defaults = {k: dict(v) for k, v in module.LAUNCH.items()}
@@ -246,7 +263,8 @@ def tune(T, tokens, rule, only=()):
     reference = outputs()
     fla_ms = bench(baseline, x, "fwd+bwd")
     base = bench(fn, x, "fwd+bwd")
-    print(f"\n{name} [triton] fwd+bwd, {tokens // T}x{T}, launch options; {base_name} (FLA) {fla_ms:.2f} ms")
+    print(f"\n{name} [triton] fwd+bwd, {tokens // T}x{T}, launch options (state passes at the tiles named, not "
+          f"narrowed); {base_name} (FLA) {fla_ms:.2f} ms")
     print(f"  {'defaults':50s} {base:8.2f} ms  {base / fla_ms:5.2f}x {base_name}", flush=True)
     best = {}
     skip = set() if module is rdn else {"fwd_residual"} if rla.RESIDUAL_IN_S_PASS else {"s_pass_residual"}
@@ -277,6 +295,7 @@ def tune(T, tokens, rule, only=()):
     fastest = {k: dict(v) for k, v in module.LAUNCH.items() if k in best}
     print(f"  LAUNCH = {fastest}", flush=True)
     module.LAUNCH.update({k: dict(v) for k, v in defaults.items()})
+    rla.NARROW_BELOW = narrow
     return dict(rule=rule, T=T, tokens=tokens, fla_base_ms=fla_ms, defaults_ms=base, fastest_ms=ms, fastest_error=error,
                 launch=fastest)
 

@@ -293,8 +293,12 @@ def main():
             for text in args.rla_launch:
                 name, options = parse_launch(text, rla.LAUNCH)
                 rla.LAUNCH[name] = options
+                if name in ("state_pass", "state_pass_2"):
+                    rla.NARROW_BELOW = 0  # at the tiles named, not narrowed below the SM count
         except ValueError as exc:
             parser.error(str(exc))
+        if args.calibrate is not None:
+            parser.error("--calibrate takes rows of the kernels as they ship: not with --rla-split or --rla-launch")
     unknown = [scale for scale in args.scale if scale not in SHAPES and (args.batch is None or args.seq_len is None)]
     if unknown:
         parser.error(f"no batch shape for scale {', '.join(unknown)}: pass --batch and --seq-len (known: {SHAPES})")

@@ -867,19 +867,18 @@ def test_a_table_orders_numbered_columns_says_n_a_for_another_tasks_metric_and_l
     acc = {0: 0.99, 1: 0.70, 2: 0.08}                           # bimodal across seeds: the t-interval says little
 
     def recall(job):
-        if job.job.model.family != "rla":
-            return None
-        return {f"eval/mqar_kv{n}/acc": acc[job.seed] - 0.01 * n for n in (8, 16, 32)}
+        sets = {"rla": (8, 16, 32), "gdn": (8, 16)}.get(job.job.model.family, ())  # GDN's 32-pair eval lost
+        return {f"eval/mqar_kv{n}/acc": acc[job.seed] - 0.01 * n for n in sets} or None
 
     root, _, _ = logged(server, tmp_path, """\
         name: tasks
-        models: [{preset: tiny-rla}, {preset: tiny-sgla}]
+        models: [{preset: tiny-rla}, {preset: tiny-sgla}, {preset: tiny-gdn}]
         seeds: [0, 1, 2]
         """, lambda job: 3.0 + 0.01 * job.seed, diag=recall)
     spec_dir = tmp_path / "specs"
     spec_dir.mkdir()
     (spec_dir / "recall.yaml").write_text(
-        "kind: table\ntitle: recall\nruns: {family: [rla, sgla]}\nseries: [family]\n"
+        "kind: table\ntitle: recall\nruns: {family: [rla, sgla, gdn]}\nseries: [family]\n"
         "columns: [{metric: 'eval/mqar_*/acc', label: acc, per_seed: true, higher_is_better: true},"
         " {metric: eval/val/loss}]\n")
     dash, page = dashboard(root, "tasks", server, specs=spec_dir)
@@ -888,12 +887,14 @@ def test_a_table_orders_numbered_columns_says_n_a_for_another_tasks_metric_and_l
     assert [h for h in heads if h.startswith("acc")] == ["acc (kv8) ↑", "acc (kv16) ↑", "acc (kv32) ↑"]
     rows = table(page, "recall")
     assert rows["sGLA"][1:7] == ["n/a", "n/a"] * 3 and rows["sGLA"][7].startswith("3.010")
-    assert rows["RLA"][1] == "0.510 ± 1.155 (n=3)<br>seeds 0.910 / 0.620 / 0.000"
+    assert rows["RLA"][1] == "0.510 ± 1.155 (n=3)<br>s0 0.910  s1 0.620  s2 0.000"
+    # a set of the column that a row's runs did not log where they logged others: missing, not another task's
+    assert rows["GDN"][5] == "missing" and rows["GDN"][1].startswith("0.510")
     caption = section[section.index('<p class="caption">'):]
-    assert "then each seed's value in seed order" in caption and "a value n/a: the row's runs do not log" in caption
+    assert "then each seed's value (s0 = seed 0)" in caption and "a value n/a: the row's runs do not log" in caption
     svg = (dash.out_dir / "recall.svg").read_text()
     text = re.sub(r"\s+", " ", " ".join(re.findall(r"<text[^>]*>(.*?)</text>", svg, re.S)))
-    assert "then each seed's value in seed order" in text and "n/a: the row's runs do not log that metric" in text
+    assert "then each seed's value (s0 = seed 0)" in text and "n/a: the row's runs do not log that metric" in text
     assert "sGLA n/a n/a n/a 3.010" in text                     # no Δ line under an n/a value
     # the mechanism column names the checks it ran, and what they cannot show
     assert "mechanism: engaged when each check holds" in text and "not that the model learned" in text

@@ -139,7 +139,14 @@ def check_all() -> None:
         compare(f"narrow-{fit}{'' if in_pass else '-end-term-in-dqk'}",
                 run(naive_residual_attention, master, spec, torch.float64),
                 run(rla_triton, master, spec, torch.float32, chunk=16))
-    fused.NARROW_BELOW, fused.END_TERM_IN_PASS = None, True
+    fused.END_TERM_IN_PASS = True
+    lengths = [20, 1, 35, 0, 9]  # packed, uneven, one empty: the narrow tiles over several sequences
+    cu = torch.tensor([0, *itertools.accumulate(lengths)])
+    spec = ResidualSpec(rule="additive", clip=0.7)
+    master = make(B=1, T=sum(lengths), H=1, K=80, V=72, N=len(lengths))
+    compare("narrow-packed", per_sequence_reference(master, spec, cu),
+            run(rla_triton, master, spec, torch.float32, cu_seqlens=cu, chunk=16))
+    fused.NARROW_BELOW = None
     # the state passes making their gates in their loop (`GATES_MADE_ONCE` off), which benchmarks/kernels.py times
     # against the gates made once: unsplit and split, and packed with an empty sequence and huge gates
     fused.GATES_MADE_ONCE = False
@@ -188,7 +195,7 @@ def check_carry(compare) -> None:
 def test_fused_rla_kernels_match_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=46, timeout=900)
+    run_interpreted(__file__, checks=47, timeout=900)
 
 
 def test_long_sequences_split_into_segments():
@@ -285,7 +292,11 @@ def test_a_launch_change_is_parsed_as_the_benchmarks_take_it():
     assert (name, options) == ("state_pass", dict(LAUNCH["state_pass"], BK=128, num_warps=8))
     assert LAUNCH == before
     for bad, said in (("nope:BK=64", "no kernel 'nope'; kernels: state_pass, "), ("state_pass", "takes KERNEL:KEY"),
-                      ("state_pass:", "takes KERNEL:KEY"), ("state_pass:BQ=64", "no option 'BQ'; options: BK, BV"),
+                      ("state_pass:", "takes KERNEL:KEY"),
+                      ("state_pass:BQ=64", "no option 'BQ'; options of state_pass: BK, BV, num_warps"),
+                      # the dq/dk kernel holds the whole V (a narrower tile would drop columns); the others the K
+                      ("bwd_dqk:BV=64", "no option 'BV'; options of bwd_dqk: BK, num_warps"),
+                      ("fwd_output:BK=64", "no option 'BK'; options of fwd_output: BV, num_warps"),
                       ("state_pass:BK=96", "power of two of at least 64; got 96"),
                       ("state_pass:BV=32", "power of two of at least 64; got 32"),
                       ("state_pass:num_warps=0", "positive integer; got '0'"),

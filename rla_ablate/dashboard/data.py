@@ -288,7 +288,7 @@ def _preference(key: str) -> tuple:
     # their order, not the text's: mqar_kv8, mqar_kv16, mqar_kv32, mqar_kv48_t256.
     parts = key.split("/")
     natural = tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", key) if t)
-    return (0 if any(p in ("val", "valid", "validation") for p in parts) else 1, natural)
+    return (0 if any(p in ("val", "valid", "validation") for p in parts) else 1, natural, key)
 
 
 def matching_metrics(pattern: str, runs: list[RunRecord]) -> list[str]:

@@ -118,7 +118,7 @@ def _section(r: Rendered, run_url) -> str:
         parts += ["<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in r.rows]
         parts.append("</tbody></table>")
         parts.append('<p class="caption">mean ± 95% t-interval over seeds (n seeds)'
-                     + (", then each seed's value in seed order" if r.per_seed else "")
+                     + (", then each seed's value (s0 = seed 0)" if r.per_seed else "")
                      + "; Δ = row − reference, paired by seed, with its 95% interval and paired t-test p"
                      + ("; a value n/a: the row's runs do not log that metric (another task's)"
                         if r.not_applicable else "")

@@ -476,9 +476,9 @@ def _is_number(v: str) -> bool:
         return False
 
 
-def _column_keys(c, runs: SweepRuns) -> list[str]:
-    """The metrics a column reads: its glob's matches, limited to `sets` when the column names them."""
-    keys = D.matching_metrics(c.metric, runs.jobs)
+def _column_keys(c, jobs: list) -> list[str]:
+    """The metrics a column reads in these runs: its glob's matches, limited to `sets` when the column names them."""
+    keys = D.matching_metrics(c.metric, jobs)
     if c.sets is not None:
         keys = [k for k in keys if any(fnmatch.fnmatchcase(D.glob_part(c.metric, k), g) for g in c.sets)]
     return keys
@@ -490,11 +490,13 @@ MECHANISM_CHECKS = ("engaged when each check holds in the final diagnostics; the
                     "not that the model learned (a run at chance can pass)")
 
 
-def _absent(s: D.Series, key: str | None) -> str:
-    """What a table cell without a value says: n/a where the series' finished runs log no such metric (an LM row
-    under an MQAR column), else missing (no finished run, or its value is not a number)."""
+def _absent(s: D.Series, c, key: str | None) -> str:
+    """What a table cell without a value says: n/a where the series' finished runs log no metric of the column at
+    all (an LM row under an MQAR column: none matches its glob), else missing (no finished run, a value that is not
+    a number, or one set of the column's not logged where others are)."""
     done = list(s.by_seed().values())
-    return NOT_APPLICABLE if done and key is not None and not any(key in r.metrics for r in done) else "missing"
+    logged = bool(_column_keys(c, done))
+    return NOT_APPLICABLE if done and key is not None and not logged else "missing"
 
 
 def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: V.ValidityIndex) -> None:
@@ -502,13 +504,13 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: 
     # A glob column becomes one column per matching metric (eval/*/loss -> eval loss (val), eval loss (mqar)).
     columns = []
     for c in spec.columns:
-        keys = _column_keys(c, runs)
+        keys = _column_keys(c, runs.jobs)
         if not keys and c.fallback is not None:
             note = f"FALLBACK: no run has {c.metric}; column {c.fallback.label or c.fallback.metric} shown instead"
             out.fallbacks.append(note)
             out.notes.append(note)
             c = c.fallback
-            keys = _column_keys(c, runs)
+            keys = _column_keys(c, runs.jobs)
         keys = keys or [None]
         for key in keys:
             label = c.label or c.metric
@@ -533,14 +535,18 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: 
             for j, (c, key, _) in enumerate(columns):
                 st = summaries[id(s)][j]
                 if not st.n:
-                    absent = _absent(s, key)
+                    absent = _absent(s, c, key)
                     out.not_applicable |= absent == NOT_APPLICABLE
-                    row += [Cell(absent), Cell(NOT_APPLICABLE if absent == NOT_APPLICABLE else "—")]
+                    is_ref = ref is None and any(s is r for r in refs)
+                    row += [Cell(absent), Cell("reference" if is_ref else
+                                                NOT_APPLICABLE if absent == NOT_APPLICABLE else "—")]
                     continue
                 text = st.format(c.digits)
                 if c.per_seed and st.n > 1:
+                    # each seed's value, named, in seed order; those the mean leaves out (not a number) too
                     finals = D.final_by_seed(s, key)
-                    text += "\nseeds " + " / ".join(f"{finals[seed]:.{c.digits}f}" for seed in sorted(finals))
+                    text += "\n" + "  ".join(f"s{seed} {finals[seed]:.{c.digits}f}"
+                                             for seed in sorted(finals, key=D._num_key))
                     out.per_seed = True
                 row.append(Cell(text, best=st.mean == best[j]))
                 if ref is None:
@@ -577,7 +583,9 @@ def render_table(spec: TableSpec, out: Rendered):
         bold.append(marks)
     if not cells:
         cells, bold = [["no runs match this table's filter"] + [""] * len(metrics)], [[False] * len(cols)]
-    fig, ax = plt.subplots(figsize=(max(6.0, 2.3 * len(cols)), 0.5 * len(cells) + 0.9))
+    # rows as tall as their most lines (a value, its seeds, its Δ), at least two; the header two
+    weights = [2] + [max(2, *(1 + str(t).count("\n") for t in line)) for line in cells]
+    fig, ax = plt.subplots(figsize=(max(6.0, 2.3 * len(cols)), 0.25 * sum(weights) + 0.9))
     ax.axis("off")
     table = ax.table(cellText=cells, colLabels=cols, loc="upper center", cellLoc="left", colLoc="left")
     table.auto_set_font_size(False)
@@ -585,7 +593,7 @@ def render_table(spec: TableSpec, out: Rendered):
     table.auto_set_column_width(list(range(len(cols))))
     for (r, c), cell in table.get_celld().items():
         cell.set_edgecolor("0.85")
-        cell.set_height(0.9 / (len(cells) + 1) * (1.0 if r == 0 else 1.0))
+        cell.set_height(0.9 * weights[r] / sum(weights))
         if r == 0 or bold[r - 1][c]:
             cell.set_text_props(weight="bold")
         if r > 0 and cells[r - 1][-1].rstrip("*") in (V.OFF, V.IDENTICAL):
@@ -675,7 +683,7 @@ def _footer(fig, out: Rendered) -> None:
     lines += off[:6] + ([f"  ... {len(off) - 6} more in the validity panel"] if len(off) > 6 else [])
     if out.kind == "table" and out.rows:
         lines.append("Cells: mean ± the 95% t-interval's half-width over n seeds"
-                     + (", then each seed's value in seed order" if out.per_seed else "")
+                     + (", then each seed's value (s0 = seed 0)" if out.per_seed else "")
                      + "; Δ: the row minus its reference, paired by seed; ↑ / ↓: higher / lower is better; bold: the "
                      "best mean of a column" + ("; n/a: the row's runs do not log that metric (another task's)"
                                                 if out.not_applicable else "") + ".")

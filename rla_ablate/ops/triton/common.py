@@ -260,23 +260,27 @@ def launch_options(name: str, V: int, table: dict) -> dict:
     return opts
 
 
-LAUNCH_KEYS = ("BK", "BV", "num_warps", "num_stages")
+# the tile widths each kernel's launch options name (RLA's and RDN's LAUNCH tables); the others': BV alone. The dq/dk
+# kernels hold the whole V in one tile, the parallel kernels the whole K.
+TILE_KEYS = {"state_pass": ("BK", "BV"), "state_pass_2": ("BK", "BV"), "bwd_dqk": ("BK",), "dqk": ("BK",),
+             "wy_bwd": ("BK", "BV")}
 
 
 def parse_launch(text: str, table: dict) -> tuple[str, dict]:
     """'KERNEL:KEY=VALUE[,KEY=VALUE...]', as the benchmarks' --rla-launch takes it: the kernel's entry of `table`
-    (a LAUNCH table) with those options changed. Tile widths are powers of two of at least MIN_TILE. ValueError
-    saying what is allowed."""
+    (a LAUNCH table) with those options changed. Keys: the kernel's tile widths (`TILE_KEYS`), num_warps,
+    num_stages; tile widths are powers of two of at least MIN_TILE. ValueError saying what is allowed."""
     name, _, settings = text.partition(":")
     if name not in table:
         raise ValueError(f"--rla-launch: no kernel {name!r}; kernels: {', '.join(table)}")
     options = dict(table[name])
     if not settings:
         raise ValueError(f"--rla-launch takes KERNEL:KEY=VALUE[,KEY=VALUE...]; got {text!r}")
+    keys = (*TILE_KEYS.get(name, ("BV",)), "num_warps", "num_stages")
     for item in settings.split(","):
         key, _, value = item.partition("=")
-        if key not in LAUNCH_KEYS:
-            raise ValueError(f"--rla-launch {name}: no option {key!r}; options: {', '.join(LAUNCH_KEYS)}")
+        if key not in keys:
+            raise ValueError(f"--rla-launch {name}: no option {key!r}; options of {name}: {', '.join(keys)}")
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"--rla-launch {name}: {key} takes a positive integer; got {value!r}")
         n = int(value)

@@ -44,6 +44,7 @@ and every accumulation in fp32. The backward keeps S_c and R_c from the forward.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -542,7 +543,12 @@ def _narrow_below(device: torch.device) -> int:
         return NARROW_BELOW
     if device.type != "cuda":
         return 0
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _pass_plan(layout: Layout, two_terms: bool, H: int, K: int, V: int, chunk: int,
