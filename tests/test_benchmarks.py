@@ -176,3 +176,34 @@ def test_process_memory_attributes_growth_to_each_familys_first_step():
     assert rows[0]["outside_allocator_gib"] > 0
     stacks = [r["stack_bytes_per_thread"] for r in rows]
     assert all(isinstance(s, int) for s in stacks) and stacks == sorted(stacks), stacks
+
+
+def test_a_kernel_variant_holds_its_settings_over_its_backward(monkeypatch):
+    """benchmarks/kernels.py times a variant (`rla_with`: a design switch, a split rule, launch options) forward and
+    backward: the backward reads the module's settings when it runs, after the variant's call has returned, so the
+    timing holds them over both (`settings_of`); a variant's forward alone left the backward at the defaults."""
+    import importlib.util
+    from functools import partial
+
+    import torch
+    import triton.testing
+
+    from rla_ablate.ops.triton import rla
+
+    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "benchmarks" / "kernels.py")
+    kernels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernels)
+    seen = []
+
+    def forward(q, *args, **kw):  # the op's output, whose backward notes the settings it runs under
+        out = q * 1.0
+        out.register_hook(lambda grad: seen.append((rla.NARROW_BELOW, rla.SPLIT)) or grad)
+        return (out,)
+
+    monkeypatch.setattr(kernels, "residual_attention", forward)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda step, **kw: step() or 1.0)
+    x = {n: torch.ones(2, requires_grad=True) for n in ("q", "k", "v", "g", "beta", "gamma")}
+    rule = rla.SplitRule(programs=1, chunks=1)
+    assert kernels.bench(partial(kernels.rla_with, NARROW_BELOW=0, SPLIT=rule), x, "fwd+bwd") == 1.0
+    assert seen == [(0, rule)]                                # the timed step's backward
+    assert (rla.NARROW_BELOW, rla.SPLIT) == (None, rla.SplitRule())  # restored after
