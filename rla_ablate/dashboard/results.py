@@ -1,6 +1,7 @@
 """One row per job: its identity and final metrics, for `rla-sweep results` (and pandas).
 
-    family, arm, preset, ablations, control, point.<key> per grid/zip key, seed, series  (identity)
+    family, arm, preset, ablations, control, point.<key> per grid/zip key, seed, series  (identity: arm and preset
+        are the model the arm wrote; a control's job trains a model derived from it, which family and control name)
     eval/<set>/{loss,ppl,acc}, train/loss, diag/*                                          (final values)
 """
 
