@@ -46,6 +46,16 @@ from rla_ablate.ops import BACKENDS, _load_gpu_backends, residual_attention
 H, D = 16, 128
 
 
+def seed_autotune() -> None:
+    """Add the shipped autotune results to this process's Triton cache (`seed_triton_cache`): FLA's first call
+    otherwise times every candidate configuration of its kernels, minutes on a fresh node, before any measurement."""
+    from rla_ablate.sweep.launch import seed_triton_cache, triton_cache_dir
+
+    if copied := seed_triton_cache(triton_cache_dir()):
+        print(f"autotune results: {copied} shipped files added to the Triton cache at {triton_cache_dir()}",
+              flush=True)
+
+
 def make_inputs(B, T, grad):
     dev, bf = "cuda", torch.bfloat16
     x = lambda *s: torch.randn(*s, device=dev, dtype=bf)  # noqa: E731
@@ -334,6 +344,9 @@ def main():
     parser.add_argument("--rla-launch", nargs="+", default=[], metavar="KERNEL:KEY=VALUE,...",
                         help="add RLA [triton] with these kernels' launch options changed (rla.LAUNCH; keys BK, BV, "
                              "num_warps, num_stages), e.g. state_pass:BK=64,BV=64")
+    parser.add_argument("--no-autotune-seeds", action="store_true",
+                        help="leave the Triton cache as it is (default: add the shipped autotune results, "
+                             "benchmarks/gpu-tuning, that it lacks, as a sweep's launch does)")
     parser.add_argument("--heads", type=int, default=16, help="heads of every call (a 100M layer has 6, 1.5B 16)")
     args = parser.parse_args()
     from rla_ablate.ops.triton import rdn, rla
@@ -356,6 +369,8 @@ def main():
         parser.error(f"--heads takes a positive integer; got {args.heads}")
     global H
     H = args.heads
+    if not args.no_autotune_seeds:
+        seed_autotune()
     _load_gpu_backends()
     backends = args.backends or [b for b in BACKENDS if b not in ("naive", "chunk")]
     runs = candidates(backends, [v for v in VARIANTS if getattr(args, v)], args.rla_chunk, args.rla_warps, splits,

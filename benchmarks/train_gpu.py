@@ -278,6 +278,9 @@ def main():
     parser.add_argument("--rla-launch", nargs="+", default=[], metavar="KERNEL:KEY=VALUE,...",
                         help="RLA's kernels with these launch options changed (rla.LAUNCH; keys BK, BV, num_warps, "
                              "num_stages), e.g. state_pass:BK=64,BV=64")
+    parser.add_argument("--no-autotune-seeds", action="store_true",
+                        help="on a GPU, leave the Triton cache as it is (default: add the shipped autotune results, "
+                             "benchmarks/gpu-tuning, that it lacks, as a sweep's launch does)")
     parser.add_argument("--top-ops", type=int, default=0, metavar="N",
                         help="with --profile: list the N costliest PyTorch ops per family with their input shapes")
     parser.add_argument("--calibrate", nargs="?", const=str(CALIBRATION), default=None, metavar="TABLE",
@@ -303,6 +306,12 @@ def main():
     if unknown:
         parser.error(f"no batch shape for scale {', '.join(unknown)}: pass --batch and --seq-len (known: {SHAPES})")
     device = torch.device(args.device)
+    if device.type == "cuda" and not args.no_autotune_seeds:
+        # FLA's first call otherwise times every candidate configuration of its kernels: minutes on a fresh node
+        from rla_ablate.sweep.launch import seed_triton_cache, triton_cache_dir
+
+        if copied := seed_triton_cache(triton_cache_dir()):
+            say(f"autotune results: {copied} shipped files added to the Triton cache at {triton_cache_dir()}")
     if "on" in args.graph and device.type != "cuda":
         parser.error(f"--graph on captures CUDA graphs: it needs a CUDA device, not {args.device}")
     if "on" in args.graph and args.warmup < 2:

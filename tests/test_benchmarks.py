@@ -207,3 +207,22 @@ def test_a_kernel_variant_holds_its_settings_over_its_backward(monkeypatch):
     assert kernels.bench(partial(kernels.rla_with, NARROW_BELOW=0, SPLIT=rule), x, "fwd+bwd") == 1.0
     assert seen == [(0, rule)]                                # the timed step's backward
     assert (rla.NARROW_BELOW, rla.SPLIT) == (None, rla.SplitRule())  # restored after
+
+
+def test_the_shipped_autotune_results_seed_a_triton_cache_keeping_what_is_there(tmp_path, monkeypatch):
+    """`seed_triton_cache` (a sweep's launch; benchmarks/kernels.py and train_gpu.py on a GPU): every shipped file
+    the cache lacks is copied, a file the cache has is kept as it is, and the count says how many were added;
+    `triton_cache_dir` is $TRITON_CACHE_DIR where set."""
+    from rla_ablate.sweep.launch import TUNING_SEEDS, seed_triton_cache, triton_cache_dir
+
+    shipped = sorted(p.relative_to(TUNING_SEEDS) for p in TUNING_SEEDS.rglob("*.autotune.json"))
+    assert len(shipped) > 10
+    cache = tmp_path / "cache"
+    (cache / shipped[0]).parent.mkdir(parents=True)
+    (cache / shipped[0]).write_text("this node's own result")
+    assert seed_triton_cache(cache) == len(shipped) - 1
+    assert (cache / shipped[0]).read_text() == "this node's own result"
+    assert (cache / shipped[1]).read_bytes() == (TUNING_SEEDS / shipped[1]).read_bytes()
+    assert seed_triton_cache(cache) == 0
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    assert triton_cache_dir() == cache

@@ -184,7 +184,7 @@ class _Services:
         import ray
 
         self.sdir.triton_cache.mkdir(parents=True, exist_ok=True)
-        _seed_triton_cache(self.sdir.triton_cache)
+        seed_triton_cache(self.sdir.triton_cache)
         env = {"TRITON_CACHE_DIR": str(self.sdir.triton_cache),
                # packed jobs live under allocator caps: growable segments keep freed blocks from fragmenting into
                # reserved-but-unusable memory (up to ~2 GiB per 100M job measured without)
@@ -242,11 +242,14 @@ def _delete_run(tracking_uri: str, run_id: str) -> bool:
     return True
 
 
-def _seed_triton_cache(cache: Path) -> None:
-    """Copy the shipped autotune results into the sweep's Triton cache, keeping what is there: a fresh node's first
-    step then compiles the winning configurations only, instead of timing every candidate for minutes."""
+def seed_triton_cache(cache: Path) -> int:
+    """Copy the shipped autotune results into a Triton cache (a sweep's; the benchmarks' on a GPU), keeping what is
+    there: a fresh node's first step then compiles the winning configurations only, instead of timing every
+    candidate for minutes (FLA's keys name the head sizes and dtypes, not the token count). Returns the files
+    copied."""
+    copied = 0
     if not TUNING_SEEDS.is_dir():
-        return
+        return copied
     for src in TUNING_SEEDS.rglob("*"):
         dst = cache / src.relative_to(TUNING_SEEDS)
         if src.is_dir():
@@ -254,6 +257,20 @@ def _seed_triton_cache(cache: Path) -> None:
         elif not dst.exists():
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
+            copied += 1
+    return copied
+
+
+def triton_cache_dir() -> Path:
+    """The Triton cache this process compiles into: $TRITON_CACHE_DIR, else Triton's default (~/.triton/cache)."""
+    import os
+
+    if os.environ.get("TRITON_CACHE_DIR"):
+        return Path(os.environ["TRITON_CACHE_DIR"])
+    import triton
+
+    knobs = getattr(triton, "knobs", None)
+    return Path(knobs.cache.dir) if knobs is not None else Path.home() / ".triton" / "cache"
 
 
 def _check_reachable(address: str) -> None:
