@@ -899,3 +899,17 @@ def test_a_table_orders_numbered_columns_says_n_a_for_another_tasks_metric_and_l
     # the mechanism column names the checks it ran, and what they cannot show
     assert "mechanism: engaged when each check holds" in text and "not that the model learned" in text
     assert "mixer_rms_over_sqrt_eps &gt;= 1 (job)" in caption
+
+
+def test_a_tables_checks_are_named_once_per_metric_with_every_run_they_read():
+    from rla_ablate.dashboard import validity as V
+    from rla_ablate.dashboard.render import _note_check
+
+    checks: list[str] = []
+    mixer = "diag/mixer_rms_over_sqrt_eps"
+    for check in (V.Check("mixer", mixer, 1.0, ("job",), ""), V.Check("target", "diag/target_engaged", 0.001,
+                                                                       ("reference",), ""),
+                  V.Check("mixer", mixer, 1.0, ("job", "reference"), ""), V.Check("mixer", mixer, 0.5, ("job",), "")):
+        _note_check(checks, check)
+    assert checks == ["mixer_rms_over_sqrt_eps >= 1 (job, reference)", "target_engaged >= 0.001 (reference)",
+                      "mixer_rms_over_sqrt_eps >= 0.5 (job)"]

@@ -490,6 +490,19 @@ MECHANISM_CHECKS = ("engaged when each check holds in the final diagnostics; the
                     "not that the model learned (a run at chance can pass)")
 
 
+def _note_check(checks: list[str], check: V.Check) -> None:
+    """Add a check's description to a table's list, once per metric and threshold: the runs it reads are merged
+    ('target_engaged >= 0.001 (reference)' and '(job, reference)' are one line, '(job, reference)')."""
+    head = check.describe().rsplit(" (", 1)[0]
+    for i, seen in enumerate(checks):
+        if seen.rsplit(" (", 1)[0] == head:
+            sides = seen.rsplit(" (", 1)[1].rstrip(")").split(", ")
+            merged = sides + [side for side in check.on if side not in sides]
+            checks[i] = f"{head} ({', '.join(merged)})"
+            return
+    checks.append(check.describe())
+
+
 def _absent(s: D.Series, c, key: str | None) -> str:
     """What a table cell without a value says: n/a where the series' finished runs log no metric of the column at
     all (an LM row under an MQAR column: none matches its glob), else missing (no finished run, a value that is not
@@ -556,7 +569,8 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: 
                     row.append(Cell(d.format(c.digits) if d.diff.n else "no paired seeds"))
             state = _flag(out, index, s, ref, _where(spec, panel))
             for v in (index.of(s), index.of(ref) if ref is not None else None):
-                out.checks.extend(d for c in (v.checks if v is not None else []) if (d := c.describe()) not in out.checks)
+                for c in v.checks if v is not None else []:
+                    _note_check(out.checks, c)
             row.append(Cell(state + ("*" if state in V.MARK else "")))
             links = [(f"seed {s.seed(r)}", run_url(r.run_id) if r.run_id else None) for r in s.runs]
             row.append(Cell(" ".join(t for t, _ in links) or "no run", links=links))
