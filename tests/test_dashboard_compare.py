@@ -903,13 +903,13 @@ def test_a_table_orders_numbered_columns_says_n_a_for_another_tasks_metric_and_l
 
 def test_a_tables_checks_are_named_once_per_metric_with_every_run_they_read():
     from rla_ablate.dashboard import validity as V
-    from rla_ablate.dashboard.render import _note_check
+    from rla_ablate.dashboard.render import _note_check, check_lines
 
-    checks: list[str] = []
+    checks: dict[str, list[str]] = {}
     mixer = "diag/mixer_rms_over_sqrt_eps"
     for check in (V.Check("mixer", mixer, 1.0, ("job",), ""), V.Check("target", "diag/target_engaged", 0.001,
                                                                        ("reference",), ""),
                   V.Check("mixer", mixer, 1.0, ("job", "reference"), ""), V.Check("mixer", mixer, 0.5, ("job",), "")):
         _note_check(checks, check)
-    assert checks == ["mixer_rms_over_sqrt_eps >= 1 (job, reference)", "target_engaged >= 0.001 (reference)",
-                      "mixer_rms_over_sqrt_eps >= 0.5 (job)"]
+    assert check_lines(checks) == ["mixer_rms_over_sqrt_eps >= 1 (job, reference)",
+                                   "target_engaged >= 0.001 (reference)", "mixer_rms_over_sqrt_eps >= 0.5 (job)"]

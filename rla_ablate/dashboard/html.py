@@ -9,7 +9,7 @@ from html import escape
 from pathlib import Path
 
 from rla_ablate.dashboard.coverage import Untested
-from rla_ablate.dashboard.render import MECHANISM_CHECKS, Cell, Rendered
+from rla_ablate.dashboard.render import MECHANISM_CHECKS, Cell, Rendered, check_lines
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1d1d1f;
@@ -124,7 +124,7 @@ def _section(r: Rendered, run_url) -> str:
                         if r.not_applicable else "")
                      + ". mechanism: engaged, off, identical (results equal the reference's), not measured (a "
                      "diagnostic, or the run it is compared with, is missing), n/a; * see the notes"
-                     + (f"; {MECHANISM_CHECKS}: {escape('; '.join(r.checks))}" if r.checks else "") + ".</p>")
+                     + (f"; {MECHANISM_CHECKS}: {escape('; '.join(check_lines(r.checks)))}" if r.checks else "") + ".</p>")
     elif r.png is not None and r.png.exists():
         data = base64.b64encode(r.png.read_bytes()).decode()
         parts.append(f'<figure><img alt="{escape(r.title)}" src="data:image/png;base64,{data}"></figure>')

@@ -68,8 +68,9 @@ class Rendered:
     """A table's cells list each seed's value (a column's `per_seed`)."""
     not_applicable: bool = False
     """A table has n/a cells: rows whose runs do not log a column's metric (another task's)."""
-    checks: list[str] = field(default_factory=list)
-    """The validity checks behind a table's mechanism column (`validity.Check.describe`), in order of first use."""
+    checks: dict[str, list[str]] = field(default_factory=dict)
+    """The validity checks behind a table's mechanism column: each condition (`validity.Check.condition`), in order
+    of first use, with every run it reads (`check_lines`)."""
     flagged: list[tuple[str, str, str]] = field(default_factory=list)
     """(state, label, detail) of each variant whose mechanism was off, identical or not measured."""
     fallbacks: list[str] = field(default_factory=list)
@@ -490,17 +491,16 @@ MECHANISM_CHECKS = ("engaged when each check holds in the final diagnostics; the
                     "not that the model learned (a run at chance can pass)")
 
 
-def _note_check(checks: list[str], check: V.Check) -> None:
-    """Add a check's description to a table's list, once per metric and threshold: the runs it reads are merged
-    ('target_engaged >= 0.001 (reference)' and '(job, reference)' are one line, '(job, reference)')."""
-    head = check.describe().rsplit(" (", 1)[0]
-    for i, seen in enumerate(checks):
-        if seen.rsplit(" (", 1)[0] == head:
-            sides = seen.rsplit(" (", 1)[1].rstrip(")").split(", ")
-            merged = sides + [side for side in check.on if side not in sides]
-            checks[i] = f"{head} ({', '.join(merged)})"
-            return
-    checks.append(check.describe())
+def _note_check(checks: dict[str, list[str]], check: V.Check) -> None:
+    """Add a check to a table's, once per metric and threshold with every run it reads ('target_engaged >= 0.001'
+    on the reference and on (job, reference) is one line, '(job, reference)')."""
+    sides = checks.setdefault(check.condition(), [])
+    sides += [side for side in check.on if side not in sides]
+
+
+def check_lines(checks: dict[str, list[str]]) -> list[str]:
+    """'condition (runs it reads)' of each check noted by `_note_check`, in order of first use."""
+    return [f"{condition} ({', '.join(sides)})" for condition, sides in checks.items()]
 
 
 def _absent(s: D.Series, c, key: str | None) -> str:
@@ -702,7 +702,7 @@ def _footer(fig, out: Rendered) -> None:
                      "best mean of a column" + ("; n/a: the row's runs do not log that metric (another task's)"
                                                 if out.not_applicable else "") + ".")
         if out.checks:
-            lines.append(f"mechanism: {MECHANISM_CHECKS} ({'; '.join(out.checks)}).")
+            lines.append(f"mechanism: {MECHANISM_CHECKS} ({'; '.join(check_lines(out.checks))}).")
     if out.verdicts:
         lines.append("Verdicts (paired by seed, 95% t-interval; q: false-discovery rate over the sweep's claims):")
         lines += [f"  {v.verdict.upper()}: {v.claim.claim} [{v.comparison()}: Δ = {v.diff_text()}; "

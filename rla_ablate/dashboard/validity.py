@@ -52,9 +52,13 @@ class Check:
     mechanism: str
     """What it tells, in words."""
 
+    def condition(self) -> str:
+        """e.g. 'target_engaged >= 0.001'."""
+        return f"{self.metric.removeprefix('diag/')} >= {self.threshold:g}"
+
     def describe(self) -> str:
         """e.g. 'target_engaged >= 0.001 (reference)'."""
-        return f"{self.metric.removeprefix('diag/')} >= {self.threshold:g} ({', '.join(self.on)})"
+        return f"{self.condition()} ({', '.join(self.on)})"
 
 
 def checks_for(ablations: str, family: str, thresholds) -> list[Check]:
