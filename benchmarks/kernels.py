@@ -46,16 +46,6 @@ from rla_ablate.ops import BACKENDS, _load_gpu_backends, residual_attention
 H, D = 16, 128
 
 
-def seed_autotune() -> None:
-    """Add the shipped autotune results to this process's Triton cache (`seed_triton_cache`): FLA's first call
-    otherwise times every candidate configuration of its kernels, minutes on a fresh node, before any measurement."""
-    from rla_ablate.sweep.launch import seed_triton_cache, triton_cache_dir
-
-    if copied := seed_triton_cache(triton_cache_dir()):
-        print(f"autotune results: {copied} shipped files added to the Triton cache at {triton_cache_dir()}",
-              flush=True)
-
-
 def make_inputs(B, T, grad):
     dev, bf = "cuda", torch.bfloat16
     x = lambda *s: torch.randn(*s, device=dev, dtype=bf)  # noqa: E731
@@ -73,7 +63,8 @@ def make_inputs(B, T, grad):
 
 def candidates(backends, variants=(), rla_chunk=None, rla_warps=None, rla_splits=(), rla_launch=None):
     """The timed ops by name: (rule, fn). variants: keys of `VARIANTS`, RLA or RDN with one design switch off;
-    rla_splits: `rla.SplitRule`s for RLA's state passes; rla_launch: (label, table), RLA with another launch table."""
+    rla_splits: `rla.SplitRule`s for RLA's state passes; rla_launch: (label, kernel -> options), RLA with those
+    kernels' launch options changed (`rla.launch_settings`)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     from fla.ops.simple_gla import chunk_simple_gla
 
@@ -102,11 +93,8 @@ def candidates(backends, variants=(), rla_chunk=None, rla_warps=None, rla_splits
     if rla_launch and "triton" in backends:
         from rla_ablate.ops.triton import rla
 
-        label, table = rla_launch
-        # state-pass tiles named: at those tiles, not narrowed below the SM count (`rla.NARROW_BELOW`)
-        named = any(table[k] != rla.LAUNCH[k] for k in ("state_pass", "state_pass_2"))
-        runs[f"RLA [triton, {label}]"] = ("additive", partial(rla_with, LAUNCH=table,
-                                                              **({"NARROW_BELOW": 0} if named else {})))
+        label, changed = rla_launch
+        runs[f"RLA [triton, {label}]"] = ("additive", partial(rla_with, **rla.launch_settings(changed)))
     return runs
 
 
@@ -354,23 +342,27 @@ def main():
 
     try:
         splits = [rla.SplitRule.parse(text) for text in args.rla_split]
-        table = {k: dict(v) for k, v in rla.LAUNCH.items()}
+        changed: dict[str, dict] = {}
         for text in args.rla_launch:
-            name, options = parse_launch(text, table)
-            table[name] = options
+            name, options = parse_launch(text, {**rla.LAUNCH, **changed})
+            changed[name] = options
     except ValueError as exc:
         parser.error(str(exc))
     known = set(rla.LAUNCH) | set(rdn.LAUNCH)
     if [k for k in args.tune_kernels if k not in known]:
         parser.error(f"--tune-kernels: no kernel {[k for k in args.tune_kernels if k not in known][0]!r}; kernels: "
                      f"{', '.join(sorted(known))}")
-    launch = (" ".join(args.rla_launch), table) if args.rla_launch else None
+    launch = (" ".join(args.rla_launch), changed) if args.rla_launch else None
     if args.heads < 1:
         parser.error(f"--heads takes a positive integer; got {args.heads}")
     global H
     H = args.heads
     if not args.no_autotune_seeds:
-        seed_autotune()
+        # FLA's first call otherwise times every candidate configuration of its kernels: minutes on a fresh node
+        from rla_ablate.sweep.launch import seed_this_process
+
+        if line := seed_this_process():
+            print(line, flush=True)
     _load_gpu_backends()
     backends = args.backends or [b for b in BACKENDS if b not in ("naive", "chunk")]
     runs = candidates(backends, [v for v in VARIANTS if getattr(args, v)], args.rla_chunk, args.rla_warps, splits,

@@ -293,11 +293,12 @@ def main():
         try:
             if args.rla_split is not None:
                 rla.SPLIT = rla.SplitRule.parse(args.rla_split)
+            changed: dict[str, dict] = {}
             for text in args.rla_launch:
-                name, options = parse_launch(text, rla.LAUNCH)
-                rla.LAUNCH[name] = options
-                if name in ("state_pass", "state_pass_2"):
-                    rla.NARROW_BELOW = 0  # at the tiles named, not narrowed below the SM count
+                name, options = parse_launch(text, {**rla.LAUNCH, **changed})
+                changed[name] = options
+            for setting, value in rla.launch_settings(changed).items():
+                setattr(rla, setting, value)
         except ValueError as exc:
             parser.error(str(exc))
         if args.calibrate is not None:
@@ -308,10 +309,10 @@ def main():
     device = torch.device(args.device)
     if device.type == "cuda" and not args.no_autotune_seeds:
         # FLA's first call otherwise times every candidate configuration of its kernels: minutes on a fresh node
-        from rla_ablate.sweep.launch import seed_triton_cache, triton_cache_dir
+        from rla_ablate.sweep.launch import seed_this_process
 
-        if copied := seed_triton_cache(triton_cache_dir()):
-            say(f"autotune results: {copied} shipped files added to the Triton cache at {triton_cache_dir()}")
+        if line := seed_this_process():
+            say(line)
     if "on" in args.graph and device.type != "cuda":
         parser.error(f"--graph on captures CUDA graphs: it needs a CUDA device, not {args.device}")
     if "on" in args.graph and args.warmup < 2:

@@ -213,7 +213,7 @@ def test_the_shipped_autotune_results_seed_a_triton_cache_keeping_what_is_there(
     """`seed_triton_cache` (a sweep's launch; benchmarks/kernels.py and train_gpu.py on a GPU): every shipped file
     the cache lacks is copied, a file the cache has is kept as it is, and the count says how many were added;
     `triton_cache_dir` is $TRITON_CACHE_DIR where set."""
-    from rla_ablate.sweep.launch import TUNING_SEEDS, seed_triton_cache, triton_cache_dir
+    from rla_ablate.sweep.launch import TUNING_SEEDS, seed_this_process, seed_triton_cache, triton_cache_dir
 
     shipped = sorted(p.relative_to(TUNING_SEEDS) for p in TUNING_SEEDS.rglob("*.autotune.json"))
     assert len(shipped) > 10
@@ -226,3 +226,8 @@ def test_the_shipped_autotune_results_seed_a_triton_cache_keeping_what_is_there(
     assert seed_triton_cache(cache) == 0
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
     assert triton_cache_dir() == cache
+    # the benchmarks' seeding (`seed_this_process`): a line when it added files, None when there was nothing to add
+    assert seed_this_process() is None
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "fresh"))
+    assert seed_this_process() == f"autotune results: {len(shipped)} shipped files added to the Triton cache at " \
+                                  f"{tmp_path / 'fresh'}"

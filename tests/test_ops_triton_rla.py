@@ -291,6 +291,13 @@ def test_a_launch_change_is_parsed_as_the_benchmarks_take_it():
     name, options = parse_launch("state_pass:BK=128,num_warps=8", LAUNCH)
     assert (name, options) == ("state_pass", dict(LAUNCH["state_pass"], BK=128, num_warps=8))
     assert LAUNCH == before
+    # the settings the benchmarks run them with: LAUNCH with the entry, and a named state pass not narrowed
+    from rla_ablate.ops.triton.rla import launch_settings
+
+    settings = launch_settings({name: options})
+    assert settings["LAUNCH"] == {**before, name: options} and settings["NARROW_BELOW"] == 0
+    assert launch_settings({"bwd_dv": dict(LAUNCH["bwd_dv"], num_warps=8)}).keys() == {"LAUNCH"}
+    assert LAUNCH == before
     for bad, said in (("nope:BK=64", "no kernel 'nope'; kernels: state_pass, "), ("state_pass", "takes KERNEL:KEY"),
                       ("state_pass:", "takes KERNEL:KEY"),
                       ("state_pass:BQ=64", "no option 'BQ'; options of state_pass: BK, BV, num_warps"),

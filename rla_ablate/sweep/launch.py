@@ -261,6 +261,15 @@ def seed_triton_cache(cache: Path) -> int:
     return copied
 
 
+def seed_this_process() -> str | None:
+    """`seed_triton_cache` into the Triton cache this process compiles into (the benchmarks on a GPU): a line saying
+    what it added, or None when the cache had every shipped file."""
+    cache = triton_cache_dir()
+    if copied := seed_triton_cache(cache):
+        return f"autotune results: {copied} shipped files added to the Triton cache at {cache}"
+    return None
+
+
 def triton_cache_dir() -> Path:
     """The Triton cache this process compiles into: $TRITON_CACHE_DIR, else Triton's default (~/.triton/cache)."""
     import os

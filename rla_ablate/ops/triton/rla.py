@@ -565,6 +565,16 @@ def _pass_plan(layout: Layout, two_terms: bool, H: int, K: int, V: int, chunk: i
     return grid, state, segs
 
 
+def launch_settings(changed: dict[str, dict]) -> dict:
+    """The module settings that run the kernels with `changed` launch options (kernel -> its options, as
+    `common.parse_launch` gives them): LAUNCH with those entries, and where a state pass is named NARROW_BELOW = 0,
+    so that the pass runs at the options named rather than narrowed below the SM count."""
+    settings: dict = {"LAUNCH": {**{k: dict(v) for k, v in LAUNCH.items()}, **changed}}
+    if {"state_pass", "state_pass_2"} & set(changed):
+        settings["NARROW_BELOW"] = 0
+    return settings
+
+
 def _pass_tiles(layout: Layout, two_terms: bool, H: int, K: int, V: int, chunk: int, device: torch.device) -> int:
     """How many state tiles (programs per sequence and head) the state pass that stores the chunk states has."""
     grid, _, _ = _pass_plan(layout, two_terms, H, K, V, chunk, device)
