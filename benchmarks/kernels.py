@@ -14,6 +14,8 @@
                                                                           # the glue's residual kernels, as it was
     python benchmarks/kernels.py --backends triton --rdn-wy-fla           # adds RDN with FLA's WY backward and
                                                                           # PyTorch's additions around it, as it was
+    python benchmarks/kernels.py --backends triton --rdn-gates-in-pass --heads 6 --tokens 32768 --seq-lens 2048 \
+        --long 0                         # adds RDN with its state passes making their gates in their loop, as it was
     python benchmarks/kernels.py --backends triton --rla-chunk 128 --rla-warps 8   # adds RLA at another chunk size
     python benchmarks/kernels.py --backends triton --rla-split 1024:8 512:16 --heads 6 --seq-lens 2048
                                           # adds RLA whose state passes split sequences by other rules (programs:chunks
@@ -148,12 +150,24 @@ def rdn_changed(x, **changes):
         backend.RDN = saved
 
 
+def rdn_with(x, **settings):
+    """RDN on the `triton` backend with module settings of `rla_ablate.ops.triton.rdn` changed (a design switch off,
+    `VARIANTS`): its forward reads them and keeps what its backward needs."""
+    from rla_ablate.ops.triton import rdn
+
+    with mock.patch.multiple(rdn, **settings):
+        return residual_attention(x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], rule="delta",
+                                  backend="triton")[0]
+
+
 # The design switches a variant turns off, each read by the op's forward: RLA's RESIDUAL_IN_S_PASS
 # (--rla-residual-apart: S's pass and the residuals in two kernels, `_fwd_residual`), END_TERM_IN_PASS
 # (--rla-end-term-in-dqk: dg's chunk end terms from the stored state tiles in `_bwd_dqk` rather than from the
 # reverse state passes), GATES_MADE_ONCE (--rla-gates-in-pass: each state pass makes the gates' cumsum in its loop)
-# and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even where their programs leave SMs idle); RDN's residual in its read kernel (--rdn-residual-apart) and its WY backward with the
-# additions around it (--rdn-wy-fla: FLA's prepare_wy_repr_bwd and two PyTorch additions). name -> (label, rule, op).
+# and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even where their programs leave SMs idle); RDN's
+# residual in its read kernel (--rdn-residual-apart), its WY backward with the additions around it (--rdn-wy-fla:
+# FLA's prepare_wy_repr_bwd and two PyTorch additions) and its GATES_MADE_ONCE (--rdn-gates-in-pass).
+# name -> (label, rule, op).
 VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
                                    partial(rla_with, RESIDUAL_IN_S_PASS=False)),
             "rla_end_term_in_dqk": ("RLA [triton, end term in dq/dk]", "additive",
@@ -163,7 +177,8 @@ VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
             "rla_wide_tiles": ("RLA [triton, wide pass tiles]", "additive", partial(rla_with, NARROW_BELOW=0)),
             "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta",
                                    partial(rdn_changed, residual_in_reads=False)),
-            "rdn_wy_fla": ("RDN [triton, FLA's WY bwd]", "delta", partial(rdn_changed, wy="FLA_WY_FLA_BWD"))}
+            "rdn_wy_fla": ("RDN [triton, FLA's WY bwd]", "delta", partial(rdn_changed, wy="FLA_WY_FLA_BWD")),
+            "rdn_gates_in_pass": ("RDN [triton, gates in passes]", "delta", partial(rdn_with, GATES_MADE_ONCE=False))}
 
 
 def bench(fn, x, mode):
@@ -321,6 +336,8 @@ def main():
                         help="add RDN [triton] with the residual made by the glue's kernels from the prediction")
     parser.add_argument("--rdn-wy-fla", action="store_true",
                         help="add RDN [triton] with FLA's WY backward and the additions around it in PyTorch")
+    parser.add_argument("--rdn-gates-in-pass", action="store_true",
+                        help="add RDN [triton] with its two state passes making the gates' chunk cumsum in their loop")
     parser.add_argument("--rla-chunk", type=int, default=None,
                         help="add RLA [triton] at this chunk size (64 is the backend's)")
     parser.add_argument("--rla-warps", type=int, default=None, help="with --rla-chunk: every RLA kernel at these warps")

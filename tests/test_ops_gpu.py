@@ -196,13 +196,14 @@ def test_triton_rla_design_switches_give_the_same_numbers(switch, off, T, monkey
 @pytest.mark.parametrize("change,fit,target", [
     ("residual_in_reads", "residual", "clip"), ("residual_in_reads", "residual", "tanh"),
     ("residual_in_reads", "residual", "identity"), ("wy", "residual", "clip"), ("wy", "residual", "identity"),
-    ("wy", "none", "clip")])
+    ("wy", "none", "clip"), ("GATES_MADE_ONCE", "residual", "clip"), ("GATES_MADE_ONCE", "none", "clip")])
 def test_triton_rdn_design_switches_give_the_same_numbers(change, fit, target, monkeypatch):
     """RDN's design switches, as they run and as benchmarks/kernels.py times them against: the residual made by the
     base pass's read kernel (its gradient turned into dv and dp by the local kernel) or by the glue's kernels from
     the prediction (`residual_in_reads`; dp is now rounded to bf16 once more); the WY step's backward on our kernel,
     which adds the base pass's fp32 dk and the residual's dv before its stores, or FLA's prepare_wy_repr_bwd with
-    PyTorch's additions after it (`wy`). Outputs, final states and every gradient agree to bf16 rounding."""
+    PyTorch's additions after it (`wy`); the state passes' gates made once or in each pass's loop (`rdn.GATES_MADE_ONCE`).
+    Outputs, final states and every gradient agree to bf16 rounding."""
     from dataclasses import replace
 
     from rla_ablate.ops.triton import backend, rdn
@@ -210,8 +211,11 @@ def test_triton_rdn_design_switches_give_the_same_numbers(change, fit, target, m
     master = make_inputs(B=2, T=1000)
     combo = ("delta", fit, target, True)
     on = run_case(leaves(master, torch.bfloat16), "triton", combo)
-    off_value = False if change == "residual_in_reads" else rdn.FLA_WY_FLA_BWD
-    monkeypatch.setattr(backend, "RDN", replace(backend.RDN, **{change: off_value}))
+    if change == "GATES_MADE_ONCE":
+        monkeypatch.setattr(rdn, change, False)
+    else:
+        off_value = False if change == "residual_in_reads" else rdn.FLA_WY_FLA_BWD
+        monkeypatch.setattr(backend, "RDN", replace(backend.RDN, **{change: off_value}))
     off = run_case(leaves(master, torch.bfloat16), "triton", combo)
     for name, want in off.items():
         assert torch.isfinite(on[name]).all(), name

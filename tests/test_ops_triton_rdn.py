@@ -10,8 +10,9 @@ needed the auxiliary pass alone (its mail must not reach the second). Against th
 contract: outputs, final states and all eight gradients for every fit x target x gates, chunks of 16 (T=37: three
 chunks, the last partial), clip=0.7; packed sequences of uneven lengths (one of a single token, one empty) with
 gates of -1e5 and -300, heads that are not powers of two (K=24, V=20), K=80 (two K tiles in dq/dk, a masked K row
-in the passes) and V=72 (two V tiles in the passes), and a call without initial states. Measured: every error
-<= 1e-6 (relative RMS), tolerance 1e-5.
+in the passes) and V=72 (two V tiles in the passes), and a call without initial states; the state passes once with
+the gates made in their loop (batched and packed) instead of read from `made_gates`. Measured: every error <= 1e-6
+(relative RMS), tolerance 1e-5.
 """
 
 from __future__ import annotations
@@ -116,6 +117,16 @@ def check_all() -> None:
         grads.append({"dq": torch.zeros_like(inp["q"]) if dq is None else dq, "dk": dk})
     compare("retained-graph", grads[1], grads[0])
 
+    # the state passes making their gates in their loop (`GATES_MADE_ONCE` off), which benchmarks/kernels.py times
+    # against the gates made once: batched, and packed with an empty sequence and huge gates
+    import rla_ablate.ops.triton.rdn as rdn_module
+
+    rdn_module.GATES_MADE_ONCE = False
+    compare("gates-in-pass", run(naive_residual_attention, master, spec, torch.float64),
+            run(rdn, master, spec, torch.float32))
+    check_packed(compare, "delta", rdn)
+    rdn_module.GATES_MADE_ONCE = True
+
     master = make(T=50)
     compare("no-initial-state", run(naive_residual_attention, master, spec, torch.float64, with_state=False),
             run(rdn, master, spec, torch.float32, with_state=False))
@@ -125,7 +136,7 @@ def check_all() -> None:
 def test_one_pass_delta_rule_matches_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=23, timeout=900)
+    run_interpreted(__file__, checks=27, timeout=900)
 
 
 def test_torch_wy_step_solves_the_chunk_recurrence_of_the_delta_rule():

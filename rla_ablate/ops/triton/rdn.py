@@ -8,6 +8,7 @@ twice. Here the recurrence runs once and both reads come out of it (docs/MATH.md
     WY step   (FLA's fused kkt + solve_tril + recompute_w_u on the GPU; `TORCH_WY` for tests): per chunk of BT
               tokens, A = (I + strict_lower(beta_t exp(b_t - b_s) k_t . k_s))^-1, w = A (beta exp(b) k), u = A (beta v),
               so that the delta rule's effective writes are u_t - w_t S_c^T (S_c: the state where the chunk starts)
+    gates     b for every token, once (`made_gates`): the two state passes read it instead of making it per chunk
     forward   S pass (sequential over chunks; one BV x K fp32 tile per program, as FLA's chunk_fwd_h):
                   n = u - w S_c^T (stored: the writes),   S_{c+1} = exp(b_L) S_c + (n * exp(b_L - b))^T k
               reads (parallel): with D = exp(b'_t - b_s)[s < t] (b' = b - g: the decay to S_{t-1}),
@@ -44,7 +45,8 @@ import triton.language as tl
 
 from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, TARGET_CODES, Layout, _chunk_gates,
                                           _chunk_rows, _chunk_tile, _decay, _keep_for_slope, _pass_chunk,
-                                          _pass_program, _target, _times_kept_slope, gate_gradient, launch_options)
+                                          _pass_chunk_made, _pass_program, _target, _times_kept_slope, gate_gradient,
+                                          launch_options, made_gates)
 
 LAUNCH = {
     "pass": dict(BV=64, num_warps=4),  # the two state passes hold a BV x K fp32 tile
@@ -56,20 +58,28 @@ LAUNCH = {
     "wy_bwd": dict(BK=64, BV=64, num_warps=4),  # one program a chunk and head, looping over K and V tiles
 }
 FLOOR = float(G_FLOOR.value)
+# The two state passes read the gates' chunk-local cumsum made once by a small kernel (`made_gates`), as RLA's do,
+# instead of a scan and a sum (a barrier each) per chunk on their sequential path; False: each pass makes them in its
+# loop (benchmarks/kernels.py --rdn-gates-in-pass times the two). Read by the forward, kept for its backward.
+GATES_MADE_ONCE = True
 
 
 @triton.jit
 def _delta_fwd_pass(k, w, u, g, S0, hS, N_, ST, cu, coff,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, HAS_S0: tl.constexpr):
+                    BV: tl.constexpr, HAS_S0: tl.constexpr, MADE: tl.constexpr):
     """S over the chunks of one sequence and head (grid V tiles x sequences*heads): stores S_c where each chunk
-    starts (hS), the writes n = u - w S_c^T (N_) and the final state (ST, fp32)."""
+    starts (hS), the writes n = u - w S_c^T (N_) and the final state (ST, fp32). MADE: g holds the gates made once
+    (`made_gates`: b, read by `_pass_chunk_made`), not the raw g."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
         cu, coff, S0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_S0)
     NC = tl.cdiv(eos - bos, BT)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
-        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
+        if MADE:
+            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk_made(g, bos, eos, c, h, mk, mv, H, BT)
+        else:
+            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
         b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_k.dtype
         b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(dt)
@@ -80,10 +90,10 @@ def _delta_fwd_pass(k, w, u, g, S0, hS, N_, ST, cu, coff,
     tl.store(ST + o_seq + o_state, S, mask=m_state)
 
 
-def delta_fwd_pass(grid, *, k, w, u, g, S0, hS, N_, ST, cu, coff, H, K, V, BT, BK, BV, HAS_S0, **options):
+def delta_fwd_pass(grid, *, k, w, u, g, S0, hS, N_, ST, cu, coff, H, K, V, BT, BK, BV, HAS_S0, MADE=False, **options):
     """`_delta_fwd_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
     _delta_fwd_pass[grid](k, w, u, g, S0, hS, N_, ST, cu, coff, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_S0=HAS_S0,
-                          **options)
+                          MADE=MADE, **options)
 
 
 @triton.jit
@@ -166,16 +176,20 @@ def delta_bwd_local(grid, *, q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale
 @triton.jit
 def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, HAS_DST: tl.constexpr):
+                    BV: tl.constexpr, HAS_DST: tl.constexpr, MADE: tl.constexpr):
     """dS over the chunks in reverse (grid V tiles x sequences*heads): stores dS where each chunk ends (dhS), the
-    writes' whole gradient dn (DN) and dS0 (fp32)."""
+    writes' whole gradient dn (DN) and dS0 (fp32). MADE: g holds the gates made once, as `_delta_fwd_pass` takes
+    them."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
         cu, coff, dST, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_DST)
     NC = tl.cdiv(eos - bos, BT)
     for i in range(NC):
         c = NC - 1 - i
         tl.store(dhS + ((c0 + c) * H + h) * V * K + o_state, D.to(dhS.dtype.element_ty), mask=m_state)
-        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
+        if MADE:
+            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk_made(g, bos, eos, c, h, mk, mv, H, BT)
+        else:
+            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
         o_tv = tok[:, None] * V + rv[None, :]
         b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_k.dtype
@@ -195,10 +209,10 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
 
 
 def delta_bwd_pass(grid, *, q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale, H, K, V, BT, BK, BV, HAS_DST,
-                   **options):
+                   MADE=False, **options):
     """`_delta_bwd_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
     _delta_bwd_pass[grid](q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale, H=H, K=K, V=V, BT=BT, BK=BK,
-                          BV=BV, HAS_DST=HAS_DST, **options)
+                          BV=BV, HAS_DST=HAS_DST, MADE=MADE, **options)
 
 
 @triton.jit
@@ -543,8 +557,11 @@ class DeltaTwoReads(torch.autograd.Function):
         BK = max(MIN_TILE, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
         nv, opts = _grid_v("pass", V)
-        delta_fwd_pass((nv, N * H), k=k, w=w.contiguous(), u=u.contiguous(), g=g32, S0=S0 if S0 is not None else ST,
-                       hS=hS, N_=N_, ST=ST, cu=layout.cu, coff=layout.coff, HAS_S0=S0 is not None, **consts, **opts)
+        made = GATES_MADE_ONCE
+        gates = made_gates(layout, g32, H, chunk) if made else g32
+        delta_fwd_pass((nv, N * H), k=k, w=w.contiguous(), u=u.contiguous(), g=gates, S0=S0 if S0 is not None else ST,
+                       hS=hS, N_=N_, ST=ST, cu=layout.cu, coff=layout.coff, HAS_S0=S0 is not None, MADE=made,
+                       **consts, **opts)
         target, clip = residual if residual is not None else ("identity", 0.0)
         keeps_x = residual is None or target != "identity"  # the identity's slope needs no x
         # the prediction (fp32), or what the backward needs of x = v - p: the clip's slope (a byte), tanh's x
@@ -556,7 +573,8 @@ class DeltaTwoReads(torch.autograd.Function):
         delta_reads((nv, max(NT, 1), H), q=q, k=k, v=v, g=g32, hS=hS, N_=N_, P=P, BQ=BQ, RES=RES, cu=layout.cu,
                     cidx=layout.cidx, scale=float(scale), c=float(clip), RESIDUAL=residual is not None,
                     TARGET=TARGET_CODES[target], **consts, **opts)
-        ctx.save_for_backward(q, k, v, g32, beta_c, w, hS, N_, P if residual is not None and keeps_x else None)
+        ctx.save_for_backward(q, k, v, g32, beta_c, w, hS, N_, P if residual is not None and keeps_x else None,
+                              gates if made else None)
         ctx.residual = (target, float(clip)) if residual is not None else None
         ctx.saved, ctx.layout, ctx.scale, ctx.chunk, ctx.wy, ctx.cu = saved, layout, float(scale), chunk, wy, cu
         ctx.mail = mail
@@ -565,7 +583,7 @@ class DeltaTwoReads(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dBQ, dP, dST):
-        q, k, v, g32, beta_c, w, hS, N_, X = ctx.saved_tensors
+        q, k, v, g32, beta_c, w, hS, N_, X, made = ctx.saved_tensors
         layout, scale, chunk = ctx.layout, ctx.scale, ctx.chunk
         B, T, H, K = q.shape
         V = v.shape[-1]
@@ -590,9 +608,10 @@ class DeltaTwoReads(torch.autograd.Function):
         DN = torch.empty(B, T, H, V, dtype=dt, device=dev)
         dS0 = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
         nv, opts = _grid_v("bwd_pass", V)
-        delta_bwd_pass((nv, N * H), q=q, k=k, w=w, g=g32, dBQ=dBQ, dP=dP, DNL=DNL,
+        delta_bwd_pass((nv, N * H), q=q, k=k, w=w, g=made if made is not None else g32, dBQ=dBQ, dP=dP, DNL=DNL,
                        dST=dST.contiguous() if dST is not None else dS0, dhS=dhS, DN=DN, dS0=dS0, cu=layout.cu,
-                       coff=layout.coff, scale=scale, HAS_DST=dST is not None, **consts, **opts)
+                       coff=layout.coff, scale=scale, HAS_DST=dST is not None, MADE=made is not None, **consts,
+                       **opts)
         opts = dict(LAUNCH["dqk"])
         BKt = max(MIN_TILE, min(opts.pop("BK"), triton.next_power_of_2(K)))
         NK = triton.cdiv(K, BKt)
