@@ -54,8 +54,9 @@ import triton.language as tl
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
                                           TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
-                                          _keep_for_slope, _pass_chunk, _pass_chunk_made, _pass_program, _target,
-                                          _times_kept_slope, gate_gradient, launch_options, made_gates)
+                                          _keep_for_slope, _pass_chunk, _pass_chunk_made, _pass_keys, _pass_product,
+                                          _pass_program, _target, _times_kept_slope, gate_gradient, launch_options,
+                                          made_gates)
 
 # Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives; tiles at
 # least MIN_TILE wide). Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat
@@ -95,7 +96,7 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, REVERSE: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, HAS_SA: tl.constexpr,
                 HAS_B: tl.constexpr, HAS_D0: tl.constexpr, STORE_H: tl.constexpr, STORE_L: tl.constexpr,
-                STORE_Z: tl.constexpr, MADE: tl.constexpr):
+                STORE_Z: tl.constexpr, MADE: tl.constexpr, K_MAJOR: tl.constexpr):
     """One chunked state recurrence, sequential over chunks (grid K tiles x V tiles x sequences x heads).
 
         D <- exp(b_L) D + ((ua * sa * scale_a * c_A(b)) ^T ka) [+ sign_b (ub * c_B(b)) ^T kb]     per chunk
@@ -111,9 +112,11 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
     tile's share of dg's chunk end term from the states, exp(b_L) <D_end, hF[c]>, D in fp32 as it is carried, in
     Z_P[tile, c * H + head] (tiles K-major, NCH = chunks x heads); the dq/dk kernel then adds only the writes'.
     MADE: g holds the gates made once (`made_gates`: b, read by `_pass_chunk_made`), not the raw g.
+    K_MAJOR: the tile is held BK x BV, D^T, as FLA's chunk_fwd_kernel_h holds h: the keys are read transposed and
+    each product is keys^T (weighted values), where it is otherwise (weighted values)^T keys. The same stored states.
     """
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
-        cu, coff, D0, tl.program_id(0), tl.program_id(1), tl.program_id(2), H, K, V, BK, BV, HAS_D0)
+        cu, coff, D0, tl.program_id(0), tl.program_id(1), tl.program_id(2), H, K, V, BK, BV, HAS_D0, K_MAJOR)
     NC = tl.cdiv(eos - bos, BT)
     log_decay = tl.zeros([1], dtype=tl.float32)
     for i in range(NC):
@@ -128,20 +131,20 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
             b_hF = tl.load(hF + ((c0 + c) * H + h) * V * K + o_state, mask=m_state, other=0.0).to(tl.float32)
             tl.store(Z_P + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * NCH
                      + (c0 + c) * H + h, tl.exp(b_L) * tl.sum(tl.sum(D * b_hF, axis=1), axis=0))
-        b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        b_ka = _pass_keys(ka, tok, rk, mt, mk, m_tk, K, K_MAJOR)
         dt = b_ka.dtype
         coef = _pass_coef(b, bp, b_L, CA)
         if HAS_SA:
             coef = coef * tl.load(sa + tok, mask=mt, other=0.0).to(tl.float32)
         b_ua = tl.load(ua + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
-        D = tl.dot(tl.trans((b_ua * (coef * scale_a)[:, None]).to(dt)), b_ka, D * tl.exp(b_L))  # accumulates in D
+        D = _pass_product(b_ka, (b_ua * (coef * scale_a)[:, None]).to(dt), D * tl.exp(b_L), K_MAJOR)  # into D
         if STORE_L:
             log_decay += b_L
         if HAS_B:
             coef_b = _pass_coef(b, bp, b_L, CB)
-            b_kb = tl.load(kb + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+            b_kb = _pass_keys(kb, tok, rk, mt, mk, m_tk, K, K_MAJOR)
             b_ub = tl.load(ub + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
-            D = tl.dot(tl.trans((b_ub * (coef_b * sign_b)[:, None]).to(dt)), b_kb, D)
+            D = _pass_product(b_kb, (b_ub * (coef_b * sign_b)[:, None]).to(dt), D, K_MAJOR)
     tl.store(DT + o_seq + o_state, D, mask=m_state)
     if STORE_L:
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -149,14 +152,16 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
 
 
 def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H, K, V, BT, BK, BV, REVERSE, CA,
-               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, end_term=None, MADE=False, **options):
+               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, end_term=None, MADE=False, K_MAJOR=False,
+               **options):
     """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages. LD: where the pass
     stores each program row's log decay (STORE_L), or None. end_term: (hF, Z_P) for STORE_Z, or None."""
     hF, Z_P = end_term if end_term is not None else (DT, DT)
     _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, LD if LD is not None else DT, hF, Z_P,
                       Z_P.shape[-1] if end_term is not None else 0, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT,
                       BK=BK, BV=BV, REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0,
-                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None, MADE=MADE, **options)
+                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None, MADE=MADE,
+                      K_MAJOR=K_MAJOR, **options)
 
 
 @triton.jit
@@ -240,7 +245,7 @@ def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
     residual's reading of hS and a second reading of k and v (over a fifth of RLA's forward traffic at head_dim
     128). MADE: g holds the gates made once, as `_state_pass` takes them."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
-        cu, coff, D0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_D0)
+        cu, coff, D0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_D0, False)
     NC = tl.cdiv(eos - bos, BT)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
@@ -534,7 +539,8 @@ def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int,
         opts.update(BK=MIN_TILE, BV=MIN_TILE)
     opts["BK"] = max(MIN_TILE, min(opts["BK"], triton.next_power_of_2(K)))
     opts["BV"] = max(MIN_TILE, min(opts["BV"], triton.next_power_of_2(V)))
-    return (triton.cdiv(K, opts["BK"]), triton.cdiv(V, opts["BV"]), NH), dict(H=H, K=K, V=V, BT=chunk, **opts)
+    return (triton.cdiv(K, opts["BK"]), triton.cdiv(V, opts["BV"]), NH), dict(H=H, K=K, V=V, BT=chunk,
+                                                                               K_MAJOR=PASS_K_MAJOR, **opts)
 
 
 def _narrow_below(device: torch.device) -> int:
@@ -610,6 +616,9 @@ NARROW_BELOW: int | None = None
 # it in their sequential loop (benchmarks/kernels.py --rla-gates-in-pass). Read by the forward: a call's backward
 # follows the switch as it was when the call ran.
 GATES_MADE_ONCE = True
+# The state passes (`_state_pass`) hold their tile K-major, BK x BV as FLA's h pass holds it, rather than BV x BK
+# (benchmarks/kernels.py --rla-k-major times both). Read by each pass when it runs; the stored states are the same.
+PASS_K_MAJOR = False
 # The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
 # (`_fwd_residual`); benchmarks/kernels.py --rla-residual-apart times both.
 RESIDUAL_IN_S_PASS = True
