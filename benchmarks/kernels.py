@@ -10,9 +10,6 @@
                                                                           # in the dq/dk kernel, as it was
     python benchmarks/kernels.py --backends triton --rla-gates-in-pass --rla-wide-tiles --heads 16 --tokens 16384 \
         --seq-lens 4096 --long 0         # adds RLA with its state passes making their gates, and at their wide tiles
-    python benchmarks/kernels.py --backends triton --rla-k-major --heads 6 --tokens 32768 --seq-lens 2048 --long 0
-                                         # adds RLA with its state passes holding their tile K-major (BK x BV);
-                                         # --rdn-k-major: RDN's the same
     python benchmarks/kernels.py --backends triton --rdn-residual-apart   # adds RDN with its prediction handed to
                                                                           # the glue's residual kernels, as it was
     python benchmarks/kernels.py --backends triton --rdn-wy-fla           # adds RDN with FLA's WY backward and
@@ -167,11 +164,9 @@ def rdn_with(x, **settings):
 # (--rla-residual-apart: S's pass and the residuals in two kernels, `_fwd_residual`), END_TERM_IN_PASS
 # (--rla-end-term-in-dqk: dg's chunk end terms from the stored state tiles in `_bwd_dqk` rather than from the
 # reverse state passes), GATES_MADE_ONCE (--rla-gates-in-pass: each state pass makes the gates' cumsum in its loop)
-# and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even where their programs leave SMs idle), and one
-# switch a variant turns on, PASS_K_MAJOR (--rla-k-major: the state passes hold their tile BK x BV); RDN's
+# and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even where their programs leave SMs idle); RDN's
 # residual in its read kernel (--rdn-residual-apart), its WY backward with the additions around it (--rdn-wy-fla:
-# FLA's prepare_wy_repr_bwd and two PyTorch additions) and its GATES_MADE_ONCE (--rdn-gates-in-pass), and its
-# PASS_K_MAJOR turned on (--rdn-k-major).
+# FLA's prepare_wy_repr_bwd and two PyTorch additions) and its GATES_MADE_ONCE (--rdn-gates-in-pass).
 # name -> (label, rule, op).
 VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
                                    partial(rla_with, RESIDUAL_IN_S_PASS=False)),
@@ -180,12 +175,10 @@ VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
             "rla_gates_in_pass": ("RLA [triton, gates in passes]", "additive",
                                   partial(rla_with, GATES_MADE_ONCE=False)),
             "rla_wide_tiles": ("RLA [triton, wide pass tiles]", "additive", partial(rla_with, NARROW_BELOW=0)),
-            "rla_k_major": ("RLA [triton, K-major passes]", "additive", partial(rla_with, PASS_K_MAJOR=True)),
             "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta",
                                    partial(rdn_changed, residual_in_reads=False)),
             "rdn_wy_fla": ("RDN [triton, FLA's WY bwd]", "delta", partial(rdn_changed, wy="FLA_WY_FLA_BWD")),
-            "rdn_gates_in_pass": ("RDN [triton, gates in passes]", "delta", partial(rdn_with, GATES_MADE_ONCE=False)),
-            "rdn_k_major": ("RDN [triton, K-major passes]", "delta", partial(rdn_with, PASS_K_MAJOR=True))}
+            "rdn_gates_in_pass": ("RDN [triton, gates in passes]", "delta", partial(rdn_with, GATES_MADE_ONCE=False))}
 
 
 def bench(fn, x, mode):
@@ -259,7 +252,7 @@ def tune(T, tokens, rule, only=()):
 
     module = rla if rule == "additive" else rdn
     name, base_name = ("RLA", "sGLA") if rule == "additive" else ("RDN", "GDN")
-    # the state passes at the tiles each option names: never narrowed below the SM count (`rla.NARROW_BELOW`)
+    # the state passes at the tiles each option names: never narrowed (`rla.NARROW_BELOW`)
     narrow, rla.NARROW_BELOW = rla.NARROW_BELOW, 0
     baseline = ((lambda y: chunk_simple_gla(y["q"], y["k"], y["v"], g=y["g"])[0]) if rule == "additive" else
                 (lambda y: chunk_gated_delta_rule(y["q"], y["k"], y["v"], y["g"], y["beta"])[0]))
@@ -339,16 +332,12 @@ def main():
     parser.add_argument("--rla-wide-tiles", action="store_true",
                         help="add RLA [triton] with its state passes at their default tiles where they have fewer "
                              "programs than the GPU has SMs")
-    parser.add_argument("--rla-k-major", action="store_true",
-                        help="add RLA [triton] with its state passes holding their tile K-major (BK x BV), as FLA's")
     parser.add_argument("--rdn-residual-apart", action="store_true",
                         help="add RDN [triton] with the residual made by the glue's kernels from the prediction")
     parser.add_argument("--rdn-wy-fla", action="store_true",
                         help="add RDN [triton] with FLA's WY backward and the additions around it in PyTorch")
     parser.add_argument("--rdn-gates-in-pass", action="store_true",
                         help="add RDN [triton] with its two state passes making the gates' chunk cumsum in their loop")
-    parser.add_argument("--rdn-k-major", action="store_true",
-                        help="add RDN [triton] with its two state passes holding their tile K-major (K x BV), as FLA's")
     parser.add_argument("--rla-chunk", type=int, default=None,
                         help="add RLA [triton] at this chunk size (64 is the backend's)")
     parser.add_argument("--rla-warps", type=int, default=None, help="with --rla-chunk: every RLA kernel at these warps")

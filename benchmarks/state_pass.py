@@ -40,18 +40,14 @@ CASES = [
     ("fwd", 64, 128, 4, None, {"no sa": dict(HAS_SA=False)}),
     ("fwd", 64, 128, 4, None, {"no store": dict(STORE_H=False)}),
     ("fwd", 64, 64, 4, None, {"no store": dict(STORE_H=False)}),
-    ("fwd", 64, 128, 4, None, {"K-major": dict(K_MAJOR=True)}),
-    ("fwd", 64, 64, 4, None, {"K-major": dict(K_MAJOR=True)}),
     ("rev", None, None, None, None, {}),
     ("rev", 64, 128, 4, None, {}),
     ("rev", 64, 64, 4, None, {}),
     ("rev", 64, 128, 4, None, {"no end term": dict(end_term=None)}),
     ("rev", 64, 64, 4, None, {"no end term": dict(end_term=None)}),
-    ("rev", 64, 64, 4, None, {"K-major": dict(K_MAJOR=True)}),
     ("rev2", None, None, None, None, {}),
     ("rev2", 128, 64, 4, None, {}),
     ("rev2", 64, 64, 4, None, {}),
-    ("rev2", 64, 64, 4, None, {"K-major": dict(K_MAJOR=True)}),
 ]
 
 

@@ -173,15 +173,14 @@ def test_triton_splits_a_long_sequence_over_segments_as_the_unsplit_pass(fit, mo
 
 @pytest.mark.parametrize("T", [2048, 20_000], ids=["T2048", "T20000-split"])
 @pytest.mark.parametrize("switch,off", [("RESIDUAL_IN_S_PASS", False), ("END_TERM_IN_PASS", False),
-                                        ("GATES_MADE_ONCE", False), ("NARROW_BELOW", 0), ("PASS_K_MAJOR", True)])
+                                        ("GATES_MADE_ONCE", False), ("NARROW_BELOW", 0)])
 def test_triton_rla_design_switches_give_the_same_numbers(switch, off, T, monkeypatch):
     """RLA's design switches, on (what runs) and off (what benchmarks/kernels.py times against it): the forward's
     residuals made inside S's pass (`_s_pass_residual`) or in a kernel of their own (`_fwd_residual`); dg's chunk end
     terms stored by the reverse state passes from their fp32 states or made by the dq/dk kernel from the stored
     bf16 tiles; the passes' gates made once or in each pass's loop; the passes at 64 x 64 tiles where they have
-    fewer programs than SMs (at T=2048: 2 x 16 heads) or at their default tiles; the passes' tiles held BV x BK or
-    K-major (`PASS_K_MAJOR`, off by default). Outputs, final states and every gradient agree to bf16 rounding (a
-    split pass too)."""
+    fewer than two programs per SM (at T=2048: 2 x 16 heads) or at their default tiles. Outputs, final states and every
+    gradient agree to bf16 rounding (a split pass too)."""
     import rla_ablate.ops.triton.rla as fused
 
     master = make_inputs(B=2 if T == 2048 else 1, T=T)
@@ -197,16 +196,14 @@ def test_triton_rla_design_switches_give_the_same_numbers(switch, off, T, monkey
 @pytest.mark.parametrize("change,fit,target", [
     ("residual_in_reads", "residual", "clip"), ("residual_in_reads", "residual", "tanh"),
     ("residual_in_reads", "residual", "identity"), ("wy", "residual", "clip"), ("wy", "residual", "identity"),
-    ("wy", "none", "clip"), ("GATES_MADE_ONCE", "residual", "clip"), ("GATES_MADE_ONCE", "none", "clip"),
-    ("PASS_K_MAJOR", "residual", "clip")])
+    ("wy", "none", "clip"), ("GATES_MADE_ONCE", "residual", "clip"), ("GATES_MADE_ONCE", "none", "clip")])
 def test_triton_rdn_design_switches_give_the_same_numbers(change, fit, target, monkeypatch):
     """RDN's design switches, as they run and as benchmarks/kernels.py times them against: the residual made by the
     base pass's read kernel (its gradient turned into dv and dp by the local kernel) or by the glue's kernels from
     the prediction (`residual_in_reads`; dp is now rounded to bf16 once more); the WY step's backward on our kernel,
     which adds the base pass's fp32 dk and the residual's dv before its stores, or FLA's prepare_wy_repr_bwd with
-    PyTorch's additions after it (`wy`); the state passes' gates made once or in each pass's loop (`rdn.GATES_MADE_ONCE`);
-    their tiles held V-major or K-major (`rdn.PASS_K_MAJOR`, off by default). Outputs, final states and every gradient
-    agree to bf16 rounding."""
+    PyTorch's additions after it (`wy`); the state passes' gates made once or in each pass's loop (`rdn.GATES_MADE_ONCE`).
+    Outputs, final states and every gradient agree to bf16 rounding."""
     from dataclasses import replace
 
     from rla_ablate.ops.triton import backend, rdn
@@ -214,8 +211,8 @@ def test_triton_rdn_design_switches_give_the_same_numbers(change, fit, target, m
     master = make_inputs(B=2, T=1000)
     combo = ("delta", fit, target, True)
     on = run_case(leaves(master, torch.bfloat16), "triton", combo)
-    if change in ("GATES_MADE_ONCE", "PASS_K_MAJOR"):
-        monkeypatch.setattr(rdn, change, change == "PASS_K_MAJOR")
+    if change == "GATES_MADE_ONCE":
+        monkeypatch.setattr(rdn, change, False)
     else:
         off_value = False if change == "residual_in_reads" else rdn.FLA_WY_FLA_BWD
         monkeypatch.setattr(backend, "RDN", replace(backend.RDN, **{change: off_value}))

@@ -118,58 +118,21 @@ def _chunk_tile(cu, cidx, i_c, h, i_v, H: tl.constexpr, K: tl.constexpr, V: tl.c
 
 @triton.jit
 def _pass_program(cu, coff, D0, i_k, i_v, i_nh, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                  BK: tl.constexpr, BV: tl.constexpr, HAS_D0: tl.constexpr, K_MAJOR: tl.constexpr):
+                  BK: tl.constexpr, BV: tl.constexpr, HAS_D0: tl.constexpr):
     """A state pass's program (one sequence and head, one BV x BK state tile): the head, the sequence's token range
-    and first chunk, the tile's columns, masks and offsets, and its starting value (D0's tile or zeros, fp32).
-    K_MAJOR: the tile is held BK x BV (the transpose; as FLA's chunk_fwd_kernel_h holds h), its offsets and mask
-    those of the stored [V, K] state read transposed."""
+    and first chunk, the tile's columns, masks and offsets, and its starting value (D0's tile or zeros, fp32)."""
     n, h = i_nh // H, i_nh % H
     bos, eos = tl.load(cu + n).to(tl.int64), tl.load(cu + n + 1).to(tl.int64)
     c0 = tl.load(coff + n).to(tl.int64)
     rk, rv = i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     mk, mv = rk < K, rv < V
-    if K_MAJOR:
-        m_state = mk[:, None] & mv[None, :]
-        o_state = rv[None, :] * K + rk[:, None]
-        D = tl.zeros([BK, BV], dtype=tl.float32)
-    else:
-        m_state = mv[:, None] & mk[None, :]
-        o_state = rv[:, None] * K + rk[None, :]
-        D = tl.zeros([BV, BK], dtype=tl.float32)
+    m_state = mv[:, None] & mk[None, :]
+    o_state = rv[:, None] * K + rk[None, :]
     o_seq = (n * H + h).to(tl.int64) * V * K
+    D = tl.zeros([BV, BK], dtype=tl.float32)
     if HAS_D0:
         D += tl.load(D0 + o_seq + o_state, mask=m_state, other=0.0).to(tl.float32)
     return h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D
-
-
-@triton.jit
-def _pass_keys(ka, tok, rk, mt, mk, m_tk, K: tl.constexpr, K_MAJOR: tl.constexpr):
-    """A chunk's keys for a state pass's product: [BT, BK], or [BK, BT] (read transposed) for a K-major tile."""
-    if K_MAJOR:
-        b = tl.load(ka + tok[None, :] * K + rk[:, None], mask=mk[:, None] & mt[None, :], other=0.0)
-    else:
-        b = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
-    return b
-
-
-@triton.jit
-def _pass_product(keys, values, acc, K_MAJOR: tl.constexpr):
-    """acc + values^T keys ([BV, BK]), or acc + keys values ([BK, BV], keys read transposed) for a K-major tile."""
-    if K_MAJOR:
-        out = tl.dot(keys, values, acc)
-    else:
-        out = tl.dot(tl.trans(values), keys, acc)
-    return out
-
-
-@triton.jit
-def _state_read(rows, S, K_MAJOR: tl.constexpr):
-    """rows S^T ([BT, BV]: each row of `rows` [BT, BK] read by the state tile S, held BV x BK or K-major)."""
-    if K_MAJOR:
-        out = tl.dot(rows, S)
-    else:
-        out = tl.dot(rows, tl.trans(S))
-    return out
 
 
 @triton.jit

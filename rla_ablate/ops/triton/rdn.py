@@ -45,8 +45,8 @@ import triton.language as tl
 
 from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, TARGET_CODES, Layout, _chunk_gates,
                                           _chunk_rows, _chunk_tile, _decay, _keep_for_slope, _pass_chunk,
-                                          _pass_chunk_made, _pass_keys, _pass_product, _pass_program, _state_read,
-                                          _target, _times_kept_slope, gate_gradient, launch_options, made_gates)
+                                          _pass_chunk_made, _pass_program, _target, _times_kept_slope, gate_gradient,
+                                          launch_options, made_gates)
 
 LAUNCH = {
     "pass": dict(BV=64, num_warps=4),  # the two state passes hold a BV x K fp32 tile
@@ -62,21 +62,17 @@ FLOOR = float(G_FLOOR.value)
 # instead of a scan and a sum (a barrier each) per chunk on their sequential path; False: each pass makes them in its
 # loop (benchmarks/kernels.py --rdn-gates-in-pass times the two). Read by the forward, kept for its backward.
 GATES_MADE_ONCE = True
-# The two state passes hold their tile K-major, K x BV as FLA's delta-rule h pass holds it, rather than BV x K
-# (benchmarks/kernels.py --rdn-k-major times both). Read by the forward, kept for its backward; the same states.
-PASS_K_MAJOR = False
 
 
 @triton.jit
 def _delta_fwd_pass(k, w, u, g, S0, hS, N_, ST, cu, coff,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, HAS_S0: tl.constexpr, MADE: tl.constexpr, K_MAJOR: tl.constexpr):
+                    BV: tl.constexpr, HAS_S0: tl.constexpr, MADE: tl.constexpr):
     """S over the chunks of one sequence and head (grid V tiles x sequences*heads): stores S_c where each chunk
     starts (hS), the writes n = u - w S_c^T (N_) and the final state (ST, fp32). MADE: g holds the gates made once
-    (`made_gates`: b, read by `_pass_chunk_made`), not the raw g. K_MAJOR: the tile is held K x BV, S^T, as FLA's
-    delta-rule h pass holds it (the same stored states)."""
+    (`made_gates`: b, read by `_pass_chunk_made`), not the raw g."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
-        cu, coff, S0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_S0, K_MAJOR)
+        cu, coff, S0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_S0)
     NC = tl.cdiv(eos - bos, BT)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
@@ -84,21 +80,20 @@ def _delta_fwd_pass(k, w, u, g, S0, hS, N_, ST, cu, coff,
             mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk_made(g, bos, eos, c, h, mk, mv, H, BT)
         else:
             mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
-        b_k = _pass_keys(k, tok, rk, mt, mk, m_tk, K, K_MAJOR)
+        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_k.dtype
         b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(dt)
         b_n = tl.load(u + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32) \
-            - _state_read(b_w, S.to(dt), K_MAJOR)
+            - tl.dot(b_w, tl.trans(S.to(dt)))
         tl.store(N_ + tok[:, None] * V + rv[None, :], b_n.to(N_.dtype.element_ty), mask=m_tv)
-        S = _pass_product(b_k, (b_n * tl.exp(b_L - b)[:, None]).to(dt), S * tl.exp(b_L), K_MAJOR)  # into S
+        S = tl.dot(tl.trans((b_n * tl.exp(b_L - b)[:, None]).to(dt)), b_k, S * tl.exp(b_L))  # accumulates in S
     tl.store(ST + o_seq + o_state, S, mask=m_state)
 
 
-def delta_fwd_pass(grid, *, k, w, u, g, S0, hS, N_, ST, cu, coff, H, K, V, BT, BK, BV, HAS_S0, MADE=False,
-                   K_MAJOR=False, **options):
+def delta_fwd_pass(grid, *, k, w, u, g, S0, hS, N_, ST, cu, coff, H, K, V, BT, BK, BV, HAS_S0, MADE=False, **options):
     """`_delta_fwd_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
     _delta_fwd_pass[grid](k, w, u, g, S0, hS, N_, ST, cu, coff, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_S0=HAS_S0,
-                          MADE=MADE, K_MAJOR=K_MAJOR, **options)
+                          MADE=MADE, **options)
 
 
 @triton.jit
@@ -181,11 +176,12 @@ def delta_bwd_local(grid, *, q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale
 @triton.jit
 def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, HAS_DST: tl.constexpr, MADE: tl.constexpr, K_MAJOR: tl.constexpr):
+                    BV: tl.constexpr, HAS_DST: tl.constexpr, MADE: tl.constexpr):
     """dS over the chunks in reverse (grid V tiles x sequences*heads): stores dS where each chunk ends (dhS), the
-    writes' whole gradient dn (DN) and dS0 (fp32). MADE, K_MAJOR: as `_delta_fwd_pass` takes them."""
+    writes' whole gradient dn (DN) and dS0 (fp32). MADE: g holds the gates made once, as `_delta_fwd_pass` takes
+    them."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
-        cu, coff, dST, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_DST, K_MAJOR)
+        cu, coff, dST, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_DST)
     NC = tl.cdiv(eos - bos, BT)
     for i in range(NC):
         c = NC - 1 - i
@@ -197,26 +193,26 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
         o_tv = tok[:, None] * V + rv[None, :]
         b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_k.dtype
+        b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(dt)
         dn = tl.load(DNL + o_tv, mask=m_tv, other=0.0).to(tl.float32) \
-            + tl.exp(b_L - b)[:, None] * _state_read(b_k, D.to(dt), K_MAJOR)
+            + tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(D.to(dt)))
         tl.store(DN + o_tv, dn.to(DN.dtype.element_ty), mask=m_tv)
         e = tl.exp(bp)
         b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(tl.float32) * (e * scale)[:, None]
         b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(tl.float32) * e[:, None]
-        # the three products accumulate in D; a K-major tile reads q, k and w transposed (k a second time)
-        if K_MAJOR:
-            b_k = _pass_keys(k, tok, rk, mt, mk, m_tk, K, K_MAJOR)
-        D = _pass_product(_pass_keys(q, tok, rk, mt, mk, m_tk, K, K_MAJOR), b_dB.to(dt), D * tl.exp(b_L), K_MAJOR)
-        D = _pass_product(b_k, b_dP.to(dt), D, K_MAJOR)
-        D = _pass_product(_pass_keys(w, tok, rk, mt, mk, m_tk, K, K_MAJOR).to(dt), (-dn).to(dt), D, K_MAJOR)
+        # the three products accumulate in D
+        D = tl.dot(tl.trans(b_dB.to(dt)), b_q, D * tl.exp(b_L))
+        D = tl.dot(tl.trans(b_dP.to(dt)), b_k, D)
+        D = tl.dot(tl.trans((-dn).to(dt)), b_w, D)
     tl.store(dS0 + o_seq + o_state, D, mask=m_state)
 
 
 def delta_bwd_pass(grid, *, q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale, H, K, V, BT, BK, BV, HAS_DST,
-                   MADE=False, K_MAJOR=False, **options):
+                   MADE=False, **options):
     """`_delta_bwd_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
     _delta_bwd_pass[grid](q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale, H=H, K=K, V=V, BT=BT, BK=BK,
-                          BV=BV, HAS_DST=HAS_DST, MADE=MADE, K_MAJOR=K_MAJOR, **options)
+                          BV=BV, HAS_DST=HAS_DST, MADE=MADE, **options)
 
 
 @triton.jit
@@ -565,7 +561,7 @@ class DeltaTwoReads(torch.autograd.Function):
         gates = made_gates(layout, g32, H, chunk) if made else g32
         delta_fwd_pass((nv, N * H), k=k, w=w.contiguous(), u=u.contiguous(), g=gates, S0=S0 if S0 is not None else ST,
                        hS=hS, N_=N_, ST=ST, cu=layout.cu, coff=layout.coff, HAS_S0=S0 is not None, MADE=made,
-                       K_MAJOR=PASS_K_MAJOR, **consts, **opts)
+                       **consts, **opts)
         target, clip = residual if residual is not None else ("identity", 0.0)
         keeps_x = residual is None or target != "identity"  # the identity's slope needs no x
         # the prediction (fp32), or what the backward needs of x = v - p: the clip's slope (a byte), tanh's x
@@ -581,7 +577,7 @@ class DeltaTwoReads(torch.autograd.Function):
                               gates if made else None)
         ctx.residual = (target, float(clip)) if residual is not None else None
         ctx.saved, ctx.layout, ctx.scale, ctx.chunk, ctx.wy, ctx.cu = saved, layout, float(scale), chunk, wy, cu
-        ctx.mail, ctx.k_major = mail, PASS_K_MAJOR
+        ctx.mail = mail
         ctx.has_S0, ctx.dtypes = S0 is not None, (g.dtype, beta.dtype)
         return BQ, (RES if residual is not None else P), ST
 
@@ -614,8 +610,8 @@ class DeltaTwoReads(torch.autograd.Function):
         nv, opts = _grid_v("bwd_pass", V)
         delta_bwd_pass((nv, N * H), q=q, k=k, w=w, g=made if made is not None else g32, dBQ=dBQ, dP=dP, DNL=DNL,
                        dST=dST.contiguous() if dST is not None else dS0, dhS=dhS, DN=DN, dS0=dS0, cu=layout.cu,
-                       coff=layout.coff, scale=scale, HAS_DST=dST is not None, MADE=made is not None,
-                       K_MAJOR=ctx.k_major, **consts, **opts)
+                       coff=layout.coff, scale=scale, HAS_DST=dST is not None, MADE=made is not None, **consts,
+                       **opts)
         opts = dict(LAUNCH["dqk"])
         BKt = max(MIN_TILE, min(opts.pop("BK"), triton.next_power_of_2(K)))
         NK = triton.cdiv(K, BKt)

@@ -14,8 +14,8 @@ b_L the chunk's total, S_c, R_c the states when the chunk starts; docs/MATH.md "
                 x = v - p,  w = gamma T(x)  (fit="none": w = T(x)); stores x (fp32) and w.
                 A long sequence on few programs is cut into segments that run side by side (`run_state_pass`)
       R pass    a plain state pass over w (grid K tiles x V tiles x sequences x heads, one state tile each, as
-                FLA's chunk_fwd_h: `LAUNCH`, or 64 x 64 where the pass has fewer programs than the GPU has SMs,
-                `NARROW_BELOW`): R_{c+1} = exp(b_L) R_c + (w * exp(b_L - b))^T k
+                FLA's chunk_fwd_h: `LAUNCH`, or 64 x 64 where the pass has fewer than two programs per SM of the
+                GPU, `NARROW_BELOW`): R_{c+1} = exp(b_L) R_c + (w * exp(b_L - b))^T k
       output    (parallel): o = scale (exp(b) q S_c^T + (q k^T * exp(b_t - b_s)[s<t]) (beta v))
                               + gamma scale (exp(b) q R_c^T + (q k^T * exp(b_t - b_s)[s<=t]) w)
                 (no output gates: b' replaces b in the base read and gamma goes).
@@ -54,9 +54,8 @@ import triton.language as tl
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
                                           TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
-                                          _keep_for_slope, _pass_chunk, _pass_chunk_made, _pass_keys, _pass_product,
-                                          _pass_program, _target, _times_kept_slope, gate_gradient, launch_options,
-                                          made_gates)
+                                          _keep_for_slope, _pass_chunk, _pass_chunk_made, _pass_program, _target,
+                                          _times_kept_slope, gate_gradient, launch_options, made_gates)
 
 # Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives; tiles at
 # least MIN_TILE wide). Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat
@@ -96,7 +95,7 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, REVERSE: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, HAS_SA: tl.constexpr,
                 HAS_B: tl.constexpr, HAS_D0: tl.constexpr, STORE_H: tl.constexpr, STORE_L: tl.constexpr,
-                STORE_Z: tl.constexpr, MADE: tl.constexpr, K_MAJOR: tl.constexpr):
+                STORE_Z: tl.constexpr, MADE: tl.constexpr):
     """One chunked state recurrence, sequential over chunks (grid K tiles x V tiles x sequences x heads).
 
         D <- exp(b_L) D + ((ua * sa * scale_a * c_A(b)) ^T ka) [+ sign_b (ub * c_B(b)) ^T kb]     per chunk
@@ -112,11 +111,9 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
     tile's share of dg's chunk end term from the states, exp(b_L) <D_end, hF[c]>, D in fp32 as it is carried, in
     Z_P[tile, c * H + head] (tiles K-major, NCH = chunks x heads); the dq/dk kernel then adds only the writes'.
     MADE: g holds the gates made once (`made_gates`: b, read by `_pass_chunk_made`), not the raw g.
-    K_MAJOR: the tile is held BK x BV, D^T, as FLA's chunk_fwd_kernel_h holds h: the keys are read transposed and
-    each product is keys^T (weighted values), where it is otherwise (weighted values)^T keys. The same stored states.
     """
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
-        cu, coff, D0, tl.program_id(0), tl.program_id(1), tl.program_id(2), H, K, V, BK, BV, HAS_D0, K_MAJOR)
+        cu, coff, D0, tl.program_id(0), tl.program_id(1), tl.program_id(2), H, K, V, BK, BV, HAS_D0)
     NC = tl.cdiv(eos - bos, BT)
     log_decay = tl.zeros([1], dtype=tl.float32)
     for i in range(NC):
@@ -131,20 +128,20 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
             b_hF = tl.load(hF + ((c0 + c) * H + h) * V * K + o_state, mask=m_state, other=0.0).to(tl.float32)
             tl.store(Z_P + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * NCH
                      + (c0 + c) * H + h, tl.exp(b_L) * tl.sum(tl.sum(D * b_hF, axis=1), axis=0))
-        b_ka = _pass_keys(ka, tok, rk, mt, mk, m_tk, K, K_MAJOR)
+        b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_ka.dtype
         coef = _pass_coef(b, bp, b_L, CA)
         if HAS_SA:
             coef = coef * tl.load(sa + tok, mask=mt, other=0.0).to(tl.float32)
         b_ua = tl.load(ua + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
-        D = _pass_product(b_ka, (b_ua * (coef * scale_a)[:, None]).to(dt), D * tl.exp(b_L), K_MAJOR)  # into D
+        D = tl.dot(tl.trans((b_ua * (coef * scale_a)[:, None]).to(dt)), b_ka, D * tl.exp(b_L))  # accumulates in D
         if STORE_L:
             log_decay += b_L
         if HAS_B:
             coef_b = _pass_coef(b, bp, b_L, CB)
-            b_kb = _pass_keys(kb, tok, rk, mt, mk, m_tk, K, K_MAJOR)
+            b_kb = tl.load(kb + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
             b_ub = tl.load(ub + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
-            D = _pass_product(b_kb, (b_ub * (coef_b * sign_b)[:, None]).to(dt), D, K_MAJOR)
+            D = tl.dot(tl.trans((b_ub * (coef_b * sign_b)[:, None]).to(dt)), b_kb, D)
     tl.store(DT + o_seq + o_state, D, mask=m_state)
     if STORE_L:
         if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
@@ -152,16 +149,14 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
 
 
 def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H, K, V, BT, BK, BV, REVERSE, CA,
-               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, end_term=None, MADE=False, K_MAJOR=False,
-               **options):
+               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, end_term=None, MADE=False, **options):
     """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages. LD: where the pass
     stores each program row's log decay (STORE_L), or None. end_term: (hF, Z_P) for STORE_Z, or None."""
     hF, Z_P = end_term if end_term is not None else (DT, DT)
     _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, LD if LD is not None else DT, hF, Z_P,
                       Z_P.shape[-1] if end_term is not None else 0, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT,
                       BK=BK, BV=BV, REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0,
-                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None, MADE=MADE,
-                      K_MAJOR=K_MAJOR, **options)
+                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None, MADE=MADE, **options)
 
 
 @triton.jit
@@ -245,7 +240,7 @@ def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
     residual's reading of hS and a second reading of k and v (over a fifth of RLA's forward traffic at head_dim
     128). MADE: g holds the gates made once, as `_state_pass` takes them."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
-        cu, coff, D0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_D0, False)
+        cu, coff, D0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_D0)
     NC = tl.cdiv(eos - bos, BT)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
@@ -539,17 +534,16 @@ def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int,
         opts.update(BK=MIN_TILE, BV=MIN_TILE)
     opts["BK"] = max(MIN_TILE, min(opts["BK"], triton.next_power_of_2(K)))
     opts["BV"] = max(MIN_TILE, min(opts["BV"], triton.next_power_of_2(V)))
-    return (triton.cdiv(K, opts["BK"]), triton.cdiv(V, opts["BV"]), NH), dict(H=H, K=K, V=V, BT=chunk,
-                                                                               K_MAJOR=PASS_K_MAJOR, **opts)
+    return (triton.cdiv(K, opts["BK"]), triton.cdiv(V, opts["BV"]), NH), dict(H=H, K=K, V=V, BT=chunk, **opts)
 
 
 def _narrow_below(device: torch.device) -> int:
-    """`NARROW_BELOW`, or where it is None the device's SM count (0 off CUDA: the interpreter has none)."""
+    """`NARROW_BELOW`, or where it is None twice the device's SM count (0 off CUDA: the interpreter has none)."""
     if NARROW_BELOW is not None:
         return NARROW_BELOW
     if device.type != "cuda":
         return 0
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=None)
@@ -560,9 +554,11 @@ def _sm_count(index: int) -> int:
 def _pass_plan(layout: Layout, two_terms: bool, H: int, K: int, V: int, chunk: int,
                device: torch.device) -> tuple[tuple, dict, "Segments | None"]:
     """Grid, launch options and segments of a state pass over the layout: its sequences cut into segments when
-    they are long and its programs few (`SPLIT`); else, when its programs would leave SMs idle (`NARROW_BELOW`),
-    MIN_TILE x MIN_TILE state tiles, which give a sequence and head twice the programs at head_dim 128 (a 1.5B
-    layer, 4 x 4096 x 16 heads: 128 programs at 64 x 128, on 132 SMs)."""
+    they are long and its programs few (`SPLIT`); else, when its programs are fewer than two per SM
+    (`NARROW_BELOW`), MIN_TILE x MIN_TILE state tiles, which give a sequence and head twice the programs at
+    head_dim 128 (a 1.5B layer, 4 x 4096 x 16 heads: 128 programs at 64 x 128 become 256; a 100M layer, 16 x 2048 x
+    6 heads: 192 become 384, on 132 SMs). A pass is a chain of per-chunk latencies there, which more and smaller
+    tiles shorten (benchmarks/state_pass.py: 0.82-0.88x a pass at both shapes)."""
     grid, state = _state_launch(two_terms, H, K, V, chunk, layout.N * H)
     programs = grid[0] * grid[1] * grid[2]
     segs = _segments(layout, programs, chunk, device)
@@ -574,7 +570,7 @@ def _pass_plan(layout: Layout, two_terms: bool, H: int, K: int, V: int, chunk: i
 def launch_settings(changed: dict[str, dict]) -> dict:
     """The module settings that run the kernels with `changed` launch options (kernel -> its options, as
     `common.parse_launch` gives them): LAUNCH with those entries, and where a state pass is named NARROW_BELOW = 0,
-    so that the pass runs at the options named rather than narrowed below the SM count."""
+    so that the pass runs at the options named rather than narrowed."""
     settings: dict = {"LAUNCH": {**{k: dict(v) for k, v in LAUNCH.items()}, **changed}}
     if {"state_pass", "state_pass_2"} & set(changed):
         settings["NARROW_BELOW"] = 0
@@ -610,15 +606,12 @@ class SplitRule:
 
 SPLIT = SplitRule()
 # A state pass that is not split and would have fewer programs than this runs at MIN_TILE x MIN_TILE tiles
-# (`_pass_plan`): None, the device's SM count; 0, never (benchmarks/kernels.py --rla-wide-tiles).
+# (`_pass_plan`): None, twice the device's SM count; 0, never (benchmarks/kernels.py --rla-wide-tiles).
 NARROW_BELOW: int | None = None
 # The state passes read the gates' chunk-local cumsum made once by a small kernel (`made_gates`) rather than making
 # it in their sequential loop (benchmarks/kernels.py --rla-gates-in-pass). Read by the forward: a call's backward
 # follows the switch as it was when the call ran.
 GATES_MADE_ONCE = True
-# The state passes (`_state_pass`) hold their tile K-major, BK x BV as FLA's h pass holds it, rather than BV x BK
-# (benchmarks/kernels.py --rla-k-major times both). Read by each pass when it runs; the stored states are the same.
-PASS_K_MAJOR = False
 # The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
 # (`_fwd_residual`); benchmarks/kernels.py --rla-residual-apart times both.
 RESIDUAL_IN_S_PASS = True
