@@ -164,7 +164,7 @@ def rdn_with(x, **settings):
 # (--rla-residual-apart: S's pass and the residuals in two kernels, `_fwd_residual`), END_TERM_IN_PASS
 # (--rla-end-term-in-dqk: dg's chunk end terms from the stored state tiles in `_bwd_dqk` rather than from the
 # reverse state passes), GATES_MADE_ONCE (--rla-gates-in-pass: each state pass makes the gates' cumsum in its loop)
-# and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even where their programs leave SMs idle); RDN's
+# and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even below two programs per SM); RDN's
 # residual in its read kernel (--rdn-residual-apart), its WY backward with the additions around it (--rdn-wy-fla:
 # FLA's prepare_wy_repr_bwd and two PyTorch additions) and its GATES_MADE_ONCE (--rdn-gates-in-pass).
 # name -> (label, rule, op).
@@ -331,7 +331,7 @@ def main():
                         help="add RLA [triton] with each state pass making the gates' chunk cumsum in its loop")
     parser.add_argument("--rla-wide-tiles", action="store_true",
                         help="add RLA [triton] with its state passes at their default tiles where they have fewer "
-                             "programs than the GPU has SMs")
+                             "than two programs per SM")
     parser.add_argument("--rdn-residual-apart", action="store_true",
                         help="add RDN [triton] with the residual made by the glue's kernels from the prediction")
     parser.add_argument("--rdn-wy-fla", action="store_true",

@@ -51,7 +51,7 @@ def run_interpreted(script: str, checks: int, timeout: int) -> None:
     assert proc.stdout.count("ok ") == checks, proc.stdout
 
 
-def check_packed(compare, rule: str, fn, **kw) -> None:
+def check_packed(compare, rule: str, fn, prefix: str = "", **kw) -> None:
     """fn on packed sequences of uneven lengths (one of a single token, one empty; K=24, V=20, gates of -1e5 and
     -300) against naive on each sequence alone: fit residual with and without output gates, and fit none."""
     from rla_ablate.ops.spec import ResidualSpec
@@ -63,7 +63,7 @@ def check_packed(compare, rule: str, fn, **kw) -> None:
         master = make(B=1, T=sum(lengths), K=24, V=20, N=len(lengths))
         master["g"][0, 5, 0], master["g"][0, 40, 1] = -1e5, -300.0
         ref = per_sequence_reference(master, spec, cu)
-        compare(f"packed-{fit}-{'gates' if og else 'nogates'}", ref,
+        compare(f"{prefix}packed-{fit}-{'gates' if og else 'nogates'}", ref,
                 run(fn, master, spec, torch.float32, cu_seqlens=cu, **kw))
 
 

@@ -202,8 +202,8 @@ def test_triton_rdn_design_switches_give_the_same_numbers(change, fit, target, m
     base pass's read kernel (its gradient turned into dv and dp by the local kernel) or by the glue's kernels from
     the prediction (`residual_in_reads`; dp is now rounded to bf16 once more); the WY step's backward on our kernel,
     which adds the base pass's fp32 dk and the residual's dv before its stores, or FLA's prepare_wy_repr_bwd with
-    PyTorch's additions after it (`wy`); the state passes' gates made once or in each pass's loop (`rdn.GATES_MADE_ONCE`).
-    Outputs, final states and every gradient agree to bf16 rounding."""
+    PyTorch's additions after it (`wy`); the state passes' gates made once or in each pass's loop
+    (`rdn.GATES_MADE_ONCE`). Outputs, final states and every gradient agree to bf16 rounding."""
     from dataclasses import replace
 
     from rla_ablate.ops.triton import backend, rdn

@@ -124,7 +124,7 @@ def check_all() -> None:
     rdn_module.GATES_MADE_ONCE = False
     compare("gates-in-pass", run(naive_residual_attention, master, spec, torch.float64),
             run(rdn, master, spec, torch.float32))
-    check_packed(compare, "delta", rdn)
+    check_packed(compare, "delta", rdn, prefix="gates-in-pass-")
     rdn_module.GATES_MADE_ONCE = True
 
     master = make(T=50)

@@ -158,7 +158,7 @@ def check_all() -> None:
                 run(naive_residual_attention, master, spec, torch.float64),
                 run(rla_triton, master, spec, torch.float32, chunk=16))
     fused.SPLIT = fused.SplitRule()
-    check_packed(compare, "additive", rla_triton, chunk=16)
+    check_packed(compare, "additive", rla_triton, prefix="gates-in-pass-", chunk=16)
     fused.GATES_MADE_ONCE = True
     check_carry(compare)
 

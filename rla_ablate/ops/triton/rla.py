@@ -558,7 +558,7 @@ def _pass_plan(layout: Layout, two_terms: bool, H: int, K: int, V: int, chunk: i
     (`NARROW_BELOW`), MIN_TILE x MIN_TILE state tiles, which give a sequence and head twice the programs at
     head_dim 128 (a 1.5B layer, 4 x 4096 x 16 heads: 128 programs at 64 x 128 become 256; a 100M layer, 16 x 2048 x
     6 heads: 192 become 384, on 132 SMs). A pass is a chain of per-chunk latencies there, which more and smaller
-    tiles shorten (benchmarks/state_pass.py: 0.82-0.88x a pass at both shapes)."""
+    tiles shorten (benchmarks/state_pass.py: 0.82-0.88x a pass at the 100M shape, 0.79-0.86x at 1.5B)."""
     grid, state = _state_launch(two_terms, H, K, V, chunk, layout.N * H)
     programs = grid[0] * grid[1] * grid[2]
     segs = _segments(layout, programs, chunk, device)
