@@ -360,14 +360,10 @@ def main():
     parser.add_argument("--heads", type=int, default=16, help="heads of every call (a 100M layer has 6, 1.5B 16)")
     args = parser.parse_args()
     from rla_ablate.ops.triton import rdn, rla
-    from rla_ablate.ops.triton.common import parse_launch
 
     try:
         splits = [rla.SplitRule.parse(text) for text in args.rla_split]
-        changed: dict[str, dict] = {}
-        for text in args.rla_launch:
-            name, options = parse_launch(text, {**rla.LAUNCH, **changed})
-            changed[name] = options
+        changed = rla.parse_launches(args.rla_launch)
     except ValueError as exc:
         parser.error(str(exc))
     known = set(rla.LAUNCH) | set(rdn.LAUNCH)

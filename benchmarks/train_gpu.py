@@ -288,16 +288,11 @@ def main():
     args = parser.parse_args()
     if args.rla_split is not None or args.rla_launch:
         from rla_ablate.ops.triton import rla
-        from rla_ablate.ops.triton.common import parse_launch
 
         try:
             if args.rla_split is not None:
                 rla.SPLIT = rla.SplitRule.parse(args.rla_split)
-            changed: dict[str, dict] = {}
-            for text in args.rla_launch:
-                name, options = parse_launch(text, {**rla.LAUNCH, **changed})
-                changed[name] = options
-            for setting, value in rla.launch_settings(changed).items():
+            for setting, value in rla.launch_settings(rla.parse_launches(args.rla_launch)).items():
                 setattr(rla, setting, value)
         except ValueError as exc:
             parser.error(str(exc))

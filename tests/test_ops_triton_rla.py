@@ -298,6 +298,11 @@ def test_a_launch_change_is_parsed_as_the_benchmarks_take_it():
     assert settings["LAUNCH"] == {**before, name: options} and settings["NARROW_BELOW"] == 0
     assert launch_settings({"bwd_dv": dict(LAUNCH["bwd_dv"], num_warps=8)}).keys() == {"LAUNCH"}
     assert LAUNCH == before
+    # several texts, as the scripts take them: each read with the earlier ones applied
+    from rla_ablate.ops.triton.rla import parse_launches
+
+    assert parse_launches(["state_pass:BK=128", "state_pass:num_warps=8"]) == {name: options}
+    assert LAUNCH == before
     for bad, said in (("nope:BK=64", "no kernel 'nope'; kernels: state_pass, "), ("state_pass", "takes KERNEL:KEY"),
                       ("state_pass:", "takes KERNEL:KEY"),
                       ("state_pass:BQ=64", "no option 'BQ'; options of state_pass: BK, BV, num_warps"),

@@ -136,27 +136,22 @@ def _pass_program(cu, coff, D0, i_k, i_v, i_nh, H: tl.constexpr, K: tl.constexpr
 
 
 @triton.jit
-def _pass_chunk(g, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr):
-    """Chunk c of a state pass's sequence: token indices, their mask, row offsets, tile masks and the gates."""
-    t = bos + c * BT + tl.arange(0, BT)
-    mt = t < eos
-    tok = t * H + h
-    b, bp, b_L = _chunk_gates(g, tok, mt)
-    return mt, tok, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :], b, bp, b_L
-
-
-@triton.jit
-def _pass_chunk_made(bg, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr):
-    """`_pass_chunk` from gates made once (`made_gates`: bg = b, the chunk-local cumsum): b loaded, b' = the b of
-    the token before in the chunk (0 for its first), b_L = the b of its last token. No scan and no sum on a pass's
-    sequential path, where they cost a barrier each per chunk. Rows past the end carry b = b' = b_L, as there."""
+def _pass_chunk(g, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr, MADE: tl.constexpr):
+    """Chunk c of a state pass's sequence: token indices, their mask, row offsets, tile masks and the gates b, b',
+    b_L. MADE: g holds the gates made once (`made_gates`: b, the chunk-local cumsum), so b is loaded, b' is the b of
+    the token before in the chunk (0 for its first) and b_L the b of its last token: no scan and no sum on the
+    pass's sequential path, where they cost a barrier each per chunk. Else g is the raw g and `_chunk_gates` makes
+    them. Either way rows past the end carry b = b' = b_L."""
     r = tl.arange(0, BT)
     t = bos + c * BT + r
     mt = t < eos
     tok = t * H + h
-    b_L = tl.load(bg + (tl.minimum(bos + c * BT + BT, eos) - 1) * H + h)
-    b = tl.where(mt, tl.load(bg + tok, mask=mt, other=0.0), b_L)
-    bp = tl.where(mt, tl.load(bg + tok - H, mask=mt & (r > 0), other=0.0), b_L)
+    if MADE:
+        b_L = tl.load(g + (tl.minimum(bos + c * BT + BT, eos) - 1) * H + h)
+        b = tl.where(mt, tl.load(g + tok, mask=mt, other=0.0), b_L)
+        bp = tl.where(mt, tl.load(g + tok - H, mask=mt & (r > 0), other=0.0), b_L)
+    else:
+        b, bp, b_L = _chunk_gates(g, tok, mt)
     return mt, tok, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :], b, bp, b_L
 
 
@@ -292,7 +287,7 @@ def parse_launch(text: str, table: dict) -> tuple[str, dict]:
 
 def made_gates(layout: Layout, g: torch.Tensor, H: int, chunk: int) -> torch.Tensor:
     """b for every token ([tokens, H] fp32, from g of the same shape): the gates a state pass reads
-    (`_pass_chunk_made`) instead of making them in its sequential loop."""
+    (`_pass_chunk`, MADE) instead of making them in its sequential loop."""
     BG = torch.empty_like(g)
     _made_gates[(max(layout.chunks, 1), H)](g, BG, layout.cu, layout.cidx, H=H, BT=chunk, num_warps=1)
     return BG

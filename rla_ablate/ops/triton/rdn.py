@@ -45,8 +45,8 @@ import triton.language as tl
 
 from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, TARGET_CODES, Layout, _chunk_gates,
                                           _chunk_rows, _chunk_tile, _decay, _keep_for_slope, _pass_chunk,
-                                          _pass_chunk_made, _pass_program, _target, _times_kept_slope, gate_gradient,
-                                          launch_options, made_gates)
+                                          _pass_program, _target, _times_kept_slope, gate_gradient, launch_options,
+                                          made_gates)
 
 LAUNCH = {
     "pass": dict(BV=64, num_warps=4),  # the two state passes hold a BV x K fp32 tile
@@ -70,16 +70,13 @@ def _delta_fwd_pass(k, w, u, g, S0, hS, N_, ST, cu, coff,
                     BV: tl.constexpr, HAS_S0: tl.constexpr, MADE: tl.constexpr):
     """S over the chunks of one sequence and head (grid V tiles x sequences*heads): stores S_c where each chunk
     starts (hS), the writes n = u - w S_c^T (N_) and the final state (ST, fp32). MADE: g holds the gates made once
-    (`made_gates`: b, read by `_pass_chunk_made`), not the raw g."""
+    (`made_gates`: b, read by `_pass_chunk`), not the raw g."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
         cu, coff, S0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_S0)
     NC = tl.cdiv(eos - bos, BT)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
-        if MADE:
-            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk_made(g, bos, eos, c, h, mk, mv, H, BT)
-        else:
-            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
+        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
         b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_k.dtype
         b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(dt)
@@ -186,10 +183,7 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
     for i in range(NC):
         c = NC - 1 - i
         tl.store(dhS + ((c0 + c) * H + h) * V * K + o_state, D.to(dhS.dtype.element_ty), mask=m_state)
-        if MADE:
-            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk_made(g, bos, eos, c, h, mk, mv, H, BT)
-        else:
-            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
+        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
         o_tv = tok[:, None] * V + rv[None, :]
         b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_k.dtype

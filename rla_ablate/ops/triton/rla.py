@@ -54,8 +54,8 @@ import triton.language as tl
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
                                           TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
-                                          _keep_for_slope, _pass_chunk, _pass_chunk_made, _pass_program, _target,
-                                          _times_kept_slope, gate_gradient, launch_options, made_gates)
+                                          _keep_for_slope, _pass_chunk, _pass_program, _target, _times_kept_slope,
+                                          gate_gradient, launch_options, made_gates, parse_launch)
 
 # Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives; tiles at
 # least MIN_TILE wide). Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat
@@ -110,7 +110,7 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
     STORE_Z (reverse, a state gradient): with hF the forward's chunk states (S_c or R_c where chunk c starts), this
     tile's share of dg's chunk end term from the states, exp(b_L) <D_end, hF[c]>, D in fp32 as it is carried, in
     Z_P[tile, c * H + head] (tiles K-major, NCH = chunks x heads); the dq/dk kernel then adds only the writes'.
-    MADE: g holds the gates made once (`made_gates`: b, read by `_pass_chunk_made`), not the raw g.
+    MADE: g holds the gates made once (`made_gates`: b, read by `_pass_chunk`), not the raw g.
     """
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
         cu, coff, D0, tl.program_id(0), tl.program_id(1), tl.program_id(2), H, K, V, BK, BV, HAS_D0)
@@ -120,10 +120,7 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
         c = NC - 1 - i if REVERSE else i
         if STORE_H:
             tl.store(hD + ((c0 + c) * H + h) * V * K + o_state, D.to(hD.dtype.element_ty), mask=m_state)
-        if MADE:
-            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk_made(g, bos, eos, c, h, mk, mv, H, BT)
-        else:
-            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
+        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
         if STORE_Z:
             b_hF = tl.load(hF + ((c0 + c) * H + h) * V * K + o_state, mask=m_state, other=0.0).to(tl.float32)
             tl.store(Z_P + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * NCH
@@ -244,10 +241,7 @@ def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
     NC = tl.cdiv(eos - bos, BT)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
-        if MADE:
-            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk_made(g, bos, eos, c, h, mk, mv, H, BT)
-        else:
-            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT)
+        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
         o_tv = tok[:, None] * V + rv[None, :]
         b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_k.dtype
@@ -567,6 +561,16 @@ def _pass_plan(layout: Layout, two_terms: bool, H: int, K: int, V: int, chunk: i
     return grid, state, segs
 
 
+def parse_launches(texts: list[str]) -> dict[str, dict]:
+    """The launch options the benchmarks' --rla-launch KERNEL:KEY=VALUE,... texts change (kernel -> its options),
+    each text read against LAUNCH with the earlier ones applied (`common.parse_launch`; ValueError)."""
+    changed: dict[str, dict] = {}
+    for text in texts:
+        name, options = parse_launch(text, {**LAUNCH, **changed})
+        changed[name] = options
+    return changed
+
+
 def launch_settings(changed: dict[str, dict]) -> dict:
     """The module settings that run the kernels with `changed` launch options (kernel -> its options, as
     `common.parse_launch` gives them): LAUNCH with those entries, and where a state pass is named NARROW_BELOW = 0,
@@ -748,8 +752,8 @@ class RLAFunction(torch.autograd.Function):
         dims = dict(H=H, K=K, V=V, chunk=chunk)
         # S's pass; the old reads and residuals from its chunk states; R's pass over the residuals
         if RESIDUAL_IN_S_PASS:
-            run_s_pass_residual(layout, k=k, v=v, g=gates, MADE=made, beta=beta_c, D0=S0 if S0 is not None else ST, hS=hS, ST=ST,
-                                X=X, W=W, HAS_D0=S0 is not None, c_clip=float(spec.clip),
+            run_s_pass_residual(layout, k=k, v=v, g=gates, MADE=made, beta=beta_c, D0=S0 if S0 is not None else ST,
+                                hS=hS, ST=ST, X=X, W=W, HAS_D0=S0 is not None, c_clip=float(spec.clip),
                                 TARGET=TARGET_CODES[spec.target], **dims)
         else:
             run_state_pass(layout, False, ka=k, ua=v, sa=beta_c, kb=k, ub=v, g=gates, MADE=made,
