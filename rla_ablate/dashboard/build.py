@@ -113,7 +113,6 @@ def sync_jobs(sdir: SweepDir, uri: str, job_ids: list[str] | None = None) -> int
     return total
 
 
-
 def tracking_of(root: str | Path, sweep: str) -> tuple[str | None, Path | None]:
     """(remote tracking URI, None) for a sweep logged to a shared server, or (None, store dir) for the embedded one."""
     sdir = open_sweep_dir(root, sweep)

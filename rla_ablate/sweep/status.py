@@ -78,19 +78,13 @@ def check_root_folder(root: str | Path) -> None:
         raise UserError(f"{root} is a file, not a folder; --root names the folder a launch wrote to", key="--root")
 
 
-def sweep_names(root: Path) -> list[str]:
-    return sorted(p.parent.name for p in Path(root).glob("*/sweep.json"))
-
-
 def open_sweep_dir(root: str | Path, sweep: str) -> SweepDir:
-    """The sweep's folder, or a UserError naming the sweeps that exist under `root`."""
+    """The sweep's folder (its sweep.json written, whether or not a launch listed its jobs), or a UserError naming
+    the sweeps that exist under `root`."""
     check_root_folder(root)
     sdir = SweepDir(root, sweep)
     if not sdir.exists():
-        known = sweep_names(sdir.root)
-        hint = (f"; sweeps there: {', '.join(known)}" if known
-                else f"; launch one with `rla-sweep launch FILE --root {root}`")
-        raise UserError(f"no sweep '{sweep}' under {sdir.root}{hint}")
+        raise no_sweep(sdir, marker="sweep.json")
     return sdir
 
 
@@ -102,9 +96,10 @@ def open_sweep(root: str | Path, name_or_file: str) -> SweepDir:
     return sdir
 
 
-def no_sweep(sdir: SweepDir) -> UserError:
-    """The error for a sweep that was never launched under its --root, naming the ones that were."""
-    known = sorted(p.parent.name for p in sdir.root.glob("*/jobs.json")) if sdir.root.is_dir() else []
+def no_sweep(sdir: SweepDir, marker: str = "jobs.json") -> UserError:
+    """The error for a sweep that was never launched under its --root, naming the ones that were (the folders that
+    hold `marker`)."""
+    known = sorted(p.parent.name for p in sdir.root.glob(f"*/{marker}")) if sdir.root.is_dir() else []
     hint = (f"sweeps there: {', '.join(known)}" if known
             else f"launch one with `rla-sweep launch FILE --root {sdir.root}`")
     return UserError(f"no sweep '{sdir.name}' under {sdir.root}; {hint}")
