@@ -13,9 +13,10 @@ that `rla_ablate.ops.triton.rla` runs, on random bf16 inputs with head dims 128:
     rev    dR's pass: one term, reverse, with dg's chunk end terms (STORE_Z) unless the case says otherwise
     rev2   dS's pass: two terms, reverse, with the end terms
 
-Each kind is timed at its plan (the tiles `_pass_plan` picks on this GPU) and at other tiles, warps and stages;
-`no sa`, `no store` and `no end term` take a part away to show what it costs (those are not RLA's passes). The ratio
-column divides by the kind's plan in the same run.
+Each kind is timed at its plan (the tiles `_pass_plan` picks on this GPU) and at other tiles, warps and stages.
+`ahead 0` loads each chunk's reads in the chunk, `ahead 2` loads all of them one chunk ahead, ka's and kb's tiles
+too (`rla.READ_AHEAD`; the op's setting is 1, all but those tiles). `no sa`, `no store` and `no end term` take a part
+away to show what it costs (those are not RLA's passes). The ratio column divides by the kind's plan in the same run.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ CHUNK = 64
 # (kind, BK, BV, warps, stages or None, changes); BK x BV None: the plan's tiles
 CASES = [
     ("fwd", None, None, None, None, {}),
+    ("fwd", None, None, None, None, {"ahead 0": dict(AHEAD=0)}),
+    ("fwd", None, None, None, None, {"ahead 2": dict(AHEAD=2)}),
     ("fwd", 64, 128, 4, None, {}),
     ("fwd", 64, 64, 4, None, {}),
     ("fwd", 64, 64, 4, 3, {}),
@@ -43,12 +46,16 @@ CASES = [
     ("fwd", 64, 128, 4, None, {"no store": dict(STORE_H=False)}),
     ("fwd", 64, 64, 4, None, {"no store": dict(STORE_H=False)}),
     ("rev", None, None, None, None, {}),
+    ("rev", None, None, None, None, {"ahead 0": dict(AHEAD=0)}),
+    ("rev", None, None, None, None, {"ahead 2": dict(AHEAD=2)}),
     ("rev", 64, 128, 4, None, {}),
     ("rev", 64, 64, 4, None, {}),
     ("rev", 64, 64, 4, 3, {}),
     ("rev", 64, 128, 4, None, {"no end term": dict(end_term=None)}),
     ("rev", 64, 64, 4, None, {"no end term": dict(end_term=None)}),
     ("rev2", None, None, None, None, {}),
+    ("rev2", None, None, None, None, {"ahead 0": dict(AHEAD=0)}),
+    ("rev2", None, None, None, None, {"ahead 2": dict(AHEAD=2)}),
     ("rev2", 128, 64, 4, None, {}),
     ("rev2", 64, 64, 4, None, {}),
 ]
@@ -57,7 +64,7 @@ CASES = [
 def label(case) -> str:
     kind, BK, BV, warps, stages, changes = case
     if BK is None:
-        return f"{kind} plan"
+        return " ".join([kind, "plan", *changes])
     return " ".join([kind, f"{BK}x{BV}", f"w{warps}", *([f"s{stages}"] if stages else []), *changes])
 
 

@@ -160,6 +160,18 @@ def check_all() -> None:
     fused.SPLIT = fused.SplitRule()
     check_packed(compare, "additive", rla_triton, prefix="gates-in-pass-", chunk=16)
     fused.GATES_MADE_ONCE = True
+    # the state passes' reads one chunk ahead (`READ_AHEAD`): none, and all tiles too, besides the default's
+    for ahead in (0, 2):
+        fused.READ_AHEAD = ahead
+        for fit, og, per in (("residual", True, None), ("none", False, 1)):
+            fused.SPLIT = fused.SplitRule(programs=10**9, chunks=per) if per else fused.SplitRule()
+            spec = ResidualSpec(rule="additive", fit=fit, output_gates=og, clip=0.7)
+            compare(f"ahead{ahead}-{fit}-{'gates' if og else 'nogates'}{'-split' if per else ''}",
+                    run(naive_residual_attention, make(T=37), spec, torch.float64),
+                    run(rla_triton, make(T=37), spec, torch.float32, chunk=16))
+        fused.SPLIT = fused.SplitRule()
+        check_packed(compare, "additive", rla_triton, prefix=f"ahead{ahead}-", chunk=16)
+    fused.READ_AHEAD = 1
     check_carry(compare)
 
 
@@ -195,7 +207,7 @@ def check_carry(compare) -> None:
 def test_fused_rla_kernels_match_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=47, timeout=900)
+    run_interpreted(__file__, checks=57, timeout=900)
 
 
 def test_long_sequences_split_into_segments():

@@ -91,11 +91,34 @@ def _pass_coef(b, bp, b_L, CODE: tl.constexpr):
 
 
 @triton.jit
+def _pass_reads(ka, ua, sa, kb, ub, g, hF, bos, eos, c, c0, h, rk, rv, mk, mv, m_state, o_state,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_SA: tl.constexpr,
+                HAS_B: tl.constexpr, STORE_Z: tl.constexpr, MADE: tl.constexpr):
+    """What chunk c of a state pass reads besides the state it carries: the gates b, b', b_L (`_pass_chunk`), sa's
+    vector, the forward's chunk state (STORE_Z) and the four input tiles (ua, ub in fp32). A term or part the pass
+    does not have gives a stand-in that is never used."""
+    mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
+    s = b
+    if HAS_SA:
+        s = tl.load(sa + tok, mask=mt, other=0.0).to(tl.float32)
+    f = b_L
+    if STORE_Z:
+        f = tl.load(hF + ((c0 + c) * H + h) * V * K + o_state, mask=m_state, other=0.0).to(tl.float32)
+    k_a = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    u_a = tl.load(ua + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
+    k_b, u_b = k_a, u_a
+    if HAS_B:
+        k_b = tl.load(kb + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        u_b = tl.load(ub + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
+    return b, bp, b_L, s, f, k_a, u_a, k_b, u_b
+
+
+@triton.jit
 def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, scale_a, sign_b,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, REVERSE: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, HAS_SA: tl.constexpr,
                 HAS_B: tl.constexpr, HAS_D0: tl.constexpr, STORE_H: tl.constexpr, STORE_L: tl.constexpr,
-                STORE_Z: tl.constexpr, MADE: tl.constexpr):
+                STORE_Z: tl.constexpr, MADE: tl.constexpr, AHEAD: tl.constexpr):
     """One chunked state recurrence, sequential over chunks (grid K tiles x V tiles x sequences x heads).
 
         D <- exp(b_L) D + ((ua * sa * scale_a * c_A(b)) ^T ka) [+ sign_b (ub * c_B(b)) ^T kb]     per chunk
@@ -111,33 +134,51 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
     tile's share of dg's chunk end term from the states, exp(b_L) <D_end, hF[c]>, D in fp32 as it is carried, in
     Z_P[tile, c * H + head] (tiles K-major, NCH = chunks x heads); the dq/dk kernel then adds only the writes'.
     MADE: g holds the gates made once (`made_gates`: b, read by `_pass_chunk`), not the raw g.
+    AHEAD (`READ_AHEAD`): what a chunk reads (`_pass_reads`) is loaded one chunk ahead, while the chunk before is
+    multiplied, so no load waits on the chain of chunks; 1 all but ka's and kb's tiles (which feed a dot as they are
+    loaded), 2 all, 0 none (each chunk loads its own).
     """
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
         cu, coff, D0, tl.program_id(0), tl.program_id(1), tl.program_id(2), H, K, V, BK, BV, HAS_D0)
     NC = tl.cdiv(eos - bos, BT)
     log_decay = tl.zeros([1], dtype=tl.float32)
+    if AHEAD > 0:
+        n_b, n_bp, n_bL, n_s, n_f, n_ka, n_ua, n_kb, n_ub = _pass_reads(
+            ka, ua, sa, kb, ub, g, hF, bos, eos, NC - 1 if REVERSE else 0, c0, h, rk, rv, mk, mv, m_state, o_state,
+            H, K, V, BT, HAS_SA, HAS_B, STORE_Z, MADE)
     for i in range(NC):
         c = NC - 1 - i if REVERSE else i
         if STORE_H:
             tl.store(hD + ((c0 + c) * H + h) * V * K + o_state, D.to(hD.dtype.element_ty), mask=m_state)
-        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
+        if AHEAD > 0:
+            b, bp, b_L, s, f, b_ka, b_ua, b_kb, b_ub = n_b, n_bp, n_bL, n_s, n_f, n_ka, n_ua, n_kb, n_ub
+            cn = tl.maximum(c - 1, 0) if REVERSE else tl.minimum(c + 1, NC - 1)  # the last chunk reads itself again
+            n_b, n_bp, n_bL, n_s, n_f, n_ka, n_ua, n_kb, n_ub = _pass_reads(
+                ka, ua, sa, kb, ub, g, hF, bos, eos, cn, c0, h, rk, rv, mk, mv, m_state, o_state,
+                H, K, V, BT, HAS_SA, HAS_B, STORE_Z, MADE)
+            if AHEAD == 1:
+                t = bos + c * BT + tl.arange(0, BT)
+                tok = t * H + h
+                m_tk = (t < eos)[:, None] & mk[None, :]
+                b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+                if HAS_B:
+                    b_kb = tl.load(kb + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        else:
+            b, bp, b_L, s, f, b_ka, b_ua, b_kb, b_ub = _pass_reads(
+                ka, ua, sa, kb, ub, g, hF, bos, eos, c, c0, h, rk, rv, mk, mv, m_state, o_state,
+                H, K, V, BT, HAS_SA, HAS_B, STORE_Z, MADE)
         if STORE_Z:
-            b_hF = tl.load(hF + ((c0 + c) * H + h) * V * K + o_state, mask=m_state, other=0.0).to(tl.float32)
             tl.store(Z_P + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * NCH
-                     + (c0 + c) * H + h, tl.exp(b_L) * tl.sum(tl.sum(D * b_hF, axis=1), axis=0))
-        b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+                     + (c0 + c) * H + h, tl.exp(b_L) * tl.sum(tl.sum(D * f, axis=1), axis=0))
         dt = b_ka.dtype
         coef = _pass_coef(b, bp, b_L, CA)
         if HAS_SA:
-            coef = coef * tl.load(sa + tok, mask=mt, other=0.0).to(tl.float32)
-        b_ua = tl.load(ua + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
+            coef = coef * s
         D = tl.dot(tl.trans((b_ua * (coef * scale_a)[:, None]).to(dt)), b_ka, D * tl.exp(b_L))  # accumulates in D
         if STORE_L:
             log_decay += b_L
         if HAS_B:
             coef_b = _pass_coef(b, bp, b_L, CB)
-            b_kb = tl.load(kb + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
-            b_ub = tl.load(ub + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
             D = tl.dot(tl.trans((b_ub * (coef_b * sign_b)[:, None]).to(dt)), b_kb, D)
     tl.store(DT + o_seq + o_state, D, mask=m_state)
     if STORE_L:
@@ -146,14 +187,16 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
 
 
 def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H, K, V, BT, BK, BV, REVERSE, CA,
-               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, end_term=None, MADE=False, **options):
+               CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, end_term=None, MADE=False, AHEAD=None, **options):
     """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages. LD: where the pass
-    stores each program row's log decay (STORE_L), or None. end_term: (hF, Z_P) for STORE_Z, or None."""
+    stores each program row's log decay (STORE_L), or None. end_term: (hF, Z_P) for STORE_Z, or None. AHEAD: None,
+    `READ_AHEAD`."""
     hF, Z_P = end_term if end_term is not None else (DT, DT)
     _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, LD if LD is not None else DT, hF, Z_P,
                       Z_P.shape[-1] if end_term is not None else 0, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT,
                       BK=BK, BV=BV, REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0,
-                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None, MADE=MADE, **options)
+                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None, MADE=MADE,
+                      AHEAD=READ_AHEAD if AHEAD is None else AHEAD, **options)
 
 
 @triton.jit
@@ -616,6 +659,9 @@ NARROW_BELOW: int | None = None
 # it in their sequential loop (benchmarks/kernels.py --rla-gates-in-pass). Read by the forward: a call's backward
 # follows the switch as it was when the call ran.
 GATES_MADE_ONCE = True
+# What a state pass's chunk reads is loaded one chunk ahead (`_state_pass`, AHEAD): 0 none, 1 all but the tiles
+# that feed a dot as they are loaded, 2 all.
+READ_AHEAD = 1
 # The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
 # (`_fwd_residual`); benchmarks/kernels.py --rla-residual-apart times both.
 RESIDUAL_IN_S_PASS = True
