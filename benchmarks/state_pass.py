@@ -2,6 +2,7 @@
 
     python benchmarks/state_pass.py                       # the 100M and 1.5B layers' shapes, every case below
     python benchmarks/state_pass.py --scales 100m --repeats 200
+    python benchmarks/state_pass.py --match ahead "no end term"   # the plans and the cases named so
 
 A state pass is sequential over a sequence's chunks and runs on few programs at the training shapes (192 at a 100M
 layer, 16 x 2048 tokens x 6 heads; 128 at a 1.5B layer, 4 x 4096 x 16), so its time is a chain of per-chunk
@@ -121,7 +122,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scales", nargs="+", choices=sorted(SHAPES), default=["100m", "1.5b"])
     parser.add_argument("--repeats", type=int, default=100, help="ms of replays per case (do_bench_cudagraph rep)")
+    parser.add_argument("--match", nargs="+", default=None, metavar="WORDS",
+                        help="only the cases whose label contains one of these (each kind's plan is always timed)")
     args = parser.parse_args()
+    cases = [c for c in CASES if c[1] is None and not c[5]
+             or args.match is None or any(m in label(c) for m in args.match)]
+    for m in args.match or []:
+        if not any(m in label(c) for c in CASES):
+            parser.error(f"--match {m!r} is in no case's label; the labels: " + ", ".join(label(c) for c in CASES))
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (Triton kernels, CUDA graphs)")
     from triton.testing import do_bench_cudagraph
@@ -132,7 +140,7 @@ def main():
         torch.manual_seed(0)
         layout, x = make(heads, B, T, torch.device("cuda"))
         plan = {}
-        for case in CASES:
+        for case in cases:
             fn = launcher(case, layout, x, heads)
             fn()  # compiles outside the graph
             torch.cuda.synchronize()
