@@ -168,9 +168,10 @@ def rdn_with(x, **settings):
 # The design switches a variant turns off, each read by the op's forward: RLA's RESIDUAL_IN_S_PASS
 # (--rla-residual-apart: S's pass and the residuals in two kernels, `_fwd_residual`), END_TERM_IN_PASS
 # (--rla-end-term-in-dqk: dg's chunk end terms from the stored state tiles in `_bwd_dqk` rather than from the
-# reverse state passes), GATES_MADE_ONCE (--rla-gates-in-pass: each state pass makes the gates' cumsum in its loop)
-# NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even below two programs per SM) and READ_AHEAD
-# (--rla-reads-in-chunk: each chunk of a state pass loads what it reads when it comes to it); RDN's
+# reverse state passes), GATES_MADE_ONCE (--rla-gates-in-pass: the state passes make the gates' cumsum in their
+# loops) and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even below two programs per SM), or turns on:
+# READ_AHEAD
+# (--rla-read-ahead: the state passes load a chunk's reads, but for the key tiles, one chunk ahead); RDN's
 # residual in its read kernel (--rdn-residual-apart), its WY backward with the additions around it (--rdn-wy-fla:
 # FLA's prepare_wy_repr_bwd and two PyTorch additions) and its GATES_MADE_ONCE (--rdn-gates-in-pass).
 # name -> (label, rule, op).
@@ -181,7 +182,7 @@ VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
             "rla_gates_in_pass": ("RLA [triton, gates in passes]", "additive",
                                   partial(rla_with, GATES_MADE_ONCE=False)),
             "rla_wide_tiles": ("RLA [triton, wide pass tiles]", "additive", partial(rla_with, NARROW_BELOW=0)),
-            "rla_reads_in_chunk": ("RLA [triton, pass reads in chunk]", "additive", partial(rla_with, READ_AHEAD=0)),
+            "rla_read_ahead": ("RLA [triton, pass reads ahead]", "additive", partial(rla_with, READ_AHEAD=1)),
             "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta",
                                    partial(rdn_changed, residual_in_reads=False)),
             "rdn_wy_fla": ("RDN [triton, FLA's WY bwd]", "delta", partial(rdn_changed, wy="FLA_WY_FLA_BWD")),
@@ -339,9 +340,9 @@ def main():
     parser.add_argument("--rla-wide-tiles", action="store_true",
                         help="add RLA [triton] with its state passes at their default tiles where they have fewer "
                              "than two programs per SM")
-    parser.add_argument("--rla-reads-in-chunk", action="store_true",
-                        help="add RLA [triton] with each chunk of its state passes loading what it reads when it "
-                             "comes to it, not one chunk ahead")
+    parser.add_argument("--rla-read-ahead", action="store_true",
+                        help="add RLA [triton] with its state passes loading a chunk's reads, but for the key tiles, "
+                             "one chunk ahead")
     parser.add_argument("--rdn-residual-apart", action="store_true",
                         help="add RDN [triton] with the residual made by the glue's kernels from the prediction")
     parser.add_argument("--rdn-wy-fla", action="store_true",

@@ -659,9 +659,10 @@ NARROW_BELOW: int | None = None
 # it in their sequential loop (benchmarks/kernels.py --rla-gates-in-pass). Read by the forward: a call's backward
 # follows the switch as it was when the call ran.
 GATES_MADE_ONCE = True
-# What a state pass's chunk reads is loaded one chunk ahead (`_state_pass`, AHEAD): 0 none, 1 all but the tiles
-# that feed a dot as they are loaded, 2 all.
-READ_AHEAD = 1
+# What a state pass's chunk reads is loaded one chunk ahead (`_state_pass`, AHEAD): 0 none (each chunk loads its
+# own), 1 all but the key tiles that feed a dot as they are loaded, 2 all (benchmarks/state_pass.py, and
+# benchmarks/kernels.py --rla-read-ahead, time them).
+READ_AHEAD = 0
 # The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
 # (`_fwd_residual`); benchmarks/kernels.py --rla-residual-apart times both.
 RESIDUAL_IN_S_PASS = True
