@@ -170,8 +170,7 @@ def rdn_with(x, **settings):
 # (--rla-end-term-in-dqk: dg's chunk end terms from the stored state tiles in `_bwd_dqk` rather than from the
 # reverse state passes), GATES_MADE_ONCE (--rla-gates-in-pass: the state passes make the gates' cumsum in their
 # loops) and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even below two programs per SM), or turns on:
-# READ_AHEAD
-# (--rla-read-ahead: the state passes load a chunk's reads, but for the key tiles, one chunk ahead); RDN's
+# READ_AHEAD (--rla-read-ahead: the state passes load a chunk's reads, but for the key tiles, one chunk ahead); RDN's
 # residual in its read kernel (--rdn-residual-apart), its WY backward with the additions around it (--rdn-wy-fla:
 # FLA's prepare_wy_repr_bwd and two PyTorch additions) and its GATES_MADE_ONCE (--rdn-gates-in-pass).
 # name -> (label, rule, op).
