@@ -13,6 +13,7 @@ that `rla_ablate.ops.triton.rla` runs, on random bf16 inputs with head dims 128:
     fwd    R's pass: one term, sa = gamma, every chunk state stored (S's pass, which makes the residuals, is apart)
     rev    dR's pass: one term, reverse, with dg's chunk end terms (STORE_Z) unless the case says otherwise
     rev2   dS's pass: two terms, reverse, with the end terms
+    s      S's pass with the residuals made in it (`_s_pass_residual`: the whole K, clip target), at its launch
 
 Each kind is timed at its plan (the tiles `_pass_plan` picks on this GPU) and at other tiles, warps and stages.
 `ahead 1` loads a chunk's reads one chunk ahead but for ka's and kb's tiles, `ahead 2` all of them
@@ -59,6 +60,9 @@ CASES = [
     ("rev2", None, None, None, None, {"ahead 2": dict(AHEAD=2)}),
     ("rev2", 128, 64, 4, None, {}),
     ("rev2", 64, 64, 4, None, {}),
+    ("s", None, None, None, None, {}),
+    ("s", None, None, None, None, {"ahead 1": dict(AHEAD=1)}),
+    ("s", None, None, None, None, {"ahead 2": dict(AHEAD=2)}),
 ]
 
 
@@ -83,6 +87,9 @@ def make(heads: int, B: int, T: int, dev: torch.device):
     x["hF"] = torch.randn(states, dtype=torch.bfloat16, device=dev)  # the forward's states, for the end terms
     x["DT"] = torch.empty(layout.N, heads, D, D, dtype=torch.float32, device=dev)
     x["Z_P"] = torch.empty(8, layout.chunks * heads, dtype=torch.float32, device=dev)
+    x["v"], x["beta"] = x["w"], x["gamma"]
+    x["X"] = torch.empty(B * T, heads, D, dtype=torch.uint8, device=dev)  # the clip's slope
+    x["W"] = torch.empty(B * T, heads, D, dtype=torch.bfloat16, device=dev)
     return layout, x
 
 
@@ -92,6 +99,14 @@ def launcher(case, layout, x, heads: int):
     from rla_ablate.ops.triton.common import COEF_B, COEF_B_PRIME, COEF_TO_END
 
     kind, BK, BV, warps, stages, changes = case
+    if kind == "s":
+        opts = rla.launch_options("s_pass_residual", D, rla.LAUNCH)
+        grid = (D // opts["BV"], layout.N * heads)
+        extra = {k: v for change in changes.values() for k, v in change.items()}
+        return lambda: rla.s_pass_residual(grid, k=x["k"], v=x["v"], g=x["gates"], beta=x["beta"], D0=x["DT"],
+                                           hS=x["hD"], ST=x["DT"], X=x["X"], W=x["W"], cu=layout.cu,
+                                           coff=layout.coff, c_clip=1.0, H=heads, K=D, V=D, BT=CHUNK, BK=D,
+                                           HAS_D0=False, TARGET=0, MADE=True, **extra, **opts)
     two = kind == "rev2"
     if BK is None:
         grid, state, _ = rla._pass_plan(layout, two, heads, D, D, CHUNK, x["q"].device)

@@ -266,9 +266,22 @@ def _fwd_residual(k, v, g, beta, hS, X, W, cu, cidx, c_clip,
 
 
 @triton.jit
+def _s_reads(k, v, g, beta, bos, eos, c, h, rk, rv, mk, mv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+             BT: tl.constexpr, MADE: tl.constexpr):
+    """What chunk c of S's pass reads besides the state: the gates (`_pass_chunk`), beta (fp32), v's tile (fp32) and
+    k's tile."""
+    mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
+    b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
+    b_v = tl.load(v + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
+    b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    return b, bp, b_L, b_beta, b_v, b_k
+
+
+@triton.jit
 def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     BV: tl.constexpr, HAS_D0: tl.constexpr, TARGET: tl.constexpr, MADE: tl.constexpr):
+                     BV: tl.constexpr, HAS_D0: tl.constexpr, TARGET: tl.constexpr, MADE: tl.constexpr,
+                     AHEAD: tl.constexpr):
     """S's pass with the old reads and residuals of each chunk made from the state it holds (grid V tiles x
     sequences*heads; one BV x K fp32 tile, the whole K, as RDN's passes): per chunk, stores S_c (hS), then
 
@@ -278,18 +291,28 @@ def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
     storing r and what the backward needs of x (`_residual`), what `_fwd_residual` computes from the stored S_c in a
     kernel of its own. The same numbers: S_c enters the read rounded to the inputs' dtype, as stored. Spares the
     residual's reading of hS and a second reading of k and v (over a fifth of RLA's forward traffic at head_dim
-    128). MADE: g holds the gates made once, as `_state_pass` takes them."""
+    128). MADE: g holds the gates made once, as `_state_pass` takes them. AHEAD: a chunk's reads (`_s_reads`) one
+    chunk ahead, as `_state_pass` loads them (1: all but k's tile, 2: all, 0: none)."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
         cu, coff, D0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_D0)
     NC = tl.cdiv(eos - bos, BT)
+    if AHEAD > 0:
+        n_b, n_bp, n_bL, n_beta, n_v, n_k = _s_reads(k, v, g, beta, bos, eos, 0, h, rk, rv, mk, mv, H, K, V, BT, MADE)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
-        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
+        t = bos + c * BT + tl.arange(0, BT)
+        tok = t * H + h
+        m_tv = (t < eos)[:, None] & mv[None, :]
         o_tv = tok[:, None] * V + rv[None, :]
-        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        if AHEAD > 0:
+            b, bp, b_L, b_beta, b_v, b_k = n_b, n_bp, n_bL, n_beta, n_v, n_k
+            n_b, n_bp, n_bL, n_beta, n_v, n_k = _s_reads(k, v, g, beta, bos, eos, tl.minimum(c + 1, NC - 1), h, rk, rv,
+                                                         mk, mv, H, K, V, BT, MADE)  # the last chunk reads itself
+            if AHEAD == 1:
+                b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=(t < eos)[:, None] & mk[None, :], other=0.0)
+        else:
+            b, bp, b_L, b_beta, b_v, b_k = _s_reads(k, v, g, beta, bos, eos, c, h, rk, rv, mk, mv, H, K, V, BT, MADE)
         dt = b_k.dtype
-        b_v = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32)
-        b_beta = tl.load(beta + tok, mask=mt, other=0.0).to(tl.float32)
         bv = b_v * b_beta[:, None]
         _residual(b_k, b_v, bv, S.to(dt), b, bp, X, W, o_tv, m_tv, c_clip, BT, TARGET)
         coef = tl.exp(b_L - b) * b_beta  # as `_state_pass` (CA = COEF_TO_END, sa = beta): the same rounding
@@ -298,10 +321,12 @@ def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
 
 
 def s_pass_residual(grid, *, k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip, H, K, V, BT, BK, BV, HAS_D0, TARGET,
-                    MADE=False, **options):
-    """`_s_pass_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
+                    MADE=False, AHEAD=None, **options):
+    """`_s_pass_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages. AHEAD: None,
+    `READ_AHEAD`."""
     _s_pass_residual[grid](k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                           HAS_D0=HAS_D0, TARGET=TARGET, MADE=MADE, **options)
+                           HAS_D0=HAS_D0, TARGET=TARGET, MADE=MADE, AHEAD=READ_AHEAD if AHEAD is None else AHEAD,
+                           **options)
 
 
 def fwd_residual(grid, *, k, v, g, beta, hS, X, W, cu, cidx, c_clip, H, K, V, BT, BK, BV, TARGET, **options):
