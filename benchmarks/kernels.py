@@ -172,7 +172,8 @@ def rdn_with(x, **settings):
 # loops) and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even below two programs per SM), or turns on:
 # READ_AHEAD (--rla-read-ahead: the state passes load a chunk's reads, but for the key tiles, one chunk ahead); RDN's
 # residual in its read kernel (--rdn-residual-apart), its WY backward with the additions around it (--rdn-wy-fla:
-# FLA's prepare_wy_repr_bwd and two PyTorch additions) and its GATES_MADE_ONCE (--rdn-gates-in-pass).
+# FLA's prepare_wy_repr_bwd and two PyTorch additions) and its GATES_MADE_ONCE (--rdn-gates-in-pass), or turns on
+# its READ_AHEAD (--rdn-read-ahead).
 # name -> (label, rule, op).
 VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
                                    partial(rla_with, RESIDUAL_IN_S_PASS=False)),
@@ -185,7 +186,8 @@ VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
             "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta",
                                    partial(rdn_changed, residual_in_reads=False)),
             "rdn_wy_fla": ("RDN [triton, FLA's WY bwd]", "delta", partial(rdn_changed, wy="FLA_WY_FLA_BWD")),
-            "rdn_gates_in_pass": ("RDN [triton, gates in passes]", "delta", partial(rdn_with, GATES_MADE_ONCE=False))}
+            "rdn_gates_in_pass": ("RDN [triton, gates in passes]", "delta", partial(rdn_with, GATES_MADE_ONCE=False)),
+            "rdn_read_ahead": ("RDN [triton, pass reads ahead]", "delta", partial(rdn_with, READ_AHEAD=1))}
 
 
 def bench(fn, x, mode):
@@ -348,6 +350,9 @@ def main():
                         help="add RDN [triton] with FLA's WY backward and the additions around it in PyTorch")
     parser.add_argument("--rdn-gates-in-pass", action="store_true",
                         help="add RDN [triton] with its two state passes making the gates' chunk cumsum in their loop")
+    parser.add_argument("--rdn-read-ahead", action="store_true",
+                        help="add RDN [triton] with its two state passes loading a chunk's reads, but for the key "
+                             "tiles, one chunk ahead")
     parser.add_argument("--rla-chunk", type=int, default=None,
                         help="add RLA [triton] at this chunk size (64 is the backend's)")
     parser.add_argument("--rla-warps", type=int, default=None, help="with --rla-chunk: every RLA kernel at these warps")

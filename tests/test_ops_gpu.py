@@ -198,14 +198,16 @@ def test_triton_rla_design_switches_give_the_same_numbers(switch, off, T, monkey
 @pytest.mark.parametrize("change,fit,target", [
     ("residual_in_reads", "residual", "clip"), ("residual_in_reads", "residual", "tanh"),
     ("residual_in_reads", "residual", "identity"), ("wy", "residual", "clip"), ("wy", "residual", "identity"),
-    ("wy", "none", "clip"), ("GATES_MADE_ONCE", "residual", "clip"), ("GATES_MADE_ONCE", "none", "clip")])
+    ("wy", "none", "clip"), ("GATES_MADE_ONCE", "residual", "clip"), ("GATES_MADE_ONCE", "none", "clip"),
+    ("READ_AHEAD", "residual", "clip"), ("READ_AHEAD", "none", "clip")])
 def test_triton_rdn_design_switches_give_the_same_numbers(change, fit, target, monkeypatch):
     """RDN's design switches, as they run and as benchmarks/kernels.py times them against: the residual made by the
     base pass's read kernel (its gradient turned into dv and dp by the local kernel) or by the glue's kernels from
     the prediction (`residual_in_reads`; dp is now rounded to bf16 once more); the WY step's backward on our kernel,
     which adds the base pass's fp32 dk and the residual's dv before its stores, or FLA's prepare_wy_repr_bwd with
     PyTorch's additions after it (`wy`); the state passes' gates made once or in each pass's loop
-    (`rdn.GATES_MADE_ONCE`). Outputs, final states and every gradient agree to bf16 rounding."""
+    (`rdn.GATES_MADE_ONCE`); the passes' reads in each chunk or one chunk ahead (`rdn.READ_AHEAD` 1). Outputs, final
+    states and every gradient agree to bf16 rounding."""
     from dataclasses import replace
 
     from rla_ablate.ops.triton import backend, rdn
@@ -215,6 +217,8 @@ def test_triton_rdn_design_switches_give_the_same_numbers(change, fit, target, m
     on = run_case(leaves(master, torch.bfloat16), "triton", combo)
     if change == "GATES_MADE_ONCE":
         monkeypatch.setattr(rdn, change, False)
+    elif change == "READ_AHEAD":
+        monkeypatch.setattr(rdn, change, 1)
     else:
         off_value = False if change == "residual_in_reads" else rdn.FLA_WY_FLA_BWD
         monkeypatch.setattr(backend, "RDN", replace(backend.RDN, **{change: off_value}))

@@ -126,6 +126,13 @@ def check_all() -> None:
             run(rdn, master, spec, torch.float32))
     check_packed(compare, "delta", rdn, prefix="gates-in-pass-")
     rdn_module.GATES_MADE_ONCE = True
+    # the state passes' reads one chunk ahead (`READ_AHEAD`): all but the key tiles, and all
+    for ahead in (1, 2):
+        rdn_module.READ_AHEAD = ahead
+        compare(f"ahead{ahead}", run(naive_residual_attention, master, spec, torch.float64),
+                run(rdn, master, spec, torch.float32))
+        check_packed(compare, "delta", rdn, prefix=f"ahead{ahead}-")
+    rdn_module.READ_AHEAD = 0
 
     master = make(T=50)
     compare("no-initial-state", run(naive_residual_attention, master, spec, torch.float64, with_state=False),
@@ -136,7 +143,7 @@ def check_all() -> None:
 def test_one_pass_delta_rule_matches_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=27, timeout=900)
+    run_interpreted(__file__, checks=35, timeout=900)
 
 
 def test_torch_wy_step_solves_the_chunk_recurrence_of_the_delta_rule():

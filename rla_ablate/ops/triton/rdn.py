@@ -62,35 +62,63 @@ FLOOR = float(G_FLOOR.value)
 # instead of a scan and a sum (a barrier each) per chunk on their sequential path; False: each pass makes them in its
 # loop (benchmarks/kernels.py --rdn-gates-in-pass times the two). Read by the forward, kept for its backward.
 GATES_MADE_ONCE = True
+# What the two state passes' chunks read is loaded one chunk ahead (`_delta_fwd_pass`, AHEAD), as RLA's
+# `READ_AHEAD`: 0 none (each chunk loads its own), 1 all but the key tiles that feed a dot as loaded, 2 all
+# (benchmarks/kernels.py --rdn-read-ahead times 1). Read by the forward, kept for its backward.
+READ_AHEAD = 0
+
+
+@triton.jit
+def _fwd_reads(k, w, u, g, bos, eos, c, h, rk, rv, mk, mv, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               BT: tl.constexpr, MADE: tl.constexpr):
+    """What chunk c of S's pass reads besides the state: the gates (`_pass_chunk`), u's tile (fp32), w's and k's."""
+    mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
+    b_u = tl.load(u + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
+    b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(b_k.dtype)
+    return b, b_L, b_u, b_k, b_w
 
 
 @triton.jit
 def _delta_fwd_pass(k, w, u, g, S0, hS, N_, ST, cu, coff,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, HAS_S0: tl.constexpr, MADE: tl.constexpr):
+                    BV: tl.constexpr, HAS_S0: tl.constexpr, MADE: tl.constexpr, AHEAD: tl.constexpr):
     """S over the chunks of one sequence and head (grid V tiles x sequences*heads): stores S_c where each chunk
     starts (hS), the writes n = u - w S_c^T (N_) and the final state (ST, fp32). MADE: g holds the gates made once
-    (`made_gates`: b, read by `_pass_chunk`), not the raw g."""
+    (`made_gates`: b, read by `_pass_chunk`), not the raw g. AHEAD (`READ_AHEAD`): a chunk's reads (`_fwd_reads`)
+    one chunk ahead, while the chunk before is multiplied; 1 all but the k and w tiles (which feed a dot as they
+    are loaded), 2 all, 0 none."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, S = _pass_program(
         cu, coff, S0, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_S0)
     NC = tl.cdiv(eos - bos, BT)
+    if AHEAD > 0:
+        n_b, n_bL, n_u, n_k, n_w = _fwd_reads(k, w, u, g, bos, eos, 0, h, rk, rv, mk, mv, H, K, V, BT, MADE)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
-        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
-        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+        t = bos + c * BT + tl.arange(0, BT)
+        tok = t * H + h
+        m_tk, m_tv = (t < eos)[:, None] & mk[None, :], (t < eos)[:, None] & mv[None, :]
+        if AHEAD > 0:
+            b, b_L, b_u, b_k, b_w = n_b, n_bL, n_u, n_k, n_w
+            n_b, n_bL, n_u, n_k, n_w = _fwd_reads(k, w, u, g, bos, eos, tl.minimum(c + 1, NC - 1), h, rk, rv, mk, mv,
+                                                  H, K, V, BT, MADE)  # the last chunk reads itself again
+            if AHEAD == 1:
+                b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+                b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(b_k.dtype)
+        else:
+            b, b_L, b_u, b_k, b_w = _fwd_reads(k, w, u, g, bos, eos, c, h, rk, rv, mk, mv, H, K, V, BT, MADE)
         dt = b_k.dtype
-        b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(dt)
-        b_n = tl.load(u + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32) \
-            - tl.dot(b_w, tl.trans(S.to(dt)))
+        b_n = b_u - tl.dot(b_w, tl.trans(S.to(dt)))
         tl.store(N_ + tok[:, None] * V + rv[None, :], b_n.to(N_.dtype.element_ty), mask=m_tv)
         S = tl.dot(tl.trans((b_n * tl.exp(b_L - b)[:, None]).to(dt)), b_k, S * tl.exp(b_L))  # accumulates in S
     tl.store(ST + o_seq + o_state, S, mask=m_state)
 
 
-def delta_fwd_pass(grid, *, k, w, u, g, S0, hS, N_, ST, cu, coff, H, K, V, BT, BK, BV, HAS_S0, MADE=False, **options):
+def delta_fwd_pass(grid, *, k, w, u, g, S0, hS, N_, ST, cu, coff, H, K, V, BT, BK, BV, HAS_S0, MADE=False, AHEAD=0,
+                   **options):
     """`_delta_fwd_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
     _delta_fwd_pass[grid](k, w, u, g, S0, hS, N_, ST, cu, coff, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_S0=HAS_S0,
-                          MADE=MADE, **options)
+                          MADE=MADE, AHEAD=AHEAD, **options)
 
 
 @triton.jit
@@ -171,30 +199,58 @@ def delta_bwd_local(grid, *, q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale
 
 
 @triton.jit
+def _bwd_reads(q, k, w, g, dBQ, dP, DNL, bos, eos, c, h, rk, rv, mk, mv, H: tl.constexpr, K: tl.constexpr,
+               V: tl.constexpr, BT: tl.constexpr, MADE: tl.constexpr):
+    """What chunk c of dS's pass reads besides the state: the gates (`_pass_chunk`), the dBQ, dP and DNL tiles
+    (fp32) and the k, q and w tiles."""
+    mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
+    o_tv = tok[:, None] * V + rv[None, :]
+    b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+    b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+    b_dnl = tl.load(DNL + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+    b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+    b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(b_k.dtype)
+    return b, bp, b_L, b_dB, b_dP, b_dnl, b_k, b_q, b_w
+
+
+@triton.jit
 def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, HAS_DST: tl.constexpr, MADE: tl.constexpr):
+                    BV: tl.constexpr, HAS_DST: tl.constexpr, MADE: tl.constexpr, AHEAD: tl.constexpr):
     """dS over the chunks in reverse (grid V tiles x sequences*heads): stores dS where each chunk ends (dhS), the
     writes' whole gradient dn (DN) and dS0 (fp32). MADE: g holds the gates made once, as `_delta_fwd_pass` takes
-    them."""
+    them; AHEAD: a chunk's reads (`_bwd_reads`) one chunk ahead, as `_delta_fwd_pass` (1: all but the key tiles)."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
         cu, coff, dST, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_DST)
     NC = tl.cdiv(eos - bos, BT)
+    if AHEAD > 0:
+        n_b, n_bp, n_bL, n_dB, n_dP, n_dnl, n_k, n_q, n_w = _bwd_reads(
+            q, k, w, g, dBQ, dP, DNL, bos, eos, NC - 1, h, rk, rv, mk, mv, H, K, V, BT, MADE)
     for i in range(NC):
         c = NC - 1 - i
         tl.store(dhS + ((c0 + c) * H + h) * V * K + o_state, D.to(dhS.dtype.element_ty), mask=m_state)
-        mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
+        t = bos + c * BT + tl.arange(0, BT)
+        tok = t * H + h
+        m_tk, m_tv = (t < eos)[:, None] & mk[None, :], (t < eos)[:, None] & mv[None, :]
+        if AHEAD > 0:
+            b, bp, b_L, b_dB, b_dP, b_dnl, b_k, b_q, b_w = n_b, n_bp, n_bL, n_dB, n_dP, n_dnl, n_k, n_q, n_w
+            n_b, n_bp, n_bL, n_dB, n_dP, n_dnl, n_k, n_q, n_w = _bwd_reads(
+                q, k, w, g, dBQ, dP, DNL, bos, eos, tl.maximum(c - 1, 0), h, rk, rv, mk, mv, H, K, V, BT, MADE)
+            if AHEAD == 1:
+                b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+                b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+                b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(b_k.dtype)
+        else:
+            b, bp, b_L, b_dB, b_dP, b_dnl, b_k, b_q, b_w = _bwd_reads(
+                q, k, w, g, dBQ, dP, DNL, bos, eos, c, h, rk, rv, mk, mv, H, K, V, BT, MADE)
         o_tv = tok[:, None] * V + rv[None, :]
-        b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         dt = b_k.dtype
-        b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
-        b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(dt)
-        dn = tl.load(DNL + o_tv, mask=m_tv, other=0.0).to(tl.float32) \
-            + tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(D.to(dt)))
+        dn = b_dnl + tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(D.to(dt)))
         tl.store(DN + o_tv, dn.to(DN.dtype.element_ty), mask=m_tv)
         e = tl.exp(bp)
-        b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(tl.float32) * (e * scale)[:, None]
-        b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(tl.float32) * e[:, None]
+        b_dB = b_dB * (e * scale)[:, None]
+        b_dP = b_dP * e[:, None]
         # the three products accumulate in D
         D = tl.dot(tl.trans(b_dB.to(dt)), b_q, D * tl.exp(b_L))
         D = tl.dot(tl.trans(b_dP.to(dt)), b_k, D)
@@ -203,10 +259,10 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
 
 
 def delta_bwd_pass(grid, *, q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale, H, K, V, BT, BK, BV, HAS_DST,
-                   MADE=False, **options):
+                   MADE=False, AHEAD=0, **options):
     """`_delta_bwd_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
     _delta_bwd_pass[grid](q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale, H=H, K=K, V=V, BT=BT, BK=BK,
-                          BV=BV, HAS_DST=HAS_DST, MADE=MADE, **options)
+                          BV=BV, HAS_DST=HAS_DST, MADE=MADE, AHEAD=AHEAD, **options)
 
 
 @triton.jit
@@ -551,11 +607,11 @@ class DeltaTwoReads(torch.autograd.Function):
         BK = max(MIN_TILE, triton.next_power_of_2(K))
         consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
         nv, opts = _grid_v("pass", V)
-        made = GATES_MADE_ONCE
+        made, ctx.ahead = GATES_MADE_ONCE, READ_AHEAD
         gates = made_gates(layout, g32, H, chunk) if made else g32
         delta_fwd_pass((nv, N * H), k=k, w=w.contiguous(), u=u.contiguous(), g=gates, S0=S0 if S0 is not None else ST,
                        hS=hS, N_=N_, ST=ST, cu=layout.cu, coff=layout.coff, HAS_S0=S0 is not None, MADE=made,
-                       **consts, **opts)
+                       AHEAD=ctx.ahead, **consts, **opts)
         target, clip = residual if residual is not None else ("identity", 0.0)
         keeps_x = residual is None or target != "identity"  # the identity's slope needs no x
         # the prediction (fp32), or what the backward needs of x = v - p: the clip's slope (a byte), tanh's x
@@ -604,8 +660,8 @@ class DeltaTwoReads(torch.autograd.Function):
         nv, opts = _grid_v("bwd_pass", V)
         delta_bwd_pass((nv, N * H), q=q, k=k, w=w, g=made if made is not None else g32, dBQ=dBQ, dP=dP, DNL=DNL,
                        dST=dST.contiguous() if dST is not None else dS0, dhS=dhS, DN=DN, dS0=dS0, cu=layout.cu,
-                       coff=layout.coff, scale=scale, HAS_DST=dST is not None, MADE=made is not None, **consts,
-                       **opts)
+                       coff=layout.coff, scale=scale, HAS_DST=dST is not None, MADE=made is not None,
+                       AHEAD=ctx.ahead, **consts, **opts)
         opts = dict(LAUNCH["dqk"])
         BKt = max(MIN_TILE, min(opts.pop("BK"), triton.next_power_of_2(K)))
         NK = triton.cdiv(K, BKt)
