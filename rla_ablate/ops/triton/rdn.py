@@ -201,8 +201,8 @@ def delta_bwd_local(grid, *, q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale
 @triton.jit
 def _bwd_reads(q, k, w, g, dBQ, dP, DNL, bos, eos, c, h, rk, rv, mk, mv, H: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, BT: tl.constexpr, MADE: tl.constexpr):
-    """What chunk c of dS's pass reads besides the state: the gates (`_pass_chunk`), the dBQ, dP and DNL tiles
-    (fp32) and the k, q and w tiles."""
+    """What chunk c of dS's pass reads besides the state, loaded a chunk ahead (`_delta_bwd_pass`, AHEAD): the gates
+    (`_pass_chunk`), the dBQ, dP and DNL tiles (fp32) and the k, q and w tiles."""
     mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
     o_tv = tok[:, None] * V + rv[None, :]
     b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(tl.float32)
@@ -241,14 +241,21 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
                 b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
                 b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
                 b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(b_k.dtype)
-        else:
-            b, bp, b_L, b_dB, b_dP, b_dnl, b_k, b_q, b_w = _bwd_reads(
-                q, k, w, g, dBQ, dP, DNL, bos, eos, c, h, rk, rv, mk, mv, H, K, V, BT, MADE)
+        else:  # each chunk loads its own, each tile where the products come to need it
+            _, _, _, _, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
+            b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+            b_q = tl.load(q + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+            b_w = tl.load(w + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0).to(b_k.dtype)
         o_tv = tok[:, None] * V + rv[None, :]
         dt = b_k.dtype
+        if AHEAD == 0:
+            b_dnl = tl.load(DNL + o_tv, mask=m_tv, other=0.0).to(tl.float32)
         dn = b_dnl + tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(D.to(dt)))
         tl.store(DN + o_tv, dn.to(DN.dtype.element_ty), mask=m_tv)
         e = tl.exp(bp)
+        if AHEAD == 0:
+            b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+            b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(tl.float32)
         b_dB = b_dB * (e * scale)[:, None]
         b_dP = b_dP * e[:, None]
         # the three products accumulate in D

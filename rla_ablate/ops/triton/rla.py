@@ -94,9 +94,9 @@ def _pass_coef(b, bp, b_L, CODE: tl.constexpr):
 def _pass_reads(ka, ua, sa, kb, ub, g, hF, bos, eos, c, c0, h, rk, rv, mk, mv, m_state, o_state,
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, HAS_SA: tl.constexpr,
                 HAS_B: tl.constexpr, STORE_Z: tl.constexpr, MADE: tl.constexpr):
-    """What chunk c of a state pass reads besides the state it carries: the gates b, b', b_L (`_pass_chunk`), sa's
-    vector, the forward's chunk state (STORE_Z) and the four input tiles (ua, ub in fp32). A term or part the pass
-    does not have gives a stand-in that is never used."""
+    """What chunk c of a state pass reads besides the state it carries, loaded a chunk ahead (`_state_pass`, AHEAD):
+    the gates b, b', b_L (`_pass_chunk`), sa's vector, the forward's chunk state (STORE_Z) and the four input tiles
+    (ua, ub in fp32). A term or part the pass does not have gives a stand-in that is never used."""
     mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
     s = b
     if HAS_SA:
@@ -163,13 +163,18 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
                 b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
                 if HAS_B:
                     b_kb = tl.load(kb + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
-        else:
-            b, bp, b_L, s, f, b_ka, b_ua, b_kb, b_ub = _pass_reads(
-                ka, ua, sa, kb, ub, g, hF, bos, eos, c, c0, h, rk, rv, mk, mv, m_state, o_state,
-                H, K, V, BT, HAS_SA, HAS_B, STORE_Z, MADE)
+        else:  # each chunk loads its own, each tile where the products come to need it
+            mt, tok, m_tk, m_tv, b, bp, b_L = _pass_chunk(g, bos, eos, c, h, mk, mv, H, BT, MADE)
+            if STORE_Z:
+                f = tl.load(hF + ((c0 + c) * H + h) * V * K + o_state, mask=m_state, other=0.0).to(tl.float32)
         if STORE_Z:
             tl.store(Z_P + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * NCH
                      + (c0 + c) * H + h, tl.exp(b_L) * tl.sum(tl.sum(D * f, axis=1), axis=0))
+        if AHEAD == 0:
+            b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+            if HAS_SA:
+                s = tl.load(sa + tok, mask=mt, other=0.0).to(tl.float32)
+            b_ua = tl.load(ua + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
         dt = b_ka.dtype
         coef = _pass_coef(b, bp, b_L, CA)
         if HAS_SA:
@@ -178,6 +183,9 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
         if STORE_L:
             log_decay += b_L
         if HAS_B:
+            if AHEAD == 0:
+                b_kb = tl.load(kb + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
+                b_ub = tl.load(ub + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
             coef_b = _pass_coef(b, bp, b_L, CB)
             D = tl.dot(tl.trans((b_ub * (coef_b * sign_b)[:, None]).to(dt)), b_kb, D)
     tl.store(DT + o_seq + o_state, D, mask=m_state)
