@@ -58,10 +58,12 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
         elif takers:  # an option of other commands, exactly: not this command's closest option
             message += f"; {option} is an option of {', '.join(takers)}"
         else:
-            mine = [o for o in own._option_string_actions if o.startswith("--")]
-            anyone = {o for sub in every.values() for o in sub._option_string_actions if o.startswith("--")}
-            message += f"; {option}" + (did_you_mean(option, mine) or " is no command's option"
-                                        + did_you_mean(option, sorted(anyone)))
+            # compared without the dashes, which every option shares (else "--foo" is close to "--root")
+            mine = [o[2:] for o in own._option_string_actions if o.startswith("--")]
+            anyone = {o[2:] for sub in every.values() for o in sub._option_string_actions if o.startswith("--")}
+            word = option[2:]
+            message += f"; {option}" + (did_you_mean(word, mine, prefix="--") or " is no command's option"
+                                        + did_you_mean(word, sorted(anyone), prefix="--"))
     own.error(message)
     raise AssertionError("unreachable")  # ArgumentParser.error exits
 

@@ -92,11 +92,12 @@ def test_an_option_a_command_does_not_take_is_refused_with_that_commands_usage(c
     # an option other commands take is named as theirs, not as this command's closest option
     for argv, said in ((["launch", "f.yaml", "--port", "5000"], "--port is an option of server, ui"),
                        (["eval", "x", "--tasks", "t", "--tokenizer", "t.json"], "--tokenizer is an option of data prepare"),
-                       (["plan", "f.yaml", "--roott", "r"], "--roott is no command's option (did you mean '--root'?)")):
+                       (["plan", "f.yaml", "--roott", "r"], "--roott is no command's option (did you mean '--root'?)"),
+                       (["launch", "f.yaml", "--foo"], "--foo is no command's option\n")):
         with pytest.raises(SystemExit) as info:
             main(argv)
         err = capsys.readouterr().err
-        assert info.value.code == 2 and said in err, err
+        assert info.value.code == 2 and said in err, err  # "--foo": the dashes alone make no option close to it
     # a misspelt command: the close one, and the list
     for typo, close in (("lauch", "launch"), ("statu", "status")):
         with pytest.raises(SystemExit) as info:

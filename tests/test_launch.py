@@ -163,7 +163,7 @@ def test_edited_file_runs_only_the_new_job_and_retries_a_failure(launched):
     # The new job raises once at 2048 tokens (after its checkpoint at 2048); the retry resumes from there.
     out = cli("launch", str(f), "--root", str(root), env={"RLA_SWEEP_FAIL_ONCE": f"{new_id}@2048"})
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "retrying from its last checkpoint" in out.stdout
+    assert "retrying from its last checkpoint (2,048 tokens)" in out.stdout
     doc = status(root)
     by_id = {j["job_id"]: j for j in doc["jobs"]}
     assert by_id[new_id]["status"] == "finished" and by_id[new_id]["tokens_done"] == 4096

@@ -338,8 +338,8 @@ def test_init_std_from_config():
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(family="sgla", tied_gamma=True), "only apply to residual families"),
-    (dict(family="gdn", target="identity"), "only apply to residual families"),
+    (dict(family="sgla", tied_gamma=True), "only to residual families"),
+    (dict(family="gdn", target="identity"), "only to residual families"),
     (dict(family="rla", fit="off"), "use family 'sgla'"),
     (dict(family="gdn", fit="none"), "fit must be 'off'"),
     (dict(family="rla", num_kv_heads=1), "num_kv_heads is for the transformer"),
@@ -350,7 +350,7 @@ def test_init_std_from_config():
     (dict(family="rdn", fit="partial"), "fit"),
     (dict(family="rdn", colour="red"), "colour"),
     (dict(family="rdn", backend="cuda"), "not one of auto, naive, chunk, fla, triton"),
-    (dict(family="sgla", clip_mode="relative"), "only apply to residual families"),
+    (dict(family="sgla", clip_mode="relative"), "only to residual families"),
     (dict(family="rla", beta="fixed"), "only sgla may fix it"),
     (dict(family="transformer", beta="learned"), "the transformer has no write gate"),
     (dict(family="gdn", use_short_conv=False, conv_init="identity"), "needs the short convolution"),
@@ -527,3 +527,14 @@ def test_fused_glue_branch_is_the_torch_glue(variant, monkeypatch):
     assert calls == [] and fused.glue == "torch"
     with pytest.raises(ValueError, match="glue must be one of"):
         fused.set_glue("fused")
+
+
+def test_a_missing_preset_file_is_named_with_the_folder_it_was_read_from(tmp_path, monkeypatch):
+    from rla_ablate.errors import UserError
+    from rla_ablate.models.presets import load_preset
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as info:
+        load_preset("sub/nosuch.yaml")
+    assert f"{tmp_path / 'sub' / 'nosuch.yaml'} does not exist" in str(info.value)
+    assert f"read from the current folder, {tmp_path}" in str(info.value)

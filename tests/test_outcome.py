@@ -178,7 +178,7 @@ def test_oom_on_a_gpu_fraction_reruns_with_twice_the_share_then_alone_on_a_gpu(t
     placement = Placement(0.06, allocator_cap(0.06, gpu), 2.5)
     assert runner._allocator_cap(placement, runner.task_options["j1"]) == placement.cap
     # A share a little short of the peak: twice the share, still packed, its allocator capped at the new share.
-    assert runner._retry(job, oom(3.5)) == "rerunning from its last checkpoint with more memory (num_gpus=0.12)"
+    assert runner._retry(job, oom(3.5)) == "rerunning with more memory (num_gpus=0.12)"
     assert runner.more_memory == {"j1": {"num_gpus": 0.12}}
     runner.task_options["j1"] = {"num_cpus": 1, **runner.more_memory["j1"]}
     assert runner._allocator_cap(placement, runner.task_options["j1"]) == allocator_cap(0.12, gpu) > placement.cap
@@ -197,7 +197,7 @@ def test_oom_on_a_gpu_fraction_reruns_with_twice_the_share_then_alone_on_a_gpu(t
     runner.oom_reruns["j1"] = 2
     assert runner._retry(job, flaky) is None
     runner.sweep.config.resources.retries = 1
-    assert runner._retry(job, flaky) == "retrying from its last checkpoint"
+    assert runner._retry(job, flaky) == "retrying"
 
 
 def test_oom_on_a_whole_gpu_or_cpu_is_reported_with_the_estimate(tmp_path):

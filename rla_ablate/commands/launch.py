@@ -16,7 +16,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                              "started on a database store); default: start a local one on 127.0.0.1 with its SQLite "
                              "store under --root")
     parser.add_argument("--max-concurrent", type=int, default=None, metavar="N",
-                        help="run at most N jobs at once (default: as many as Ray's resources allow)")
+                        help="hand Ray at most N jobs at a time, running or queued, so at most N run at once "
+                             "(default: twice what the cluster's resources run at once, for a search exactly that)")
 
 
 def register(subparsers) -> None:

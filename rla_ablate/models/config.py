@@ -117,7 +117,7 @@ class ModelConfig(NumbersNotBools):
             fit = "off"
             moved = [f"{k}={getattr(self, k)!r}" for k, d in residual_only.items() if getattr(self, k) != d]
             if moved:
-                raise ValueError(f"{', '.join(moved)} only apply to residual families ({', '.join(RESIDUAL_FAMILIES)}); "
+                raise ValueError(f"{', '.join(moved)} {'apply' if len(moved) > 1 else 'applies'} only to residual families ({', '.join(RESIDUAL_FAMILIES)}); "
                                  f"family '{fam}' must keep the defaults "
                                  + ", ".join(f"{k}={d!r}" for k, d in residual_only.items()))
         if fam == "transformer":

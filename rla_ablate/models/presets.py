@@ -25,7 +25,12 @@ def list_presets() -> list[str]:
 def preset_path(name_or_path: str | Path) -> Path:
     text = str(name_or_path)
     if text.endswith((".yaml", ".yml")) or "/" in text:
-        return Path(text)
+        path = Path(text)
+        if not path.exists():
+            raise UserError(f"no model preset file {text}: {path.resolve()} does not exist (a preset path is read "
+                            f"from the current folder, {Path.cwd()}); or give a preset name (`rla-sweep models` "
+                            "lists them)")
+        return path
     path = PRESET_DIR / f"{text}.yaml"
     if not path.is_file():
         names = list_presets()

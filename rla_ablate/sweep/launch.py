@@ -999,9 +999,12 @@ class _Runner:
         if retry is not None:
             self.sdir.set_status(job.job_id, status=Status.PENDING, tokens_done=tokens, error=outcome.error,
                                  cause=outcome.cause, traceback=outcome.traceback)
+            restart = self._restart_point(job)
+            where = (f"from its last checkpoint ({restart:,} tokens)" if restart else
+                     "from its first step (it left no checkpoint)")
             self.progress.note(f"{job.name}: attempt {self.tries[job.job_id]} failed ({outcome.cause}: "
-                               f"{_first_line(outcome.error)}); {retry}; log: {log}")
-            self.progress.update(job, Status.PENDING, tokens)
+                               f"{_first_line(outcome.error)}); {retry} {where}; log: {log}")
+            self.progress.update(job, Status.PENDING, restart)
             self.on_event("retry", {"job_id": job.job_id, "attempt": st.attempts, "error": outcome.error,
                                     "cause": str(outcome.cause)})
             return outcome, True
@@ -1021,7 +1024,8 @@ class _Runner:
         return outcome, False
 
     def _retry(self, job: ResolvedJob, outcome: JobOutcome) -> str | None:
-        """Whether a failed attempt reruns, by its cause: None when not, else how (for the note)."""
+        """Whether a failed attempt reruns, by its cause: None when not, else how (for the note, which adds where
+        from: `_restart_point`)."""
         cause = outcome.cause or Cause.OTHER
         if cause.deterministic:
             # A config or compile error fails the same way on every attempt.
@@ -1033,11 +1037,18 @@ class _Runner:
             self.more_memory[job.job_id] = options
             self.oom_reruns[job.job_id] = self.oom_reruns.get(job.job_id, 0) + 1
             given = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in options.items())
-            return f"rerunning from its last checkpoint with more memory ({given})"
+            return f"rerunning with more memory ({given})"
         used = self.tries.get(job.job_id, 1) - self.oom_reruns.get(job.job_id, 0)
         if used <= self.sweep.config.resources.retries:
-            return "retrying from its last checkpoint"
+            return "retrying"
         return None
+
+    def _restart_point(self, job: ResolvedJob) -> int:
+        """The tokens of the checkpoint the job's next attempt resumes from, 0 when it starts from its first step."""
+        from rla_ablate.train.checkpoint import list_checkpoints
+
+        found = list_checkpoints(self.sdir.job_dir(job.job_id))
+        return found[-1][0] if found else 0
 
     def _retry_with_more_memory(self, job: ResolvedJob, outcome: JobOutcome) -> dict[str, Any] | None:
         """Ray task options that give a job out of GPU memory more of it, or None when this launch cannot.
