@@ -170,7 +170,8 @@ def rdn_with(x, **settings):
 # (--rla-end-term-in-dqk: dg's chunk end terms from the stored state tiles in `_bwd_dqk` rather than from the
 # reverse state passes), GATES_MADE_ONCE (--rla-gates-in-pass: the state passes make the gates' cumsum in their
 # loops) and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even below two programs per SM), or turns on:
-# READ_AHEAD (--rla-read-ahead: the state passes load a chunk's reads, but for the key tiles, one chunk ahead); RDN's
+# READ_AHEAD (--rla-read-ahead: the state passes load a chunk's reads, but for the key tiles, one chunk ahead) and
+# END_TERM_ROWS (--rla-end-term-rows: the reverse passes store dg's end terms a value per state row); RDN's
 # residual in its read kernel (--rdn-residual-apart), its WY backward with the additions around it (--rdn-wy-fla:
 # FLA's prepare_wy_repr_bwd and two PyTorch additions) and its GATES_MADE_ONCE (--rdn-gates-in-pass), or turns on
 # its READ_AHEAD (--rdn-read-ahead).
@@ -183,6 +184,8 @@ VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
                                   partial(rla_with, GATES_MADE_ONCE=False)),
             "rla_wide_tiles": ("RLA [triton, wide pass tiles]", "additive", partial(rla_with, NARROW_BELOW=0)),
             "rla_read_ahead": ("RLA [triton, pass reads ahead]", "additive", partial(rla_with, READ_AHEAD=1)),
+            "rla_end_term_rows": ("RLA [triton, end terms by rows]", "additive",
+                                  partial(rla_with, END_TERM_ROWS=True)),
             "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta",
                                    partial(rdn_changed, residual_in_reads=False)),
             "rdn_wy_fla": ("RDN [triton, FLA's WY bwd]", "delta", partial(rdn_changed, wy="FLA_WY_FLA_BWD")),
@@ -344,6 +347,9 @@ def main():
     parser.add_argument("--rla-read-ahead", action="store_true",
                         help="add RLA [triton] with its state passes loading a chunk's reads, but for the key tiles, "
                              "one chunk ahead")
+    parser.add_argument("--rla-end-term-rows", action="store_true",
+                        help="add RLA [triton] with its reverse state passes storing dg's chunk end terms a value per "
+                             "row of each state tile, added by the gate-gradient kernel")
     parser.add_argument("--rdn-residual-apart", action="store_true",
                         help="add RDN [triton] with the residual made by the glue's kernels from the prediction")
     parser.add_argument("--rdn-wy-fla", action="store_true",

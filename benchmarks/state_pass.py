@@ -17,8 +17,10 @@ that `rla_ablate.ops.triton.rla` runs, on random bf16 inputs with head dims 128:
 
 Each kind is timed at its plan (the tiles `_pass_plan` picks on this GPU) and at other tiles, warps and stages.
 `ahead 1` loads a chunk's reads one chunk ahead but for ka's and kb's tiles, `ahead 2` all of them
-(`rla.READ_AHEAD`; the op's setting is 0, each chunk loads its own). `no sa`, `no store` and `no end term` take a part
-away to show what it costs (those are not RLA's passes). The ratio column divides by the kind's plan in the same run.
+(`rla.READ_AHEAD`; the op's setting is 0, each chunk loads its own); `rows` stores dg's end terms a row per row of
+each tile (`rla.END_TERM_ROWS`: no sum across the warps in the pass). `no sa`, `no store` and `no end term` take a
+part away to show what it costs (those are not RLA's passes). The ratio column divides by the kind's plan in the
+same run.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ CASES = [
     ("rev", None, None, None, None, {}),
     ("rev", None, None, None, None, {"ahead 1": dict(AHEAD=1)}),
     ("rev", None, None, None, None, {"ahead 2": dict(AHEAD=2)}),
+    ("rev", None, None, None, None, {"rows": dict(rows=True)}),
+    ("rev", None, None, None, None, {"ahead 1": dict(AHEAD=1), "rows": dict(rows=True)}),
+    ("rev", 64, 64, 8, None, {}),
     ("rev", 64, 128, 4, None, {}),
     ("rev", 64, 64, 4, None, {}),
     ("rev", 64, 64, 4, 3, {}),
@@ -58,6 +63,9 @@ CASES = [
     ("rev2", None, None, None, None, {}),
     ("rev2", None, None, None, None, {"ahead 1": dict(AHEAD=1)}),
     ("rev2", None, None, None, None, {"ahead 2": dict(AHEAD=2)}),
+    ("rev2", None, None, None, None, {"rows": dict(rows=True)}),
+    ("rev2", None, None, None, None, {"ahead 1": dict(AHEAD=1), "rows": dict(rows=True)}),
+    ("rev2", 64, 64, 8, None, {}),
     ("rev2", 128, 64, 4, None, {}),
     ("rev2", 64, 64, 4, None, {}),
     ("s", None, None, None, None, {}),
@@ -86,7 +94,7 @@ def make(heads: int, B: int, T: int, dev: torch.device):
     x["hD"] = torch.empty(states, dtype=torch.bfloat16, device=dev)
     x["hF"] = torch.randn(states, dtype=torch.bfloat16, device=dev)  # the forward's states, for the end terms
     x["DT"] = torch.empty(layout.N, heads, D, D, dtype=torch.float32, device=dev)
-    x["Z_P"] = torch.empty(8, layout.chunks * heads, dtype=torch.float32, device=dev)
+    x["Z_P"] = torch.empty(8 * 128, layout.chunks * heads, dtype=torch.float32, device=dev)  # up to 8 tiles' rows
     x["v"], x["beta"] = x["w"], x["gamma"]
     x["X"] = torch.empty(B * T, heads, D, dtype=torch.uint8, device=dev)  # the clip's slope
     x["W"] = torch.empty(B * T, heads, D, dtype=torch.bfloat16, device=dev)
@@ -122,13 +130,15 @@ def launcher(case, layout, x, heads: int):
     elif kind == "rev":
         terms = dict(ka=x["q"], ua=x["do"], sa=x["gamma"], kb=x["q"], ub=x["do"], scale_a=0.1, sign_b=0.0,
                      REVERSE=True, CA=COEF_B.value, CB=COEF_TO_END.value, HAS_SA=True, HAS_B=False,
-                     end_term=(x["hF"], x["Z_P"][:tiles]))
+                     end_term=(x["hF"], x["Z_P"][:tiles], False))
     else:
         terms = dict(ka=x["q"], ua=x["do"], sa=x["gamma"], kb=x["k"], ub=x["dx"], scale_a=0.1, sign_b=-1.0,
                      REVERSE=True, CA=COEF_B.value, CB=COEF_B_PRIME.value, HAS_SA=False, HAS_B=True,
-                     end_term=(x["hF"], x["Z_P"][:tiles]))
+                     end_term=(x["hF"], x["Z_P"][:tiles], False))
     for change in changes.values():
         terms.update(change)
+    if terms.pop("rows", False):  # the end terms a row per row of each tile (rla.END_TERM_ROWS)
+        terms["end_term"] = (x["hF"], x["Z_P"][:tiles * state["BV"]], True)
     return lambda: rla.state_pass(grid, g=x["gates"], D0=x["DT"], hD=x["hD"], DT=x["DT"], cu=layout.cu,
                                   coff=layout.coff, HAS_D0=False, MADE=True, **terms, **state)
 

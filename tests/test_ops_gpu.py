@@ -172,25 +172,25 @@ def test_triton_splits_a_long_sequence_over_segments_as_the_unsplit_pass(fit, mo
 
 
 @pytest.mark.parametrize("T", [2048, 20_000], ids=["T2048", "T20000-split"])
-@pytest.mark.parametrize("switch,off", [("RESIDUAL_IN_S_PASS", False), ("END_TERM_IN_PASS", False),
-                                        ("GATES_MADE_ONCE", False), ("NARROW_BELOW", 0), ("READ_AHEAD", 1),
-                                        ("READ_AHEAD", 2)])
-def test_triton_rla_design_switches_give_the_same_numbers(switch, off, T, monkeypatch):
-    """RLA's design switches, on (what runs) and off (what benchmarks/kernels.py times against it): the forward's
+@pytest.mark.parametrize("switch,other", [("RESIDUAL_IN_S_PASS", False), ("END_TERM_IN_PASS", False),
+                                          ("GATES_MADE_ONCE", False), ("NARROW_BELOW", 0), ("READ_AHEAD", 1),
+                                          ("READ_AHEAD", 2), ("END_TERM_ROWS", True)])
+def test_triton_rla_design_switches_give_the_same_numbers(switch, other, T, monkeypatch):
+    """RLA's design switches as they run and at their other setting (what benchmarks/kernels.py times): the forward's
     residuals made inside S's pass (`_s_pass_residual`) or in a kernel of their own (`_fwd_residual`); dg's chunk end
     terms stored by the reverse state passes from their fp32 states or made by the dq/dk kernel from the stored
     bf16 tiles; the passes' gates made once or in each pass's loop; the passes at 64 x 64 tiles where they have
     fewer than two programs per SM (at T=2048: 2 x 16 heads) or at their default tiles; the passes' reads in each
-    chunk, or one chunk ahead (all but the dots' key tiles, or all). Outputs, final states and every gradient agree to bf16 rounding
-    (a split pass too)."""
+    chunk, or one chunk ahead (all but the dots' key tiles, or all); dg's end terms a value per state tile or per row
+    of one. Outputs, final states and every gradient agree to bf16 rounding (a split pass too)."""
     import rla_ablate.ops.triton.rla as fused
 
     master = make_inputs(B=2 if T == 2048 else 1, T=T)
     combo = ("additive", "residual", "clip", True)
     on = run_case(leaves(master, torch.bfloat16), "triton", combo)
-    monkeypatch.setattr(fused, switch, off)
-    off = run_case(leaves(master, torch.bfloat16), "triton", combo)
-    for name, want in off.items():
+    monkeypatch.setattr(fused, switch, other)
+    changed = run_case(leaves(master, torch.bfloat16), "triton", combo)
+    for name, want in changed.items():
         assert torch.isfinite(on[name]).all(), name
         assert_close(f"triton-{switch}-T{T} {name}", want.double(), on[name], ratio=1e-2, atol=1e-3)
 

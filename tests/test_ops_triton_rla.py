@@ -172,6 +172,18 @@ def check_all() -> None:
         fused.SPLIT = fused.SplitRule()
         check_packed(compare, "additive", rla_triton, prefix=f"ahead{ahead}-", chunk=16)
     fused.READ_AHEAD = 0
+    # dg's end terms stored a row per row of each state tile and added by the gate-gradient kernel (`END_TERM_ROWS`):
+    # unsplit and split, tiles narrower than the state (K=80, V=72), packed
+    fused.END_TERM_ROWS = True
+    for fit, og, per in (("residual", True, None), ("none", False, 1)):
+        fused.SPLIT = fused.SplitRule(programs=10**9, chunks=per) if per else fused.SplitRule()
+        spec = ResidualSpec(rule="additive", fit=fit, output_gates=og, clip=0.7)
+        compare(f"end-term-rows-{fit}-{'gates' if og else 'nogates'}{'-split' if per else ''}",
+                run(naive_residual_attention, make(T=37, K=80, V=72), spec, torch.float64),
+                run(rla_triton, make(T=37, K=80, V=72), spec, torch.float32, chunk=16))
+    fused.SPLIT = fused.SplitRule()
+    check_packed(compare, "additive", rla_triton, prefix="end-term-rows-", chunk=16)
+    fused.END_TERM_ROWS = False
     check_carry(compare)
 
 
@@ -207,7 +219,7 @@ def check_carry(compare) -> None:
 def test_fused_rla_kernels_match_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=57, timeout=900)
+    run_interpreted(__file__, checks=62, timeout=900)
 
 
 def test_long_sequences_split_into_segments():

@@ -196,7 +196,7 @@ class Layout:
 
 @triton.jit
 def _gate_gradient(RP, PP, MP, EXTRA, Z_P, DG, cu, cidx, NTH, NCH, NK: tl.constexpr, NZ: tl.constexpr,
-                   H: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr, HAS_PP: tl.constexpr,
+                   BZ: tl.constexpr, H: tl.constexpr, BH: tl.constexpr, BT: tl.constexpr, HAS_PP: tl.constexpr,
                    HAS_EXTRA: tl.constexpr):
     """dg of one chunk, every head (grid chunks) from the partials of `gate_gradient`. The chunk's rows are taken
     last token first, so that a prefix sum down the tile is each token's sum to the chunk's end; rows of H heads
@@ -218,8 +218,11 @@ def _gate_gradient(RP, PP, MP, EXTRA, Z_P, DG, cu, cidx, NTH, NCH, NK: tl.conste
     if HAS_EXTRA:
         terms += tl.load(EXTRA + o, mask=m, other=0.0).to(tl.float32)
     z = tl.zeros([BH], dtype=tl.float32)
-    for i in tl.static_range(NZ):
-        z += tl.load(Z_P + i * NCH + i_c * H + rh, mask=rh < H, other=0.0)
+    rz = tl.arange(0, BZ)
+    for i in tl.static_range(0, NZ, BZ):  # BZ rows at a time (a state pass may write one per row of its tiles)
+        m_z = (i + rz < NZ)[:, None] & (rh < H)[None, :]
+        z += tl.sum(tl.load(Z_P + (i + rz).to(tl.int64)[:, None] * NCH + i_c * H + rh[None, :], mask=m_z, other=0.0),
+                    axis=0)
     tail = tl.cumsum(terms, axis=0)  # sum_{j >= t} within the chunk
     tl.store(DG + o, tail - reads + z[None, :], mask=m)
 
@@ -241,6 +244,7 @@ def gate_gradient(layout: Layout, reads: torch.Tensor, minus: torch.Tensor, Z_P:
     C = max(layout.chunks, 1)
     _gate_gradient[(C,)](reads, plus if plus is not None else reads, minus, extra if extra is not None else reads,
                          Z_P, dg, layout.cu, layout.cidx, NTH, Z_P.shape[1], NK=reads.shape[0], NZ=Z_P.shape[0],
+                         BZ=min(64, triton.next_power_of_2(Z_P.shape[0])),
                          H=H, BH=triton.next_power_of_2(H), BT=chunk, HAS_PP=plus is not None,
                          HAS_EXTRA=extra is not None)
     return dg.view(NTH // H, H)

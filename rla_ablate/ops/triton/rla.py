@@ -118,7 +118,7 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
                 H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                 BV: tl.constexpr, REVERSE: tl.constexpr, CA: tl.constexpr, CB: tl.constexpr, HAS_SA: tl.constexpr,
                 HAS_B: tl.constexpr, HAS_D0: tl.constexpr, STORE_H: tl.constexpr, STORE_L: tl.constexpr,
-                STORE_Z: tl.constexpr, MADE: tl.constexpr, AHEAD: tl.constexpr):
+                STORE_Z: tl.constexpr, Z_ROWS: tl.constexpr, MADE: tl.constexpr, AHEAD: tl.constexpr):
     """One chunked state recurrence, sequential over chunks (grid K tiles x V tiles x sequences x heads).
 
         D <- exp(b_L) D + ((ua * sa * scale_a * c_A(b)) ^T ka) [+ sign_b (ub * c_B(b)) ^T kb]     per chunk
@@ -133,6 +133,7 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
     STORE_Z (reverse, a state gradient): with hF the forward's chunk states (S_c or R_c where chunk c starts), this
     tile's share of dg's chunk end term from the states, exp(b_L) <D_end, hF[c]>, D in fp32 as it is carried, in
     Z_P[tile, c * H + head] (tiles K-major, NCH = chunks x heads); the dq/dk kernel then adds only the writes'.
+    Z_ROWS (`END_TERM_ROWS`): the share of each of the tile's BV rows, in Z_P[tile * BV + row, c * H + head].
     MADE: g holds the gates made once (`made_gates`: b, read by `_pass_chunk`), not the raw g.
     AHEAD (`READ_AHEAD`): what a chunk reads (`_pass_reads`) is loaded one chunk ahead, while the chunk before is
     multiplied, so no load waits on the chain of chunks; 1 all but ka's and kb's tiles (which feed a dot as they are
@@ -168,8 +169,12 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
             if STORE_Z:
                 f = tl.load(hF + ((c0 + c) * H + h) * V * K + o_state, mask=m_state, other=0.0).to(tl.float32)
         if STORE_Z:
-            tl.store(Z_P + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * NCH
-                     + (c0 + c) * H + h, tl.exp(b_L) * tl.sum(tl.sum(D * f, axis=1), axis=0))
+            z = tl.sum(D * f, axis=1)
+            tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+            if Z_ROWS:  # a row each, summed by the gate-gradient kernel: no sum across the warps on the chain
+                tl.store(Z_P + (tile * BV + tl.arange(0, BV)).to(tl.int64) * NCH + (c0 + c) * H + h, tl.exp(b_L) * z)
+            else:
+                tl.store(Z_P + tile.to(tl.int64) * NCH + (c0 + c) * H + h, tl.exp(b_L) * tl.sum(z, axis=0))
         if AHEAD == 0:
             b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
             if HAS_SA:
@@ -197,13 +202,15 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
 def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, sign_b, H, K, V, BT, BK, BV, REVERSE, CA,
                CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, end_term=None, MADE=False, AHEAD=None, **options):
     """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages. LD: where the pass
-    stores each program row's log decay (STORE_L), or None. end_term: (hF, Z_P) for STORE_Z, or None. AHEAD: None,
+    stores each program row's log decay (STORE_L), or None. end_term: (hF, Z_P, Z_ROWS) for STORE_Z, or None (Z_P's
+    rows: `_end_term_rows`). AHEAD: None,
     `READ_AHEAD`."""
-    hF, Z_P = end_term if end_term is not None else (DT, DT)
+    hF, Z_P, rows = end_term if end_term is not None else (DT, DT, False)
     _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, LD if LD is not None else DT, hF, Z_P,
                       Z_P.shape[-1] if end_term is not None else 0, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT,
                       BK=BK, BV=BV, REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0,
-                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None, MADE=MADE,
+                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None,
+                      Z_ROWS=rows, MADE=MADE,
                       AHEAD=READ_AHEAD if AHEAD is None else AHEAD, **options)
 
 
@@ -657,10 +664,12 @@ def launch_settings(changed: dict[str, dict]) -> dict:
     return settings
 
 
-def _pass_tiles(layout: Layout, two_terms: bool, H: int, K: int, V: int, chunk: int, device: torch.device) -> int:
-    """How many state tiles (programs per sequence and head) the state pass that stores the chunk states has."""
-    grid, _, _ = _pass_plan(layout, two_terms, H, K, V, chunk, device)
-    return grid[0] * grid[1]
+def _end_term_rows(layout: Layout, two_terms: bool, H: int, K: int, V: int, chunk: int, device: torch.device,
+                   rows: bool) -> int:
+    """How many rows of dg's end-term partials the state pass that stores the chunk states writes: one per state
+    tile (programs per sequence and head), or with `rows` (`END_TERM_ROWS`) one per row of each tile."""
+    grid, state, _ = _pass_plan(layout, two_terms, H, K, V, chunk, device)
+    return grid[0] * grid[1] * (state["BV"] if rows else 1)
 
 
 @dataclass(frozen=True)
@@ -704,6 +713,11 @@ RESIDUAL_IN_S_PASS = True
 # (which then only adds the writes'); benchmarks/kernels.py --rla-end-term-in-dqk times both. Read by the forward:
 # a call's backward follows the switch as it was when the call ran.
 END_TERM_IN_PASS = True
+# Those passes store each chunk's end term summed over a state tile's columns only, a value per row, and the
+# gate-gradient kernel adds the rows (`_state_pass`, Z_ROWS), rather than the whole tile's sum: the sum across the
+# tile's rows is a sum across warps, a round trip through shared memory on the pass's sequential path
+# (benchmarks/state_pass.py and benchmarks/kernels.py --rla-end-term-rows time it). Read by the backward.
+END_TERM_ROWS = False
 
 
 class Segments:
@@ -751,8 +765,8 @@ def run_state_pass(layout: Layout, two_terms: bool, *, g, D0, hD, DT, HAS_D0: bo
     state from zero and its log decay, one small kernel carries the states from segment to segment (the state is
     linear: end = decay * start + that end state; `_segment_carry`), and a second pass from those starts stores the
     chunk states the unsplit pass would (to fp32 rounding). Three launches and no PyTorch operation: an eager
-    caller's host time stays near the unsplit pass's. end_term: (hF, Z_P), the pass that stores the chunk states
-    also stores dg's end-term partials (`_state_pass`, STORE_Z)."""
+    caller's host time stays near the unsplit pass's. end_term: (hF, Z_P, Z_ROWS), the pass that stores the chunk
+    states also stores dg's end-term partials (`_state_pass`, STORE_Z)."""
     grid, state, segs = _pass_plan(layout, two_terms, H, K, V, chunk, g.device)
     if segs is None:
         state_pass(grid, g=g, D0=D0, hD=hD, DT=DT, cu=layout.cu, coff=layout.coff, REVERSE=REVERSE, HAS_D0=HAS_D0,
@@ -895,16 +909,17 @@ class RLAFunction(torch.autograd.Function):
         C = max(NT, 1)
         dims = dict(H=H, K=K, V=V, chunk=chunk)
         # dg's chunk end terms: a row per K tile of the dq/dk kernel (the writes'; the states' too unless the passes
-        # make them), then a row per state tile of dS's pass and of dR's
+        # make them), then a row per state tile of dS's pass and of dR's (a row per row of each tile: END_TERM_ROWS)
         opts_dqk = launch_options("bwd_dqk", V, LAUNCH)
         BKt = opts_dqk.pop("BK")
         NK = triton.cdiv(K, BKt)
         in_pass = ctx.end_term_in_pass
-        tiles_S = _pass_tiles(layout, True, H, K, V, chunk, dev) if in_pass else 0
-        tiles_R = _pass_tiles(layout, False, H, K, V, chunk, dev) if in_pass and fit_res else 0
+        rows = END_TERM_ROWS
+        tiles_S = _end_term_rows(layout, True, H, K, V, chunk, dev, rows) if in_pass else 0
+        tiles_R = _end_term_rows(layout, False, H, K, V, chunk, dev, rows) if in_pass and fit_res else 0
         Z_P = torch.empty(NK + tiles_S + tiles_R, C * H, dtype=torch.float32, device=dev)
-        end_S = (hS, Z_P[NK:NK + tiles_S]) if in_pass else None
-        end_R = (hR, Z_P[NK + tiles_S:]) if tiles_R else None
+        end_S = (hS, Z_P[NK:NK + tiles_S], rows) if in_pass else None
+        end_R = (hR, Z_P[NK + tiles_S:], rows) if tiles_R else None
         if fit_res:
             # dR's pass (it does not depend on dS); then dw, dx in parallel; then dS's pass, which needs dx
             run_state_pass(layout, False, ka=q, ua=dO, sa=gamma_c, kb=q, ub=dO, g=gates, MADE=ctx.made,
