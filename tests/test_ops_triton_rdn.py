@@ -132,6 +132,12 @@ def check_all() -> None:
         compare(f"ahead{ahead}", run(naive_residual_attention, master, spec, torch.float64),
                 run(rdn, master, spec, torch.float32))
         check_packed(compare, "delta", rdn, prefix=f"ahead{ahead}-")
+        # empty sequences first and last: a pass reads ahead of a sequence that has no chunk, at the buffers' ends
+        cu = torch.tensor([0, 0, 21, 21])
+        packed = make(B=1, T=21, N=3)
+        compare(f"ahead{ahead}-empty-ends",
+                run(lambda *a: _per_sequence(naive_residual_attention, *a, cu), packed, spec, torch.float64),
+                run(rdn, packed, spec, torch.float32, cu_seqlens=cu))
     rdn_module.READ_AHEAD = 0
 
     master = make(T=50)
@@ -143,7 +149,7 @@ def check_all() -> None:
 def test_one_pass_delta_rule_matches_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=35, timeout=900)
+    run_interpreted(__file__, checks=37, timeout=900)
 
 
 def test_torch_wy_step_solves_the_chunk_recurrence_of_the_delta_rule():

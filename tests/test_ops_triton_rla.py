@@ -171,6 +171,11 @@ def check_all() -> None:
                     run(rla_triton, make(T=37), spec, torch.float32, chunk=16))
         fused.SPLIT = fused.SplitRule()
         check_packed(compare, "additive", rla_triton, prefix=f"ahead{ahead}-", chunk=16)
+        # empty sequences first and last: a pass reads ahead of a sequence that has no chunk, at the buffers' ends
+        cu = torch.tensor([0, 0, 21, 21])
+        master = make(B=1, T=21, N=3)
+        compare(f"ahead{ahead}-empty-ends", per_sequence_reference(master, spec, cu),
+                run(rla_triton, master, spec, torch.float32, cu_seqlens=cu, chunk=16))
     fused.READ_AHEAD = 0
     # dg's end terms stored a row per row of each state tile and added by the gate-gradient kernel (`END_TERM_ROWS`):
     # unsplit and split, tiles narrower than the state (K=80, V=72), packed
@@ -219,7 +224,7 @@ def check_carry(compare) -> None:
 def test_fused_rla_kernels_match_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=62, timeout=900)
+    run_interpreted(__file__, checks=64, timeout=900)
 
 
 def test_long_sequences_split_into_segments():

@@ -147,7 +147,8 @@ def _pass_chunk(g, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr, MA
     mt = t < eos
     tok = t * H + h
     if MADE:
-        b_L = tl.load(g + (tl.minimum(bos + c * BT + BT, eos) - 1) * H + h)
+        end = tl.minimum(bos + c * BT + BT, eos)  # a chunk past the sequence's end (a read ahead of an empty one)
+        b_L = tl.load(g + (end - 1) * H + h, mask=end > bos + c * BT, other=0.0)  # reads nothing
         b = tl.where(mt, tl.load(g + tok, mask=mt, other=0.0), b_L)
         bp = tl.where(mt, tl.load(g + tok - H, mask=mt & (r > 0), other=0.0), b_L)
     else:

@@ -226,7 +226,7 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
     NC = tl.cdiv(eos - bos, BT)
     if AHEAD > 0:
         n_b, n_bp, n_bL, n_dB, n_dP, n_dnl, n_k, n_q, n_w = _bwd_reads(
-            q, k, w, g, dBQ, dP, DNL, bos, eos, NC - 1, h, rk, rv, mk, mv, H, K, V, BT, MADE)
+            q, k, w, g, dBQ, dP, DNL, bos, eos, tl.maximum(NC - 1, 0), h, rk, rv, mk, mv, H, K, V, BT, MADE)
     for i in range(NC):
         c = NC - 1 - i
         tl.store(dhS + ((c0 + c) * H + h) * V * K + o_state, D.to(dhS.dtype.element_ty), mask=m_state)

@@ -102,8 +102,11 @@ def _pass_reads(ka, ua, sa, kb, ub, g, hF, bos, eos, c, c0, h, rk, rv, mk, mv, m
     if HAS_SA:
         s = tl.load(sa + tok, mask=mt, other=0.0).to(tl.float32)
     f = b_L
-    if STORE_Z:
-        f = tl.load(hF + ((c0 + c) * H + h) * V * K + o_state, mask=m_state, other=0.0).to(tl.float32)
+    if STORE_Z:  # nothing for a chunk past the end (the first read ahead of an empty sequence); the condition
+        # as a vector over the rows, which Triton's interpreter takes in a tile's mask where it refuses a scalar
+        has = bos + c * BT + 0 * rv < eos
+        f = tl.load(hF + ((c0 + c) * H + h) * V * K + o_state, mask=m_state & has[:, None],
+                    other=0.0).to(tl.float32)
     k_a = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     u_a = tl.load(ua + tok[:, None] * V + rv[None, :], mask=m_tv, other=0.0).to(tl.float32)
     k_b, u_b = k_a, u_a
@@ -145,8 +148,8 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
     log_decay = tl.zeros([1], dtype=tl.float32)
     if AHEAD > 0:
         n_b, n_bp, n_bL, n_s, n_f, n_ka, n_ua, n_kb, n_ub = _pass_reads(
-            ka, ua, sa, kb, ub, g, hF, bos, eos, NC - 1 if REVERSE else 0, c0, h, rk, rv, mk, mv, m_state, o_state,
-            H, K, V, BT, HAS_SA, HAS_B, STORE_Z, MADE)
+            ka, ua, sa, kb, ub, g, hF, bos, eos, tl.maximum(NC - 1, 0) if REVERSE else 0, c0, h, rk, rv, mk, mv,
+            m_state, o_state, H, K, V, BT, HAS_SA, HAS_B, STORE_Z, MADE)
     for i in range(NC):
         c = NC - 1 - i if REVERSE else i
         if STORE_H:
