@@ -77,7 +77,7 @@ def test_bad_preset_file_names_line_and_key(tmp_path: Path):
 
     bad.write_text("family: sgla\nhidden_size: 64\nnum_layers: 2\nintermediate_size: 128\n"
                    "num_heads: 2\nhead_dim: 32\ntied_gamma: true\n")
-    with pytest.raises(UserError, match="only apply to residual families"):
+    with pytest.raises(UserError, match="only to residual families"):
         load_preset(bad)
     with pytest.raises(UserError, match="did you mean 'tiny-rla'"):
         load_preset("tiny-rl")
