@@ -206,15 +206,13 @@ def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, si
                CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, end_term=None, MADE=False, AHEAD=None, **options):
     """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages. LD: where the pass
     stores each program row's log decay (STORE_L), or None. end_term: (hF, Z_P, Z_ROWS) for STORE_Z, or None (Z_P's
-    rows: `_end_term_rows`). AHEAD: None,
-    `READ_AHEAD`."""
+    rows: `_end_term_rows`). AHEAD: None, `READ_AHEAD`."""
     hF, Z_P, rows = end_term if end_term is not None else (DT, DT, False)
     _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, LD if LD is not None else DT, hF, Z_P,
                       Z_P.shape[-1] if end_term is not None else 0, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT,
                       BK=BK, BV=BV, REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0,
-                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None,
-                      Z_ROWS=rows, MADE=MADE,
-                      AHEAD=READ_AHEAD if AHEAD is None else AHEAD, **options)
+                      STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None, Z_ROWS=rows,
+                      MADE=MADE, AHEAD=READ_AHEAD if AHEAD is None else AHEAD, **options)
 
 
 @triton.jit
