@@ -136,6 +136,15 @@ def _pass_program(cu, coff, D0, i_k, i_v, i_nh, H: tl.constexpr, K: tl.constexpr
 
 
 @triton.jit
+def _pass_tokens(bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr):
+    """Chunk c of a state pass's sequence: its token mask, row offsets and the masks of its [BT, K] and [BT, V]
+    tiles (mk, mv: the tile's column masks)."""
+    t = bos + c * BT + tl.arange(0, BT)
+    mt = t < eos
+    return mt, t * H + h, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :]
+
+
+@triton.jit
 def _pass_chunk(g, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr, MADE: tl.constexpr):
     """Chunk c of a state pass's sequence: token indices, their mask, row offsets, tile masks and the gates b, b',
     b_L. MADE: g holds the gates made once (`made_gates`: b, the chunk-local cumsum), so b is loaded, b' is the b of
@@ -143,9 +152,7 @@ def _pass_chunk(g, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr, MA
     pass's sequential path, where they cost a barrier each per chunk. Else g is the raw g and `_chunk_gates` makes
     them. Either way rows past the end carry b = b' = b_L."""
     r = tl.arange(0, BT)
-    t = bos + c * BT + r
-    mt = t < eos
-    tok = t * H + h
+    mt, tok, m_tk, m_tv = _pass_tokens(bos, eos, c, h, mk, mv, H, BT)
     if MADE:
         end = tl.minimum(bos + c * BT + BT, eos)  # a chunk past the sequence's end (a read ahead of an empty one)
         b_L = tl.load(g + (end - 1) * H + h, mask=end > bos + c * BT, other=0.0)  # reads nothing
@@ -153,7 +160,7 @@ def _pass_chunk(g, bos, eos, c, h, mk, mv, H: tl.constexpr, BT: tl.constexpr, MA
         bp = tl.where(mt, tl.load(g + tok - H, mask=mt & (r > 0), other=0.0), b_L)
     else:
         b, bp, b_L = _chunk_gates(g, tok, mt)
-    return mt, tok, mt[:, None] & mk[None, :], mt[:, None] & mv[None, :], b, bp, b_L
+    return mt, tok, m_tk, m_tv, b, bp, b_L
 
 
 @triton.jit

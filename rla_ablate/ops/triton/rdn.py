@@ -45,8 +45,8 @@ import triton.language as tl
 
 from rla_ablate.ops.triton.common import (CHUNK, G_FLOOR, MAX_HEAD_DIM, MIN_TILE, TARGET_CODES, Layout, _chunk_gates,
                                           _chunk_rows, _chunk_tile, _decay, _keep_for_slope, _pass_chunk,
-                                          _pass_program, _target, _times_kept_slope, gate_gradient, launch_options,
-                                          made_gates)
+                                          _pass_program, _pass_tokens, _target, _times_kept_slope, gate_gradient,
+                                          launch_options, made_gates)
 
 LAUNCH = {
     "pass": dict(BV=64, num_warps=4),  # the two state passes hold a BV x K fp32 tile
@@ -95,9 +95,7 @@ def _delta_fwd_pass(k, w, u, g, S0, hS, N_, ST, cu, coff,
         n_b, n_bL, n_u, n_k, n_w = _fwd_reads(k, w, u, g, bos, eos, 0, h, rk, rv, mk, mv, H, K, V, BT, MADE)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
-        t = bos + c * BT + tl.arange(0, BT)
-        tok = t * H + h
-        m_tk, m_tv = (t < eos)[:, None] & mk[None, :], (t < eos)[:, None] & mv[None, :]
+        _, tok, m_tk, m_tv = _pass_tokens(bos, eos, c, h, mk, mv, H, BT)
         if AHEAD > 0:
             b, b_L, b_u, b_k, b_w = n_b, n_bL, n_u, n_k, n_w
             n_b, n_bL, n_u, n_k, n_w = _fwd_reads(k, w, u, g, bos, eos, tl.minimum(c + 1, NC - 1), h, rk, rv, mk, mv,
@@ -230,9 +228,7 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
     for i in range(NC):
         c = NC - 1 - i
         tl.store(dhS + ((c0 + c) * H + h) * V * K + o_state, D.to(dhS.dtype.element_ty), mask=m_state)
-        t = bos + c * BT + tl.arange(0, BT)
-        tok = t * H + h
-        m_tk, m_tv = (t < eos)[:, None] & mk[None, :], (t < eos)[:, None] & mv[None, :]
+        _, tok, m_tk, m_tv = _pass_tokens(bos, eos, c, h, mk, mv, H, BT)
         if AHEAD > 0:
             b, bp, b_L, b_dB, b_dP, b_dnl, b_k, b_q, b_w = n_b, n_bp, n_bL, n_dB, n_dP, n_dnl, n_k, n_q, n_w
             n_b, n_bp, n_bL, n_dB, n_dP, n_dnl, n_k, n_q, n_w = _bwd_reads(

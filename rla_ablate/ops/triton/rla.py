@@ -54,8 +54,8 @@ import triton.language as tl
 from rla_ablate.ops.spec import ResidualSpec
 from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
                                           TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
-                                          _keep_for_slope, _pass_chunk, _pass_program, _target, _times_kept_slope,
-                                          gate_gradient, launch_options, made_gates, parse_launch)
+                                          _keep_for_slope, _pass_chunk, _pass_program, _pass_tokens, _target,
+                                          _times_kept_slope, gate_gradient, launch_options, made_gates, parse_launch)
 
 # Tile of the value dimension and warps per kernel (benchmarks/kernels.py --tune measures alternatives; tiles at
 # least MIN_TILE wide). Four warps everywhere: measured on the H200 (`--tune`, 4 x 4K), each kernel at 4 warps beat
@@ -161,9 +161,7 @@ def _state_pass(ka, ua, sa, kb, ub, g, D0, hD, DT, LD, hF, Z_P, NCH, cu, coff, s
                 ka, ua, sa, kb, ub, g, hF, bos, eos, cn, c0, h, rk, rv, mk, mv, m_state, o_state,
                 H, K, V, BT, HAS_SA, HAS_B, STORE_Z, MADE)
             if AHEAD == 1:
-                t = bos + c * BT + tl.arange(0, BT)
-                tok = t * H + h
-                m_tk = (t < eos)[:, None] & mk[None, :]
+                _, tok, m_tk, _ = _pass_tokens(bos, eos, c, h, mk, mv, H, BT)
                 b_ka = tl.load(ka + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
                 if HAS_B:
                     b_kb = tl.load(kb + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
@@ -316,16 +314,14 @@ def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
         n_b, n_bp, n_bL, n_beta, n_v, n_k = _s_reads(k, v, g, beta, bos, eos, 0, h, rk, rv, mk, mv, H, K, V, BT, MADE)
     for c in range(NC):
         tl.store(hS + ((c0 + c) * H + h) * V * K + o_state, S.to(hS.dtype.element_ty), mask=m_state)
-        t = bos + c * BT + tl.arange(0, BT)
-        tok = t * H + h
-        m_tv = (t < eos)[:, None] & mv[None, :]
+        _, tok, m_tk, m_tv = _pass_tokens(bos, eos, c, h, mk, mv, H, BT)
         o_tv = tok[:, None] * V + rv[None, :]
         if AHEAD > 0:
             b, bp, b_L, b_beta, b_v, b_k = n_b, n_bp, n_bL, n_beta, n_v, n_k
             n_b, n_bp, n_bL, n_beta, n_v, n_k = _s_reads(k, v, g, beta, bos, eos, tl.minimum(c + 1, NC - 1), h, rk, rv,
                                                          mk, mv, H, K, V, BT, MADE)  # the last chunk reads itself
             if AHEAD == 1:
-                b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=(t < eos)[:, None] & mk[None, :], other=0.0)
+                b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
         else:
             b, bp, b_L, b_beta, b_v, b_k = _s_reads(k, v, g, beta, bos, eos, c, h, rk, rv, mk, mv, H, K, V, BT, MADE)
         dt = b_k.dtype
