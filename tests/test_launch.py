@@ -182,6 +182,33 @@ def test_edited_file_runs_only_the_new_job_and_retries_a_failure(launched):
     assert assert_no_duplicate_steps(launched["tracking_uri"], by_id[new_id]["mlflow_run_id"]) == 4096
 
 
+def test_a_failure_before_the_first_checkpoint_retries_in_a_new_run(launched):
+    """An attempt that logged steps but wrote no checkpoint: the retry starts from its first step in a new MLflow
+    run (the old one deleted, restorable), and the launch says so once, in the retry's note."""
+    root = launched["root"]
+    f = write(launched["dir"] / "e2e.yaml", dict(SWEEP, ablations=["no_fitting", "tied_gamma", "no_clip"]))
+    from rla_ablate.sweep.expand import load_sweep
+
+    new_id = next(j.job_id for j in load_sweep(f).jobs if j.name == "tiny-rla/no_clip/seed0")
+    # steps of 256 tokens, the first checkpoint at 1024: the attempt fails after two steps logged
+    out = cli("launch", str(f), "--root", str(root), env={"RLA_SWEEP_FAIL_ONCE": f"{new_id}@512"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("from its first step in a new MLflow run (it left no checkpoint; the earlier run") == 1
+    assert "no checkpoint of its earlier attempt" not in out.stdout
+    job = next(j for j in status(root)["jobs"] if j["job_id"] == new_id)
+    assert job["status"] == "finished" and job["tokens_done"] == 4096
+    from mlflow.tracking import MlflowClient
+
+    from mlflow.entities import ViewType
+
+    client = MlflowClient(launched["tracking_uri"])
+    exp = client.get_experiment_by_name("rla-sweep/e2e")
+    mine = client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL,
+                              filter_string=f"tags.job_id = '{new_id}'")
+    assert sorted(r.info.lifecycle_stage for r in mine) == ["active", "deleted"]
+    assert assert_no_duplicate_steps(launched["tracking_uri"], job["mlflow_run_id"]) == 4096
+
+
 def _descendants_alive(pids: list[list]) -> list[int]:
     alive = []
     for pid, created in pids:

@@ -668,6 +668,7 @@ class _Runner:
         self.inflight: dict[Any, ResolvedJob] = {}
         # Attempts in this launch (status.json counts them over all launches); retries are per launch.
         self.tries: dict[str, int] = {}
+        self.fresh_noted: set[str] = set()  # jobs whose retry note said they start over in a new run
         # Ray task options of each job's latest attempt: the out-of-memory retry decides from them.
         self.task_options: dict[str, dict[str, Any]] = {}
         # Options that replace the sweep's for a job's next attempts (a rerun with a larger share of a GPU, or a
@@ -710,7 +711,7 @@ class _Runner:
 
             truncate_jsonl(self.sdir.job_dir(job.job_id) / "metrics.jsonl", -1)
             self.sdir.set_status(job.job_id, mlflow_run_id=None, tokens_done=0)
-            if deleted:
+            if deleted and not _take(self.fresh_noted, job.job_id):
                 self.progress.note(f"{job.name}: no checkpoint of its earlier attempt, so it starts from its first "
                                    f"step in a new MLflow run (the earlier run {old[:12]} is deleted, restorable)")
         elif st.mlflow_run_id and st.tracking_uri == self.services.tracking_uri:
@@ -1000,8 +1001,15 @@ class _Runner:
             self.sdir.set_status(job.job_id, status=Status.PENDING, tokens_done=tokens, error=outcome.error,
                                  cause=outcome.cause, traceback=outcome.traceback)
             restart = self._restart_point(job)
-            where = (f"from its last checkpoint ({restart:,} tokens)" if restart else
-                     "from its first step (it left no checkpoint)")
+            if restart:
+                where = f"from its last checkpoint ({restart:,} tokens)"
+            elif (now := self.sdir.status(job.job_id)).mlflow_run_id and self.starts_over(job, now):
+                # ensure_run replaces the run when the attempt starts; said here once, not again there
+                where = ("from its first step in a new MLflow run (it left no checkpoint; the earlier run "
+                         f"{now.mlflow_run_id[:12]} is deleted, restorable)")
+                self.fresh_noted.add(job.job_id)
+            else:
+                where = "from its first step (it left no checkpoint)"
             self.progress.note(f"{job.name}: attempt {self.tries[job.job_id]} failed ({outcome.cause}: "
                                f"{_first_line(outcome.error)}); {retry} {where}; log: {log}")
             self.progress.update(job, Status.PENDING, restart)
@@ -1096,6 +1104,13 @@ def stopped_outcome(outcome: JobOutcome, reason: str) -> JobOutcome:
         return JobOutcome(Status.CANCELLED, tokens_done=outcome.tokens_done, metrics=outcome.metrics,
                           error=f"{reason} while it started")
     return outcome
+
+
+def _take(items: set[str], item: str) -> bool:
+    """Whether item was in items; it is not after."""
+    found = item in items
+    items.discard(item)
+    return found
 
 
 def _first_line(text: str | None) -> str:
