@@ -62,8 +62,11 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
             mine = [o[2:] for o in own._option_string_actions if o.startswith("--")]
             anyone = {o[2:] for sub in every.values() for o in sub._option_string_actions if o.startswith("--")}
             word = option[2:]
-            message += f"; {option}" + (did_you_mean(word, mine, prefix="--") or " is no command's option"
-                                        + did_you_mean(word, sorted(anyone), prefix="--"))
+            alone = extras == [option]  # named once: the hint follows it, not the option again
+            message += ("" if alone else f"; {option}") + (
+                did_you_mean(word, mine, prefix="--")
+                or ("; it is" if alone else " is") + " no command's option" + did_you_mean(word, sorted(anyone),
+                                                                                           prefix="--"))
     own.error(message)
     raise AssertionError("unreachable")  # ArgumentParser.error exits
 

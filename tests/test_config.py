@@ -196,9 +196,16 @@ def test_validation_message_leaves_out_the_key_it_is_reported_at():
     with pytest.raises(ValidationError) as info:
         Job.model_validate({"eval": [{"name": "v", "data": {"kind": "stdlib", "split": "valid"}}]})
     # the discriminated union's tag ('stdlib') is not a key the user wrote
-    assert user_loc(info.value.errors()[0], Job) == ("eval", 0, "data", "split")
+    assert user_loc(info.value, Job) == ("eval", 0, "data", "split")
     msg = validation_message(info.value, Job, at="eval.0.data.split")
     assert msg.startswith("'valid' is not allowed; allowed: train, validation"), msg
+    # a misspelt required key is where the problem is, not the key it stands for (reported missing first)
+    with pytest.raises(ValidationError) as info:
+        Job.model_validate({"eval": [{"nme": "v", "data": {"kind": "stdlib"}}]})
+    assert info.value.errors()[0]["loc"] == ("eval", 0, "name")
+    assert user_loc(info.value, Job) == ("eval", 0, "nme")
+    msg = validation_message(info.value, Job, prefix="base.", at="base.eval.0.nme")
+    assert msg.startswith("unknown key 'nme' (did you mean 'name'?)"), msg
 
 
 @pytest.mark.parametrize("text, where, says", [

@@ -93,7 +93,9 @@ def test_an_option_a_command_does_not_take_is_refused_with_that_commands_usage(c
     for argv, said in ((["launch", "f.yaml", "--port", "5000"], "--port is an option of server, ui"),
                        (["eval", "x", "--tasks", "t", "--tokenizer", "t.json"], "--tokenizer is an option of data prepare"),
                        (["plan", "f.yaml", "--roott", "r"], "--roott is no command's option (did you mean '--root'?)"),
-                       (["launch", "f.yaml", "--foo"], "--foo is no command's option\n")):
+                       (["launch", "f.yaml", "--foo"], "arguments: --foo; it is no command's option\n"),
+                       # the only word refused: its hint follows it, the option is not named twice
+                       (["status", "x", "--jsn"], "arguments: --jsn (did you mean '--json'?)\n")):
         with pytest.raises(SystemExit) as info:
             main(argv)
         err = capsys.readouterr().err

@@ -145,8 +145,7 @@ def test_arm_base_rejects_unknown_sections(tmp_path):
 
 
 @pytest.mark.parametrize("train, message", [
-    ("{seqlen: 64}", ":6: models.0.base.train.seqlen: unknown key 'models.0.base.train.seqlen' "
-                     "(did you mean 'models.0.base.train.seq_len'?)"),
+    ("{seqlen: 64}", ":6: models.0.base.train.seqlen: unknown key 'seqlen' (did you mean 'seq_len'?)"),
     ("{seq_len: fast}", ":6: models.0.base.train.seq_len: Input should be a valid integer"),
 ])
 def test_an_error_in_an_arms_own_base_points_at_the_arm(tmp_path, train, message):

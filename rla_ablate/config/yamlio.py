@@ -239,9 +239,10 @@ def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     return _walk(model, loc)[0]
 
 
-def user_loc(err: Any, model: type[BaseModel]) -> tuple:
-    """Where a pydantic error of `model` points, as the user wrote it: no validator entries, no union members."""
-    return _walk(model, _loc(err))[1]
+def user_loc(exc: ValidationError, model: type[BaseModel]) -> tuple:
+    """Where the first problem of `exc` (raised validating `model`) is, as the user wrote it: no validator entries, no
+    union members, and not a required key that a misspelt one stands for (`_errors`)."""
+    return _walk(model, _errors(exc, model)[0][1])[1]
 
 
 def _choices(err: dict, field: str = "expected") -> list[str]:
@@ -352,7 +353,10 @@ def validation_message(exc: ValidationError, model: type[BaseModel], prefix: str
         key = prefix + dotted if dotted else prefix.rstrip(".")
         if err["type"] == "extra_forbidden" and loc:
             owner = _model_at(model, loc)
-            parts.append(_describe(err, model, loc, name=key, list_allowed=owner not in listed))
+            # at its own line under a section (base.train.tokns) the key is written as in the file, its last part;
+            # a swept key (train.lrr, no prefix) is written whole, as the grid spells it
+            name = None if key == at and prefix else key
+            parts.append(_describe(err, model, loc, name=name, list_allowed=owner not in listed))
             listed.append(owner)
         else:
             msg = _describe(err, model, loc)

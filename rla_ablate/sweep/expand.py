@@ -433,7 +433,7 @@ class _Resolver:
 
     def _job_error(self, exc: ValidationError, arm: int | None = None) -> UserError:
         """Point at the sweep line the bad value came from: a grid/zip key, the arm's own base, or the base."""
-        loc = user_loc(exc.errors()[0], self.JobConfig)
+        loc = user_loc(exc, self.JobConfig)
         dotted = ".".join(str(p) for p in loc)
         swept = itertools.chain(self.cfg.grid, self.cfg.zip, (self.cfg.search.params if self.cfg.search else {}))
         # the swept key the error is at or under ('train.lr' is not under 'train.l', nor 'train.lrr' under 'train.lr')
