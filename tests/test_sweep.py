@@ -652,3 +652,16 @@ def test_a_sweep_name_that_is_not_a_plain_folder_says_why(tmp_path, capsys, name
     assert main(["plan", str(path)]) == 2
     err = capsys.readouterr().err
     assert "s.yaml:1: name: " in err and "it must start with a letter or digit" in err and f"(got '{name}')" in err
+
+
+def test_a_key_with_nothing_under_it_says_how_to_write_none(tmp_path):
+    """`ablations:` whose entries were deleted or commented out is YAML's null: the message says so and what to
+    write, at the key's line (not pydantic's "Input should be a valid list")."""
+    f = tmp_path / "s.yaml"
+    for tail, where, empty in (("ablations:\n  # - tied_gamma\n", "4: ablations", "[]"),
+                               ("base:\n  data:\n", "5: base.data", "{}")):
+        f.write_text("name: s\nmodels:\n  - {preset: tiny-rla}\n" + tail)
+        with pytest.raises(UserError) as err:
+            load_sweep(f)
+        assert str(err.value) == (f"{f}:{where}: has no value (nothing under the key); give its entries, write "
+                                  f"{empty} for none, or delete the key")

@@ -277,6 +277,10 @@ def _describe(err: dict, model: type[BaseModel], loc: tuple, name: str | None = 
         tags, tag = _choices(err, "expected_tags"), str(ctx.get("tag", got))
         key = str(ctx.get("discriminator", "kind")).strip("'")
         return f"unknown {key} {tag!r}{did_you_mean(tag, tags)}; allowed: {', '.join(tags)}"
+    if got is None and err["type"] in ("list_type", "dict_type", "model_type", "model_attributes_type"):
+        # `ablations:` with nothing under it (its entries deleted or commented out) is YAML's null
+        empty = "[]" if err["type"] == "list_type" else "{}"
+        return f"has no value (nothing under the key); give its entries, write {empty} for none, or delete the key"
     if err["type"] == "value_error":
         msg = err["msg"].removeprefix("Value error, ")
     elif err["type"] == "model_type":
