@@ -59,6 +59,27 @@ def sweep(tmp_path_factory):
         yield root, server, runs
 
 
+def test_a_job_cancelled_before_it_started_reads_as_cancelled(sweep):
+    """No run in MLflow, but the sweep's status says cancelled (a cancel before the job started): the dashboard
+    says cancelled, as `status` does, not 'not started'."""
+    from rla_ablate.dashboard.build import read_runs
+    from rla_ablate.sweep.state import SweepDir
+
+    root, server, _ = sweep
+    sdir = SweepDir(root, SWEEP)
+
+    def planned() -> str:
+        runs, _ = read_runs(SWEEP, root, server.uri)
+        return next(r.status for r in runs.jobs if r.tags["job_id"] == "rdn-no_fitting-3")
+
+    assert planned() == "not started"
+    sdir.set_status("rdn-no_fitting-3", status="cancelled")
+    try:
+        assert planned() == "cancelled"
+    finally:
+        (sdir.job_dir("rdn-no_fitting-3") / "status.json").unlink()
+
+
 def final_eval(family, ablation, seeds):
     return [syn.eval_loss(family, ablation, s, "val", syn.TOKENS[-1]) for s in seeds]
 

@@ -605,7 +605,7 @@ def test_small_sweep_draws_what_it_compares_and_lists_the_claims_it_cannot_test(
     assert sorted(v["verdict"] for v in saved) == sorted(["confirmed", "unresolved"] + ["not tested"] * len(untested))
     # The phases, in order, each announced as it starts.
     assert phases[0] == "reading the runs of sweep 'mine'"
-    assert phases[1] == ("rendering 2 of 10 specs from 8 runs (1 failed, 7 finished); 8 have nothing to compare "
+    assert phases[1] == ("rendering 2 of 10 specs from 8 jobs (1 failed, 7 finished); 8 have nothing to compare "
                          "in this sweep")
     assert phases[2].startswith("writing ") and phases[2].endswith("index.html and verdicts.json")
     # The command line: phases on stderr as they start, the untested claims as lines, only the decided verdicts;
@@ -614,7 +614,7 @@ def test_small_sweep_draws_what_it_compares_and_lists_the_claims_it_cannot_test(
     assert main(["dashboard", "mine", "--root", str(root), "--tracking-uri", server.uri]) == 0
     out, err = capsys.readouterr()
     assert err.startswith("dashboard mine: loading the specs\ndashboard: reading the runs of sweep 'mine'\n"
-                          "dashboard: rendering 2 of 10 specs and the search's figure from 8 runs")
+                          "dashboard: rendering 2 of 10 specs and the search's figure from 8 jobs")
     assert "dashboard: logging the files to the sweep's parent run in MLflow" in err
     assert "add logcosh to ablations:" in out and len(re.findall(r"^  (unresolved|confirmed) ", out, re.M)) == 2
 

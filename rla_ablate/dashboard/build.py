@@ -228,7 +228,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         status = ", ".join(f"{n} {st}" for st, n in sorted(counts.items())) or "none"
         searched = sdir.optuna_path.is_file()  # a search sweep: its study's figure besides (search_part)
         tell(f"rendering {n_drawn} of {len(specs)} specs" + (" and the search's figure" if searched else "")
-             + f" from {len(runs.jobs)} runs ({status})"
+             + f" from {len(runs.jobs)} jobs ({status})"
              + (f"; {len(specs) - n_drawn} {'has' if len(specs) - n_drawn == 1 else 'have'} nothing to compare in "
                 "this sweep" if n_drawn < len(specs) else ""))
         # every verdict first, so that each figure's footer can give its q among all the dashboard's claims

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from rla_ablate.outcome import Status
 from rla_ablate.sweep.expand import budget_lines, budget_ratio
 from rla_ablate.sweep.identity import ARM, CONTROL, NO_CONTROL, POINT_PREFIX, PRESET, SERIES, series_id
 from rla_ablate.sweep.ids import canonical_json, hash_text
@@ -126,14 +127,16 @@ def select_runs(runs: SweepRuns, sdir: SweepDir | None, include_stale: bool = Fa
     runs.jobs = kept
     if planned and known:
         have = {r.tags.get(JOB_ID) for r in kept}
-        params = {}
+        params, cancelled = {}, set()
         for job_id in current:
             if job_id not in have and sdir is not None:
                 config = sdir.job_config(job_id)
                 if config:
                     params[job_id] = flatten(config)
+                if sdir.status(job_id).status == Status.CANCELLED:
+                    cancelled.add(job_id)
         before = len(runs.jobs)
-        runs.add_planned(records, params)
+        runs.add_planned(records, params, cancelled)
         for run in runs.jobs[before:]:
             identify(run, current[run.tags[JOB_ID]][1], sdir)
             run.tags[VERSION] = CURRENT

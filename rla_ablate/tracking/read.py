@@ -92,9 +92,12 @@ class SweepRuns:
                 self.jobs.append(rec)
         self.jobs.sort(key=lambda r: (r.tags.get("family", ""), r.tags.get("ablations", ""), r.tags.get("seed", "")))
 
-    def add_planned(self, jobs: list[dict], params: dict[str, dict[str, str]] | None = None) -> None:
-        """Jobs of the sweep's expansion (its jobs.json) that have no run yet, shown as 'not started'; `params`
-        (job id -> flattened resolved config) lets a figure group them by config keys like the runs."""
+    def add_planned(self, jobs: list[dict], params: dict[str, dict[str, str]] | None = None,
+                    cancelled: set[str] | frozenset = frozenset()) -> None:
+        """Jobs of the sweep's expansion (its jobs.json) that have no run yet, shown as 'not started', or as
+        'cancelled' where the job id is in `cancelled` (a cancel that came before the job started: the sweep's
+        status says cancelled too); `params` (job id -> flattened resolved config) lets a figure group them by
+        config keys like the runs."""
         have = {r.tags.get(JOB_ID) for r in self.jobs}
         for i, job in enumerate(jobs):
             if job.get("job_id") in have:
@@ -108,7 +111,8 @@ class SweepRuns:
             for key, value in (job.get("point") or {}).items():
                 tags[f"point.{key}"] = param_value(value)
             extra = dict((params or {}).get(str(job.get("job_id")), {}))
-            self.jobs.append(RunRecord("", self.experiment_id or "", "not started", tags, extra, {}, order=i))
+            status = "cancelled" if str(job.get("job_id")) in cancelled else "not started"
+            self.jobs.append(RunRecord("", self.experiment_id or "", status, tags, extra, {}, order=i))
 
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """(step, value) of one metric, sorted by step; the last value logged wins at a repeated step."""
