@@ -164,6 +164,7 @@ def test_edited_file_runs_only_the_new_job_and_retries_a_failure(launched):
     out = cli("launch", str(f), "--root", str(root), env={"RLA_SWEEP_FAIL_ONCE": f"{new_id}@2048"})
     assert out.returncode == 0, out.stdout + out.stderr
     assert "retrying from its last checkpoint (2,048 tokens)" in out.stdout
+    assert "(2 attempts run, 1 of them from a checkpoint; 3 jobs were already done)" in out.stdout, out.stdout
     doc = status(root)
     by_id = {j["job_id"]: j for j in doc["jobs"]}
     assert by_id[new_id]["status"] == "finished" and by_id[new_id]["tokens_done"] == 4096

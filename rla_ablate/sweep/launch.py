@@ -669,6 +669,7 @@ class _Runner:
         # Attempts in this launch (status.json counts them over all launches); retries are per launch.
         self.tries: dict[str, int] = {}
         self.fresh_noted: set[str] = set()  # jobs whose retry note said they start over in a new run
+        self.started_from: dict[str, int] = {}  # the checkpoint's tokens each attempt in flight went on from
         # Ray task options of each job's latest attempt: the out-of-memory retry decides from them.
         self.task_options: dict[str, dict[str, Any]] = {}
         # Options that replace the sweep's for a job's next attempts (a rerun with a larger share of a GPU, or a
@@ -836,6 +837,7 @@ class _Runner:
         # where it starts again (its checkpoint), not where a killed attempt last reported: the display and, until
         # its first report, its status
         kept = starts_from(self.sdir, job.job_id, st)
+        self.started_from[job.job_id] = kept
         if kept != st.tokens_done:
             self.sdir.set_status(job.job_id, tokens_done=kept)
         self.progress.update(job, Status.PENDING, kept)
@@ -992,6 +994,7 @@ class _Runner:
         st = self.sdir.status(job.job_id)
         tokens = outcome.tokens_done
         self.summary.ran += ran
+        self.summary.resumed += ran and self.started_from.pop(job.job_id, 0) > 0
         self.monitor.clear.remote(job.job_id)
         log = None
         if outcome.status == Status.FAILED:

@@ -285,8 +285,9 @@ class Progress:
                                f"({count(summary.ran, 'attempt')} run; {summary.pruned} pruned); the study's jobs: "
                                f"{study}")
         else:
+            resumed = f", {summary.resumed} of them from a checkpoint" if summary.resumed else ""
             self.console.print(f"sweep {self.sweep}: {counts} in {self._elapsed()} "
-                               f"({count(summary.ran, 'attempt')} run; {count(summary.skipped, 'job')} "
+                               f"({count(summary.ran, 'attempt')} run{resumed}; {count(summary.skipped, 'job')} "
                                f"{'was' if summary.skipped == 1 else 'were'} already done)")
         meta = sdir.meta()
         store = meta.get("backend_uri") if meta.get("embedded_tracking") else meta.get("tracking_uri")

@@ -27,6 +27,8 @@ class LaunchSummary:
     counts: dict[str, int] = field(default_factory=dict)
     skipped: int = 0
     ran: int = 0
+    resumed: int = 0
+    """Attempts that went on from a checkpoint (a resume, or a retry after its first checkpoint)."""
     failed: list[FailedJob] = field(default_factory=list)
     pruned: int = 0
     """Search trials stopped by the pruner (status cancelled): a result, not a failure."""
