@@ -107,8 +107,9 @@ def run(args: argparse.Namespace) -> int:
 
     short = local_shortfall(sweep)
     if short is not None:  # not an error here: the sweep may be meant for a cluster (launch --address)
-        captions.append(f"[bold]a launch on this machine stops[/] at {short.key}: {escape(short.message)}; "
-                        "`launch --address` of a Ray cluster that has them runs it")
+        # first under the table, where it is seen: the rest of the captions explain the columns
+        captions.insert(0, f"[bold yellow]a launch on this machine stops[/] at {short.key}: {escape(short.message)}; "
+                           "`launch --address` of a Ray cluster that has them runs it")
     console = stdout_console()
     # a narrow terminal loses the columns least needed to choose what to run first
     console.print(fitted_table(console, title, columns, rows, keep=1, right=tuple(columns[4:]), captions=captions,
