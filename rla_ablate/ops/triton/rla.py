@@ -700,7 +700,9 @@ NARROW_BELOW: int | None = None
 GATES_MADE_ONCE = True
 # What a state pass's chunk reads is loaded one chunk ahead (`_state_pass`, AHEAD): 0 none (each chunk loads its
 # own), 1 all but the key tiles that feed a dot as they are loaded, 2 all (benchmarks/state_pass.py, and
-# benchmarks/kernels.py --rla-read-ahead, time them).
+# benchmarks/kernels.py --rla-read-ahead, time them). Off: on an H100 it takes 11-22% off the passes at two programs
+# per SM (the 1.5B layer) but makes dR's pass 1.2-1.3x and S's 1.1-1.4x slower at the 100M layer, the op 1.04x
+# there (docs/RESULTS.md, "The passes' read-ahead and end-term rows timed").
 READ_AHEAD = 0
 # The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
 # (`_fwd_residual`); benchmarks/kernels.py --rla-residual-apart times both.
@@ -713,7 +715,8 @@ END_TERM_IN_PASS = True
 # Those passes store each chunk's end term summed over a state tile's columns only, a value per row, and the
 # gate-gradient kernel adds the rows (`_state_pass`, Z_ROWS), rather than the whole tile's sum: the sum across the
 # tile's rows is a sum across warps, a round trip through shared memory on the pass's sequential path
-# (benchmarks/state_pass.py and benchmarks/kernels.py --rla-end-term-rows time it). Read by the backward.
+# (benchmarks/state_pass.py and benchmarks/kernels.py --rla-end-term-rows time it). Read by the backward. Off: dR's
+# pass is no faster with it on an H100 at either training shape.
 END_TERM_ROWS = False
 
 
