@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 
 from rla_ablate.ops import BACKENDS, _load_gpu_backends, residual_attention
+from rla_ablate.ops.triton.rla import AheadRule
 
 H, D = 16, 128
 
@@ -170,7 +171,8 @@ def rdn_with(x, **settings):
 # (--rla-end-term-in-dqk: dg's chunk end terms from the stored state tiles in `_bwd_dqk` rather than from the
 # reverse state passes), GATES_MADE_ONCE (--rla-gates-in-pass: the state passes make the gates' cumsum in their
 # loops) and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even below two programs per SM), or turns on:
-# READ_AHEAD (--rla-read-ahead: the state passes load a chunk's reads, but for the key tiles, one chunk ahead) and
+# READ_AHEAD (--rla-read-ahead: the state passes load a chunk's reads, but for the key tiles, one chunk ahead;
+# --rla-read-ahead-rule: each pass as `rla.AheadRule` picks for it, reading ahead at two programs per SM or fewer) and
 # END_TERM_ROWS (--rla-end-term-rows: the reverse passes store dg's end terms a value per state row); RDN's
 # residual in its read kernel (--rdn-residual-apart), its WY backward with the additions around it (--rdn-wy-fla:
 # FLA's prepare_wy_repr_bwd and two PyTorch additions) and its GATES_MADE_ONCE (--rdn-gates-in-pass), or turns on
@@ -184,6 +186,8 @@ VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
                                   partial(rla_with, GATES_MADE_ONCE=False)),
             "rla_wide_tiles": ("RLA [triton, wide pass tiles]", "additive", partial(rla_with, NARROW_BELOW=0)),
             "rla_read_ahead": ("RLA [triton, pass reads ahead]", "additive", partial(rla_with, READ_AHEAD=1)),
+            "rla_read_ahead_rule": ("RLA [triton, reads ahead by rule]", "additive",
+                                    partial(rla_with, READ_AHEAD=AheadRule())),
             "rla_end_term_rows": ("RLA [triton, end terms by rows]", "additive",
                                   partial(rla_with, END_TERM_ROWS=True)),
             "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta",
@@ -347,6 +351,9 @@ def main():
     parser.add_argument("--rla-read-ahead", action="store_true",
                         help="add RLA [triton] with its state passes loading a chunk's reads, but for the key tiles, "
                              "one chunk ahead")
+    parser.add_argument("--rla-read-ahead-rule", action="store_true",
+                        help="add RLA [triton] with each state pass reading ahead as rla.AheadRule() picks for it "
+                             "(by its kind, where it has at most two programs per SM)")
     parser.add_argument("--rla-end-term-rows", action="store_true",
                         help="add RLA [triton] with its reverse state passes storing dg's chunk end terms a value per "
                              "row of each state tile, added by the gate-gradient kernel")

@@ -176,6 +176,14 @@ def check_all() -> None:
         master = make(B=1, T=21, N=3)
         compare(f"ahead{ahead}-empty-ends", per_sequence_reference(master, spec, cu),
                 run(rla_triton, master, spec, torch.float32, cu_seqlens=cu, chunk=16))
+    # each pass reading ahead as a rule picks for its kind (`AheadRule`: R's and dR's passes 1, dS's 2, S's 0)
+    fused.READ_AHEAD = fused.AheadRule(most=10**9)
+    for per in (None, 1):
+        fused.SPLIT = fused.SplitRule(programs=10**9, chunks=per) if per else fused.SplitRule()
+        spec = ResidualSpec(rule="additive", fit="residual", output_gates=True, clip=0.7)
+        compare(f"ahead-rule{'-split' if per else ''}", run(naive_residual_attention, make(T=37), spec, torch.float64),
+                run(rla_triton, make(T=37), spec, torch.float32, chunk=16))
+    fused.SPLIT = fused.SplitRule()
     fused.READ_AHEAD = 0
     # dg's end terms stored a row per row of each state tile and added by the gate-gradient kernel (`END_TERM_ROWS`):
     # unsplit and split, tiles narrower than the state (K=80, V=72), packed
@@ -224,7 +232,7 @@ def check_carry(compare) -> None:
 def test_fused_rla_kernels_match_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=64, timeout=900)
+    run_interpreted(__file__, checks=66, timeout=900)
 
 
 def test_long_sequences_split_into_segments():
@@ -308,6 +316,39 @@ def test_a_split_rule_is_parsed_as_the_benchmarks_take_it():
     for bad in ("1024", "1024:0", "-1:8", "a:8", "1:2:3"):
         with pytest.raises(ValueError, match=f"--rla-split takes PROGRAMS:CHUNKS.*got '{bad}'"):
             SplitRule.parse(bad)
+
+
+def test_a_read_ahead_rule_picks_by_kind_and_programs(monkeypatch):
+    """`AheadRule`: a pass with at most `most` programs reads ahead by its kind's setting, one with more not; the
+    launchers give the kernel what it picks for the pass they launch (dS's pass is the one with two terms)."""
+    import torch
+
+    from rla_ablate.ops.triton import rla
+
+    rule, cpu = rla.AheadRule(most=256), torch.device("cpu")
+    assert [rule.pick(kind, 256, cpu) for kind in ("fwd", "rev", "rev2", "s")] == [1, 1, 2, 0]
+    assert [rule.pick(kind, 257, cpu) for kind in ("fwd", "rev", "rev2", "s")] == [0, 0, 0, 0]
+    assert rla.AheadRule().pick("fwd", 1, cpu) == 0  # off CUDA the default bound is 0 programs: none reads ahead
+    seen = []
+
+    class Launch:  # stands in for a jitted kernel: `kernel[grid](*args, **constants)`
+        def __getitem__(self, grid):
+            return lambda *args, AHEAD, **kw: seen.append((grid, AHEAD))
+
+    monkeypatch.setattr(rla, "_state_pass", Launch())
+    monkeypatch.setattr(rla, "_s_pass_residual", Launch())
+    monkeypatch.setattr(rla, "READ_AHEAD", rla.AheadRule(most=8))
+    g = torch.zeros(1)
+    common = dict(ka=g, ua=g, sa=g, kb=g, ub=g, g=g, D0=g, hD=g, DT=g, cu=g, coff=g, scale_a=1.0, H=1, K=64, V=64,
+                  BT=64, BK=64, BV=64, CA=0, CB=0, HAS_SA=True, HAS_D0=False)
+    rla.state_pass((2, 2, 2), sign_b=0.0, REVERSE=False, HAS_B=False, **common)   # R's pass, 8 programs
+    rla.state_pass((2, 2, 2), sign_b=0.0, REVERSE=True, HAS_B=False, **common)    # dR's
+    rla.state_pass((2, 2, 2), sign_b=-1.0, REVERSE=True, HAS_B=True, **common)    # dS's
+    rla.state_pass((2, 2, 3), sign_b=-1.0, REVERSE=True, HAS_B=True, **common)    # dS's with 12 programs
+    rla.state_pass((2, 2, 2), sign_b=0.0, REVERSE=True, HAS_B=False, AHEAD=0, **common)  # a caller's own setting
+    rla.s_pass_residual((2, 4), k=g, v=g, g=g, beta=g, D0=g, hS=g, ST=g, X=g, W=g, cu=g, coff=g, c_clip=1.0, H=1,
+                        K=64, V=64, BT=64, BK=64, BV=64, HAS_D0=False, TARGET=0)
+    assert [ahead for _, ahead in seen] == [1, 1, 2, 0, 0, 0]
 
 
 def test_a_launch_change_is_parsed_as_the_benchmarks_take_it():

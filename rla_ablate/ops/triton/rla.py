@@ -204,13 +204,17 @@ def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, si
                CB, HAS_SA, HAS_B, HAS_D0, STORE_H=True, LD=None, end_term=None, MADE=False, AHEAD=None, **options):
     """`_state_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages. LD: where the pass
     stores each program row's log decay (STORE_L), or None. end_term: (hF, Z_P, Z_ROWS) for STORE_Z, or None (Z_P's
-    rows: `_end_term_rows`). AHEAD: None, `READ_AHEAD`."""
+    rows: `_end_term_rows`). AHEAD: None, `READ_AHEAD`; 0, 1, 2, or an `AheadRule` that picks one for this pass."""
     hF, Z_P, rows = end_term if end_term is not None else (DT, DT, False)
+    setting = READ_AHEAD if AHEAD is None else AHEAD
+    if isinstance(setting, AheadRule):
+        setting = setting.pick("rev2" if HAS_B else "rev" if REVERSE else "fwd", grid[0] * grid[1] * grid[2],
+                               g.device)
     _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, LD if LD is not None else DT, hF, Z_P,
                       Z_P.shape[-1] if end_term is not None else 0, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT,
                       BK=BK, BV=BV, REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0,
                       STORE_H=STORE_H, STORE_L=LD is not None, STORE_Z=end_term is not None, Z_ROWS=rows,
-                      MADE=MADE, AHEAD=READ_AHEAD if AHEAD is None else AHEAD, **options)
+                      MADE=MADE, AHEAD=setting, **options)
 
 
 @triton.jit
@@ -335,10 +339,12 @@ def _s_pass_residual(k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip,
 def s_pass_residual(grid, *, k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip, H, K, V, BT, BK, BV, HAS_D0, TARGET,
                     MADE=False, AHEAD=None, **options):
     """`_s_pass_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages. AHEAD: None,
-    `READ_AHEAD`."""
+    `READ_AHEAD`; 0, 1, 2, or an `AheadRule`."""
+    setting = READ_AHEAD if AHEAD is None else AHEAD
+    if isinstance(setting, AheadRule):
+        setting = setting.pick("s", grid[0] * grid[1], g.device)
     _s_pass_residual[grid](k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                           HAS_D0=HAS_D0, TARGET=TARGET, MADE=MADE, AHEAD=READ_AHEAD if AHEAD is None else AHEAD,
-                           **options)
+                           HAS_D0=HAS_D0, TARGET=TARGET, MADE=MADE, AHEAD=setting, **options)
 
 
 def fwd_residual(grid, *, k, v, g, beta, hS, X, W, cu, cidx, c_clip, H, K, V, BT, BK, BV, TARGET, **options):
@@ -612,9 +618,12 @@ def _state_launch(two_terms: bool, H: int, K: int, V: int, chunk: int, NH: int,
 
 
 def _narrow_below(device: torch.device) -> int:
-    """`NARROW_BELOW`, or where it is None twice the device's SM count (0 off CUDA: the interpreter has none)."""
-    if NARROW_BELOW is not None:
-        return NARROW_BELOW
+    """`NARROW_BELOW`, or where it is None twice the device's SM count (`_two_per_sm`)."""
+    return NARROW_BELOW if NARROW_BELOW is not None else _two_per_sm(device)
+
+
+def _two_per_sm(device: torch.device) -> int:
+    """Twice the device's SM count: 0 off CUDA (the interpreter has none)."""
     if device.type != "cuda":
         return 0
     return 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
@@ -691,6 +700,27 @@ class SplitRule:
 
 
 SPLIT = SplitRule()
+
+
+@dataclass(frozen=True)
+class AheadRule:
+    """`READ_AHEAD` chosen per state pass: a pass with at most `most` programs (None: twice the device's SM count;
+    0 off CUDA) reads ahead by its kind's setting, a pass with more reads each chunk's own. The
+    kinds: R's pass (and S's plain pass of a split forward) `fwd`, dR's `rev`, dS's two-term pass `rev2`, S's pass
+    with the residuals `s`. The defaults are the fastest setting of each kind alone at two programs per SM on an
+    H100 (benchmarks/state_pass.py at the 1.5B layer); with more programs dR's and S's passes were slower reading
+    ahead (docs/RESULTS.md, "The passes' read-ahead and end-term rows timed")."""
+
+    most: int | None = None
+    fwd: int = 1
+    rev: int = 1
+    rev2: int = 2
+    s: int = 0
+
+    def pick(self, kind: str, programs: int, device: torch.device) -> int:
+        """The AHEAD of a pass of this kind ("fwd", "rev", "rev2", "s") launched with `programs` programs."""
+        most = self.most if self.most is not None else _two_per_sm(device)
+        return getattr(self, kind) if programs <= most else 0
 # A state pass that is not split and would have fewer programs than this runs at MIN_TILE x MIN_TILE tiles
 # (`_pass_plan`): None, twice the device's SM count; 0, never (benchmarks/kernels.py --rla-wide-tiles).
 NARROW_BELOW: int | None = None
@@ -702,8 +732,9 @@ GATES_MADE_ONCE = True
 # own), 1 all but the key tiles that feed a dot as they are loaded, 2 all (benchmarks/state_pass.py, and
 # benchmarks/kernels.py --rla-read-ahead, time them). Off: on an H100 it takes 11-22% off the passes at two programs
 # per SM (the 1.5B layer) but makes dR's pass 1.2-1.3x and S's 1.1-1.4x slower at the 100M layer, the op 1.04x
-# there (docs/RESULTS.md, "The passes' read-ahead and end-term rows timed").
-READ_AHEAD = 0
+# there (docs/RESULTS.md, "The passes' read-ahead and end-term rows timed"). An `AheadRule` picks per pass
+# (benchmarks/kernels.py --rla-read-ahead-rule).
+READ_AHEAD: "int | AheadRule" = 0
 # The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
 # (`_fwd_residual`); benchmarks/kernels.py --rla-residual-apart times both.
 RESIDUAL_IN_S_PASS = True
