@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                  f"{'it' if t['jobs'] == 1 else 'they'} would take {_gpu_time(t['gpu_hours'])} (resources.gpus: auto)")
     else:
         title = (f"sweep {t['sweep']}: {count(t['jobs'], 'job')}, {_h(t['tokens'])} tokens, "
-                 f"{_gpu_time(t['gpu_hours'])}; peak memory up to {t['max_mem_gib']:.1f} GiB of "
+                 f"{_gpu_time(t['gpu_hours'])}; peak memory up to {_gib(t['max_mem_gib'])} GiB of "
                  f"{t['gpu_memory_gib']:g} ({t['gpu']}){packing}")
     # a CPU sweep's speed columns are the calibration GPU's (the title says so): their headers say it too
     speed = "GPU tok/s" if t["runs_on"] == "cpu" else "tok/s"
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
                "GPU share", speed, "GPU time"]
     rows = [[escape(r["name"]), r["job_id"][:8], r["family"], escape(variant_label(r["ablations"], r["control"])),
              _h(r["params"]), _h(r["state_elements"]), _h(r["flops_per_token"]), _h(r["tokens"]),
-             f"{r['mem_gib']:.1f}", f"{r['gpu_share']:.2f}" if r["gpu_share"] else "-", _h(r["tokens_per_s"]),
+             _gib(r["mem_gib"]), f"{r['gpu_share']:.2f}" if r["gpu_share"] else "-", _h(r["tokens_per_s"]),
              _gpu_time(r["gpu_hours"], short=True)] for r in doc["jobs"]]
     sources = sorted({r["cost_source"] for r in doc["jobs"]})
     where = t["speeds_measured_on"]
@@ -116,6 +116,11 @@ def run(args: argparse.Namespace) -> int:
                                drop_order=["FLOPs/tok", "state/layer", "id", "params", speed, "GPU share",
                                            "tokens", "family", "mem GiB", "GPU time", "variant"]))
     return 0
+
+
+def _gib(value: float) -> str:
+    """GiB to one decimal, and a tiny model's memory as what it is rather than 0.0."""
+    return f"{value:.1f}" if value >= 0.05 else f"{value:.2g}" if value > 0 else "0"
 
 
 def _glue_caption(jobs: list[dict]) -> str:
