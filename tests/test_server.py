@@ -196,6 +196,17 @@ def test_ui_never_serves_another_servers_runs(tmp_path, capsys):
         assert f"--port: {bad} is not a port; give one in 1-65535" in err and "Traceback" not in err, err
 
 
+def test_a_host_that_is_not_this_machines_is_named_not_a_busy_port(tmp_path, capsys):
+    """`server --host` at an address no interface of this machine has (192.0.2.1, reserved for documentation): the
+    address is the problem, not the port; nothing is left behind."""
+    root = tmp_path / "srv"
+    assert main(["server", "--root", str(root), "--host", "192.0.2.1", "--port", "5082"]) == 2
+    err = capsys.readouterr().err
+    assert "--host: cannot listen on 192.0.2.1: Cannot assign requested address; give --host an address of this " \
+           "machine" in err, err
+    assert "in use" not in err and not (root / "_server").exists()
+
+
 def test_ui_of_a_sweep_on_a_server_that_does_not_answer_says_so(tmp_path, capsys):
     """A sweep launched with --tracking-uri: `ui` names its server, and says when it does not answer instead of
     sending the user to a dead address."""

@@ -61,6 +61,16 @@ def free_port(host: str = HOST) -> int:
         return s.getsockname()[1]
 
 
+def cannot_bind(host: str) -> str | None:
+    """Why no server can listen on `host` (not an address of this machine, a name that does not resolve), or None."""
+    try:
+        with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def port_in_use(host: str, port: int) -> bool:
     """Whether something listens on (host, port): bound the way the server binds (SO_REUSEADDR, so a port
     closed a moment ago in TIME_WAIT counts as free)."""
@@ -316,6 +326,10 @@ class TrackingServer:
         if self.proc is not None or self._adopt_or_clean():
             return self
         self._stopping.clear()
+        why = cannot_bind(self.host)
+        if why is not None:
+            raise UserError(f"cannot listen on {self.host}: {why}; give --host an address of this machine (127.0.0.1, "
+                            "the default, or 0.0.0.0 for every interface)", key="--host")
         if self.port is not None and port_in_use(self.host, self.port):
             # Whatever answers there is not this store's server: waiting for its /health would show the wrong runs.
             raise UserError(f"port {self.port} on {self.host} is in use by another process (another `rla-sweep ui` "
@@ -325,7 +339,7 @@ class TrackingServer:
         self.artifacts_dir.mkdir(exist_ok=True)
         # PDEATHSIG fires when the creating *thread* exits, so only the main thread may arm it.
         self._port_chosen = self.port is None  # ours to change if another process takes it first
-        self._spawn(self.port or free_port(), deathsig=threading.current_thread() is threading.main_thread())
+        self._spawn(self.port or free_port(self.host), deathsig=threading.current_thread() is threading.main_thread())
         self._install_handlers()
         if wait:
             self._wait_until_up()
@@ -401,7 +415,7 @@ class TrackingServer:
                 log.write(f"\n[rla-sweep] port {self.port} was taken before the server bound it; "
                           "starting it on another\n")
             # PDEATHSIG ties the process to the thread that spawns it: armed only from the main thread, as at start
-            self._spawn(free_port(), deathsig=threading.current_thread() is threading.main_thread())
+            self._spawn(free_port(self.host), deathsig=threading.current_thread() is threading.main_thread())
         return True
 
     # -- supervision ---------------------------------------------------------------------------------------------
@@ -478,7 +492,7 @@ class TrackingServer:
             # Whatever is left of the old one (a wedged process, an orphaned uvicorn worker) frees the port first.
             _kill_group(self.proc.pid, timeout=5.0, proc=self.proc)
             try:
-                self._spawn(self.port or free_port(), deathsig=True)
+                self._spawn(self.port or free_port(self.host), deathsig=True)
             except OSError as exc:
                 self._notices.append(f"{why}; cannot start it again ({exc.strerror or exc}), trying again")
                 return False
