@@ -73,9 +73,10 @@ class RLASweepForCausalLM(PreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None = None,
                 labels: torch.LongTensor | None = None, **kwargs) -> CausalLMOutput:
-        # attention_mask, past_key_values, use_cache (passed by `generate` and lm-eval) are ignored: every call
-        # reads the whole sequence, which is what a causal model with right padding or no padding needs.
-        logits = self.model(input_ids)
+        # past_key_values, use_cache (passed by `generate` and lm-eval) are ignored: every call reads the whole
+        # sequence. A padded batch (attention_mask with zeros) runs each row's padding and its tokens as separate
+        # documents of one packed batch, so a row's tokens start from a fresh state as they would alone.
+        logits = self.model(input_ids, cu_seqlens=padding_documents(attention_mask, *input_ids.shape))
         loss = None
         if labels is not None:
             # HF convention: labels are the inputs; position t predicts token t + 1; -100 is ignored.
@@ -84,11 +85,29 @@ class RLASweepForCausalLM(PreTrainedModel, GenerationMixin):
         return CausalLMOutput(loss=loss, logits=logits)
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, **kwargs) -> dict:
-        # No HF cache: `generate` feeds the whole sequence at every step (the recurrent cache is CausalLM.step's).
-        return {"input_ids": input_ids}
+        # No HF cache: `generate` feeds the whole sequence at every step (the recurrent cache is CausalLM.step's),
+        # with its attention_mask grown by a one a step (a left-padded batch: `padding_documents`).
+        return {"input_ids": input_ids, "attention_mask": kwargs.get("attention_mask")}
 
     def _supports_default_dynamic_cache(self) -> bool:
         return False
+
+
+def padding_documents(mask: torch.Tensor | None, B: int, T: int) -> torch.Tensor | None:
+    """Document boundaries (`CausalLM.forward`'s cu_seqlens) that put each row's padding and its tokens in documents
+    of their own, or None without padding. Each row's ones must be one run: left padding (0...01...1, as `generate`
+    needs), right padding (1...10...0) or both; ValueError otherwise."""
+    if mask is None or bool(mask.all()):
+        return None
+    ones = mask.to(torch.bool).cpu()
+    bounds = [0]
+    for b, row in enumerate(ones.tolist()):
+        runs = sum(row[t] and (t == 0 or not row[t - 1]) for t in range(T))
+        if runs > 1:
+            raise ValueError(f"attention_mask row {b} has its tokens in {runs} runs; only padding before or after "
+                             "them is supported (the tokens in one run)")
+        bounds += [b * T + t for t in range(1, T) if row[t] != row[t - 1]] + [(b + 1) * T]
+    return torch.tensor(bounds, dtype=torch.int32, device=mask.device)
 
 
 AutoConfig.register(MODEL_TYPE, RLASweepConfig, exist_ok=True)
