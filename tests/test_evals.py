@@ -124,6 +124,9 @@ def test_bad_task_missing_checkpoint_and_bad_checkpoint_are_user_errors(job_dir,
     err = capsys.readouterr().err
     assert "unknown task(s) 'rla_chioce' (did you mean rla_choice" in err and "allowed:" in err
     assert "Traceback" not in err
+    for none in ("", ",", " , "):
+        assert main(["eval", str(job_dir), "--tasks", none]) == 2
+        assert f"--tasks: names no task (got {none!r}); give lm-eval task names" in capsys.readouterr().err
     empty = tmp_path / "untrained"
     empty.mkdir()
     (empty / "job.json").write_text((job_dir / "job.json").read_text())

@@ -59,6 +59,9 @@ def run(args) -> int:
     try:
         # "a,b," on a command line means a and b
         tasks = [t for t in args.tasks.split(",") if t.strip()]
+        if not tasks:
+            raise UserError(f"names no task (got {args.tasks!r}); give lm-eval task names separated by commas, e.g. "
+                            "piqa,arc_easy or the shipped rla_choice,rla_complete", key="--tasks")
         req = EvalRequest(tasks=tasks, include_path=args.include_path, limit=args.limit,
                           batch_size=args.batch_size)
     except ValidationError as exc:
