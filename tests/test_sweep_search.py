@@ -69,6 +69,17 @@ def test_search_runs_trials_through_ray_and_mlflow(tmp_path):
     shown = cli("status", "e2e-search", "--root", str(root))
     assert shown.returncode == 0 and "trial" in shown.stdout and "value" in shown.stdout, shown.stdout
     assert f"{complete[0].value:.6g}" in shown.stdout, shown.stdout
+    # results: the same trial and value beside each job's identity and metrics
+    import csv
+    import io
+
+    table = cli("results", "e2e-search", "--root", str(root), "--csv")
+    assert table.returncode == 0, table.stderr
+    rows = {r["job_id"]: r for r in csv.DictReader(io.StringIO(table.stdout))}
+    for t in trials:
+        row = rows[t.user_attrs["job_id"]]
+        assert row["trial"] == str(t.number)
+        assert row["value"] == (str(t.value) if t.state == TrialState.COMPLETE else "")
     for t in trials:  # each trial's run names its trial; a pruned one says so (its status is cancelled)
         job = next(j for j in doc["jobs"] if j["job_id"] == t.user_attrs["job_id"])
         tags = client.get_run(job["mlflow_run_id"]).data.tags

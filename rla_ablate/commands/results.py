@@ -74,7 +74,11 @@ def run(args: argparse.Namespace) -> int:
     with ctx as uri:
         runs, selection = read_runs(name, args.root, uri, include_stale=args.include_stale)
     note_other_file(args.root, args.name)
-    columns, rows = result_rows(runs.jobs)
+    from rla_ablate.sweep.search import trials_of_jobs
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(args.root, name)  # a search sweep's folder holds its study: each job's trial and value
+    columns, rows = result_rows(runs.jobs, trials_of_jobs(sdir) if sdir.exists() else None)
     if args.json:
         print(json.dumps([{c: _json_value(v, c) for c, v in row.items()} for row in rows], indent=1))
     elif args.csv:
