@@ -90,7 +90,7 @@ def candidates(backends, variants=(), rla_chunk=None, rla_warps=None, rla_splits
             runs[f"{name} [{backend}]"] = (rule, lambda x, rule=rule, backend=backend: residual_attention(
                 x["q"], x["k"], x["v"], x["g"], x["beta"], x["gamma"], rule=rule, backend=backend)[0])
     for option in variants if "triton" in backends else ():
-        name, rule, fn = VARIANTS[option]
+        name, rule, fn, _ = VARIANTS[option]
         runs[name] = (rule, fn)
     if rla_chunk and "triton" in backends:
         warps = f", {rla_warps} warps" if rla_warps else ""
@@ -166,35 +166,38 @@ def rdn_with(x, **settings):
                                   backend="triton")[0]
 
 
-# The design switches a variant turns off, each read by the op's forward: RLA's RESIDUAL_IN_S_PASS
-# (--rla-residual-apart: S's pass and the residuals in two kernels, `_fwd_residual`), END_TERM_IN_PASS
-# (--rla-end-term-in-dqk: dg's chunk end terms from the stored state tiles in `_bwd_dqk` rather than from the
-# reverse state passes), GATES_MADE_ONCE (--rla-gates-in-pass: the state passes make the gates' cumsum in their
-# loops) and NARROW_BELOW (--rla-wide-tiles: the passes' default tiles even below two programs per SM), or turns on:
-# READ_AHEAD (--rla-read-ahead: the state passes load a chunk's reads, but for the key tiles, one chunk ahead;
-# --rla-read-ahead-rule: each pass as `rla.AheadRule` picks for it, reading ahead at two programs per SM or fewer) and
-# END_TERM_ROWS (--rla-end-term-rows: the reverse passes store dg's end terms a value per state row); RDN's
-# residual in its read kernel (--rdn-residual-apart), its WY backward with the additions around it (--rdn-wy-fla:
-# FLA's prepare_wy_repr_bwd and two PyTorch additions) and its GATES_MADE_ONCE (--rdn-gates-in-pass), or turns on
-# its READ_AHEAD (--rdn-read-ahead).
-# name -> (label, rule, op).
-VARIANTS = {"rla_residual_apart": ("RLA [triton, res. apart]", "additive",
-                                   partial(rla_with, RESIDUAL_IN_S_PASS=False)),
-            "rla_end_term_in_dqk": ("RLA [triton, end term in dq/dk]", "additive",
-                                    partial(rla_with, END_TERM_IN_PASS=False)),
-            "rla_gates_in_pass": ("RLA [triton, gates in passes]", "additive",
-                                  partial(rla_with, GATES_MADE_ONCE=False)),
-            "rla_wide_tiles": ("RLA [triton, wide pass tiles]", "additive", partial(rla_with, NARROW_BELOW=0)),
-            "rla_read_ahead": ("RLA [triton, pass reads ahead]", "additive", partial(rla_with, READ_AHEAD=1)),
-            "rla_read_ahead_rule": ("RLA [triton, reads ahead by rule]", "additive",
-                                    partial(rla_with, READ_AHEAD=AheadRule())),
-            "rla_end_term_rows": ("RLA [triton, end terms by rows]", "additive",
-                                  partial(rla_with, END_TERM_ROWS=True)),
-            "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta",
-                                   partial(rdn_changed, residual_in_reads=False)),
-            "rdn_wy_fla": ("RDN [triton, FLA's WY bwd]", "delta", partial(rdn_changed, wy="FLA_WY_FLA_BWD")),
-            "rdn_gates_in_pass": ("RDN [triton, gates in passes]", "delta", partial(rdn_with, GATES_MADE_ONCE=False)),
-            "rdn_read_ahead": ("RDN [triton, pass reads ahead]", "delta", partial(rdn_with, READ_AHEAD=1))}
+# RLA or RDN with one design switch of `rla_ablate.ops.triton.rla` / `.rdn` turned off or on, each read by the op's
+# forward; each is a flag of its own (`--` and the name with dashes) that adds the variant to the table.
+# name -> (label, rule, op, the flag's help).
+VARIANTS = {
+    "rla_residual_apart": ("RLA [triton, res. apart]", "additive", partial(rla_with, RESIDUAL_IN_S_PASS=False),
+                           "add RLA [triton] with its forward's residuals in a kernel of their own"),
+    "rla_end_term_in_dqk": ("RLA [triton, end term in dq/dk]", "additive", partial(rla_with, END_TERM_IN_PASS=False),
+                            "add RLA [triton] with dg's chunk end terms made in the dq/dk kernel"),
+    "rla_gates_in_pass": ("RLA [triton, gates in passes]", "additive", partial(rla_with, GATES_MADE_ONCE=False),
+                          "add RLA [triton] with each state pass making the gates' chunk cumsum in its loop"),
+    "rla_wide_tiles": ("RLA [triton, wide pass tiles]", "additive", partial(rla_with, NARROW_BELOW=0),
+                       "add RLA [triton] with its state passes at their default tiles where they have fewer than two "
+                       "programs per SM"),
+    "rla_read_ahead": ("RLA [triton, pass reads ahead]", "additive", partial(rla_with, READ_AHEAD=1),
+                       "add RLA [triton] with its state passes loading a chunk's reads, but for the key tiles, one "
+                       "chunk ahead"),
+    "rla_read_ahead_rule": ("RLA [triton, reads ahead by rule]", "additive", partial(rla_with, READ_AHEAD=AheadRule()),
+                            "add RLA [triton] with each state pass reading ahead as rla.AheadRule() picks for it (by "
+                            "its kind, where it has at most two programs per SM)"),
+    "rla_end_term_rows": ("RLA [triton, end terms by rows]", "additive", partial(rla_with, END_TERM_ROWS=True),
+                          "add RLA [triton] with its reverse state passes storing dg's chunk end terms a value per row "
+                          "of each state tile, added by the gate-gradient kernel"),
+    "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta", partial(rdn_changed, residual_in_reads=False),
+                           "add RDN [triton] with the residual made by the glue's kernels from the prediction"),
+    "rdn_wy_fla": ("RDN [triton, FLA's WY bwd]", "delta", partial(rdn_changed, wy="FLA_WY_FLA_BWD"),
+                   "add RDN [triton] with FLA's WY backward and the additions around it in PyTorch"),
+    "rdn_gates_in_pass": ("RDN [triton, gates in passes]", "delta", partial(rdn_with, GATES_MADE_ONCE=False),
+                          "add RDN [triton] with its two state passes making the gates' chunk cumsum in their loop"),
+    "rdn_read_ahead": ("RDN [triton, pass reads ahead]", "delta", partial(rdn_with, READ_AHEAD=1),
+                       "add RDN [triton] with its two state passes loading a chunk's reads, but for the key tiles, one "
+                       "chunk ahead"),
+}
 
 
 def bench(fn, x, mode):
@@ -339,33 +342,8 @@ def main():
     parser.add_argument("--profile", action="store_true", help="per-kernel GPU time instead of the table")
     parser.add_argument("--tune", nargs="*", choices=["additive", "delta"], default=None,
                         help="time the launch options of RLA's (additive) and/or RDN's (delta) kernels (default both)")
-    parser.add_argument("--rla-residual-apart", action="store_true",
-                        help="add RLA [triton] with its forward's residuals in a kernel of their own")
-    parser.add_argument("--rla-end-term-in-dqk", action="store_true",
-                        help="add RLA [triton] with dg's chunk end terms made in the dq/dk kernel")
-    parser.add_argument("--rla-gates-in-pass", action="store_true",
-                        help="add RLA [triton] with each state pass making the gates' chunk cumsum in its loop")
-    parser.add_argument("--rla-wide-tiles", action="store_true",
-                        help="add RLA [triton] with its state passes at their default tiles where they have fewer "
-                             "than two programs per SM")
-    parser.add_argument("--rla-read-ahead", action="store_true",
-                        help="add RLA [triton] with its state passes loading a chunk's reads, but for the key tiles, "
-                             "one chunk ahead")
-    parser.add_argument("--rla-read-ahead-rule", action="store_true",
-                        help="add RLA [triton] with each state pass reading ahead as rla.AheadRule() picks for it "
-                             "(by its kind, where it has at most two programs per SM)")
-    parser.add_argument("--rla-end-term-rows", action="store_true",
-                        help="add RLA [triton] with its reverse state passes storing dg's chunk end terms a value per "
-                             "row of each state tile, added by the gate-gradient kernel")
-    parser.add_argument("--rdn-residual-apart", action="store_true",
-                        help="add RDN [triton] with the residual made by the glue's kernels from the prediction")
-    parser.add_argument("--rdn-wy-fla", action="store_true",
-                        help="add RDN [triton] with FLA's WY backward and the additions around it in PyTorch")
-    parser.add_argument("--rdn-gates-in-pass", action="store_true",
-                        help="add RDN [triton] with its two state passes making the gates' chunk cumsum in their loop")
-    parser.add_argument("--rdn-read-ahead", action="store_true",
-                        help="add RDN [triton] with its two state passes loading a chunk's reads, but for the key "
-                             "tiles, one chunk ahead")
+    for name, (*_, text) in VARIANTS.items():
+        parser.add_argument("--" + name.replace("_", "-"), action="store_true", help=text)
     parser.add_argument("--rla-chunk", type=int, default=None,
                         help="add RLA [triton] at this chunk size (64 is the backend's)")
     parser.add_argument("--rla-warps", type=int, default=None, help="with --rla-chunk: every RLA kernel at these warps")
