@@ -206,10 +206,7 @@ def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, si
     stores each program row's log decay (STORE_L), or None. end_term: (hF, Z_P, Z_ROWS) for STORE_Z, or None (Z_P's
     rows: `_end_term_rows`). AHEAD: None, `READ_AHEAD`; 0, 1, 2, or an `AheadRule` that picks one for this pass."""
     hF, Z_P, rows = end_term if end_term is not None else (DT, DT, False)
-    setting = READ_AHEAD if AHEAD is None else AHEAD
-    if isinstance(setting, AheadRule):
-        setting = setting.pick("rev2" if HAS_B else "rev" if REVERSE else "fwd", grid[0] * grid[1] * grid[2],
-                               g.device)
+    setting = _ahead(AHEAD, "rev2" if HAS_B else "rev" if REVERSE else "fwd", grid[0] * grid[1] * grid[2], g.device)
     _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, LD if LD is not None else DT, hF, Z_P,
                       Z_P.shape[-1] if end_term is not None else 0, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT,
                       BK=BK, BV=BV, REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0,
@@ -340,9 +337,7 @@ def s_pass_residual(grid, *, k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip, 
                     MADE=False, AHEAD=None, **options):
     """`_s_pass_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages. AHEAD: None,
     `READ_AHEAD`; 0, 1, 2, or an `AheadRule`."""
-    setting = READ_AHEAD if AHEAD is None else AHEAD
-    if isinstance(setting, AheadRule):
-        setting = setting.pick("s", grid[0] * grid[1], g.device)
+    setting = _ahead(AHEAD, "s", grid[0] * grid[1], g.device)
     _s_pass_residual[grid](k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
                            HAS_D0=HAS_D0, TARGET=TARGET, MADE=MADE, AHEAD=setting, **options)
 
@@ -721,6 +716,12 @@ class AheadRule:
         """The AHEAD of a pass of this kind ("fwd", "rev", "rev2", "s") launched with `programs` programs."""
         most = self.most if self.most is not None else _two_per_sm(device)
         return getattr(self, kind) if programs <= most else 0
+
+
+def _ahead(AHEAD: "int | AheadRule | None", kind: str, programs: int, device: torch.device) -> int:
+    """The AHEAD a launcher gives its pass: the caller's setting, else `READ_AHEAD`; a rule picks for the pass."""
+    setting = READ_AHEAD if AHEAD is None else AHEAD
+    return setting.pick(kind, programs, device) if isinstance(setting, AheadRule) else setting
 # A state pass that is not split and would have fewer programs than this runs at MIN_TILE x MIN_TILE tiles
 # (`_pass_plan`): None, twice the device's SM count; 0, never (benchmarks/kernels.py --rla-wide-tiles).
 NARROW_BELOW: int | None = None
