@@ -668,7 +668,6 @@ class _Runner:
         self.inflight: dict[Any, ResolvedJob] = {}
         # Attempts in this launch (status.json counts them over all launches); retries are per launch.
         self.tries: dict[str, int] = {}
-        self.fresh_noted: set[str] = set()  # jobs whose retry note said they start over in a new run
         self.started_from: dict[str, int] = {}  # the checkpoint's tokens each attempt in flight went on from
         # Ray task options of each job's latest attempt: the out-of-memory retry decides from them.
         self.task_options: dict[str, dict[str, Any]] = {}
@@ -712,7 +711,7 @@ class _Runner:
 
             truncate_jsonl(self.sdir.job_dir(job.job_id) / "metrics.jsonl", -1)
             self.sdir.set_status(job.job_id, mlflow_run_id=None, tokens_done=0)
-            if deleted and not _take(self.fresh_noted, job.job_id):
+            if deleted and job.job_id not in self.tries:  # a retry in this launch: its note said so already
                 self.progress.note(f"{job.name}: no checkpoint of its earlier attempt, so it starts from its first "
                                    f"step in a new MLflow run (the earlier run {old[:12]} is deleted, restorable)")
         elif st.mlflow_run_id and st.tracking_uri == self.services.tracking_uri:
@@ -1010,7 +1009,6 @@ class _Runner:
                 # ensure_run replaces the run when the attempt starts; said here once, not again there
                 where = ("from its first step in a new MLflow run (it left no checkpoint; the earlier run "
                          f"{now.mlflow_run_id[:12]} is deleted, restorable)")
-                self.fresh_noted.add(job.job_id)
             else:
                 where = "from its first step (it left no checkpoint)"
             self.progress.note(f"{job.name}: attempt {self.tries[job.job_id]} failed ({outcome.cause}: "
@@ -1107,13 +1105,6 @@ def stopped_outcome(outcome: JobOutcome, reason: str) -> JobOutcome:
         return JobOutcome(Status.CANCELLED, tokens_done=outcome.tokens_done, metrics=outcome.metrics,
                           error=f"{reason} while it started")
     return outcome
-
-
-def _take(items: set[str], item: str) -> bool:
-    """Whether item was in items; it is not after."""
-    found = item in items
-    items.discard(item)
-    return found
 
 
 def _first_line(text: str | None) -> str:
