@@ -99,15 +99,15 @@ def padding_documents(mask: torch.Tensor | None, B: int, T: int) -> torch.Tensor
     needs), right padding (1...10...0) or both; ValueError otherwise."""
     if mask is None or bool(mask.all()):
         return None
-    ones = mask.to(torch.bool).cpu()
-    bounds = [0]
-    for b, row in enumerate(ones.tolist()):
-        runs = sum(row[t] and (t == 0 or not row[t - 1]) for t in range(T))
-        if runs > 1:
-            raise ValueError(f"attention_mask row {b} has its tokens in {runs} runs; only padding before or after "
-                             "them is supported (the tokens in one run)")
-        bounds += [b * T + t for t in range(1, T) if row[t] != row[t - 1]] + [(b + 1) * T]
-    return torch.tensor(bounds, dtype=torch.int32, device=mask.device)
+    ones = mask.to(torch.bool)
+    runs = ones[:, 0].long() + (ones[:, 1:] & ~ones[:, :-1]).sum(1)  # where a run of tokens starts
+    if bool((runs > 1).any()):
+        b = int((runs > 1).nonzero()[0, 0])
+        raise ValueError(f"attention_mask row {b} has its tokens in {int(runs[b])} runs; only padding before or after "
+                         "them is supported (the tokens in one run)")
+    rows, cols = (ones[:, 1:] != ones[:, :-1]).nonzero(as_tuple=True)  # where tokens meet padding, inside a row
+    ends = torch.arange(0, B + 1, device=mask.device) * T  # 0 and every row's end
+    return torch.cat([ends, rows * T + cols + 1]).sort().values.to(torch.int32)
 
 
 AutoConfig.register(MODEL_TYPE, RLASweepConfig, exist_ok=True)
