@@ -14,7 +14,7 @@ from cli_run import REPO
 pytestmark = pytest.mark.slow
 
 SCRIPT = r'''
-import json, sys, tempfile, time
+import json, sys, time
 from pathlib import Path
 import ray
 
@@ -48,7 +48,7 @@ def job(monitor, i, out, seconds):
     log.close("finished")
     return start, time.time(), stopped, step
 
-out = tempfile.mkdtemp()
+out = sys.argv[1]
 monitor = SlowMonitor.remote(0)
 spans = ray.get([job.remote(monitor, i, out, 3.0) for i in range(4)])
 edges = sorted([(a, 1) for a, b, _, _ in spans] + [(b, -1) for a, b, _, _ in spans])
@@ -66,11 +66,11 @@ ray.shutdown()
 '''
 
 
-def test_reports_never_block_a_job_and_a_stop_reaches_it():
+def test_reports_never_block_a_job_and_a_stop_reaches_it(tmp_path):
     """Four jobs of one CPU each on two CPUs, reporting every watched value to a monitor that takes 0.5 s a reply:
     at most two ever run at once (a task that waited on the reply, in ray.get or in ray.wait, lent its CPU to a
     third); every watched value reaches the monitor once, in order; a stop the monitor answers stops the job."""
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["most"] <= 2, got

@@ -44,9 +44,10 @@ def _sweep_jobs():
         "seeds": [0],
         "resources": {"gpus": "auto"},  # device cuda needs a GPU share
     }
-    f = Path(tempfile.mkdtemp(prefix="gpu-every-job")) / "sweep.yaml"
-    f.write_text(yaml.safe_dump(sweep))
-    return load_sweep(f).jobs
+    with tempfile.TemporaryDirectory(prefix="gpu-every-job") as d:  # collected in every test run: leave nothing
+        f = Path(d) / "sweep.yaml"
+        f.write_text(yaml.safe_dump(sweep))
+        return load_sweep(f).jobs
 
 
 JOBS = _sweep_jobs()
