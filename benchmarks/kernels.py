@@ -49,7 +49,6 @@ import torch
 import torch.nn.functional as F
 
 from rla_ablate.ops import BACKENDS, _load_gpu_backends, residual_attention
-from rla_ablate.ops.triton.rla import AheadRule
 
 H, D = 16, 128
 
@@ -180,11 +179,12 @@ VARIANTS = {
                        "add RLA [triton] with its state passes at their default tiles where they have fewer than two "
                        "programs per SM"),
     "rla_read_ahead": ("RLA [triton, pass reads ahead]", "additive", partial(rla_with, READ_AHEAD=1),
-                       "add RLA [triton] with its state passes loading a chunk's reads, but for the key tiles, one "
+                       "add RLA [triton] with every state pass loading a chunk's reads, but for the key tiles, one "
                        "chunk ahead"),
-    "rla_read_ahead_rule": ("RLA [triton, reads ahead by rule]", "additive", partial(rla_with, READ_AHEAD=AheadRule()),
-                            "add RLA [triton] with each state pass reading ahead as rla.AheadRule() picks for it (by "
-                            "its kind, where it has at most two programs per SM)"),
+    "rla_read_own": ("RLA [triton, passes read own chunk]", "additive", partial(rla_with, READ_AHEAD=0),
+                     "add RLA [triton] with every state pass loading each chunk's reads in that chunk, instead of "
+                     "reading ahead as rla.AheadRule() picks (by the pass's kind, where it has at most two programs "
+                     "per SM)"),
     "rla_end_term_rows": ("RLA [triton, end terms by rows]", "additive", partial(rla_with, END_TERM_ROWS=True),
                           "add RLA [triton] with its reverse state passes storing dg's chunk end terms a value per row "
                           "of each state tile, added by the gate-gradient kernel"),

@@ -16,11 +16,12 @@ that `rla_ablate.ops.triton.rla` runs, on random bf16 inputs with head dims 128:
     s      S's pass with the residuals made in it (`_s_pass_residual`: the whole K, clip target), at its launch
 
 Each kind is timed at its plan (the tiles `_pass_plan` picks on this GPU) and at other tiles, warps and stages.
-`ahead 1` loads a chunk's reads one chunk ahead but for ka's and kb's tiles, `ahead 2` all of them
-(`rla.READ_AHEAD`; the op's setting is 0, each chunk loads its own); `rows` stores dg's end terms a row per row of
-each tile (`rla.END_TERM_ROWS`: no sum across the warps in the pass). `no sa`, `no store` and `no end term` take a
-part away to show what it costs (those are not RLA's passes). The ratio column divides by the kind's plan in the
-same run.
+Every case reads ahead as the op does unless it says otherwise (`rla.READ_AHEAD`, an `AheadRule`: 1 for R's and
+dR's passes, 2 for dS's, 0 for S's, where a pass has at most two programs per SM): `own` loads each chunk's reads in
+that chunk, `ahead 1` one chunk ahead but for ka's and kb's tiles, `ahead 2` all of them; `rows` stores dg's end
+terms a row per row of each tile (`rla.END_TERM_ROWS`: no sum across the warps in the pass). `no sa`, `no store` and
+`no end term` take a part away to show what it costs (those are not RLA's passes). The ratio column divides by the
+kind's plan in the same run.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ CHUNK = 64
 # (kind, BK, BV, warps, stages or None, changes); BK x BV None: the plan's tiles
 CASES = [
     ("fwd", None, None, None, None, {}),
+    ("fwd", None, None, None, None, {"own": dict(AHEAD=0)}),
     ("fwd", None, None, None, None, {"ahead 1": dict(AHEAD=1)}),
     ("fwd", None, None, None, None, {"ahead 2": dict(AHEAD=2)}),
     ("fwd", 64, 128, 4, None, {}),
@@ -50,6 +52,7 @@ CASES = [
     ("fwd", 64, 128, 4, None, {"no store": dict(STORE_H=False)}),
     ("fwd", 64, 64, 4, None, {"no store": dict(STORE_H=False)}),
     ("rev", None, None, None, None, {}),
+    ("rev", None, None, None, None, {"own": dict(AHEAD=0)}),
     ("rev", None, None, None, None, {"ahead 1": dict(AHEAD=1)}),
     ("rev", None, None, None, None, {"ahead 2": dict(AHEAD=2)}),
     ("rev", None, None, None, None, {"rows": dict(rows=True)}),
@@ -61,6 +64,7 @@ CASES = [
     ("rev", 64, 128, 4, None, {"no end term": dict(end_term=None)}),
     ("rev", 64, 64, 4, None, {"no end term": dict(end_term=None)}),
     ("rev2", None, None, None, None, {}),
+    ("rev2", None, None, None, None, {"own": dict(AHEAD=0)}),
     ("rev2", None, None, None, None, {"ahead 1": dict(AHEAD=1)}),
     ("rev2", None, None, None, None, {"ahead 2": dict(AHEAD=2)}),
     ("rev2", None, None, None, None, {"rows": dict(rows=True)}),

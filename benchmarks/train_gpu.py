@@ -4,7 +4,7 @@
                                    [--batch B] [--seq-len T] [--steps 10] [--warmup 3] [--backend auto]
                                    [--glue auto [torch]] [--inputs shared [separate]] [--graph off [on]]
                                    [--profile [STEPS] [--top-ops N]] [--rla-split PROGRAMS:CHUNKS]
-                                   [--rla-launch KERNEL:KEY=VALUE,... ...] [--rla-read-ahead-rule]
+                                   [--rla-launch KERNEL:KEY=VALUE,... ...] [--rla-read-own]
                                    [--json out.json] [--calibrate [TABLE]]
 
 Each family builds the preset `<scale>-<family>` (models/), trains --warmup untimed then --steps timed AdamW steps
@@ -275,9 +275,9 @@ def main():
     parser.add_argument("--rla-split", default=None, metavar="PROGRAMS:CHUNKS",
                         help="RLA's state passes split by this rule (rla.SplitRule: split when a pass has fewer "
                              "programs than PROGRAMS, into segments of CHUNKS chunks) instead of the default")
-    parser.add_argument("--rla-read-ahead-rule", action="store_true",
-                        help="RLA's state passes reading ahead as rla.AheadRule() picks for each (by its kind, where "
-                             "it has at most two programs per SM) instead of the default (none)")
+    parser.add_argument("--rla-read-own", action="store_true",
+                        help="RLA's state passes each loading a chunk's reads in that chunk (rla.READ_AHEAD 0) "
+                             "instead of reading ahead as rla.AheadRule() picks for each (the default)")
     parser.add_argument("--rla-launch", nargs="+", default=[], metavar="KERNEL:KEY=VALUE,...",
                         help="RLA's kernels with these launch options changed (rla.LAUNCH; keys BK, BV, num_warps, "
                              "num_stages), e.g. state_pass:BK=64,BV=64")
@@ -289,21 +289,21 @@ def main():
     parser.add_argument("--calibrate", nargs="?", const=str(CALIBRATION), default=None, metavar="TABLE",
                         help="merge the rows into this calibration table (default: the package's H200 table)")
     args = parser.parse_args()
-    if args.rla_split is not None or args.rla_launch or args.rla_read_ahead_rule:
+    if args.rla_split is not None or args.rla_launch or args.rla_read_own:
         from rla_ablate.ops.triton import rla
 
         try:
             if args.rla_split is not None:
                 rla.SPLIT = rla.SplitRule.parse(args.rla_split)
-            if args.rla_read_ahead_rule:
-                rla.READ_AHEAD = rla.AheadRule()
+            if args.rla_read_own:
+                rla.READ_AHEAD = 0
             for setting, value in rla.launch_settings(rla.parse_launches(args.rla_launch)).items():
                 setattr(rla, setting, value)
         except ValueError as exc:
             parser.error(str(exc))
         if args.calibrate is not None:
             parser.error("--calibrate takes rows of the kernels as they ship: not with --rla-split, --rla-launch or "
-                         "--rla-read-ahead-rule")
+                         "--rla-read-own")
     unknown = [scale for scale in args.scale if scale not in SHAPES and (args.batch is None or args.seq_len is None)]
     if unknown:
         parser.error(f"no batch shape for scale {', '.join(unknown)}: pass --batch and --seq-len (known: {SHAPES})")

@@ -160,7 +160,8 @@ def check_all() -> None:
     fused.SPLIT = fused.SplitRule()
     check_packed(compare, "additive", rla_triton, prefix="gates-in-pass-", chunk=16)
     fused.GATES_MADE_ONCE = True
-    # the state passes' reads one chunk ahead (`READ_AHEAD`): all but the key tiles, and all
+    # the state passes' reads one chunk ahead (`READ_AHEAD`) in every pass: all but the key tiles, and all
+    default_ahead = fused.READ_AHEAD
     for ahead in (1, 2):
         fused.READ_AHEAD = ahead
         for fit, og, per in (("residual", True, None), ("none", False, 1)):
@@ -184,7 +185,7 @@ def check_all() -> None:
         compare(f"ahead-rule{'-split' if per else ''}", run(naive_residual_attention, make(T=37), spec, torch.float64),
                 run(rla_triton, make(T=37), spec, torch.float32, chunk=16))
     fused.SPLIT = fused.SplitRule()
-    fused.READ_AHEAD = 0
+    fused.READ_AHEAD = default_ahead
     # dg's end terms stored a row per row of each state tile and added by the gate-gradient kernel (`END_TERM_ROWS`):
     # unsplit and split, tiles narrower than the state (K=80, V=72), packed
     fused.END_TERM_ROWS = True
