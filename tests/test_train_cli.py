@@ -91,6 +91,19 @@ def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "holds checkpoints of a different job configuration: train.tokens (4096 now, 2048 before)" in err
     assert "resuming from" not in err and (out / "job.json").read_bytes() == record
+    # its checkpoints deleted (to save disk): the finished record is kept, not trained over, for this job or another
+    gone = tmp_path / "gone"
+    shutil.copytree(out, gone)
+    shutil.rmtree(gone / "checkpoints")
+    kept = (gone / "metrics.jsonl").read_bytes(), (gone / "job.json").read_bytes()
+    gone_argv = ["train", "tiny-rla", "--out", str(gone), "--profile", "cpu"] + [a for s in SMALL for a in ("--set", s)]
+    assert main(gone_argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "holds a finished run (metrics.jsonl) whose checkpoints are gone" in err and "move" in err, err
+    assert main(gone_argv + ["--set", "train.tokens=4096"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "holds the metrics of a run (metrics.jsonl) of a different job configuration: train.tokens" in err, err
+    assert ((gone / "metrics.jsonl").read_bytes(), (gone / "job.json").read_bytes()) == kept
     assert main(["train", "tiny-rla", "--out", str(out), "--set", "train.lr=fast"]) == 2
     err = capsys.readouterr().err
     assert "--set: train.lr:" in err and "Traceback" not in err
@@ -142,9 +155,10 @@ def test_a_vocabulary_too_small_for_the_data_names_the_data_and_the_fix(tmp_path
     assert not (tmp_path / "mq").exists()
 
 
-def test_sigterm_stops_train_after_a_step_with_a_checkpoint(tmp_path):
+def test_sigterm_stops_train_after_a_step_with_a_checkpoint(tmp_path, capsys):
     """A scheduler's preemption (SIGTERM) stops `rla-sweep train` as Ctrl-C does: a checkpoint at the end of the
-    step, the rerun hint, exit 143; before, the process died with everything since its last checkpoint."""
+    step, the rerun hint, exit 143; before, the process died with everything since its last checkpoint. While it
+    trains, another `train` into its folder is refused (two would write one job.json, metrics and checkpoints)."""
     import signal
     import subprocess
     import sys
@@ -162,6 +176,12 @@ def test_sigterm_stops_train_after_a_step_with_a_checkpoint(tmp_path):
     while not (metrics.exists() and '"train/loss"' in metrics.read_text()):  # a step is done: the loop runs
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.2)
+    # a second training into the folder while this one runs is refused, and leaves the folder as it is
+    record = (out / "job.json").read_bytes()
+    assert main(["train", "tiny-gdn", "--out", str(out), "--profile", "cpu"] + [a for s in sets for a in ("--set", s)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"another `rla-sweep train` (pid {proc.pid}) is training in {out}" in err and "Traceback" not in err, err
+    assert (out / "job.json").read_bytes() == record
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 143, stderr

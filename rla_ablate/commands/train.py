@@ -102,34 +102,84 @@ def _summary(console, result, out: Path) -> None:
     console.print(f"metrics: {out / 'metrics.jsonl'}   checkpoints: {out / 'checkpoints'}")
 
 
-def _same_job(out: Path, job) -> None:
-    """A folder with checkpoints resumes only the job that wrote them: refused before its job.json (which records
-    that job) is overwritten, naming the keys that differ."""
+def _same_job(out: Path, job, checkpoints: bool) -> None:
+    """A folder resumes only the job that wrote it: with checkpoints, or with a metrics.jsonl of records, another
+    job is refused before its job.json (which records that job) is overwritten, naming the keys that differ. A run
+    that finished and whose checkpoints are gone is refused too: training again would replace its record."""
     from pydantic import ValidationError
 
     from rla_ablate.errors import UserError
-    from rla_ablate.train import JobConfig
+    from rla_ablate.train import JobConfig, read_jsonl
     from rla_ablate.train.job import another_job
 
+    records = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
+    if not checkpoints and not records:
+        return  # nothing of an earlier run to keep
+    held = "checkpoints" if checkpoints else "the metrics of a run (metrics.jsonl)"
     try:
         before = JobConfig.model_validate_json((out / "job.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, ValidationError):
-        return  # no readable record: the checkpoint's own copy is checked when the job loads it
-    if before.identity_json() != job.identity_json():
-        raise UserError(f"{out} holds checkpoints of {another_job(job.identity_json(), before.identity_json())}",
+        before = None  # no readable record: a checkpoint's own copy is checked when the job loads it
+    if before is not None and before.identity_json() != job.identity_json():
+        raise UserError(f"{out} holds {held} of {another_job(job.identity_json(), before.identity_json())}",
                         key="--out")
+    closed = [r for r in records if r.get("type") == "close"]
+    if not checkpoints and closed and closed[-1].get("status") == "finished":
+        raise UserError(f"{out} holds a finished run (metrics.jsonl) whose checkpoints are gone: training again "
+                        f"would replace its record; move {out / 'metrics.jsonl'} away to train it again, or use a new "
+                        "--out folder", key="--out")
+
+
+class _OutLock:
+    """One `train` at a time in a folder: a flock on OUT/train.lock, which the kernel drops when the process dies.
+    Two trainings in one folder would write one job.json, metrics.jsonl and checkpoints over each other."""
+
+    def __init__(self, out: Path):
+        self.path = out / "train.lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> "_OutLock":
+        import fcntl
+        import os
+
+        from rla_ablate.errors import UserError
+
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UserError(f"cannot write the folder ({exc.strerror or exc})", file=str(self.path.parent),
+                            key="--out") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise UserError(f"another `rla-sweep train` (pid {pid}) is training in {self.path.parent}; wait for it, "
+                            "or stop it (Ctrl-C there, or kill it: it checkpoints), then rerun this command to "
+                            "resume", key="--out") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import fcntl
+        import os
+
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from rla_ablate.errors import JobFailed, UserError
+    from rla_ablate.errors import UserError
     from rla_ablate.fileio import check_folder, make_folder
     from rla_ablate.models import count_params
-    from rla_ablate.outcome import Status
     from rla_ablate.terminal import PipeConsole, count
-    from rla_ablate.train import ProgressLogger, run_job
-    from rla_ablate.train.checkpoint import is_whole, list_checkpoints
+    from rla_ablate.train.checkpoint import list_checkpoints
     from rla_ablate.train.loop import check_device
 
     profile = args.profile
@@ -166,11 +216,27 @@ def run(args: argparse.Namespace) -> int:
         # split) unless --set eval.0.data... says otherwise
         console.print(f"note: the eval set(s) read other data than training ({job.data.kind}); "
                       "--set 'eval.0={name: ..., data: {kind: ..., ...}}' evaluates on yours (docs/DATA.md)")
-    done = list_checkpoints(out)
-    if done:
-        _same_job(out, job)
     made = not out.exists()
     make_folder(out, "--out", what)
+    with _OutLock(out):
+        try:
+            done = list_checkpoints(out)
+            _same_job(out, job, bool(done))
+        except UserError:
+            if made:
+                shutil.rmtree(out, ignore_errors=True)
+            raise
+        return _train(args, job, out, made, done, console, stop, received)
+
+
+def _train(args: argparse.Namespace, job, out: Path, made: bool, done: list, console, stop: dict,
+           received: dict) -> int:
+    """The training of `run`, in a folder it holds (`_OutLock`) and has checked (`_same_job`)."""
+    from rla_ablate.errors import JobFailed, UserError
+    from rla_ablate.outcome import Status
+    from rla_ablate.train import ProgressLogger, run_job
+    from rla_ablate.train.checkpoint import is_whole, list_checkpoints
+
     # The same record a sweep keeps beside each job: what ran, readable without the command line.
     (out / "job.json").write_text(job.model_dump_json(indent=1))
     if done:
