@@ -51,6 +51,13 @@ def did_you_mean(word: str, choices: Iterable[str], *, n: int = 1, prefix: str =
 
 
 def exception_line(exc: BaseException, limit: int = 200) -> str:
-    """An exception in one line: its type and its message's first non-empty line (cut at `limit` characters)."""
+    """An exception in one line: its type and its message's first non-empty line, cut at `limit` characters: after
+    its last whole sentence that fits, else with an ellipsis (never mid-sentence without saying so)."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return f"{type(exc).__name__}: {lines[0][:limit]}" if lines else type(exc).__name__
+    if not lines:
+        return type(exc).__name__
+    line = lines[0]
+    if len(line) > limit:
+        end = line.rfind(". ", 0, limit)
+        line = line[:end + 1] if end > 0 else line[:limit - 1].rstrip() + "…"
+    return f"{type(exc).__name__}: {line}"

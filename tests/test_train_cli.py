@@ -85,6 +85,13 @@ def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
                 + [a for s in SMALL for a in ("--set", s)]) == 0
     err = capsys.readouterr().err.replace("\n", "")  # rich wraps at the test console's width
     assert f"skipping the unreadable newer {newest.name}" in err and "UserWarning" not in err, err
+    # every checkpoint torn: said as the user's to fix, with exit 2 and no traceback, before training
+    for ckpt in (torn / "checkpoints").glob("ckpt-*.pt"):
+        ckpt.write_bytes(ckpt.read_bytes()[:100])
+    assert main(["train", "tiny-rla", "--out", str(torn), "--profile", "cpu"]
+                + [a for s in SMALL for a in ("--set", s)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "checkpoints in" in err and "is whole" in err and "move" in err and "Traceback" not in err, err
     # more tokens into the same folder: another job, refused before anything is written, naming what differs
     record = (out / "job.json").read_bytes()
     assert main(argv + ["--set", "train.tokens=4096"]) == 2

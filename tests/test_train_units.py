@@ -332,3 +332,16 @@ def test_progress_logger_without_a_terminal_says_where_it_is_between_evals(monke
     lines = narrow.getvalue().splitlines()
     assert any(len(line) > 80 and line.endswith("; eval niah_2k 4.2500 val 3.5000") for line in lines), lines
     assert lines[-1] == "tiny-rla/no_output_gates/seed0: finished", lines
+
+
+def test_an_exception_line_is_cut_after_a_sentence_or_says_it_was_cut():
+    from rla_ablate.errors import exception_line
+
+    torn = RuntimeError("PytorchStreamReader failed reading zip archive: failed finding central directory. This is "
+                        "an internal miniz error. If you are seeing this error, there is a high likelihood that your "
+                        "checkpoint file is corrupted.\nsecond line")
+    assert exception_line(torn, 120) == ("RuntimeError: PytorchStreamReader failed reading zip archive: failed "
+                                         "finding central directory. This is an internal miniz error.")
+    assert exception_line(ValueError("x" * 50), 20) == "ValueError: " + "x" * 19 + "…"
+    assert exception_line(ValueError("short. text"), 200) == "ValueError: short. text"
+    assert exception_line(KeyError()) == "KeyError"

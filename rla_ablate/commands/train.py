@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.fileio import check_folder, make_folder
     from rla_ablate.models import count_params
     from rla_ablate.terminal import PipeConsole, count
-    from rla_ablate.train.checkpoint import list_checkpoints
+    from rla_ablate.train.checkpoint import is_whole, list_checkpoints
     from rla_ablate.train.loop import check_device
 
     profile = args.profile
@@ -222,6 +222,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             done = list_checkpoints(out)
             _same_job(out, job, bool(done))
+            if done and not any(is_whole(path) for _, path in done):
+                folder = out / "checkpoints"
+                raise UserError(f"none of the {len(done)} checkpoints in {folder} is whole (each was cut short or "
+                                f"altered); move {folder} away to train the job again from the start", key="--out")
         except UserError:
             if made:
                 shutil.rmtree(out, ignore_errors=True)
@@ -233,7 +237,7 @@ def _train(args: argparse.Namespace, job, out: Path, made: bool, done: list, con
            received: dict) -> int:
     """The training of `run`, in a folder it holds (`_OutLock`) and has checked (`_same_job`)."""
     from rla_ablate.errors import JobFailed, UserError
-    from rla_ablate.outcome import Status
+    from rla_ablate.outcome import Cause, Status
     from rla_ablate.train import ProgressLogger, run_job
     from rla_ablate.train.checkpoint import is_whole, list_checkpoints
 
@@ -281,6 +285,8 @@ def _train(args: argparse.Namespace, job, out: Path, made: bool, done: list, con
     if result.status == Status.CANCELLED:
         console.print(f"cancelled at {result.tokens_done:,} tokens; {resume}")
         return 141 if stop["closed"] else 128 + received["signal"]
+    if result.cause == Cause.CHECKPOINT:  # the user's to fix (move the files away): said as such, no traceback
+        raise UserError((result.error or "no checkpoint loads").removeprefix("CheckpointError: "), key="--out")
     # A failure prints its whole traceback, which ends with the error line.
     raise JobFailed(f"job {result.status}: {result.traceback or result.error}\n{resume}"
                     if result.status == Status.FAILED else
