@@ -55,3 +55,10 @@ def make_folder(path: str | Path, key: str, what: str) -> Path:
         raise UserError(f"cannot make {path}: {e.strerror or e}; {key} names the folder for {what}",
                         key=key) from None
     return path
+
+
+def shell_arg(value: object) -> str:
+    """A path or name as a shell reads it back: a command printed for the user to paste (a root with spaces)."""
+    import shlex
+
+    return shlex.quote(str(value))

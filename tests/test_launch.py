@@ -210,6 +210,30 @@ def test_a_failure_before_the_first_checkpoint_retries_in_a_new_run(launched):
     assert assert_no_duplicate_steps(launched["tracking_uri"], job["mlflow_run_id"]) == 4096
 
 
+def test_a_finished_job_whose_folder_was_deleted_trains_in_a_new_run(launched):
+    """A finished job's folder deleted (status, checkpoints, metrics): the relaunch trains it again, and not into
+    its old FINISHED run (found by job id), whose values would mix with the new attempt's: that run is deleted
+    (restorable), the launch says so, and the new run holds exactly the new metrics.jsonl."""
+    from mlflow.entities import ViewType
+    from mlflow.tracking import MlflowClient
+
+    root, uri = launched["root"], launched["tracking_uri"]
+    job_id, before = next(iter(launched["first"].items()))
+    shutil.rmtree(root / "e2e" / "jobs" / job_id)
+    out = cli("launch", str(launched["dir"] / "e2e.yaml"), "--root", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    said = " ".join(out.stdout.split())
+    assert f"its folder has nothing of the attempt that logged to MLflow run {before['mlflow_run_id'][:12]}" in said
+    job = next(j for j in status(root)["jobs"] if j["job_id"] == job_id)
+    assert job["status"] == "finished" and job["mlflow_run_id"] != before["mlflow_run_id"]
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("rla-sweep/e2e")
+    mine = client.search_runs([exp.experiment_id], run_view_type=ViewType.ALL, filter_string=f"tags.job_id = '{job_id}'")
+    assert sorted(r.info.lifecycle_stage for r in mine) == ["active", "deleted"]
+    assert_run_has_every_metric(uri, job["mlflow_run_id"], root / "e2e" / "jobs" / job_id)
+    assert assert_no_duplicate_steps(uri, job["mlflow_run_id"]) == 4096
+
+
 def _descendants_alive(pids: list[list]) -> list[int]:
     alive = []
     for pid, created in pids:

@@ -665,3 +665,37 @@ def test_a_key_with_nothing_under_it_says_how_to_write_none(tmp_path):
             load_sweep(f)
         assert str(err.value) == (f"{f}:{where}: has no value (nothing under the key); give its entries, write "
                                   f"{empty} for none, or delete the key")
+
+
+def test_a_damaged_sweep_record_is_named_not_read_as_an_empty_sweep(tmp_path, capsys):
+    """jobs.json or sweep.json damaged from outside (they are written atomically): status and results name the file
+    and exit 2. Read as empty, status showed no jobs and results called every finished run stale."""
+    from dashboard_synthetic import log_jobs, write_sweep_folder
+
+    sweep = load_sweep(REPO / "sweeps" / "smoke.yaml")
+    uri = "sqlite:///" + str(tmp_path / "store.db")
+    sdir = write_sweep_folder(tmp_path, sweep, uri)
+    log_jobs(uri, sweep.name, sweep.jobs, final=lambda job: 1.0)
+    assert main(["status", sweep.name, "--root", str(tmp_path)]) == 0
+    capsys.readouterr()
+    jobs = sdir.path / "jobs.json"
+    jobs.write_text(jobs.read_text()[:40])
+    for command in (["status", sweep.name], ["results", sweep.name]):
+        assert main(command + ["--root", str(tmp_path)]) == 2, command
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"{jobs}: damaged: not a JSON list" in err and "Traceback" not in err, (command, err)
+    jobs.write_text("[]")
+    (sdir.path / "sweep.json").write_text("[1, 2]")
+    assert main(["status", sweep.name, "--root", str(tmp_path)]) == 2
+    assert "sweep.json: damaged: not a JSON object (list)" in " ".join(capsys.readouterr().err.split())
+    # the embedded tracking store damaged, or gone
+    (sdir.path / "sweep.json").write_text(json.dumps({"name": sweep.name, "embedded_tracking": True}))
+    sdir.mlflow_dir.mkdir()
+    (sdir.mlflow_dir / "mlflow.db").write_bytes(b"garbage" * 10)
+    for command in (["results", sweep.name], ["dashboard", sweep.name], ["ui", sweep.name]):
+        assert main(command + ["--root", str(tmp_path)]) == 2, command
+        err = " ".join(capsys.readouterr().err.split())
+        assert "mlflow.db: damaged: not an SQLite database" in err and "Traceback" not in err, (command, err)
+    (sdir.mlflow_dir / "mlflow.db").unlink()
+    assert main(["results", sweep.name, "--root", str(tmp_path)]) == 2
+    assert "mlflow.db is missing; no launch has run a job yet)" in " ".join(capsys.readouterr().err.split())

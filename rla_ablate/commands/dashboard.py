@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rla_ablate.fileio import shell_arg
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -100,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     if dash.logged_to:
         # without --tracking-uri the server was the sweep's own store, started for this command (or a launch's)
         where = (f"in {dash.tracking_uri}" if args.tracking_uri else
-                 f"in the sweep's store: `rla-sweep ui {args.name} --root {args.root}` serves it")
+                 f"in the sweep's store: `rla-sweep ui {args.name} --root {shell_arg(args.root)}` serves it")
         console.print(f"logged to MLflow run {dash.logged_to} (artifacts/dashboard/) {where}",
                       highlight=False, soft_wrap=True)
     return 0

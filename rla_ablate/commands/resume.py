@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from rla_ablate.fileio import shell_arg
+
 
 def register(subparsers) -> None:
     from rla_ablate.commands.launch import add_run_options
@@ -28,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     saved = sdir.path / "sweep.yaml"
     if not saved.is_file() and (sdir.path / "jobs.json").is_file():
         raise UserError(f"sweep '{args.name}' under {sdir.root} has no saved sweep file ({saved}); launch its file "
-                        f"again: `rla-sweep launch FILE --root {sdir.root}`")
+                        f"again: `rla-sweep launch FILE --root {shell_arg(sdir.root)}`")
     if not saved.is_file():
         raise no_sweep(sdir)
     saved = saved.resolve()

@@ -157,6 +157,9 @@ class _OutLock:
             raise UserError(f"another `rla-sweep train` (pid {pid}) is training in {self.path.parent}; wait for it, "
                             "or stop it (Ctrl-C there, or kill it: it checkpoints), then rerun this command to "
                             "resume", key="--out") from None
+        except OSError:  # a file system without locks (some network mounts): train unguarded, as before
+            os.close(fd)
+            return self
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd

@@ -23,7 +23,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rla_ablate.dashboard.build import tracking_of
+    from rla_ablate.dashboard.build import check_store, tracking_of
     from rla_ablate.errors import UserError
     from rla_ablate.tracking import TrackingServer
     from rla_ablate.tracking.server import check_port
@@ -47,8 +47,7 @@ def run(args: argparse.Namespace) -> int:
                             "(`rla-sweep server` with the --root and --backend-store-uri it had) and open it there")
         print(f"sweep {name} logs to {uri}: open it there")
         return 0
-    if not (store / "mlflow.db").exists():
-        raise UserError(f"the sweep '{name}' has no tracking store yet ({store / 'mlflow.db'} is missing)")
+    check_store(root, name, store)
     server = TrackingServer(store, port=args.port).start()
     if not server.owned:
         owner = (server.read_record() or {}).get("owner_pid")

@@ -29,6 +29,7 @@ from rla_ablate.dashboard.search import search_part
 from rla_ablate.dashboard.spec import load_specs, spec_dir
 from rla_ablate.dashboard.verdict import adjust_for_many, evaluate
 from rla_ablate.errors import UserError
+from rla_ablate.fileio import shell_arg
 from rla_ablate.sweep.state import SweepDir
 from rla_ablate.sweep.status import open_sweep_dir
 from rla_ablate.tracking.runs import JOB_ID
@@ -127,6 +128,21 @@ def tracking_of(root: str | Path, sweep: str) -> tuple[str | None, Path | None]:
     return uri, None
 
 
+def check_store(root: str | Path, sweep: str, store: Path) -> None:
+    """The sweep's embedded store is there and is an SQLite file, or a UserError says what happened to it."""
+    db = store / "mlflow.db"
+    if not db.exists():
+        sdir = SweepDir(root, sweep)
+        ran = any(sdir.status(j["job_id"]).mlflow_run_id for j in sdir.job_list())
+        raise UserError(f"the sweep '{sweep}' has no tracking store ({db} is missing"
+                        + ("; its jobs ran, so it was moved or deleted: restore it; each job's metrics are also in "
+                           "its folder's metrics.jsonl)" if ran else "; no launch has run a job yet)"))
+    with open(db, "rb") as f:
+        if f.read(16) != b"SQLite format 3\x00":  # damaged from outside: MLflow would raise a long traceback
+            raise UserError("damaged: not an SQLite database; restore the sweep's tracking store from a copy",
+                            file=str(db))
+
+
 @contextlib.contextmanager
 def open_tracking(root: str | Path, sweep: str, *, read_only: bool = False):
     """The sweep's tracking URI, starting the embedded server on its store when no launch is serving it.
@@ -139,8 +155,7 @@ def open_tracking(root: str | Path, sweep: str, *, read_only: bool = False):
         return
     from rla_ablate.tracking import TrackingServer
 
-    if not (store / "mlflow.db").exists():
-        raise UserError(f"the sweep '{sweep}' has no tracking store yet ({store / 'mlflow.db'} is missing)")
+    check_store(root, sweep, store)
     if read_only:
         server = TrackingServer(store)
         yield server.serving() or server.backend_uri
@@ -197,7 +212,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
     folder = dashboard_folder(specs_dir)
     out = Path(out_dir) if out_dir else sdir.path / folder
     ctx = contextlib.nullcontext(tracking_uri) if tracking_uri else open_tracking(root, sweep)
-    hint = f"start it with `rla-sweep ui {sweep}" + (f" --root {root}" if str(root) != "rla-runs" else "") + "`"
+    hint = f"start it with `rla-sweep ui {sweep}" + (f" --root {shell_arg(root)}" if str(root) != "rla-runs" else "") + "`"
     shared, store = None, None
     if not tracking_uri:
         shared, store = tracking_of(root, sweep)

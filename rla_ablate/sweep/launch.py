@@ -716,6 +716,8 @@ class _Runner:
                                    f"step in a new MLflow run (the earlier run {old[:12]} is deleted, restorable)")
         elif st.mlflow_run_id and st.tracking_uri == self.services.tracking_uri:
             return st.mlflow_run_id
+        elif st.mlflow_run_id is None and not self.has_attempt(job):
+            self.drop_orphaned_run(job)
         tags = {"family": job.family, "ablations": list(job.ablations), "seed": job.seed, "name": job.name,
                 **job.identity_tags()}
         if job.control_of:
@@ -737,6 +739,30 @@ class _Runner:
                             f"{_first_line(str(exc))}") from None
         self.sdir.set_status(job.job_id, mlflow_run_id=run_id, tracking_uri=self.services.tracking_uri)
         return run_id
+
+    def has_attempt(self, job: ResolvedJob) -> bool:
+        """Whether the job's folder holds anything of an earlier attempt: a checkpoint or a logged metric."""
+        from rla_ablate.train.checkpoint import list_checkpoints
+        from rla_ablate.train.loggers import read_jsonl
+
+        out = self.sdir.job_dir(job.job_id)
+        return bool(list_checkpoints(out)) or any(r.get("type") == "metrics" for r in read_jsonl(out / "metrics.jsonl"))
+
+    def drop_orphaned_run(self, job: ResolvedJob) -> None:
+        """A job whose folder was deleted after an attempt logged to its run: that run is deleted (restorable) so
+        the job trains in a new one, as a restart from the first step does (`ensure_run`)."""
+        from rla_ablate.tracking.runs import logged_child_run
+
+        uri = self.services.tracking_uri
+        try:
+            old = self.call_tracking(lambda: logged_child_run(uri, self.sweep.name, job.job_id))
+            if old is not None and self.call_tracking(lambda: _delete_run(uri, old)):
+                self.progress.note(f"{job.name}: its folder has nothing of the attempt that logged to MLflow run "
+                                   f"{old[:12]} (deleted from the sweep folder?), so it starts from its first step in "
+                                   "a new run (the earlier one is deleted, restorable)")
+        except Exception as exc:
+            raise UserError(f"cannot look up or delete the earlier MLflow run of {job.name} at {uri}: "
+                            f"{_first_line(str(exc))}") from None
 
     def starts_over(self, job: ResolvedJob, st: Any) -> bool:
         """Whether the job's next attempt trains from its first step after an earlier attempt trained."""

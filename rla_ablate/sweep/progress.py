@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from rich.markup import escape
 
+from rla_ablate.fileio import shell_arg
 from rla_ablate.outcome import ACTIVE, TERMINAL, Status
 from rla_ablate.terminal import count
 
@@ -293,7 +294,7 @@ class Progress:
         store = meta.get("backend_uri") if meta.get("embedded_tracking") else meta.get("tracking_uri")
         if store:
             self.console.print(f"runs: {escape(store)} (experiment rla-sweep/{self.sweep}); `rla-sweep status "
-                               f"{self.sweep} --root {sdir.root}` lists them")
+                               f"{self.sweep} --root {shell_arg(sdir.root)}` lists them")
         for f in summary.failed:
             self.console.print(f"  [red]failed[/] {escape(f.name)} ({f.job_id[:8]}), cause {f.cause or 'unknown'}: "
                                f"{escape(f.error)}")
@@ -302,10 +303,10 @@ class Progress:
         if summary.evals_error is not None:
             self.console.print(f"  [red]evals stopped[/]: {escape(summary.evals_error)}")
         if summary.resume_helps:
-            print(f"rerun `rla-sweep resume {self.sweep} --root {sdir.root}` to resume unfinished jobs from their "
+            print(f"rerun `rla-sweep resume {self.sweep} --root {shell_arg(sdir.root)}` to resume unfinished jobs from their "
                   "checkpoints", file=sys.stderr)
         elif summary.evals_error is not None:
-            print(f"a task file fixed: `rla-sweep resume {self.sweep} --root {sdir.root}` scores the jobs not scored "
+            print(f"a task file fixed: `rla-sweep resume {self.sweep} --root {shell_arg(sdir.root)}` scores the jobs not scored "
                   "yet; the evals: section fixed: launch the sweep file again (resume reads the copy it saved)",
                   file=sys.stderr)
         elif not summary.ok:

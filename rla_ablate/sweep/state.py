@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 
 from rla_ablate.errors import UserError
-from rla_ablate.fileio import atomic_write_text
+from rla_ablate.fileio import atomic_write_text, shell_arg
 from rla_ablate.outcome import Cause, Status, last_line
 
 # The first line of a traceback.
@@ -49,6 +49,29 @@ def read_json(path: Path, default: Any = None) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return default
+
+
+def read_record(path: Path, default: Any, kind: type) -> Any:
+    """A sweep-wide record (sweep.json, jobs.json): `default` when the file is absent; a UserError naming the file
+    when it is there but does not parse as a `kind`. Written atomically, such a file is damaged only from outside,
+    and read as empty it would show every job of the sweep gone (status) or stale (results)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return default
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read the sweep's record ({getattr(exc, 'strerror', None) or exc})",
+                        file=str(path)) from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        data = exc
+    if not isinstance(data, kind):
+        what = "a JSON object" if kind is dict else "a JSON list"
+        raise UserError(f"damaged: not {what} ({data if isinstance(data, ValueError) else type(data).__name__}); "
+                        "restore it from a copy of the sweep folder, or launch the sweep under a new --root",
+                        file=str(path))
+    return data
 
 
 @dataclass
@@ -130,7 +153,7 @@ class SweepDir:
 
     # sweep-level records
     def meta(self) -> dict:
-        return read_json(self.path / "sweep.json", {}) or {}
+        return read_record(self.path / "sweep.json", {}, dict)
 
     def write_meta(self, **changes: Any) -> dict:
         meta = self.meta()
@@ -139,7 +162,7 @@ class SweepDir:
         return meta
 
     def job_list(self) -> list[dict]:
-        return read_json(self.path / "jobs.json", []) or []
+        return read_record(self.path / "jobs.json", [], list)
 
     def write_job_list(self, jobs: list[dict]) -> None:
         write_json(self.path / "jobs.json", jobs)
@@ -219,8 +242,8 @@ class SweepDir:
             os.close(fd)
             rec = read_json(self.path / "launch.json", {}) or {}
             raise UserError(f"sweep '{self.name}' is already being launched (pid {rec.get('pid', '?')} on "
-                            f"{rec.get('host', '?')}); watch it with `rla-sweep status {self.name} --root {self.root}` "
-                            f"or stop it with `rla-sweep cancel {self.name} --root {self.root}`", file=str(self.path / "launch.lock")) from None
+                            f"{rec.get('host', '?')}); watch it with `rla-sweep status {self.name} --root {shell_arg(self.root)}` "
+                            f"or stop it with `rla-sweep cancel {self.name} --root {shell_arg(self.root)}`", file=str(self.path / "launch.lock")) from None
         self._lock_fd = fd
         self.cleanup_stale()
         self.cancel_path.unlink(missing_ok=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rla_ablate.errors import UserError
+from rla_ablate.fileio import shell_arg
 from rla_ablate.outcome import ACTIVE, Status
 from rla_ablate.sweep.state import SweepDir
 from rla_ablate.train.checkpoint import list_checkpoints
@@ -101,7 +102,7 @@ def no_sweep(sdir: SweepDir, marker: str = "jobs.json") -> UserError:
     hold `marker`)."""
     known = sorted(p.parent.name for p in sdir.root.glob(f"*/{marker}")) if sdir.root.is_dir() else []
     hint = (f"sweeps there: {', '.join(known)}" if known
-            else f"launch one with `rla-sweep launch FILE --root {sdir.root}`")
+            else f"launch one with `rla-sweep launch FILE --root {shell_arg(sdir.root)}`")
     return UserError(f"no sweep '{sdir.name}' under {sdir.root}; {hint}")
 
 
@@ -122,7 +123,7 @@ def sweep_status(sdir: SweepDir) -> dict[str, Any]:
         if status in ACTIVE and not live and st.attempts:
             # what a resume keeps is the checkpoint, not the last progress the job reported (either may be ahead)
             how, done = _resume_how(sdir, rec["job_id"])
-            status, error = Status.PENDING, error or INTERRUPTED.format(name=sdir.name, root=sdir.root, how=how)
+            status, error = Status.PENDING, error or INTERRUPTED.format(name=sdir.name, root=shell_arg(sdir.root), how=how)
         log = sdir.error_log(rec["job_id"])
         jobs.append({"job_id": rec["job_id"], "name": rec["name"], "ablations": rec.get("ablations", []),
                      "control": rec.get("control"),
@@ -154,10 +155,10 @@ def cancel(sdir: SweepDir, wait_s: float, say=print) -> bool:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if not sdir.lock_held_by_other():
-            say(f"stopped; `rla-sweep resume {sdir.name} --root {sdir.root}` continues from the checkpoints")
+            say(f"stopped; `rla-sweep resume {sdir.name} --root {shell_arg(sdir.root)}` continues from the checkpoints")
             return True
         time.sleep(0.5)
-    say(f"still stopping after {wait_s:.0f} s; check `rla-sweep status {sdir.name} --root {sdir.root}`")
+    say(f"still stopping after {wait_s:.0f} s; check `rla-sweep status {sdir.name} --root {shell_arg(sdir.root)}`")
     return False
 
 

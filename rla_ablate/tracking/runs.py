@@ -158,6 +158,20 @@ def ensure_parent_run(tracking_uri: str, sweep: str, tags: dict | None = None) -
     return run_id
 
 
+def logged_child_run(tracking_uri: str, sweep: str, job_id: str) -> str | None:
+    """The job's run found by `job_id` if an attempt logged to it (any status but SCHEDULED, which a run has from
+    its creation until a job's logger opens it), else None. A launch asks when the job's folder has nothing of
+    an earlier attempt (it was deleted): training again into that run would mix two attempts' values."""
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment_name(sweep))
+    if exp is None:
+        return None
+    run_id = _find_run(client, exp.experiment_id, {ROLE: "job", SWEEP: sweep, JOB_ID: job_id})
+    if run_id is None or client.get_run(run_id).info.status == "SCHEDULED":
+        return None
+    return run_id
+
+
 def create_or_get_child_run(tracking_uri: str, sweep: str, job_id: str, tags: dict | None = None,
                             params: dict | None = None, config: dict | None = None) -> str:
     """The job's run under the sweep's parent run; found by `job_id` on relaunch, never duplicated.
