@@ -428,6 +428,22 @@ def test_the_run_keeps_the_most_complete_scoring_and_an_unfinished_job_is_noted(
     (tmp_path / "job.json").write_text(job.model_dump_json())
     _note_unfinished(tmp_path, result(None, tokens=512), None)
     assert "the job has not finished: this scored its last checkpoint, at 512 of 1,024 tokens" in capsys.readouterr().err
+    # a run made again (a lost tracking store) gets each scoring's values as that scoring logged them
+    from mlflow.tracking import MlflowClient
+
+    from rla_ablate.evals.core import log_results_again
+
+    (evals / f"{512:015d}-l100.json").write_text(result(100).model_copy(update={"metrics": {
+        "eval/a/acc": 0.25, "eval/b/acc": 0.75}}).model_dump_json())
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("again"))
+    # full: a; l100: b (its a kept by full's); "old" (a full scoring at 512 too): a and b
+    assert log_results_again(tmp_path, uri, run.info.run_id) == 1 + 1 + 2
+    history = {k: sorted(m.value for m in client.get_metric_history(run.info.run_id, k))
+               for k in ("eval/a/acc", "eval/b/acc")}
+    assert history == {"eval/a/acc": [0.5, 0.5], "eval/b/acc": [0.5, 0.75]}  # l100's a (0.25) never logged
+    capsys.readouterr()  # MLflow's notes on making the store
     for tokens, checkpoint in ((1024, None), (512, 512)):   # finished; or a checkpoint asked for by name
         _note_unfinished(tmp_path, result(None, tokens=tokens), checkpoint)
         assert capsys.readouterr().err == ""

@@ -262,6 +262,36 @@ KILL_SWEEP = {
 }
 
 
+def test_a_lost_tracking_store_is_made_again_from_the_jobs_metrics(launched):
+    """The sweep's embedded store moved away (or deleted): results say how to get it back, and a relaunch, with
+    nothing left to train, makes every ended job's run again from its metrics.jsonl: one run per job, every
+    (metric, step) once, finished, and `results` reads them."""
+    root = launched["root"]
+    shutil.move(root / "e2e" / "mlflow", launched["dir"] / "lost-mlflow")
+    out = cli("results", "e2e", "--root", str(root))
+    assert out.returncode == 2 and "its jobs ran, so it was moved or deleted" in " ".join(out.stderr.split())
+    out = cli("launch", str(launched["dir"] / "e2e.yaml"), "--root", str(root))
+    assert out.returncode == 0, out.stdout + out.stderr
+    said = " ".join(out.stdout.split())
+    assert "was gone: 5 runs of ended jobs made again from their metrics.jsonl" in said, said
+    doc = status(root)
+    # this process's MLflow client keeps its SQLite connection per URI, to the moved file: the new store by a link
+    link = launched["dir"] / "store-link"
+    link.symlink_to(root / "e2e" / "mlflow")
+    uri = f"sqlite:///{link / 'mlflow.db'}"
+    runs = runs_by_id(job_runs(uri))
+    assert sorted(runs) == sorted(j["mlflow_run_id"] for j in doc["jobs"])
+    for j in doc["jobs"]:
+        assert runs[j["mlflow_run_id"]].info.status == "FINISHED"
+        assert_run_has_every_metric(uri, j["mlflow_run_id"], root / "e2e" / "jobs" / j["job_id"])
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(uri).get_run(json.loads((root / "e2e" / "sweep.json").read_text())["parent_run_id"]) \
+        .info.status == "FINISHED"
+    out = cli("results", "e2e", "--root", str(root), "--csv")
+    assert out.returncode == 0 and len(out.stdout.strip().splitlines()) == 1 + 5, out.stdout + out.stderr
+
+
 def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
     root = campaign["root"]
     f = write(campaign["dir"] / "kill.yaml", KILL_SWEEP)

@@ -699,3 +699,27 @@ def test_a_damaged_sweep_record_is_named_not_read_as_an_empty_sweep(tmp_path, ca
     (sdir.mlflow_dir / "mlflow.db").unlink()
     assert main(["results", sweep.name, "--root", str(tmp_path)]) == 2
     assert "mlflow.db is missing; no launch has run a job yet)" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_new_version_that_changes_only_bookkeeping_says_its_jobs_train_again(tmp_path):
+    """A job's id hashes its whole config, checkpoint interval included: a file that changes only such keys makes
+    every job new. The launch's note on the previous version says which keys and how to keep the earlier runs."""
+    from dashboard_synthetic import write_sweep_folder
+
+    from rla_ablate.sweep.launch import LaunchOptions, _check_version
+
+    path = tmp_path / "smoke.yaml"
+    text = (REPO / "sweeps" / "smoke.yaml").read_text()
+    path.write_text(text)
+    sdir = write_sweep_folder(tmp_path / "runs", load_sweep(path), "sqlite:///unused.db")
+    sdir.write_meta(sweep_file=str(path.resolve()))
+    (sdir.path / "sweep.yaml").write_text(text)
+    path.write_text(text.replace("checkpoint_every_tokens: 8192", "checkpoint_every_tokens: 4096"))
+    edited = load_sweep(path)
+    note = " ".join(_check_version(edited, sdir, LaunchOptions(root=tmp_path / "runs")).split())
+    n = len(edited.jobs)
+    assert f"{n} job(s) of the previous version" in note
+    assert f"{n} job(s) of this file are jobs of the previous version but for train.checkpoint_every_tokens" in note
+    # another change than bookkeeping: no such words
+    path.write_text(text.replace("lr: 3.0e-3", "lr: 2.0e-3"))
+    assert "but for" not in (_check_version(load_sweep(path), sdir, LaunchOptions(root=tmp_path / "runs")) or "")

@@ -135,10 +135,12 @@ def check_store(root: str | Path, sweep: str, store: Path) -> None:
         sdir = SweepDir(root, sweep)
         ran = any(sdir.status(j["job_id"]).mlflow_run_id for j in sdir.job_list())
         raise UserError(f"the sweep '{sweep}' has no tracking store ({db} is missing"
-                        + ("; its jobs ran, so it was moved or deleted: restore it; each job's metrics are also in "
-                           "its folder's metrics.jsonl)" if ran else "; no launch has run a job yet)"))
+                        + ("; its jobs ran, so it was moved or deleted): put it back, or `rla-sweep resume "
+                           f"{shell_arg(sweep)} --root {shell_arg(root)}` makes the runs again from each job's "
+                           "metrics.jsonl" if ran else "; no launch has run a job yet)"))
     with open(db, "rb") as f:
-        if f.read(16) != b"SQLite format 3\x00":  # damaged from outside: MLflow would raise a long traceback
+        head = f.read(16)  # SQLite reads an empty file as an empty database
+        if head and head != b"SQLite format 3\x00":  # damaged from outside: MLflow would raise a long traceback
             raise UserError("damaged: not an SQLite database; restore the sweep's tracking store from a copy",
                             file=str(db))
 

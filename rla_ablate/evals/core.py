@@ -97,6 +97,24 @@ def kept_by_more_complete(job_dir: Path, result: EvalResult) -> dict[str, str]:
     return kept
 
 
+def log_results_again(job_dir: str | Path, tracking_uri: str, run_id: str) -> int:
+    """Log every task score of the job's `evals/` folder to a run made again (a lost tracking store), as each
+    scoring logged it: its metrics but those a more complete scoring of the same checkpoint holds. Returns the
+    number of values logged."""
+    logged = 0
+    for path in sorted((Path(job_dir) / "evals").glob("*.json"), key=lambda p: p.stat().st_mtime):
+        try:
+            result = EvalResult.model_validate_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        kept = kept_by_more_complete(Path(job_dir), result)
+        values = {k: v for k, v in result.metrics.items() if k not in kept}
+        if values:
+            log_to_mlflow(tracking_uri, run_id, values, result.tokens)
+            logged += len(values)
+    return logged
+
+
 def result_path(job_dir: Path, tokens: int, req: EvalRequest) -> Path:
     return Path(job_dir) / "evals" / f"{int(tokens):015d}-{req.key()}.json"
 

@@ -344,11 +344,21 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
             sdir.write_meta(sweep_file=str(Path(sweep.source.file).resolve()), cwd=os.getcwd())
         if left_out:
             progress.note(left_out)
+        lost = lost_store(sweep, sdir, opts)
         source.prepare()
         summary = LaunchSummary(sweep=sweep.name)
         if source.nothing_to_do(summary):
+            if lost:  # nothing to train, but runs to make again: the sweep's own server for as long as that takes
+                from rla_ablate.tracking import TrackingServer, ensure_parent_run
+
+                with TrackingServer(sdir.mlflow_dir) as server:
+                    sdir.write_meta(tracking_uri=server.uri, backend_uri=server.backend_uri, embedded_tracking=True)
+                    parent = ensure_parent_run(server.uri, sweep.name)
+                    sdir.write_meta(parent_run_id=parent)
+                    restore_runs(sweep, sdir, server.uri, lost, progress)
+                    _close_parent(server.uri, parent, summary)
             summary.evals_error = score_evals(sweep, sdir, None, progress)
-            progress.nothing_to_do(summary)
+            progress.nothing_to_do(summary, restored=bool(lost))
             return summary
         from rla_ablate.sweep.plan import unset_budget_note
 
@@ -396,6 +406,8 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
                                    tags={"sweep_file": str(Path(sweep.source.file).resolve()),
                                          "description": sweep.config.description[:5000]})
         sdir.write_meta(parent_run_id=parent)
+        if lost:
+            restore_runs(sweep, sdir, services.tracking_uri, lost, progress)
         runner = _Runner(sweep, sdir, services, opts, progress, on_event)
         runner.placements, runner.gpu_bytes = placements, gpu_bytes
         runner.window = opts.max_concurrent or default_window(sweep, cluster, placements, source.ahead)
@@ -432,6 +444,52 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
             signal.signal(signal.SIGTERM, previous_term)
 
 
+def run_tags(job: ResolvedJob) -> dict:
+    """The tags of a job's MLflow run: what a dashboard groups and labels it by."""
+    tags = {"family": job.family, "ablations": list(job.ablations), "seed": job.seed, "name": job.name,
+            **job.identity_tags()}
+    if job.control_of:
+        tags["control_of"] = job.control_of
+    return tags
+
+
+def lost_store(sweep: Sweep, sdir: SweepDir, opts: LaunchOptions) -> list[ResolvedJob]:
+    """The jobs of the current expansion that have an MLflow run in a sweep whose embedded tracking store is gone
+    (mlflow/mlflow.db moved or deleted): their runs are made again from their metrics.jsonl (`restore_runs`)."""
+    if opts.tracking_uri is not None or not sdir.path.is_dir() or (sdir.mlflow_dir / "mlflow.db").exists():
+        return []
+    if sdir.meta() and not sdir.meta().get("embedded_tracking", True):
+        return []
+    return [j for j in sweep.jobs if sdir.status(j.job_id).mlflow_run_id]
+
+
+def restore_runs(sweep: Sweep, sdir: SweepDir, uri: str, jobs: list[ResolvedJob], progress: Any) -> None:
+    """The runs of a lost tracking store, made again: an ended job's from its metrics.jsonl (every metric step and
+    its end status, its task scores; params and tags from its config), a job still to run starts a new run when
+    it does."""
+    from rla_ablate.evals.core import log_results_again
+    from rla_ablate.terminal import count
+    from rla_ablate.tracking import create_or_get_child_run
+    from rla_ablate.tracking.sync import sync_from_jsonl
+
+    made = uploaded = later = 0
+    for job in jobs:
+        st = sdir.status(job.job_id)
+        jsonl = sdir.job_dir(job.job_id) / "metrics.jsonl"
+        if st.status not in ENDED or not jsonl.is_file():
+            sdir.set_status(job.job_id, mlflow_run_id=None)
+            later += 1
+            continue
+        run_id = create_or_get_child_run(uri, sweep.name, job.job_id, tags=run_tags(job),
+                                         config=job.job.model_dump(mode="json"))
+        uploaded += sync_from_jsonl(uri, run_id, jsonl) + log_results_again(sdir.job_dir(job.job_id), uri, run_id)
+        sdir.set_status(job.job_id, mlflow_run_id=run_id, tracking_uri=uri)
+        made += 1
+    progress.note(f"the sweep's tracking store ({sdir.mlflow_dir / 'mlflow.db'}) was gone: {count(made, 'run')} of "
+                  f"ended jobs made again from their metrics.jsonl ({uploaded:,} metric values)"
+                  + (f"; {count(later, 'job')} still to run will start new runs" if later else ""))
+
+
 def _check_version(sweep: Sweep, sdir: SweepDir, opts: LaunchOptions) -> str | None:
     """A file launched under an existing sweep's name becomes the sweep's next version: its jobs are the ones
     `status`, `results` and the dashboard show and `resume` runs. Refuses (unless --new-version) a file that looks
@@ -464,7 +522,36 @@ def _check_version(sweep: Sweep, sdir: SweepDir, opts: LaunchOptions) -> str | N
     finished = sum(sdir.status(job_id).status == Status.FINISHED for job_id in gone)
     return (f"{len(gone)} job(s) of the previous version ({finished} finished) are not in this file: their folders "
             f"and MLflow runs stay, launching that file again brings them back, and `rla-sweep dashboard "
-            f"{sweep.name} --include-stale` shows them")
+            f"{sweep.name} --include-stale` shows them" + _bookkeeping_only(sweep, sdir, gone))
+
+
+def _bookkeeping_only(sweep: Sweep, sdir: SweepDir, gone: set[str]) -> str:
+    """The words for new jobs that are jobs of the previous version but for bookkeeping keys (checkpoint and log
+    intervals, graphs: `BOOKKEEPING_FIELDS`): a job's id hashes its whole config, so they train again from the
+    start; "" when there are none."""
+    from rla_ablate.train import JobConfig
+    from rla_ablate.train.job import BOOKKEEPING_FIELDS
+
+    earlier: dict[str, dict] = {}
+    for job_id in gone:
+        data = sdir.job_config(job_id)
+        try:
+            earlier[JobConfig.model_validate(data).identity_json()] = data or {}
+        except ValueError:
+            continue
+    same, keys = 0, set()
+    for job in sweep.jobs:
+        old = earlier.get(job.job.identity_json())
+        if old is None:
+            continue
+        same += 1
+        new = job.job.model_dump(mode="json")["train"]
+        keys |= {f"train.{k}" for k in BOOKKEEPING_FIELDS if old.get("train", {}).get(k) != new.get(k)}
+    if not same:
+        return ""
+    return (f". {same} job(s) of this file are jobs of the previous version but for {', '.join(sorted(keys))} "
+            "(bookkeeping, which a job's id includes): they train again from the first step; to keep the earlier "
+            "runs, set those keys back and launch again")
 
 
 def _eval_request(sweep: Sweep):
@@ -718,15 +805,9 @@ class _Runner:
             return st.mlflow_run_id
         elif st.mlflow_run_id is None and not self.has_attempt(job):
             self.drop_orphaned_run(job)
-        tags = {"family": job.family, "ablations": list(job.ablations), "seed": job.seed, "name": job.name,
-                **job.identity_tags()}
-        if job.control_of:
-            tags["control_of"] = job.control_of
-        config = job.job.model_dump(mode="json")
-
         def create() -> str:
-            return create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id, tags=tags,
-                                           config=config)
+            return create_or_get_child_run(self.services.tracking_uri, self.sweep.name, job.job_id,
+                                           tags=run_tags(job), config=job.job.model_dump(mode="json"))
 
         try:
             # The lookup by job_id finds the run again when the first try made it before the server went away.

@@ -269,9 +269,10 @@ class Progress:
             self._live.stop()
             self._live = None
 
-    def nothing_to_do(self, summary: Any) -> None:
+    def nothing_to_do(self, summary: Any, restored: bool = False) -> None:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(summary.counts.items()))
-        self.console.print(f"sweep {self.sweep}: nothing to run ({counts}); no job started, no MLflow run created")
+        self.console.print(f"sweep {self.sweep}: nothing to run ({counts}); no job started"
+                           + ("" if restored else ", no MLflow run created"))
         if summary.evals_error is not None:
             self.console.print(f"  [red]evals stopped[/]: {escape(summary.evals_error)}")
             print("fix the task files or the sweep file's evals: section and launch the file again: only the jobs "
