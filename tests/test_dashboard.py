@@ -216,3 +216,27 @@ def test_a_render_deletes_the_figures_an_earlier_one_logged_and_it_did_not(tmp_p
                                                      "mine.png")}, files
         page = client.download_artifacts(run_id, "dashboard/index.html", str(tmp_path))
         assert open(page).read() == "second index.html"
+
+
+def test_a_read_only_sweep_folder_renders_from_its_store_as_it_is(sweep, tmp_path, monkeypatch, capsys):
+    """A sweep folder the user cannot write (another user's, a read-only copy), its page written elsewhere: the
+    store is read as it is, without starting a server (which writes its log there), and the command says the page
+    was not logged to MLflow."""
+    import rla_ablate.dashboard.build as build
+
+    root = sweep[0]
+    copy = tmp_path / "runs"
+    shutil.copytree(root / "tracking", copy / SWEEP / "mlflow")
+    shutil.copy(root / SWEEP / "jobs.json", copy / SWEEP / "jobs.json")
+    (copy / SWEEP / "sweep.json").write_text(json.dumps({"name": SWEEP, "embedded_tracking": True}))
+    store = copy / SWEEP / "mlflow"
+    before = sorted(p.name for p in store.iterdir())
+    real = os.access
+    monkeypatch.setattr(build.os, "access", lambda path, mode: False if os.fspath(path) == os.fspath(store)
+                        else real(path, mode))
+    assert main(["dashboard", SWEEP, "--root", str(copy), "--out", str(tmp_path / "page")]) == 0
+    printed = capsys.readouterr()
+    said = " ".join((printed.err + printed.out).split())
+    assert (tmp_path / "page" / "index.html").is_file()
+    assert sorted(p.name for p in store.iterdir()) == before  # no server.log, nothing written
+    assert "read-only" in said, said

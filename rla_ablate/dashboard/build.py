@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -213,12 +214,18 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
     sdir = SweepDir(root, sweep)
     folder = dashboard_folder(specs_dir)
     out = Path(out_dir) if out_dir else sdir.path / folder
-    ctx = contextlib.nullcontext(tracking_uri) if tracking_uri else open_tracking(root, sweep)
     hint = f"start it with `rla-sweep ui {sweep}" + (f" --root {shell_arg(root)}" if str(root) != "rla-runs" else "") + "`"
     shared, store = None, None
     if not tracking_uri:
         shared, store = tracking_of(root, sweep)
-        tell(f"starting an MLflow server on the sweep's store {store}" if shared is None
+    # a sweep folder this user cannot write (another's, a read-only copy): its store is read as it is, without a
+    # server (which writes its log there), a backfill or the page logged to its parent run
+    read_only = not tracking_uri and shared is None and store is not None and store.is_dir() \
+        and not os.access(store, os.W_OK)
+    ctx = contextlib.nullcontext(tracking_uri) if tracking_uri else open_tracking(root, sweep, read_only=read_only)
+    if not tracking_uri:
+        tell(f"reading the sweep's store {store} as it is (its folder is read-only)" if read_only else
+             f"starting an MLflow server on the sweep's store {store}" if shared is None
              else f"reading from the tracking server {shared}")
     if not tracking_uri and ui_url == UI_URL:
         # A sweep logged to a shared server (`rla-sweep server`): its links open that server's UI, never whatever
@@ -229,7 +236,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         tell(f"reading the runs of sweep '{sweep}'" + ("" if tracking_uri else
                                                         " (after adding what a job's metrics.jsonl has and MLflow lacks)"))
         check_answers(sweep, root, uri)  # before the backfill, which would warn once per run
-        synced = 0 if tracking_uri else sync_jobs(sdir, uri)
+        synced = 0 if tracking_uri or read_only else sync_jobs(sdir, uri)
         runs, selection = read_runs(sweep, root, uri, include_stale=include_stale, checked=True)
         exp = runs.experiment_id
         counts: dict[str, int] = {}
@@ -277,10 +284,13 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         (out / "verdicts.json").write_text(json.dumps(records, indent=1))
         _forget_old_figures(out, rendered)
         logged, unlogged = None, []
-        if log_artifacts and runs.parent is not None:
+        if read_only:
+            unlogged.append("the sweep's folder is read-only: this page is not logged to its MLflow store, and runs "
+                            "were read as the store holds them (not backfilled from each job's metrics.jsonl)")
+        elif log_artifacts and runs.parent is not None:
             tell("logging the files to the sweep's parent run in MLflow")
             logged = _log_files(MlflowClient(uri), runs.parent.run_id, out, folder, uri, sweep, unlogged)
-        if not tracking_uri and shared is None:
+        if not tracking_uri and shared is None and not read_only:
             tell("stopping the MLflow server")
     return Dashboard(page, out, rendered, uri, logged, synced,
                      unlogged + notes + untested_lines(untested, len(specs), search=search is not None), untested)
