@@ -62,3 +62,18 @@ def shell_arg(value: object) -> str:
     import shlex
 
     return shlex.quote(str(value))
+
+
+def check_sqlite(path: str | Path) -> None:
+    """A UserError naming `path` when it is there and is not an SQLite database (damaged from outside): MLflow would
+    fail on it with a long traceback, a launch only after starting Ray. An empty file is an empty database."""
+    from rla_ablate.errors import UserError
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except FileNotFoundError:
+        return
+    if head and head != b"SQLite format 3\x00":
+        raise UserError("damaged: not an SQLite database; restore the sweep's tracking store from a copy",
+                        file=str(path))

@@ -281,9 +281,17 @@ def test_a_lost_tracking_store_is_made_again_from_the_jobs_metrics(launched):
     uri = f"sqlite:///{link / 'mlflow.db'}"
     runs = runs_by_id(job_runs(uri))
     assert sorted(runs) == sorted(j["mlflow_run_id"] for j in doc["jobs"])
+    from rla_ablate.train.loggers import read_jsonl
+
     for j in doc["jobs"]:
-        assert runs[j["mlflow_run_id"]].info.status == "FINISHED"
+        run = runs[j["mlflow_run_id"]]
+        assert run.info.status == "FINISHED"
         assert_run_has_every_metric(uri, j["mlflow_run_id"], root / "e2e" / "jobs" / j["job_id"])
+        # what the events told the lost run: the backend and glue a dashboard groups by, an event.<name> tag each
+        info = next(r["detail"] for r in read_jsonl(root / "e2e" / "jobs" / j["job_id"] / "metrics.jsonl")
+                    if r.get("type") == "event" and r["name"] == "info")
+        assert run.data.tags["kernel_backend"] == str(info["backend"]) and run.data.tags["glue"] == str(info["glue"])
+        assert "event.info" in run.data.tags and "event.checkpoint" in run.data.tags
     from mlflow.tracking import MlflowClient
 
     assert MlflowClient(uri).get_run(json.loads((root / "e2e" / "sweep.json").read_text())["parent_run_id"]) \

@@ -684,7 +684,14 @@ def test_a_damaged_sweep_record_is_named_not_read_as_an_empty_sweep(tmp_path, ca
         assert main(command + ["--root", str(tmp_path)]) == 2, command
         err = " ".join(capsys.readouterr().err.split())
         assert f"{jobs}: damaged: not a JSON list" in err and "Traceback" not in err, (command, err)
+    jobs.write_text("[1, 2]")
+    assert main(["status", sweep.name, "--root", str(tmp_path)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "jobs.json: damaged: an entry is not a job's record" in err and "rla-sweep resume" in err, err
     jobs.write_text("[]")
+    (sdir.path / "sweep.json").write_text("{}")
+    assert main(["status", sweep.name, "--root", str(tmp_path)]) == 2
+    assert "sweep.json: damaged: the sweep's name is missing" in " ".join(capsys.readouterr().err.split())
     (sdir.path / "sweep.json").write_text("[1, 2]")
     assert main(["status", sweep.name, "--root", str(tmp_path)]) == 2
     assert "sweep.json: damaged: not a JSON object (list)" in " ".join(capsys.readouterr().err.split())
@@ -719,7 +726,8 @@ def test_a_new_version_that_changes_only_bookkeeping_says_its_jobs_train_again(t
     note = " ".join(_check_version(edited, sdir, LaunchOptions(root=tmp_path / "runs")).split())
     n = len(edited.jobs)
     assert f"{n} job(s) of the previous version" in note
-    assert f"{n} job(s) of this file are jobs of the previous version but for train.checkpoint_every_tokens" in note
+    assert f"Of those, {n} differ from a job of this file only in train.checkpoint_every_tokens" in note
+    assert f"--root {tmp_path / 'runs'} --include-stale" in note  # the printed command works where it is pasted
     # another change than bookkeeping: no such words
     path.write_text(text.replace("lr: 3.0e-3", "lr: 2.0e-3"))
     assert "but for" not in (_check_version(load_sweep(path), sdir, LaunchOptions(root=tmp_path / "runs")) or "")

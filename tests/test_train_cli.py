@@ -91,7 +91,8 @@ def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
     assert main(["train", "tiny-rla", "--out", str(torn), "--profile", "cpu"]
                 + [a for s in SMALL for a in ("--set", s)]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "checkpoints in" in err and "is whole" in err and "move" in err and "Traceback" not in err, err
+    assert f"no checkpoint in {torn / 'checkpoints'} is whole (2 files" in err and "Traceback" not in err, err
+    assert f"move {torn / 'checkpoints'} and {torn / 'metrics.jsonl'} away" in err, err
     # more tokens into the same folder: another job, refused before anything is written, naming what differs
     record = (out / "job.json").read_bytes()
     assert main(argv + ["--set", "train.tokens=4096"]) == 2
@@ -109,8 +110,14 @@ def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
     assert "holds a finished run (metrics.jsonl) whose checkpoints are gone" in err and "move" in err, err
     assert main(gone_argv + ["--set", "train.tokens=4096"]) == 2
     err = " ".join(capsys.readouterr().err.split())
+    assert "holds a finished run (metrics.jsonl) whose checkpoints are gone" in err, err
+    # a run stopped before it finished, with metrics and no checkpoint: another job is refused, naming what differs
+    lines = (gone / "metrics.jsonl").read_text().splitlines()
+    (gone / "metrics.jsonl").write_text("\n".join(r for r in lines if '"type": "close"' not in r) + "\n")
+    assert main(gone_argv + ["--set", "train.tokens=4096"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
     assert "holds the metrics of a run (metrics.jsonl) of a different job configuration: train.tokens" in err, err
-    assert ((gone / "metrics.jsonl").read_bytes(), (gone / "job.json").read_bytes()) == kept
+    assert (gone / "job.json").read_bytes() == kept[1]
     assert main(["train", "tiny-rla", "--out", str(out), "--set", "train.lr=fast"]) == 2
     err = capsys.readouterr().err
     assert "--set: train.lr:" in err and "Traceback" not in err

@@ -115,6 +115,11 @@ def _same_job(out: Path, job, checkpoints: bool) -> None:
     records = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
     if not checkpoints and not records:
         return  # nothing of an earlier run to keep
+    closed = [r for r in records if r.get("type") == "close"]
+    if not checkpoints and closed and closed[-1].get("status") == "finished":
+        raise UserError(f"{out} holds a finished run (metrics.jsonl) whose checkpoints are gone: training again "
+                        f"would replace its record; move {out / 'metrics.jsonl'} away to train it again, or use a new "
+                        "--out folder", key="--out")
     held = "checkpoints" if checkpoints else "the metrics of a run (metrics.jsonl)"
     try:
         before = JobConfig.model_validate_json((out / "job.json").read_text(encoding="utf-8"))
@@ -123,11 +128,6 @@ def _same_job(out: Path, job, checkpoints: bool) -> None:
     if before is not None and before.identity_json() != job.identity_json():
         raise UserError(f"{out} holds {held} of {another_job(job.identity_json(), before.identity_json())}",
                         key="--out")
-    closed = [r for r in records if r.get("type") == "close"]
-    if not checkpoints and closed and closed[-1].get("status") == "finished":
-        raise UserError(f"{out} holds a finished run (metrics.jsonl) whose checkpoints are gone: training again "
-                        f"would replace its record; move {out / 'metrics.jsonl'} away to train it again, or use a new "
-                        "--out folder", key="--out")
 
 
 class _OutLock:
@@ -227,8 +227,9 @@ def run(args: argparse.Namespace) -> int:
             _same_job(out, job, bool(done))
             if done and not any(is_whole(path) for _, path in done):
                 folder = out / "checkpoints"
-                raise UserError(f"none of the {len(done)} checkpoints in {folder} is whole (each was cut short or "
-                                f"altered); move {folder} away to train the job again from the start", key="--out")
+                what = f"{folder} and {out / 'metrics.jsonl'}" if (out / "metrics.jsonl").is_file() else str(folder)
+                raise UserError(f"no checkpoint in {folder} is whole ({count(len(done), 'file')}, each cut short or "
+                                f"altered); move {what} away to train the job again from the start", key="--out")
         except UserError:
             if made:
                 shutil.rmtree(out, ignore_errors=True)

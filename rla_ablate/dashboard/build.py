@@ -30,7 +30,7 @@ from rla_ablate.dashboard.search import search_part
 from rla_ablate.dashboard.spec import load_specs, spec_dir
 from rla_ablate.dashboard.verdict import adjust_for_many, evaluate
 from rla_ablate.errors import UserError
-from rla_ablate.fileio import shell_arg
+from rla_ablate.fileio import check_sqlite, shell_arg
 from rla_ablate.sweep.state import SweepDir
 from rla_ablate.sweep.status import open_sweep_dir
 from rla_ablate.tracking.runs import JOB_ID
@@ -120,7 +120,8 @@ def tracking_of(root: str | Path, sweep: str) -> tuple[str | None, Path | None]:
     sdir = open_sweep_dir(root, sweep)
     meta = sdir.meta()
     if not meta:
-        raise UserError("unreadable sweep state", file=str(sdir.path / "sweep.json"))
+        raise UserError("missing: the sweep's record of its tracking store; restore it from a copy of the sweep "
+                        "folder", file=str(sdir.path / "sweep.json"))
     if meta.get("embedded_tracking", True):
         return None, sdir.mlflow_dir
     uri = meta.get("tracking_uri")
@@ -139,11 +140,7 @@ def check_store(root: str | Path, sweep: str, store: Path) -> None:
                         + ("; its jobs ran, so it was moved or deleted): put it back, or `rla-sweep resume "
                            f"{shell_arg(sweep)} --root {shell_arg(root)}` makes the runs again from each job's "
                            "metrics.jsonl" if ran else "; no launch has run a job yet)"))
-    with open(db, "rb") as f:
-        head = f.read(16)  # SQLite reads an empty file as an empty database
-        if head and head != b"SQLite format 3\x00":  # damaged from outside: MLflow would raise a long traceback
-            raise UserError("damaged: not an SQLite database; restore the sweep's tracking store from a copy",
-                            file=str(db))
+    check_sqlite(db)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,8 @@ from typing import Any, Callable, TypeVar
 
 from rla_ablate import environment
 from rla_ablate.errors import UserError, exception_line
-from rla_ablate.outcome import ENDED, Cause, JobOutcome, Status
+from rla_ablate.fileio import shell_arg
+from rla_ablate.outcome import ENDED, TERMINAL, Cause, JobOutcome, Status
 from rla_ablate.ray_local import init_local_ray
 from rla_ablate.sweep.expand import ResolvedJob, Sweep, load_sweep, refuse_cuda_jobs
 from rla_ablate.sweep.sources import GridSource, JobSource, count_statuses
@@ -353,7 +354,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
 
                 with TrackingServer(sdir.mlflow_dir) as server:
                     sdir.write_meta(tracking_uri=server.uri, backend_uri=server.backend_uri, embedded_tracking=True)
-                    parent = ensure_parent_run(server.uri, sweep.name)
+                    parent = ensure_parent_run(server.uri, sweep.name, tags=parent_tags(sweep))
                     sdir.write_meta(parent_run_id=parent)
                     restore_runs(sweep, sdir, server.uri, lost, progress)
                     _close_parent(server.uri, parent, summary)
@@ -402,9 +403,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
                         embedded_tracking=opts.tracking_uri is None)
         from rla_ablate.tracking import ensure_parent_run
 
-        parent = ensure_parent_run(services.tracking_uri, sweep.name,
-                                   tags={"sweep_file": str(Path(sweep.source.file).resolve()),
-                                         "description": sweep.config.description[:5000]})
+        parent = ensure_parent_run(services.tracking_uri, sweep.name, tags=parent_tags(sweep))
         sdir.write_meta(parent_run_id=parent)
         if lost:
             restore_runs(sweep, sdir, services.tracking_uri, lost, progress)
@@ -444,6 +443,11 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
             signal.signal(signal.SIGTERM, previous_term)
 
 
+def parent_tags(sweep: Sweep) -> dict:
+    """The tags of the sweep's parent run: its file and description."""
+    return {"sweep_file": str(Path(sweep.source.file).resolve()), "description": sweep.config.description[:5000]}
+
+
 def run_tags(job: ResolvedJob) -> dict:
     """The tags of a job's MLflow run: what a dashboard groups and labels it by."""
     tags = {"family": job.family, "ablations": list(job.ablations), "seed": job.seed, "name": job.name,
@@ -470,7 +474,9 @@ def restore_runs(sweep: Sweep, sdir: SweepDir, uri: str, jobs: list[ResolvedJob]
     from rla_ablate.evals.core import log_results_again
     from rla_ablate.terminal import count
     from rla_ablate.tracking import create_or_get_child_run
+    from rla_ablate.tracking.runs import restore_events
     from rla_ablate.tracking.sync import sync_from_jsonl
+    from rla_ablate.train.loggers import read_jsonl
 
     made = uploaded = later = 0
     for job in jobs:
@@ -483,11 +489,17 @@ def restore_runs(sweep: Sweep, sdir: SweepDir, uri: str, jobs: list[ResolvedJob]
         run_id = create_or_get_child_run(uri, sweep.name, job.job_id, tags=run_tags(job),
                                          config=job.job.model_dump(mode="json"))
         uploaded += sync_from_jsonl(uri, run_id, jsonl) + log_results_again(sdir.job_dir(job.job_id), uri, run_id)
+        restore_events(uri, run_id, read_jsonl(jsonl))
         sdir.set_status(job.job_id, mlflow_run_id=run_id, tracking_uri=uri)
         made += 1
+    current = {job.job_id for job in sweep.jobs}
+    older = [d.name for d in sdir.jobs_dir.iterdir() if d.name not in current and sdir.status(d.name).mlflow_run_id] \
+        if sdir.jobs_dir.is_dir() else []
     progress.note(f"the sweep's tracking store ({sdir.mlflow_dir / 'mlflow.db'}) was gone: {count(made, 'run')} of "
                   f"ended jobs made again from their metrics.jsonl ({uploaded:,} metric values)"
-                  + (f"; {count(later, 'job')} still to run will start new runs" if later else ""))
+                  + (f"; {count(later, 'job')} still to run will start new runs" if later else "")
+                  + (f"; the runs of {count(len(older), 'job')} of earlier versions of the sweep file are not made "
+                     "again (their metrics stay in their folders' metrics.jsonl)" if older else ""))
 
 
 def _check_version(sweep: Sweep, sdir: SweepDir, opts: LaunchOptions) -> str | None:
@@ -522,7 +534,8 @@ def _check_version(sweep: Sweep, sdir: SweepDir, opts: LaunchOptions) -> str | N
     finished = sum(sdir.status(job_id).status == Status.FINISHED for job_id in gone)
     return (f"{len(gone)} job(s) of the previous version ({finished} finished) are not in this file: their folders "
             f"and MLflow runs stay, launching that file again brings them back, and `rla-sweep dashboard "
-            f"{sweep.name} --include-stale` shows them" + _bookkeeping_only(sweep, sdir, gone))
+            f"{shell_arg(sweep.name)} --root {shell_arg(sdir.root)} --include-stale` shows them"
+            + _bookkeeping_only(sweep, sdir, gone))
 
 
 def _bookkeeping_only(sweep: Sweep, sdir: SweepDir, gone: set[str]) -> str:
@@ -542,16 +555,17 @@ def _bookkeeping_only(sweep: Sweep, sdir: SweepDir, gone: set[str]) -> str:
     same, keys = 0, set()
     for job in sweep.jobs:
         old = earlier.get(job.job.identity_json())
-        if old is None:
+        if old is None or sdir.status(job.job_id).status in TERMINAL:  # ran already under this file's id
             continue
         same += 1
         new = job.job.model_dump(mode="json")["train"]
         keys |= {f"train.{k}" for k in BOOKKEEPING_FIELDS if old.get("train", {}).get(k) != new.get(k)}
     if not same:
         return ""
-    return (f". {same} job(s) of this file are jobs of the previous version but for {', '.join(sorted(keys))} "
-            "(bookkeeping, which a job's id includes): they train again from the first step; to keep the earlier "
-            "runs, set those keys back and launch again")
+    return (f". Of those, {same} differ from a job of this file only in {', '.join(sorted(keys))}, which a job's id "
+            "includes: this file's jobs are new and train from the first step (Ctrl-C now, set "
+            f"{'that key' if len(keys) == 1 else 'those keys'} back and launch again to use the finished runs "
+            "instead)")
 
 
 def _eval_request(sweep: Sweep):
@@ -614,7 +628,11 @@ def _store_key(uri: str | None) -> str:
 def check_store(sdir: SweepDir, tracking_uri: str | None) -> None:
     """A sweep's runs stay in the store its first launch logged them to: a relaunch that logs elsewhere would leave
     its finished jobs' runs behind, and `results` and dashboards (which read one store) would show those jobs as
-    not started and compare the rest with fewer seeds."""
+    not started and compare the rest with fewer seeds. A damaged embedded store is said before anything starts."""
+    from rla_ablate.fileio import check_sqlite
+
+    if tracking_uri is None:
+        check_sqlite(sdir.mlflow_dir / "mlflow.db")
     meta = sdir.meta()
     if not meta.get("tracking_uri"):
         return

@@ -51,10 +51,11 @@ def read_json(path: Path, default: Any = None) -> Any:
         return default
 
 
-def read_record(path: Path, default: Any, kind: type) -> Any:
-    """A sweep-wide record (sweep.json, jobs.json): `default` when the file is absent; a UserError naming the file
-    when it is there but does not parse as a `kind`. Written atomically, such a file is damaged only from outside,
-    and read as empty it would show every job of the sweep gone (status) or stale (results)."""
+def read_record(path: Path, default: Any, kind: type, remedy: str) -> Any:
+    """A sweep-wide record (sweep.json, jobs.json): `default` when the file is absent; a UserError naming the file,
+    with `remedy`, when it is there but is not a `kind` of what the sweep writes there (a sweep.json with its name,
+    a jobs.json of objects with a job_id). Written atomically, such a file is damaged only from outside, and read
+    as empty it would show every job of the sweep gone (status) or stale (results)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -69,7 +70,11 @@ def read_record(path: Path, default: Any, kind: type) -> Any:
     if not isinstance(data, kind):
         what = "a JSON object" if kind is dict else "a JSON list"
         raise UserError(f"damaged: not {what} ({data if isinstance(data, ValueError) else type(data).__name__}); "
-                        "restore it from a copy of the sweep folder, or launch the sweep under a new --root",
+                        f"{remedy}", file=str(path))
+    if isinstance(data, dict) and "name" not in data:
+        raise UserError(f"damaged: the sweep's name is missing; {remedy}", file=str(path))
+    if isinstance(data, list) and not all(isinstance(r, dict) and isinstance(r.get("job_id"), str) for r in data):
+        raise UserError(f"damaged: an entry is not a job's record (an object with its job_id); {remedy}",
                         file=str(path))
     return data
 
@@ -153,7 +158,8 @@ class SweepDir:
 
     # sweep-level records
     def meta(self) -> dict:
-        return read_record(self.path / "sweep.json", {}, dict)
+        return read_record(self.path / "sweep.json", {}, dict, "restore it from a copy of the sweep folder (it "
+                           "names the sweep's tracking store and parent run)")
 
     def write_meta(self, **changes: Any) -> dict:
         meta = self.meta()
@@ -162,7 +168,8 @@ class SweepDir:
         return meta
 
     def job_list(self) -> list[dict]:
-        return read_record(self.path / "jobs.json", [], list)
+        return read_record(self.path / "jobs.json", [], list, "launching the sweep's file again (or `rla-sweep "
+                           f"resume {shell_arg(self.name)} --root {shell_arg(self.root)}`) writes it anew")
 
     def write_job_list(self, jobs: list[dict]) -> None:
         write_json(self.path / "jobs.json", jobs)

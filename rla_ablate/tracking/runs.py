@@ -158,6 +158,27 @@ def ensure_parent_run(tracking_uri: str, sweep: str, tags: dict | None = None) -
     return run_id
 
 
+def restore_events(tracking_uri: str, run_id: str, records: list[dict]) -> int:
+    """A run made again from a job's metrics.jsonl (`records`) gets what `MLflowLogger.event` gave the lost one:
+    a tag `event.<name>` per event (its last step), the kernel backend, glue and host the events name, and the events
+    as an artifact. Returns the number of events."""
+    events = [r for r in records if r.get("type") == "event"]
+    tags: dict[str, str] = {}
+    for r in events:
+        detail = r.get("detail") or {}
+        tags[f"event.{r.get('name')}"] = str(r.get("step", 0))
+        for key, tag in (("backend", BACKEND), ("glue", GLUE), ("host", HOST)):
+            if key in detail:
+                tags[tag] = str(detail[key])
+    if events:
+        client = MlflowClient(tracking_uri)
+        _log_tags_params(client, run_id, tags, {})
+        text = "\n".join(json.dumps({k: r.get(k) for k in ("name", "step", "time", "detail")}, default=str)
+                         for r in events) + "\n"
+        client.log_text(run_id, text, "events/restored-from-metrics-jsonl.jsonl")
+    return len(events)
+
+
 def logged_child_run(tracking_uri: str, sweep: str, job_id: str) -> str | None:
     """The job's run found by `job_id` if an attempt logged to it (any status but SCHEDULED, which a run has from
     its creation until a job's logger opens it), else None. A launch asks when the job's folder has nothing of
