@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
         counts[j["status"]] = counts.get(j["status"], 0) + 1
     # Before any launch started MLflow the sweep has no store to name.
     store = doc["tracking_uri"] or "none yet (no launch of this sweep has started MLflow)"
+    store = _embedded_store_state(args.root, args.name, doc) or store
     search = any("trial" in j for j in doc["jobs"])  # a search sweep: each job's trial and value beside it
     columns = ["job", "status", *(["trial", "value"] if search else []), "id", "variant", "tokens", "MLflow run",
                "cause", "error"]
@@ -65,3 +66,24 @@ def run(args: argparse.Namespace) -> int:
         if j.get("notice"):
             console.print(f"{escape(j['name'])} ({j['job_id'][:8]}): {escape(j['notice'])}", soft_wrap=True)
     return 0
+
+
+def _embedded_store_state(root, name: str, doc: dict) -> str | None:
+    """What the `runs:` line says when the sweep's own store is gone or damaged (its jobs' runs unreadable), or
+    None: `results` and `dashboard` refuse such a store, `status` reads none of it but says so."""
+    from rla_ablate.errors import UserError
+    from rla_ablate.fileio import check_sqlite, shell_arg
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(root, name)
+    if not sdir.meta().get("embedded_tracking") or not any(j["mlflow_run_id"] for j in doc["jobs"]):
+        return None
+    db = sdir.mlflow_dir / "mlflow.db"
+    if not db.exists():
+        return (f"{db} is gone; `rla-sweep resume {shell_arg(sdir.name)} --root {shell_arg(sdir.root)}` makes "
+                "the runs again from each job's metrics.jsonl")
+    try:
+        check_sqlite(db)
+    except UserError as exc:
+        return str(exc)
+    return None
