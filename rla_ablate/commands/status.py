@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         counts[j["status"]] = counts.get(j["status"], 0) + 1
     # Before any launch started MLflow the sweep has no store to name.
     store = doc["tracking_uri"] or "none yet (no launch of this sweep has started MLflow)"
-    store = _embedded_store_state(args.root, args.name, doc) or store
+    store = _embedded_store_state(args.root, doc["sweep"], doc) or store
     search = any("trial" in j for j in doc["jobs"])  # a search sweep: each job's trial and value beside it
     columns = ["job", "status", *(["trial", "value"] if search else []), "id", "variant", "tokens", "MLflow run",
                "cause", "error"]
