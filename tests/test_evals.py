@@ -399,7 +399,7 @@ def test_hf_tokenizer_matches_the_jobs_data_tokenizer(tmp_path):
         hf_tokenizer(MQARData())
 
 
-def test_the_run_keeps_the_most_complete_scoring_and_an_unfinished_job_is_noted(tmp_path, capsys):
+def test_the_run_keeps_the_most_complete_scoring_and_an_unfinished_job_is_noted(tmp_path, capsys, monkeypatch):
     """Per metric and checkpoint, a scoring on more examples (none: all) holds the MLflow run's value, whichever
     ran last; scoring a job folder before its training ended says so."""
     from rla_ablate.commands.eval import _note_unfinished
@@ -437,6 +437,7 @@ def test_the_run_keeps_the_most_complete_scoring_and_an_unfinished_job_is_noted(
         "eval/a/acc": 0.25, "eval/b/acc": 0.75}}).model_dump_json())
     uri = f"sqlite:///{tmp_path / 'store.db'}"
     client = MlflowClient(uri)
+    monkeypatch.chdir(tmp_path)  # an SQLite store keeps its experiments' artifacts under ./mlruns
     run = client.create_run(client.create_experiment("again"))
     # full: a; l100: b (its a kept by full's); "old" (a full scoring at 512 too): a and b
     assert log_results_again(tmp_path, uri, run.info.run_id) == 1 + 1 + 2

@@ -667,9 +667,10 @@ def test_a_key_with_nothing_under_it_says_how_to_write_none(tmp_path):
                                   f"{empty} for none, or delete the key")
 
 
-def test_a_damaged_sweep_record_is_named_not_read_as_an_empty_sweep(tmp_path, capsys):
+def test_a_damaged_sweep_record_is_named_not_read_as_an_empty_sweep(tmp_path, capsys, monkeypatch):
     """jobs.json or sweep.json damaged from outside (they are written atomically): status and results name the file
     and exit 2. Read as empty, status showed no jobs and results called every finished run stale."""
+    monkeypatch.chdir(tmp_path)  # an SQLite store keeps its runs' artifacts under ./mlruns
     from dashboard_synthetic import log_jobs, write_sweep_folder
 
     sweep = load_sweep(REPO / "sweeps" / "smoke.yaml")
