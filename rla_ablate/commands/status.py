@@ -70,20 +70,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _embedded_store_state(root, name: str, doc: dict) -> str | None:
     """What the `runs:` line says when the sweep's own store is gone or damaged (its jobs' runs unreadable), or
-    None: `results` and `dashboard` refuse such a store, `status` reads none of it but says so."""
+    None: `results` and `dashboard` refuse such a store (`SweepDir.check_own_store`), `status` reads none of it but
+    says so."""
     from rla_ablate.errors import UserError
-    from rla_ablate.fileio import check_sqlite, shell_arg
     from rla_ablate.sweep.state import SweepDir
 
     sdir = SweepDir(root, name)
     if not sdir.meta().get("embedded_tracking") or not any(j["mlflow_run_id"] for j in doc["jobs"]):
         return None
-    db = sdir.mlflow_dir / "mlflow.db"
-    if not db.exists():
-        return (f"{db} is gone; `rla-sweep resume {shell_arg(sdir.name)} --root {shell_arg(sdir.root)}` makes "
-                "the runs again from each job's metrics.jsonl")
     try:
-        check_sqlite(db)
+        sdir.check_own_store()
     except UserError as exc:
         return str(exc)
     return None

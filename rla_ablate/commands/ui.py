@@ -23,8 +23,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rla_ablate.dashboard.build import check_store, tracking_of
+    from rla_ablate.dashboard.build import tracking_of
     from rla_ablate.errors import UserError
+    from rla_ablate.sweep.state import SweepDir
     from rla_ablate.tracking import TrackingServer
     from rla_ablate.tracking.server import check_port
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
                             "(`rla-sweep server` with the --root and --backend-store-uri it had) and open it there")
         print(f"sweep {name} logs to {uri}: open it there")
         return 0
-    check_store(root, name, store)
+    SweepDir(root, name).check_own_store()
     server = TrackingServer(store, port=args.port).start()
     if not server.owned:
         owner = (server.read_record() or {}).get("owner_pid")

@@ -30,7 +30,7 @@ from rla_ablate.dashboard.search import search_part
 from rla_ablate.dashboard.spec import load_specs, spec_dir
 from rla_ablate.dashboard.verdict import adjust_for_many, evaluate
 from rla_ablate.errors import UserError
-from rla_ablate.fileio import check_sqlite, shell_arg
+from rla_ablate.fileio import shell_arg
 from rla_ablate.sweep.state import SweepDir
 from rla_ablate.sweep.status import open_sweep_dir
 from rla_ablate.tracking.runs import JOB_ID
@@ -130,19 +130,6 @@ def tracking_of(root: str | Path, sweep: str) -> tuple[str | None, Path | None]:
     return uri, None
 
 
-def check_store(root: str | Path, sweep: str, store: Path) -> None:
-    """The sweep's embedded store is there and is an SQLite file, or a UserError says what happened to it."""
-    db = store / "mlflow.db"
-    if not db.exists():
-        sdir = SweepDir(root, sweep)
-        ran = any(sdir.status(j["job_id"]).mlflow_run_id for j in sdir.job_list())
-        raise UserError(f"the sweep '{sweep}' has no tracking store ({db} is missing"
-                        + ("; its jobs ran, so it was moved or deleted): put it back, or `rla-sweep resume "
-                           f"{shell_arg(sweep)} --root {shell_arg(root)}` makes the runs again from each job's "
-                           "metrics.jsonl" if ran else "; no launch has run a job yet)"))
-    check_sqlite(db)
-
-
 @contextlib.contextmanager
 def open_tracking(root: str | Path, sweep: str, *, read_only: bool = False):
     """The sweep's tracking URI, starting the embedded server on its store when no launch is serving it.
@@ -155,7 +142,7 @@ def open_tracking(root: str | Path, sweep: str, *, read_only: bool = False):
         return
     from rla_ablate.tracking import TrackingServer
 
-    check_store(root, sweep, store)
+    SweepDir(root, sweep).check_own_store()
     if read_only:
         server = TrackingServer(store)
         yield server.serving() or server.backend_uri

@@ -839,13 +839,17 @@ class _Runner:
         self.sdir.set_status(job.job_id, mlflow_run_id=run_id, tracking_uri=self.services.tracking_uri)
         return run_id
 
+    def logged(self, job: ResolvedJob) -> bool:
+        """Whether the job's metrics.jsonl holds a metric of an earlier attempt."""
+        from rla_ablate.train.loggers import read_jsonl
+
+        return any(r.get("type") == "metrics" for r in read_jsonl(self.sdir.job_dir(job.job_id) / "metrics.jsonl"))
+
     def has_attempt(self, job: ResolvedJob) -> bool:
         """Whether the job's folder holds anything of an earlier attempt: a checkpoint or a logged metric."""
         from rla_ablate.train.checkpoint import list_checkpoints
-        from rla_ablate.train.loggers import read_jsonl
 
-        out = self.sdir.job_dir(job.job_id)
-        return bool(list_checkpoints(out)) or any(r.get("type") == "metrics" for r in read_jsonl(out / "metrics.jsonl"))
+        return bool(list_checkpoints(self.sdir.job_dir(job.job_id))) or self.logged(job)
 
     def drop_orphaned_run(self, job: ResolvedJob) -> None:
         """A job whose folder was deleted after an attempt logged to its run: that run is deleted (restorable) so
@@ -866,12 +870,10 @@ class _Runner:
     def starts_over(self, job: ResolvedJob, st: Any) -> bool:
         """Whether the job's next attempt trains from its first step after an earlier attempt trained."""
         from rla_ablate.train.checkpoint import list_checkpoints
-        from rla_ablate.train.loggers import read_jsonl
 
-        out = self.sdir.job_dir(job.job_id)
-        if list_checkpoints(out):
+        if list_checkpoints(self.sdir.job_dir(job.job_id)):
             return False
-        return st.tokens_done > 0 or any(r.get("type") == "metrics" for r in read_jsonl(out / "metrics.jsonl"))
+        return st.tokens_done > 0 or self.logged(job)
 
     def end_run(self, job: ResolvedJob, status: Status, reason: str | None) -> None:
         """Backfill the job's run from its metrics.jsonl and close it if still SCHEDULED/RUNNING (a job cancelled

@@ -178,6 +178,20 @@ class SweepDir:
         """Whether a launch has recorded the sweep's current expansion (jobs.json)."""
         return (self.path / "jobs.json").exists()
 
+    def check_own_store(self) -> None:
+        """The sweep's embedded tracking store is there and is an SQLite file, or a UserError says what happened
+        to it (and, when its jobs ran, how to make it again from their metrics.jsonl)."""
+        from rla_ablate.fileio import check_sqlite
+
+        db = self.mlflow_dir / "mlflow.db"
+        if not db.exists():
+            ran = any(self.status(j["job_id"]).mlflow_run_id for j in self.job_list())
+            raise UserError(f"the sweep '{self.name}' has no tracking store ({db} is missing"
+                            + ("; its jobs ran, so it was moved or deleted): put it back, or `rla-sweep resume "
+                               f"{shell_arg(self.name)} --root {shell_arg(self.root)}` makes the runs again from each "
+                               "job's metrics.jsonl" if ran else "; no launch has run a job yet)"))
+        check_sqlite(db)
+
     def job_config(self, job_id: str) -> dict | None:
         """The resolved JobConfig a job ran with (its job.json), also for jobs of earlier versions of the file."""
         data = read_json(self.job_dir(job_id) / "job.json")
