@@ -462,7 +462,7 @@ def lost_store(sweep: Sweep, sdir: SweepDir, opts: LaunchOptions) -> list[Resolv
     (mlflow/mlflow.db moved or deleted): their runs are made again from their metrics.jsonl (`restore_runs`)."""
     if opts.tracking_uri is not None or not sdir.path.is_dir() or (sdir.mlflow_dir / "mlflow.db").exists():
         return []
-    if sdir.meta() and not sdir.meta().get("embedded_tracking", True):
+    if not sdir.meta().get("embedded_tracking", True):
         return []
     return [j for j in sweep.jobs if sdir.status(j.job_id).mlflow_run_id]
 
