@@ -8,6 +8,7 @@ import json
 import math
 import random
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -163,9 +164,27 @@ def test_jsonl_logger_round_trip_and_truncation(tmp_path):
     assert math.isnan(metric_series(records, "train/grad_norm")[0][1])
     with open(path, "a") as f:
         f.write('{"type": "metrics", "step": 40, "val')
-    assert len(read_jsonl(path)) == 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a torn last line is a crash mid-write: no warning
+        assert len(read_jsonl(path)) == 5
     assert truncate_jsonl(path, 20) == 3
     assert metric_series(read_jsonl(path), "train/loss") == [(10, 1.0), (20, 2.0)]
+
+
+def test_read_jsonl_names_damaged_lines_inside_the_file(tmp_path):
+    path = tmp_path / "m.jsonl"
+    log = JSONLLogger(path)
+    for step in (10, 20, 30):
+        log.log({"train/loss": step / 10}, step)
+    log.close("finished")
+    lines = path.read_text().splitlines()
+    lines[1] = "\x00\x00garbage"
+    lines.insert(3, "5")  # valid JSON, not a record
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.warns(UserWarning, match=r"m\.jsonl: lines 2, 4 are not a metrics record and were skipped"):
+        records = read_jsonl(path)
+    assert metric_series(records, "train/loss") == [(10, 1.0), (30, 3.0)]
+    assert records[-1]["type"] == "close"
 
 
 class _Broken:

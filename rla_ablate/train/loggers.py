@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
 from rla_ablate.fileio import atomic_write_text
@@ -70,16 +71,28 @@ class JSONLLogger:
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """All records of a metrics.jsonl file; a torn last line (a crash mid-write) is ignored."""
+    """All records of a metrics.jsonl file. A torn last line (a crash mid-write) is ignored; any other line that is
+    not a record (damage from outside: an edit, a disk error) is dropped with a warning naming the file and its
+    lines, so a curve with a hole never passes unnoticed."""
     records: list[dict] = []
     path = Path(path)
     if not path.exists():
         return records
-    for line in path.read_text(encoding="utf-8").splitlines():
+    lines = path.read_text(encoding="utf-8").splitlines()
+    damaged = []
+    for number, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
-            continue
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("type"), str):
+            records.append(record)
+        elif number < len(lines) or record is not None:  # not the torn last line of a crash
+            damaged.append(number)
+    if damaged:
+        shown = ", ".join(map(str, damaged[:5])) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
+        warnings.warn(f"{path}: line{'s' if len(damaged) > 1 else ''} {shown} {'are' if len(damaged) > 1 else 'is'} "
+                      f"not a metrics record and {'were' if len(damaged) > 1 else 'was'} skipped", stacklevel=2)
     return records
 
 
