@@ -151,6 +151,28 @@ def test_relaunch_same_file_runs_nothing(launched):
     assert {p: p.stat().st_mtime_ns for p in mtimes} == mtimes
 
 
+def test_a_copied_sweep_folder_reads_and_logs_to_its_own_store(launched):
+    """A sweep folder copied elsewhere names and opens its own store (sweep.json records where it was made), and a
+    job's evaluation logs into the copy's runs, never the original's."""
+    import shutil
+
+    from rla_ablate.evals.core import tracking_target
+
+    copy_root = launched["dir"] / "copied"
+    shutil.copytree(launched["root"] / "e2e", copy_root / "e2e")
+    out = cli("status", "e2e", "--root", str(copy_root), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    own = f"sqlite:///{(copy_root / 'e2e' / 'mlflow' / 'mlflow.db').resolve()}"
+    assert doc["tracking_uri"] == own != launched["tracking_uri"]
+    job = doc["jobs"][0]
+    assert tracking_target(copy_root / "e2e" / "jobs" / job["job_id"]) == (own, job["mlflow_run_id"])
+    assert tracking_target(launched["root"] / "e2e" / "jobs" / job["job_id"]) == (launched["tracking_uri"],
+                                                                                  job["mlflow_run_id"])
+    text = cli("status", "e2e", "--root", str(copy_root))
+    assert text.returncode == 0 and str(copy_root.resolve()) in text.stdout.replace("\n", ""), text.stdout
+
+
 def test_edited_file_runs_only_the_new_job_and_retries_a_failure(launched):
     root = launched["root"]
     edited = dict(SWEEP, ablations=["no_fitting", "tied_gamma"])

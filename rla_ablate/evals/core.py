@@ -472,7 +472,16 @@ def tracking_target(job_dir: Path) -> tuple[str | None, str | None]:
     run_id = status.get("mlflow_run_id")
     if not run_id:
         return None, None
-    meta = read_json(job_dir.parent.parent / "sweep.json", {}) or {}
+    sweep = job_dir.parent.parent
+    meta = read_json(sweep / "sweep.json", {}) or {}
+    if meta.get("embedded_tracking", True):
+        # the sweep folder's own store, through the server a launch runs on it if there is one: never the address
+        # recorded where the folder was made (a copied folder would log into the original's runs)
+        from rla_ablate.sweep.state import SweepDir
+        from rla_ablate.tracking import TrackingServer
+
+        sdir = SweepDir(sweep.parent, sweep.name)
+        return (TrackingServer(sdir.mlflow_dir).serving() or sdir.store_uri()), run_id
     uri = status.get("tracking_uri") or meta.get("tracking_uri")
     if uri and uri.startswith("http") and not is_healthy(uri):
         uri = meta.get("backend_uri") or None

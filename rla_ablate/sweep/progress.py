@@ -291,8 +291,7 @@ class Progress:
             self.console.print(f"sweep {self.sweep}: {counts} in {self._elapsed()} "
                                f"({count(summary.ran, 'attempt')} run{resumed}; {count(summary.skipped, 'job')} "
                                f"{'was' if summary.skipped == 1 else 'were'} already done)")
-        meta = sdir.meta()
-        store = meta.get("backend_uri") if meta.get("embedded_tracking") else meta.get("tracking_uri")
+        store = sdir.store_uri()
         if store:
             self.console.print(f"runs: {escape(store)} (experiment rla-sweep/{self.sweep}); `rla-sweep status "
                                f"{self.sweep} --root {shell_arg(sdir.root)}` lists them")

@@ -178,6 +178,15 @@ class SweepDir:
         """Whether a launch has recorded the sweep's current expansion (jobs.json)."""
         return (self.path / "jobs.json").exists()
 
+    def store_uri(self) -> str | None:
+        """Where the sweep's runs are: for the embedded server, the SQLite file in this folder's mlflow/ (a copied or
+        moved sweep folder reads its own store, never the one recorded where the folder was made); for a shared
+        server, its URI; None before a launch started one."""
+        meta = self.meta()
+        if meta.get("embedded_tracking", True):
+            return f"sqlite:///{self.mlflow_dir / 'mlflow.db'}" if meta.get("backend_uri") else None
+        return meta.get("tracking_uri")
+
     def check_own_store(self) -> None:
         """The sweep's embedded tracking store is there and is an SQLite file, or a UserError says what happened
         to it (and, when its jobs ran, how to make it again from their metrics.jsonl)."""

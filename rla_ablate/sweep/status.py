@@ -113,7 +113,6 @@ def sweep_status(sdir: SweepDir) -> dict[str, Any]:
     that last ran it) and `value` (its value of the search's metric, None unless complete)."""
     from rla_ablate.sweep.search import trials_of_jobs
 
-    meta = sdir.meta()
     live = sdir.lock_held_by_other()
     trials = trials_of_jobs(sdir)  # a search sweep's jobs: their Optuna trial and its value
     jobs = []
@@ -133,8 +132,7 @@ def sweep_status(sdir: SweepDir) -> dict[str, Any]:
                      "error_log": str(log) if log.exists() else None, "notice": st.notice}
                     | (dict(zip(("trial", "value"), trials.get(rec["job_id"], (None, None)))) if trials else {}))
     # Embedded server: its SQLite store opens the runs after the launch (and its server) are gone.
-    uri = meta.get("backend_uri") if meta.get("embedded_tracking", True) else meta.get("tracking_uri")
-    return {"sweep": sdir.name, "root": str(sdir.root), "tracking_uri": uri, "jobs": jobs}
+    return {"sweep": sdir.name, "root": str(sdir.root), "tracking_uri": sdir.store_uri(), "jobs": jobs}
 
 
 def cancel(sdir: SweepDir, wait_s: float, say=print) -> bool:

@@ -284,12 +284,17 @@ class TrackingServer:
             return None
 
     def serving(self) -> str | None:
-        """The URI of a healthy server that a live process runs on this directory, else None (changes nothing)."""
+        """The URI of a healthy server that a live process runs on this directory, else None (changes nothing). A
+        record copied with the folder names the original's server, which runs on another directory: None."""
         rec = self.read_record()
         pid = rec.get("pid") if rec else None
-        if rec and _alive(pid) and "mlflow" in _cmdline(pid) and is_healthy(rec.get("uri", "")):
+        if rec and self._ours(pid) and is_healthy(rec.get("uri", "")):
             return str(rec["uri"])
         return None
+
+    def _ours(self, pid) -> bool:
+        """Whether `pid` is a live MLflow server on this directory (its command line or working folder)."""
+        return _alive(pid) and "mlflow" in _cmdline(pid) and (str(self.root) in _cmdline(pid) or _cwd(pid) == self.root)
 
     def _adopt_or_clean(self) -> bool:
         """Reuse a live server for this directory (True) or stop a stale one (False)."""
@@ -297,7 +302,7 @@ class TrackingServer:
         if not rec:
             return False
         pid, owner = rec.get("pid"), rec.get("owner_pid")
-        ours = _alive(pid) and "mlflow" in _cmdline(pid) and (str(self.root) in _cmdline(pid) or _cwd(pid) == self.root)
+        ours = self._ours(pid)
         if ours and _alive(owner) and owner != os.getpid():
             # Its owner may still be waiting for it to come up: give it the startup time before judging it.
             deadline = time.monotonic() + self.startup_timeout
