@@ -148,6 +148,56 @@ def test_cancel_exits_130_and_ends_every_run_killed(tmp_path):
     assert set(statuses.values()) == {"KILLED"}, statuses
 
 
+@pytest.mark.slow
+def test_a_second_ctrl_c_abandons_the_jobs_closes_their_runs_and_says_how_to_resume(tmp_path):
+    """Ctrl-C twice: exit 130 at once, the running jobs' MLflow runs closed as cancelled (not RUNNING until the
+    next launch), their folders pending (`status` says to resume), and the launch names the command."""
+    import signal
+
+    from mlflow.tracking import MlflowClient
+
+    from rla_ablate.sweep.state import SweepDir
+    from rla_ablate.sweep.status import sweep_status
+
+    root = tmp_path / "runs"
+    path = sweep_file(tmp_path / "s.yaml", "twice", 1 << 20)
+    cmd = [sys.executable, "-m", "rla_ablate.cli"]
+    proc = subprocess.Popen([*cmd, "launch", str(path), "--root", str(root), "--max-concurrent", "2"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            states = [json.loads(p.read_text()) for p in (root / "twice" / "jobs").glob("*/status.json")]
+            if sum(s["status"] == "running" and s["tokens_done"] > 0 for s in states) == 2:
+                break
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        # the second once the first has been taken (two signals before the launch's next check are one)
+        err = ""
+        while "stopping: interrupted" not in err:
+            line = proc.stdout.readline()
+            assert line, err
+            err += line
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+        err += proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    assert "abandoned 2 running jobs (their MLflow runs closed as cancelled)" in err, err
+    assert f"`rla-sweep resume twice --root {root.resolve()}` continues them" in err.replace("\n", ""), err
+    doc = sweep_status(SweepDir(root, "twice"))
+    assert len(doc["jobs"]) == 2
+    for job in doc["jobs"]:
+        assert job["status"] == "pending" and "rla-sweep resume twice" in job["error"], job
+    client = MlflowClient(doc["tracking_uri"])
+    for job in doc["jobs"]:
+        run = client.get_run(job["mlflow_run_id"])
+        # closed by this launch, or by the job itself where its checkpoint and stop beat the second Ctrl-C
+        reason = run.data.tags["rla.status_reason"]
+        assert run.info.status == "KILLED" and ("second Ctrl-C" in reason or "cancelled at" in reason), reason
+
+
 @pytest.mark.parametrize("args", [["models"], ["models", "--json"], ["plan", "sweeps/ablations.yaml", "--json"]],
                          ids=["table", "json", "plan-json"])
 def test_a_closed_stdout_ends_quietly_with_141(args):

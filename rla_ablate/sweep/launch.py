@@ -1035,8 +1035,25 @@ class _Runner:
     def interrupted(self) -> None:
         """First Ctrl-C / SIGTERM: stop gracefully; the second one abandons the jobs (they resume next launch)."""
         if self.stopping:
+            self.abandon()
             raise KeyboardInterrupt
         self.stop("interrupted")
+
+    def abandon(self) -> None:
+        """The running jobs are left to stop with Ray (a second Ctrl-C). Their MLflow runs are closed now, as
+        cancelled, with what their metrics.jsonl holds (else they would read RUNNING until the next launch), and
+        the launch says how to resume them; their folders keep them pending. A third Ctrl-C cuts this short."""
+        from rla_ablate.terminal import count
+
+        jobs = list(self.inflight.values())
+        if not jobs:
+            return
+        reason = "abandoned by a second Ctrl-C; the next launch or `resume` continues it from its last checkpoint"
+        for job in jobs:
+            self.end_run(job, Status.CANCELLED, reason)
+        self.progress.note(f"abandoned {count(len(jobs), 'running job')} (their MLflow runs closed as cancelled); "
+                           f"`rla-sweep resume {shell_arg(self.sweep.name)} --root {shell_arg(self.sdir.root)}` "
+                           "continues them from their last checkpoints")
 
     def stop(self, why: str) -> None:
         self.stopping = True
