@@ -77,3 +77,35 @@ def check_sqlite(path: str | Path) -> None:
     if head and head != b"SQLite format 3\x00":
         raise UserError("damaged: not an SQLite database; restore the sweep's tracking store from a copy",
                         file=str(path))
+
+
+class LockHeld(Exception):
+    """`lock_exclusive`: another live process holds the lock."""
+
+
+def lock_exclusive(path: str | Path) -> int | None:
+    """An exclusive flock on `path` (created if missing), taken without waiting: the open descriptor, which the
+    kernel lets go when the process dies (nothing stale to clean up after a kill -9), or None on a file system
+    without locks (some network mounts), where the caller goes on unguarded. Raises LockHeld while another process
+    holds it, OSError when the file cannot be opened."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LockHeld(str(path)) from None
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def unlock(fd: int | None) -> None:
+    """Let go of a `lock_exclusive` lock (None: there was none to take)."""
+    import fcntl
+
+    if fd is not None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

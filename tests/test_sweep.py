@@ -432,6 +432,40 @@ def test_second_launch_of_a_sweep_is_refused(tmp_path, capsys):
         holder.release()
 
 
+def test_the_locks_go_on_unguarded_where_the_file_system_has_none(tmp_path, monkeypatch):
+    """A file system without flock (some network mounts: ENOLCK) takes a launch and a train unguarded, as a folder
+    with locks takes the first of two; a held lock is LockHeld, and unlocking lets the next one in."""
+    import errno
+    import fcntl
+
+    from rla_ablate.fileio import LockHeld, lock_exclusive, unlock
+    from rla_ablate.sweep.state import SweepDir
+
+    fd = lock_exclusive(tmp_path / "a.lock")
+    assert fd is not None
+    pid = os.fork()
+    if pid == 0:  # another process: the lock is held
+        try:
+            lock_exclusive(tmp_path / "a.lock")
+            os._exit(1)
+        except LockHeld:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    unlock(fd)
+    unlock(lock_exclusive(tmp_path / "a.lock"))
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    assert lock_exclusive(tmp_path / "b.lock") is None
+    sdir = SweepDir(tmp_path / "runs", "s")
+    sdir.acquire()
+    assert json.loads((sdir.path / "launch.json").read_text())["pid"] == os.getpid()
+    sdir.release()
+    assert "ended" in json.loads((sdir.path / "launch.json").read_text())
+
+
 def test_next_launch_stops_what_a_killed_launch_left(tmp_path):
     import psutil
 

@@ -139,40 +139,31 @@ class _OutLock:
         self.fd: int | None = None
 
     def __enter__(self) -> "_OutLock":
-        import fcntl
         import os
 
         from rla_ablate.errors import UserError
+        from rla_ablate.fileio import LockHeld, lock_exclusive
 
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise UserError(f"cannot write the folder ({exc.strerror or exc})", file=str(self.path.parent),
-                            key="--out") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
+            self.fd = lock_exclusive(self.path)
+        except LockHeld:
+            pid = self.path.read_text(errors="replace").strip() or "?"
             raise UserError(f"another `rla-sweep train` (pid {pid}) is training in {self.path.parent}; wait for it, "
                             "or stop it (Ctrl-C there, or kill it: it checkpoints), then rerun this command to "
                             "resume", key="--out") from None
-        except OSError:  # a file system without locks (some network mounts): train unguarded, as before
-            os.close(fd)
-            return self
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
+        except OSError as exc:
+            raise UserError(f"cannot write the folder ({exc.strerror or exc})", file=str(self.path.parent),
+                            key="--out") from None
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.write(self.fd, f"{os.getpid()}\n".encode())
         return self
 
     def __exit__(self, *exc) -> None:
-        import fcntl
-        import os
+        from rla_ablate.fileio import unlock
 
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
+        unlock(self.fd)
+        self.fd = None
 
 
 def run(args: argparse.Namespace) -> int:

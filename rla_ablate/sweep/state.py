@@ -30,7 +30,7 @@ from typing import Any
 import psutil
 
 from rla_ablate.errors import UserError
-from rla_ablate.fileio import atomic_write_text, shell_arg
+from rla_ablate.fileio import LockHeld, atomic_write_text, lock_exclusive, shell_arg, unlock
 from rla_ablate.outcome import Cause, Status, last_line
 
 # The first line of a traceback.
@@ -118,7 +118,8 @@ class SweepDir:
         self.root = Path(root).resolve()
         self.name = name
         self.path = self.root / name
-        self._lock_fd: int | None = None
+        self._lock_fd: int | None = None  # the launch lock (None also while held on a file system without locks)
+        self._locked = False
 
     # layout
     @property
@@ -262,35 +263,33 @@ class SweepDir:
         """Take the launch lock or raise a UserError naming the running launch."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path / "launch.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise UserError(f"cannot write the sweep folder ({exc.strerror or exc}); a launch needs a writable "
-                            "--root", file=str(self.path)) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+            fd = lock_exclusive(self.path / "launch.lock")
+        except LockHeld:
             rec = read_json(self.path / "launch.json", {}) or {}
             raise UserError(f"sweep '{self.name}' is already being launched (pid {rec.get('pid', '?')} on "
                             f"{rec.get('host', '?')}); watch it with `rla-sweep status {self.name} --root {shell_arg(self.root)}` "
                             f"or stop it with `rla-sweep cancel {self.name} --root {shell_arg(self.root)}`", file=str(self.path / "launch.lock")) from None
+        except OSError as exc:
+            raise UserError(f"cannot write the sweep folder ({exc.strerror or exc}); a launch needs a writable "
+                            "--root", file=str(self.path)) from None
         self._lock_fd = fd
+        self._locked = True
         self.cleanup_stale()
         self.cancel_path.unlink(missing_ok=True)
         write_json(self.path / "launch.json", {"pid": os.getpid(), "pgid": os.getpgid(0), "host": socket.gethostname(),
                                                "started": time.time(), "children": []})
 
     def release(self) -> None:
-        if self._lock_fd is None:
+        if not self._locked:
             return
         rec = read_json(self.path / "launch.json", {}) or {}
         if rec.get("pid") == os.getpid():
             rec["children"] = []
             rec["ended"] = time.time()
             write_json(self.path / "launch.json", rec)
-        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-        os.close(self._lock_fd)
+        unlock(self._lock_fd)
         self._lock_fd = None
+        self._locked = False
 
     def record_children(self) -> None:
         """Remember every descendant (Ray's GCS, raylet, workers; the MLflow server) with its start time."""
