@@ -34,6 +34,16 @@ def sweep_file(path: Path, name: str, tokens: int, cpus: int = 1, seeds=(0,)) ->
     return path
 
 
+def wait_training(proc: subprocess.Popen, sweep: Path, jobs: int, timeout: float = 240) -> None:
+    """Until `jobs` of the launch's jobs have trained a step (or the launch ended, or `timeout` passed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        states = [json.loads(p.read_text()) for p in (sweep / "jobs").glob("*/status.json")]
+        if sum(s["status"] == "running" and s["tokens_done"] > 0 for s in states) >= jobs:
+            return
+        time.sleep(0.3)
+
+
 def test_relaunch_of_diverged_jobs_exits_0(tmp_path, capsys):
     from rla_ablate.sweep.expand import load_sweep
     from rla_ablate.sweep.state import SweepDir
@@ -126,12 +136,7 @@ def test_cancel_exits_130_and_ends_every_run_killed(tmp_path):
     proc = subprocess.Popen([*cmd, "launch", str(path), "--root", str(root), "--max-concurrent", "3"], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            states = [json.loads(p.read_text()) for p in (root / "stop" / "jobs").glob("*/status.json")]
-            if any(s["status"] == "running" and s["tokens_done"] > 0 for s in states):
-                break
-            time.sleep(0.3)
+        wait_training(proc, root / "stop", 1)
         out = subprocess.run([*cmd, "cancel", "stop", "--root", str(root)], cwd=REPO, capture_output=True,
                              text=True, timeout=200)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -165,12 +170,7 @@ def test_a_second_ctrl_c_abandons_the_jobs_closes_their_runs_and_says_how_to_res
     proc = subprocess.Popen([*cmd, "launch", str(path), "--root", str(root), "--max-concurrent", "2"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            states = [json.loads(p.read_text()) for p in (root / "twice" / "jobs").glob("*/status.json")]
-            if sum(s["status"] == "running" and s["tokens_done"] > 0 for s in states) == 2:
-                break
-            time.sleep(0.3)
+        wait_training(proc, root / "twice", 2)
         proc.send_signal(signal.SIGINT)
         # the second once the first has been taken (two signals before the launch's next check are one)
         err = ""
