@@ -118,15 +118,15 @@ def test_a_continued_study_draws_new_parameters_and_a_new_one_repeats_its_seed(t
     assert draw(f"sqlite:///{tmp_path / 'b.db'}", 3) == first
 
 
-def _search_folder(tmp_path):
-    """(sweep, its folder, a runner stand-in) of SEARCH, for the job source's unit tests."""
+def _search_folder(tmp_path, data=None):
+    """(sweep, its folder, a runner stand-in) of `data` (SEARCH), for the job source's unit tests."""
     from types import SimpleNamespace
 
     from rla_ablate.sweep.expand import load_sweep
     from rla_ablate.sweep.state import SweepDir
 
     f = tmp_path / "search.yaml"
-    f.write_text(yaml.safe_dump(SEARCH))
+    f.write_text(yaml.safe_dump(data or SEARCH))
     sweep = load_sweep(f)
     sdir = SweepDir(tmp_path / "runs", sweep.name)
     sdir.path.mkdir(parents=True)
@@ -151,6 +151,50 @@ def test_a_trial_enqueued_again_after_an_interrupted_launch_keeps_its_jobs_name(
     resumed = next(again.next_jobs(1))
     assert resumed.job_id == job.job_id and again.trials[job.job_id].number == 1
     assert resumed.name == "trial-000" and [r["name"] for r in sdir.job_list()] == ["trial-000"]
+
+
+def test_an_int_range_whose_inside_values_build_no_job_is_refused_with_the_values_that_work(tmp_path):
+    """A batch of 256 tokens in rows of 64 takes 1, 2 and 4 rows a micro-batch, not 3: a range 1-4 validates at
+    its ends, and a trial drawing 3 would have no job to run. `plan` names the search key and what works."""
+    search = dict(SEARCH["search"], params={"train.micro_batch_size": {"type": "int", "low": 1, "high": 4}})
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(dict(SEARCH, search=search), sort_keys=False))
+    out = cli("plan", str(f))
+    err = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "Traceback" not in err, err
+    assert "search.params.train.micro_batch_size" in err and "train.micro_batch_size = 3 is refused" in err, err
+    assert "{type: categorical, choices: [1, 2, 4]}" in err, err
+
+
+def test_parameters_that_build_no_job_fail_their_trial_and_the_search_goes_on(tmp_path, monkeypatch):
+    """Parameters that pass the file's checks and still build no job (a wide int range is checked at 16 points; a
+    study an earlier version left): the trial fails with the reason and counts, the launch goes on with the next
+    trial, and a resume never asks for those parameters again (before, the launch exited 2 on the draw, left the
+    trial running, and every resume enqueued it again)."""
+    from optuna.trial import TrialState
+
+    from rla_ablate.sweep import expand as expand_module
+    from rla_ablate.sweep.search import INVALID, OptunaSource
+
+    monkeypatch.setattr(expand_module, "_check_inside", lambda *args: None)
+    sweep, sdir, runner = _search_folder(tmp_path, dict(SEARCH, search=dict(SEARCH["search"], params={
+        "train.micro_batch_size": {"type": "int", "low": 1, "high": 4}})))
+    notes = []
+    runner.progress.note = notes.append
+    source = OptunaSource(sweep, sdir)
+    source.start(runner)
+    source.study.enqueue_trial({"train.micro_batch_size": 3})
+    source.study.enqueue_trial({"train.micro_batch_size": 2})
+    job = next(source.next_jobs(1))
+    assert job.job.train.micro_batch_size == 2 and source.trials[job.job_id].number == 1
+    bad = source.study.trials[0]
+    assert bad.state == TrialState.FAIL and "micro_batch_size" in bad.user_attrs[INVALID]
+    assert len(notes) == 1 and notes[0].startswith("trial 0: train.micro_batch_size=3 makes no valid job"), notes
+    # a resume: the running trial is enqueued again, the invalid one is not
+    again = OptunaSource(sweep, sdir)
+    again.start(runner)
+    resumed = next(again.next_jobs(1))
+    assert resumed.job_id == job.job_id and len(notes) == 1
 
 
 def test_a_trial_that_resumes_an_interrupted_job_holds_the_jobs_earlier_reports(tmp_path):

@@ -190,6 +190,34 @@ def _fractional_point(low: float, high: float) -> float:
     return low + (high - low) * 0.381966
 
 
+INSIDE_CHECKED = 64  # an int range of at most this many values is checked at every one, a wider one at 16 points
+
+
+def _check_inside(cfg: SweepConfig, located: LocatedYAML, key: str, low: int, high: int) -> None:
+    """The values an int range's trials draw between its ends build valid jobs (a batch size whose ends divide the
+    batch and whose inside values do not): a trial that draws a refused value has no job to run. Names the first
+    refused value and, for a range checked at every value, the choices that work."""
+    if high - low < 2:
+        return
+    whole = high - low + 1 <= INSIDE_CHECKED
+    inside = range(low + 1, high) if whole else sorted({low + (high - low) * i // 17 for i in range(1, 17)} - {low, high})
+    refused: dict[int, str] = {}
+    for value in inside:
+        try:
+            expand(cfg, located, points=[{key: value}])
+        except UserError as exc:
+            refused[value] = exc.message
+    if not refused:
+        return
+    first = min(refused)
+    works = [v for v in range(low, high + 1) if v not in refused] if whole else None
+    raise _err(located, ("search", "params", key),
+               f"its ends validate, but the trials draw every whole number between them, and {key} = {first} is "
+               f"refused ({refused[first]})"
+               + (f"; list the values that work instead: {{type: categorical, choices: [{', '.join(map(str, works))}]}}"
+                  if works else "; narrow the range, or list the values that work: type: categorical, choices: [...]"))
+
+
 def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> None:
     """A search's keys and ranges build valid jobs and its metric is one the trials log: caught here, by `plan` and
     before a launch starts anything, not when the first trial is asked for or after every trial has run."""
@@ -209,6 +237,8 @@ def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> N
     for key, p in params.items():
         values = list(p.choices or []) if p.type == "categorical" else [ends[0][key], ends[1][key]]
         expand(cfg, located, points=[{key: v} for v in values])
+        if p.type == "int":
+            _check_inside(cfg, located, key, int(ends[0][key]), int(ends[1][key]))
         if p.type == "float" and p.low is not None and p.high is not None and p.low < p.high:
             x = _fractional_point(p.low, p.high)
             try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from typing import Any
 
+from rla_ablate.errors import UserError
 from rla_ablate.outcome import Cause, JobOutcome, Status
 from rla_ablate.sweep.expand import ResolvedJob, expand
 from rla_ablate.sweep.schema import SearchConfig, SearchParam
@@ -21,6 +22,7 @@ from rla_ablate.sweep.schema import SearchConfig, SearchParam
 # What a pruned job's error says; whether a job was pruned is its cause (Cause.PRUNED), never this text.
 PRUNED_MESSAGE = "pruned by Optuna"
 INTERRUPTED = "interrupted"
+INVALID = "invalid"  # a trial's user attribute: why its parameters build no valid job
 
 
 def _storage(uri: str) -> Any:
@@ -299,7 +301,17 @@ class OptunaSource:
         while capacity > 0 and _counted(study) + len(self.trials) < cfg.n_trials:
             trial = study.ask()
             params = suggest(trial, cfg.params)
-            job = expand(self.sweep.config, self.sweep.source, points=[params])[0]
+            try:
+                job = expand(self.sweep.config, self.sweep.source, points=[params])[0]
+            except UserError as exc:
+                # parameters that build no valid job (`check_search` checks what it can before a launch): the
+                # trial fails and counts, and the search goes on; the launch never stops on one draw, and a resume
+                # never asks for these parameters again (only an interrupted trial's are enqueued again)
+                trial.set_user_attr(INVALID, exc.message)
+                study.tell(trial, state=TrialState.FAIL)
+                self.runner.progress.note(f"trial {trial.number}: {params_text(params)} makes no valid job "
+                                          f"({exc.message}); it counts as failed and the search goes on")
+                continue
             # a job is named after the first trial that ran it: parameters enqueued again after an interrupted
             # launch (or proposed again by the sampler) give the same job, which keeps its name everywhere
             job.name = self.known[job.job_id]["name"] if job.job_id in self.known else f"trial-{trial.number:03d}"
