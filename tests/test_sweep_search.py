@@ -426,9 +426,13 @@ def test_a_search_sweeps_dashboard_says_what_its_study_did_and_asks_for_no_grid_
     assert "(6 trials: 3 complete, 1 pruned, 1 fail, 1 interrupted (run again))" in part.note, part.note
     assert "MECHANISM OFF in 2 of 3 completed trials (drawn hollow" in part.note
     assert "MECHANISM OFF in 2 of 3 completed trials" in part.section.caption
-    assert part.section.flagged == [("off", "trials 1, 4", "mechanism off")]
+    assert part.section.flagged == [("off", "trials 1, 4", "their values rank training with the mechanism idle")]
     svg = part.section.svg.read_text()
     assert "completed, mechanism off" in svg and "MECHANISM OFF in 2 of 3" in svg
+    assert "best, mechanism off" not in svg
+    # the best trial's mechanism off: its star is hollow and says so
+    part = search_part(sdir, out, off=lambda: {"job2"})
+    assert "best, mechanism off" in part.section.svg.read_text()
     untested = [Untested("table4", "a claim", "family=rla, ablations=no_fitting", "ablations=none", "", False)]
     assert "from a grid sweep" in untested_lines(untested, 1, search=True)[0]
     assert len(untested_lines(untested, 1, search=True)) == 1 and len(untested_lines(untested, 1)) == 2

@@ -89,7 +89,8 @@ def search_part(sdir: SweepDir, out_dir: Path, run_url=lambda run_id: None,
                         "drawn.")
     if warning:
         out.caption += f" {warning}."
-        out.flagged.append((V.OFF, "trials " + ", ".join(map(str, sorted(off_trials))), "mechanism off"))
+        out.flagged.append((V.OFF, "trials " + ", ".join(map(str, sorted(off_trials))),
+                            "their values rank training with the mechanism idle"))
     with plt.rc_context(cast(Any, STYLE)):
         fig = _draw(trials, drawn or [best], best, params, metric, minimize, off_trials)
         if warning:
@@ -156,7 +157,11 @@ def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool
     if line[-1][0] < last:  # the best so far holds to the last trial drawn
         line.append((last, line[-1][1]))
     ax.step(*zip(*line), where="post", color=COLORS[1], label="best so far", zorder=4)
-    ax.scatter([best.number], [best.value], marker="*", s=140, color=COLORS[3], zorder=5, label="best")
+    # the best trial's star is hollow, as every trial's marker, where its mechanism was off: a winner drawn solid
+    # would read as a valid one
+    star = dict(marker="*", s=140, zorder=5, edgecolors=COLORS[3],
+                facecolors="none" if best.number in off else COLORS[3])
+    ax.scatter([best.number], [best.value], label="best, mechanism off" if best.number in off else "best", **star)
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.margins(x=0.06, y=0.12)  # the best trial's star and the edge trials' markers whole, not cut by the frame
     ax.set_xlabel("trial")
@@ -186,7 +191,7 @@ def _draw(trials, complete, best, params: list[str], metric: str, minimize: bool
         ax.scatter(xs_p, [t.value for t in have], s=18, zorder=3, edgecolors=COLORS[0],
                    facecolors=["none" if t.number in off else COLORS[0] for t in have])
         if best_x is not None:
-            ax.scatter([best_x], [best.value], marker="*", s=140, color=COLORS[3], zorder=5)
+            ax.scatter([best_x], [best.value], **star)
         ax.margins(x=0.08, y=0.12)
         ax.set_xlabel(name)
         ax.set_title(f"against {name}")
