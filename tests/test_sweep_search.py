@@ -292,12 +292,24 @@ def test_a_continued_study_refuses_another_metric_direction_search_space_or_base
     first = sweep_with()
     check_study(make_study(first.config.search, first.name, uri), first, sdir)  # records the question
     lr = dict(SEARCH["search"]["params"]["train.lr"], high=3.0e-2)
-    for change, key in (({"metric": "eval/val/acc"}, "search.metric"), ({"direction": "maximize"}, "search.direction"),
+    for change, key in (({"metric": "eval/val/ppl"}, "search.metric"),
                         ({"params": {**SEARCH["search"]["params"], "train.lr": lr}}, "search.params.train.lr")):
         sweep = sweep_with(**change)
         with pytest.raises(UserError, match="was made with") as err:
             check_study(make_study(sweep.config.search, sweep.name, uri), sweep, sdir)
         assert err.value.key == key and err.value.line is not None, (change, err.value)
+    # the direction, of a metric that has no better side (a loss's is refused by the file's own check)
+    neutral = sweep_with(metric="train/grad_norm")
+    other = f"sqlite:///{tmp_path / 'optuna-2.db'}"
+    check_study(make_study(neutral.config.search, neutral.name, other), neutral, sdir)
+    sweep = sweep_with(metric="train/grad_norm", direction="maximize")
+    with pytest.raises(UserError, match="was made with") as err:
+        check_study(make_study(sweep.config.search, sweep.name, other), sweep, sdir)
+    assert err.value.key == "search.direction" and err.value.line is not None, err.value
+    for change in ({"metric": "eval/val/acc"}, {"direction": "maximize"}):  # the worst model sought: refused
+        with pytest.raises(UserError, match="the search would look for the worst one") as err:
+            sweep_with(**change)
+        assert err.value.key == "search.direction" and err.value.line is not None, (change, err.value)
     for train, key in (({"tokens": 8192}, "base.train.tokens"), ({"eval_every_tokens": 2048},
                                                                   "base.train.eval_every_tokens")):
         sweep = sweep_with(train=train)

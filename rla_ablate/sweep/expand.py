@@ -261,6 +261,13 @@ def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> N
     if metric not in allowed:
         raise _err(located, ("search", "metric"),
                    f"no trial logs '{metric}'{did_you_mean(metric, allowed)}; the trials log: {', '.join(allowed)}")
+    from rla_ablate.train.job import better_direction
+
+    better = better_direction(metric)
+    if better is not None and cfg.search.direction != better:
+        raise _err(located, ("search", "direction"),  # the search's line where the file leaves it at its default
+                   f"{cfg.search.direction} {metric}, which is {'higher' if better == 'maximize' else 'lower'}"
+                   f" for a better model: the search would look for the worst one; allowed: direction: {better}")
 
 
 def check_vocab(jobs: list[ResolvedJob], located: LocatedYAML) -> None:

@@ -38,6 +38,16 @@ EVAL_METRICS = ("loss", "ppl", "acc", "acc_area")
 GPU_METRICS = ("train/mfu", "train/peak_mem_gib")  # logged by jobs that train on a GPU only
 
 
+def better_direction(metric: str) -> str | None:
+    """Which way a logged metric gets better, as a search's direction says it: "maximize" for an accuracy (and the
+    area under its curve) and the training speed, "minimize" for a loss and perplexity, None for the others (the
+    learning rate, the gradient norm: no better side)."""
+    last = metric.rsplit("/", 1)[-1].removesuffix("_area")
+    if last in ("acc", "accuracy", "acc_norm") or metric in ("train/tokens_per_s", "train/mfu"):
+        return "maximize"
+    return "minimize" if last in ("loss", "ppl") else None
+
+
 class JobConfig(BaseModel):
     """One model trained on one data stream for one token budget, evaluated on a list of eval sets."""
 
