@@ -137,8 +137,10 @@ class Claim(_Strict):
     def better_is_higher(self) -> bool:
         if self.higher_is_better is not None:
             return self.higher_is_better
+        from rla_ablate.train.job import better_direction
+
         # an accuracy, or the area under its curve over training (eval/<set>/acc_area)
-        return self.metric.rsplit("/", 1)[-1].removesuffix("_area") in ("acc", "accuracy", "acc_norm")
+        return better_direction(self.metric) == "maximize"
 
     @field_validator("treatment", "reference")
     @classmethod
