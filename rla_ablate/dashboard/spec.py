@@ -130,7 +130,8 @@ class Claim(_Strict):
     both series end within min_effect of it, the comparison cannot test the claim: unresolved, "not learned"."""
     higher_is_better: Optional[bool] = None
     """Whether a larger value of the metric is the better model; by default true for accuracies (a metric whose
-    last part is `acc`, `accuracy` or `acc_norm`, or one of these with `_area`) and false otherwise (losses). A run
+    last part is `acc`, `accuracy` or `acc_norm`, or one of these with `_area`) and the training speed, false
+    otherwise (losses; `rla_ablate.train.job.better_direction`). A run
     that diverged counts as the worse side."""
 
     @property
