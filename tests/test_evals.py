@@ -116,7 +116,7 @@ def test_export_loads_in_transformers_and_scores_the_same_through_lm_eval(job_di
     spec["train"]["tokens"] = 1024
     (unfinished / "job.json").write_text(json.dumps(spec))
     assert main(["export", str(unfinished), str(tmp_path / "hf2")]) == 0
-    assert "note: the job has not finished: its last checkpoint is at 512 of 1,024 tokens" in capsys.readouterr().err
+    assert "note: the job has not finished: it exported its last checkpoint, at 512 of 1,024 tokens" in capsys.readouterr().err
 
 
 def test_bad_task_missing_checkpoint_and_bad_checkpoint_are_user_errors(job_dir, tmp_path, capsys):
@@ -427,7 +427,14 @@ def test_the_run_keeps_the_most_complete_scoring_and_an_unfinished_job_is_noted(
                                     "train": {**TRAIN, "tokens": 1000}, "data": {"kind": "stdlib"}, "eval": EVAL})
     (tmp_path / "job.json").write_text(job.model_dump_json())
     _note_unfinished(tmp_path, result(None, tokens=512), None)
-    assert "the job has not finished: this scored its last checkpoint, at 512 of 1,024 tokens" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the job has not finished: this scored its last checkpoint, at 512 of 1,024 tokens; resume it" in err, err
+    # a search trial its pruner stopped ends at its checkpoint: no resume advice
+    (tmp_path / "status.json").write_text(json.dumps({"status": "cancelled", "cause": "pruned"}))
+    _note_unfinished(tmp_path, result(None, tokens=512), None)
+    err = capsys.readouterr().err
+    assert "a search trial its pruner stopped at 512 of 1,024 tokens; this scored its last checkpoint" in err, err
+    assert "resume" not in err, err
     # a run made again (a lost tracking store) gets each scoring's values as that scoring logged them
     from mlflow.tracking import MlflowClient
 

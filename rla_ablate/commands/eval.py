@@ -148,5 +148,6 @@ def _note_unfinished(job_dir: Path, result, checkpoint: int | None) -> None:
     except (OSError, ValueError):
         return
     if result.tokens < total:
-        print(f"note: the job has not finished: this scored its last checkpoint, at {result.tokens:,} of {total:,} "
-              "tokens; score it again once it has finished (resume it to train the rest)", file=sys.stderr)
+        from rla_ablate.evals.core import unfinished_note
+
+        print(unfinished_note(job_dir, result.tokens, total, "this scored"), file=sys.stderr)

@@ -25,6 +25,9 @@ def run(args) -> int:
     out, tokens, total = export_job(args.job_dir, args.out, args.checkpoint, force=args.force)
     print(f"exported {args.job_dir} ({tokens:,} of {total:,} tokens) to {out}")
     if args.checkpoint is None and tokens < total:
-        print(f"note: the job has not finished: its last checkpoint is at {tokens:,} of {total:,} tokens "
-              "(resume it to train the rest)", file=sys.stderr)
+        from pathlib import Path
+
+        from rla_ablate.evals.core import unfinished_note
+
+        print(unfinished_note(Path(args.job_dir), tokens, total, "it exported"), file=sys.stderr)
     return 0

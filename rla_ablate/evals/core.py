@@ -115,6 +115,22 @@ def log_results_again(job_dir: str | Path, tracking_uri: str, run_id: str) -> in
     return logged
 
 
+def unfinished_note(job_dir: Path, tokens: int, total: int, what: str) -> str:
+    """What `eval` and `export` say of a job read at its last checkpoint before its training ended (`what`: "this
+    scored", "it exported"): a search trial the pruner stopped ends there (its run is a result and is not trained
+    further); any other job trains the rest when resumed."""
+    from rla_ablate.sweep.state import read_json
+
+    from rla_ablate.outcome import Cause
+
+    status = read_json(job_dir / "status.json", {}) or {}
+    if status.get("cause") == Cause.PRUNED.value:
+        return (f"note: this job is a search trial its pruner stopped at {tokens:,} of {total:,} tokens; {what} its "
+                "last checkpoint, which is where the trial ends (a pruned trial is not trained further)")
+    return (f"note: the job has not finished: {what} its last checkpoint, at {tokens:,} of {total:,} tokens; "
+            "resume it to train the rest")
+
+
 def result_path(job_dir: Path, tokens: int, req: EvalRequest) -> Path:
     return Path(job_dir) / "evals" / f"{int(tokens):015d}-{req.key()}.json"
 
