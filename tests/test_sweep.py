@@ -75,6 +75,23 @@ def test_plan_says_what_a_launch_on_this_machine_would_refuse(tmp_path, capsys):
             f"but this machine has {os.cpu_count()}; `launch --address` of a Ray cluster that has them runs it") in said
     assert main(["plan", str(REPO / "sweeps" / "smoke.yaml")]) == 0
     assert "a launch on this machine stops" not in capsys.readouterr().out
+    # jobs that need CUDA, where there is no GPU: the launch refuses them, and so the plan says
+    sweep = yaml.safe_load(text)
+    sweep["base"].setdefault("train", {})["device"] = "cuda"
+    sweep["resources"] = dict(sweep.get("resources") or {}, gpus="auto")
+    path.write_text(yaml.safe_dump(sweep))
+    assert main(["plan", str(path)]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "a launch on this machine stops at train.device:" in said and "need CUDA" in said, said
+        # a sweep for GPUs whose jobs may run on the CPU: a launch here trains them all there, and the plan says so
+        sweep["base"]["train"]["device"] = "auto"
+        path.write_text(yaml.safe_dump(sweep))
+        assert main(["plan", str(path)]) == 0
+        said = " ".join(capsys.readouterr().out.split())
+        assert "this machine has no GPU: a launch here trains every job on the CPU" in said, said
 
 
 def test_ablation_suite_covers_the_paper():

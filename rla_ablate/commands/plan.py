@@ -103,13 +103,17 @@ def run(args: argparse.Namespace) -> int:
     unset = unset_budget_note(sweep, t["runs_on"] == "cpu")
     if unset:
         captions.insert(0, f"[bold]{escape(unset)}[/]")
-    from rla_ablate.sweep.launch import local_shortfall
+    from rla_ablate.sweep.launch import local_gpus, local_shortfall
 
     short = local_shortfall(sweep)
     if short is not None:  # not an error here: the sweep may be meant for a cluster (launch --address)
         # first under the table, where it is seen: the rest of the captions explain the columns
         captions.insert(0, f"[bold yellow]a launch on this machine stops[/] at {short.key}: {escape(short.message)}; "
                            "`launch --address` of a Ray cluster that has them runs it")
+    elif t["runs_on"] != "cpu" and not local_gpus():
+        captions.insert(0, f"[bold yellow]this machine has no GPU[/]: a launch here trains every job on the CPU "
+                           f"({_h(t['tokens'])} tokens), far slower than the GPU times above; `launch --address` of a "
+                           "Ray cluster with GPUs runs them there")
     console = stdout_console()
     # a narrow terminal loses the columns least needed to choose what to run first
     console.print(fitted_table(console, title, columns, rows, keep=1, right=tuple(columns[4:]), captions=captions,

@@ -92,13 +92,29 @@ def resource_shortfall(sweep: Sweep, cluster: dict[str, float], placements: dict
     return None
 
 
+# Why jobs that need CUDA cannot run where Ray has no GPU, and what runs instead.
+NO_GPU = "but the Ray cluster has no GPU; allowed here: train.device auto or cpu and train.cuda_graphs false"
+
+
 def local_shortfall(sweep: Sweep) -> UserError | None:
-    """`resource_shortfall` on this machine, as a launch without --address (a local Ray instance) meets it."""
+    """What stops a launch without --address (a local Ray instance) on this machine, or None: too few CPUs or GPUs
+    (`resource_shortfall`), or jobs that need CUDA where there is no GPU."""
     from rla_ablate.sweep.packing import gpu_memory_bytes, place
 
     local = _local_resources()
-    return resource_shortfall(sweep, local, place(sweep, gpu_memory_bytes() if local["GPU"] > 0 else None),
-                              "this machine")
+    short = resource_shortfall(sweep, local, place(sweep, gpu_memory_bytes() if local["GPU"] > 0 else None),
+                               "this machine")
+    if short is None and not local["GPU"]:
+        try:
+            refuse_cuda_jobs(sweep.jobs, sweep.source, NO_GPU)
+        except UserError as exc:
+            return exc
+    return short
+
+
+def local_gpus() -> int:
+    """How many GPUs a launch without --address finds on this machine."""
+    return int(_local_resources()["GPU"])
 
 
 def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[str, Any], sdir: SweepDir) -> None:
@@ -112,8 +128,7 @@ def _check_resources(sweep: Sweep, cluster: dict[str, float], placements: dict[s
         # Each of them would start, open its run and fail at its first line (CUDA is not available).
         refuse_cuda_jobs(
             [j for j in sweep.jobs if j.job.train.needs_cuda and sdir.status(j.job_id).status is not Status.FINISHED],
-            sweep.source, "but the Ray cluster has no GPU; allowed here: train.device auto or cpu and "
-            "train.cuda_graphs false")
+            sweep.source, NO_GPU)
 
 
 def on_gpus(placements: dict[str, Any] | None) -> bool:
