@@ -164,6 +164,13 @@ def test_an_int_range_whose_inside_values_build_no_job_is_refused_with_the_value
     assert out.returncode == 2 and "Traceback" not in err, err
     assert "search.params.train.micro_batch_size" in err and "train.micro_batch_size = 3 is refused" in err, err
     assert "{type: categorical, choices: [1, 2, 4]}" in err, err
+    # a choice the job refuses elsewhere in its config (base.data): said at the search's key, with where it failed
+    search = dict(SEARCH["search"], params={"data.kind": {"type": "categorical", "choices": ["stdlib", "bogus"]}})
+    f.write_text(yaml.safe_dump(dict(SEARCH, search=search), sort_keys=False))
+    out = cli("plan", str(f))
+    err = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "search.params.data.kind: the trials would draw data.kind = 'bogus', which is " \
+        "refused (base.data): unknown kind 'bogus'" in err, err
 
 
 def test_parameters_that_build_no_job_fail_their_trial_and_the_search_goes_on(tmp_path, monkeypatch):

@@ -236,7 +236,16 @@ def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> N
     # numbers that an int key accepts, and the trials' draws are not); then all keys together at both ends
     for key, p in params.items():
         values = list(p.choices or []) if p.type == "categorical" else [ends[0][key], ends[1][key]]
-        expand(cfg, located, points=[{key: v} for v in values])
+        for value in values:
+            try:
+                expand(cfg, located, points=[{key: value}])
+            except UserError as exc:
+                if (exc.key or "").startswith("search."):  # said at the search's key already
+                    raise
+                # said at the search's key, where the value is written, and with the key the job refused it at
+                at = f" ({exc.key})" if exc.key and exc.key != key else ""
+                raise _err(located, ("search", "params", key),
+                           f"the trials would draw {key} = {value!r}, which is refused{at}: {exc.message}") from None
         if p.type == "int":
             _check_inside(cfg, located, key, int(ends[0][key]), int(ends[1][key]))
         if p.type == "float" and p.low is not None and p.high is not None and p.low < p.high:
