@@ -305,6 +305,7 @@ def test_a_continued_study_refuses_another_metric_direction_search_space_or_base
         with pytest.raises(UserError, match="was made with") as err:
             check_study(make_study(sweep.config.search, sweep.name, uri), sweep, sdir)
         assert err.value.key == key and err.value.line is not None, (change, err.value)
+    assert "search.params.train.lr {type: float, low: 0.0001, high: 0.01, log: true}" in str(err.value), err.value
     # the direction, of a metric that has no better side (a loss's is refused by the file's own check)
     neutral = sweep_with(metric="train/grad_norm")
     other = f"sqlite:///{tmp_path / 'optuna-2.db'}"

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rla_ablate.config.numbers import NumbersNotBools
+from rla_ablate.errors import closest
 from rla_ablate.evals.core import EvalRequest
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -195,7 +196,10 @@ class SearchConfig(_Strict):
                              "1.0e-4, high: 1.0e-2, log: true})")
         for key in v:
             if key.split(".")[0] not in ("model", "train", "data"):
-                raise ValueError(f"search key '{key}' must start with model., train. or data.")
+                prefix, _, rest = key.partition(".")
+                close = closest(prefix, ["model", "train", "data"], 1)
+                hint = f" (did you mean '{close[0]}.{rest}'?)" if close and rest else ""
+                raise ValueError(f"search key '{key}' must start with model., train. or data.{hint}")
             if key == "train.seed":  # trials would differ by their noise, and the study rank it
                 raise ValueError("'train.seed' is not searched: a search tunes one model with one seed (`seeds:`); "
                                  "to measure the spread over seeds, run the best trial's parameters as a grid sweep "

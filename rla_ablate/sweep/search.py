@@ -114,9 +114,23 @@ def params_text(params: dict[str, Any]) -> str:
 
 
 def _spelled(value: Any) -> str:
+    """A search parameter as a sweep file writes it: {type: int, low: 4, high: 8, log: true} (YAML's spellings;
+    whole-number bounds of an int range without '.0', unset and false options left out)."""
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items() if v not in (None, False)) + "}"
-    return str(value)
+        whole = value.get("type") == "int"
+        return "{" + ", ".join(f"{k}: {_yaml_scalar(v, whole)}" for k, v in value.items()
+                               if v not in (None, False)) + "}"
+    return _yaml_scalar(value, False)
+
+
+def _yaml_scalar(value: Any, whole: bool) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and whole and value.is_integer():
+        return str(int(value))
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml_scalar(v, whole) for v in value) + "]"
+    return value_text(value) if isinstance(value, float) else str(value)
 
 
 def check_study(study: Any, sweep: Any, sdir: Any) -> None:
