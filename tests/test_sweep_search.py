@@ -171,6 +171,13 @@ def test_an_int_range_whose_inside_values_build_no_job_is_refused_with_the_value
     err = " ".join(out.stderr.split())
     assert out.returncode == 2 and "search.params.data.kind: the trials would draw data.kind = 'bogus', which is " \
         "refused (base.data): unknown kind 'bogus'" in err, err
+    # a grid's list where a range belongs: how a search writes it, at the key
+    f.write_text(yaml.safe_dump(dict(SEARCH, search=dict(SEARCH["search"], params={"model.clip": [0.5, 1.0]})),
+                                sort_keys=False))
+    out = cli("plan", str(f))
+    err = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "search.params.model.clip: a list, as a grid gives its values" in err, err
+    assert "{type: categorical, choices: [0.5, 1.0]}" in err, err
 
 
 def test_parameters_that_build_no_job_fail_their_trial_and_the_search_goes_on(tmp_path, monkeypatch):

@@ -129,6 +129,11 @@ class Resources(_Strict):
         return v
 
 
+def _flow(values: list) -> str:
+    """A list as YAML's flow form writes it: [0.5, 1.0, clip, true]."""
+    return "[" + ", ".join("true" if v is True else "false" if v is False else str(v) for v in values) + "]"
+
+
 class SearchParam(_Strict):
     """One searched config key."""
 
@@ -142,6 +147,16 @@ class SearchParam(_Strict):
     """Sample on a log scale (float, int)."""
     choices: list[Any] | None = None
     """The values to choose from (categorical)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_a_list(cls, data: Any) -> Any:
+        """A list where a range belongs is a grid's spelling: say how a search writes it."""
+        if isinstance(data, list):
+            raise ValueError(f"a list, as a grid gives its values; a search draws from a range or from choices: "
+                             f"{{type: categorical, choices: {_flow(data)}}}, or {{type: float, low: ..., high: ...}} "
+                             "(or type: int)")
+        return data
 
     @model_validator(mode="after")
     def _bounds(self) -> "SearchParam":
