@@ -119,9 +119,8 @@ def unfinished_note(job_dir: Path, tokens: int, total: int, what: str) -> str:
     """What `eval` and `export` say of a job read at its last checkpoint before its training ended (`what`: "this
     scored", "it exported"): a search trial the pruner stopped ends there (its run is a result and is not trained
     further); any other job trains the rest when resumed."""
-    from rla_ablate.sweep.state import read_json
-
     from rla_ablate.outcome import Cause
+    from rla_ablate.sweep.state import read_json
 
     status = read_json(job_dir / "status.json", {}) or {}
     if status.get("cause") == Cause.PRUNED.value:
