@@ -89,7 +89,30 @@ def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> arg
     return parser
 
 
+def _project_warnings() -> None:
+    """The project's warnings for the user (`errors.Notice`: a damaged line in a metrics.jsonl, unreadable
+    checkpoints) as one line each on stderr, 'rla-sweep: warning: ...', without Python's file and source line; other
+    warnings as Python shows them."""
+    import warnings
+
+    from rla_ablate.errors import Notice
+
+    if getattr(warnings.showwarning, "project_lines", False):  # main() again in one process (the tests)
+        return
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, Notice):
+            print(f"rla-sweep: warning: {message}", file=file or sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show.project_lines = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
+    _project_warnings()
     parser = build_parser()
     args = _parse(parser, argv)
     if not getattr(args, "func", None):

@@ -22,6 +22,11 @@ class UserError(Exception):
         super().__init__(where + message)
 
 
+class Notice(UserWarning):
+    """A warning of the project's for the user (a damaged line in a metrics.jsonl, unreadable checkpoints): the CLI
+    prints it as one line, 'rla-sweep: warning: ...', without Python's file and source line."""
+
+
 class CheckpointError(Exception):
     """A job has checkpoints but none of them loads: resuming cannot work until they are moved away."""
 

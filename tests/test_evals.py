@@ -433,7 +433,7 @@ def test_the_run_keeps_the_most_complete_scoring_and_an_unfinished_job_is_noted(
     (tmp_path / "status.json").write_text(json.dumps({"status": "cancelled", "cause": "pruned"}))
     _note_unfinished(tmp_path, result(None, tokens=512), None)
     err = capsys.readouterr().err
-    assert "a search trial its pruner stopped at 512 of 1,024 tokens; this scored its last checkpoint" in err, err
+    assert "a search trial that its pruner stopped at 512 of 1,024 tokens; this scored its last checkpoint" in err, err
     assert "resume" not in err, err
     # a run made again (a lost tracking store) gets each scoring's values as that scoring logged them
     from mlflow.tracking import MlflowClient

@@ -184,7 +184,7 @@ def test_a_second_ctrl_c_abandons_the_jobs_closes_their_runs_and_says_how_to_res
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
-    assert "abandoned 2 running jobs (their MLflow runs closed as cancelled)" in err, err
+    assert err.count("abandoned 2 running jobs (their MLflow runs closed as cancelled)") == 1, err
     assert f"`rla-sweep resume twice --root {root.resolve()}` continues them" in err.replace("\n", ""), err
     doc = sweep_status(SweepDir(root, "twice"))
     assert len(doc["jobs"]) == 2
@@ -195,6 +195,8 @@ def test_a_second_ctrl_c_abandons_the_jobs_closes_their_runs_and_says_how_to_res
         run = client.get_run(job["mlflow_run_id"])
         # closed by this launch, or by the job itself (its stop beat the second Ctrl-C, or Ray's exit ended it)
         assert run.info.status == "KILLED", run.data.tags.get("rla.status_reason")
+    parent = json.loads((root / "twice" / "sweep.json").read_text())["parent_run_id"]
+    assert client.get_run(parent).info.status == "KILLED"  # the sweep's own run too
 
 
 @pytest.mark.parametrize("args", [["models"], ["models", "--json"], ["plan", "sweeps/ablations.yaml", "--json"]],

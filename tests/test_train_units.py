@@ -16,6 +16,7 @@ import torch
 from pydantic import ValidationError
 
 from rla_ablate.models import load_preset
+from rla_ablate.errors import Notice
 from rla_ablate.train import CompositeLogger, JobConfig, JSONLLogger, TrainConfig, metric_series, read_jsonl
 from rla_ablate.train.checkpoint import capture_rng, list_checkpoints, load_checkpoint, load_latest, restore_rng, save_checkpoint
 from rla_ablate.train.guard import SPIKE_MIN_STEPS, DivergenceGuard
@@ -181,10 +182,25 @@ def test_read_jsonl_names_damaged_lines_inside_the_file(tmp_path):
     lines[1] = "\x00\x00garbage"
     lines.insert(3, "5")  # valid JSON, not a record
     path.write_text("\n".join(lines) + "\n")
-    with pytest.warns(UserWarning, match=r"m\.jsonl: lines 2, 4 are not a metrics record and were skipped"):
+    with pytest.warns(Notice, match=r"m\.jsonl: lines 2, 4 are not a metrics record and were skipped"):
         records = read_jsonl(path)
     assert metric_series(records, "train/loss") == [(10, 1.0), (30, 3.0)]
     assert records[-1]["type"] == "close"
+
+
+def test_the_cli_shows_the_projects_warnings_as_one_line(tmp_path, capsys):
+    """A warning of the project's code reaches a user of the CLI as 'rla-sweep: warning: ...', without Python's
+    file:line and source line."""
+    from rla_ablate.cli import _project_warnings
+
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"type": "metrics", "step": 1, "time": 0, "values": {}}\njunk\n{"type": "close"}\n')
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        _project_warnings()
+        read_jsonl(path)
+    err = capsys.readouterr().err
+    assert err == f"rla-sweep: warning: {path}: line 2 is not a metrics record and was skipped\n", err
 
 
 class _Broken:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rla_ablate.commands import stopped_by_ctrl_c
+
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", default="rla-runs",
@@ -63,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     from rla_ablate.sweep.launch import launch
 
     check_sweep_file(args.file)
-    return exit_code(launch(args.file, options(args, args.new_version)))
+    with stopped_by_ctrl_c():  # also when started in the background by a script (`kill -INT` stops it)
+        return exit_code(launch(args.file, options(args, args.new_version)))
 
 
 def exit_code(summary) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from rla_ablate.commands import stopped_by_ctrl_c
 from rla_ablate.fileio import shell_arg
 
 
@@ -44,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         args.tracking_uri = stored
     _from_launch_folder(args, sdir)
-    return exit_code(launch(saved, options(args)))
+    with stopped_by_ctrl_c():  # also when started in the background by a script (`kill -INT` stops it)
+        return exit_code(launch(saved, options(args)))
 
 
 def _from_launch_folder(args: argparse.Namespace, sdir) -> None:

@@ -124,8 +124,8 @@ def unfinished_note(job_dir: Path, tokens: int, total: int, what: str) -> str:
 
     status = read_json(job_dir / "status.json", {}) or {}
     if status.get("cause") == Cause.PRUNED.value:
-        return (f"note: this job is a search trial its pruner stopped at {tokens:,} of {total:,} tokens; {what} its "
-                "last checkpoint, which is where the trial ends (a pruned trial is not trained further)")
+        return (f"note: this job is a search trial that its pruner stopped at {tokens:,} of {total:,} tokens; {what} "
+                "its last checkpoint, which is where the trial ends (a pruned trial is not trained further)")
     return (f"note: the job has not finished: {what} its last checkpoint, at {tokens:,} of {total:,} tokens; "
             "resume it to train the rest")
 

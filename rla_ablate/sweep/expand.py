@@ -275,7 +275,8 @@ def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> N
     better = better_direction(metric)
     if better is not None and cfg.search.direction != better:
         raise _err(located, ("search", "direction"),  # the search's line where the file leaves it at its default
-                   f"{cfg.search.direction} {metric}, which is {'higher' if better == 'maximize' else 'lower'}"
+                   f"{cfg.search.direction}{'' if 'direction' in cfg.search.model_fields_set else ' (the default)'} "
+                   f"{metric}, which is {'higher' if better == 'maximize' else 'lower'}"
                    f" for a better model: the search would look for the worst one; allowed: direction: {better}")
 
 

@@ -753,9 +753,14 @@ def _term_as_interrupt() -> Any:
 
 
 def _close_parent(tracking_uri: str, parent: str, summary: LaunchSummary) -> None:
+    _end_parent(tracking_uri, parent,
+                "FINISHED" if summary.ok else ("KILLED" if summary.counts.get(Status.CANCELLED) else "FAILED"))
+
+
+def _end_parent(tracking_uri: str, parent: str, status: str) -> None:
+    """The sweep's parent run ended with MLflow's `status`; a tracking failure is left for the next launch."""
     from mlflow.tracking import MlflowClient
 
-    status = "FINISHED" if summary.ok else ("KILLED" if summary.counts.get(Status.CANCELLED) else "FAILED")
     try:
         # set_terminated prints "View run ... at <url>" to stdout; the summary names the store instead.
         with contextlib.redirect_stdout(io.StringIO()):
@@ -798,6 +803,7 @@ class _Runner:
         self.oom_reruns: dict[str, int] = {}
         self.gpu_bytes: int | None = None
         self.stopping = False
+        self.abandoned = False
         self.stop_reason = ""
         self._last_record = 0.0
         # Where the jobs come from (`run`); job_id -> name of every job it handed out, for the notes of workers.
@@ -1060,12 +1066,16 @@ class _Runner:
         the launch says how to resume them; their folders keep them pending. A third Ctrl-C cuts this short."""
         from rla_ablate.terminal import count
 
-        jobs = list(self.inflight.values())
+        jobs = [] if self.abandoned else list(self.inflight.values())
+        self.abandoned = True  # once: the interrupt passes through the loop's handler too on its way out
         if not jobs:
             return
         reason = "abandoned by a second Ctrl-C; the next launch or `resume` continues it from its last checkpoint"
         for job in jobs:
             self.end_run(job, Status.CANCELLED, reason)
+        parent = self.sdir.meta().get("parent_run_id")
+        if parent:  # the sweep's run too (the next launch opens it again)
+            _end_parent(self.services.tracking_uri, parent, "KILLED")
         self.progress.note(f"abandoned {count(len(jobs), 'running job')} (their MLflow runs closed as cancelled); "
                            f"`rla-sweep resume {shell_arg(self.sweep.name)} --root {shell_arg(self.sdir.root)}` "
                            "continues them from their last checkpoints")

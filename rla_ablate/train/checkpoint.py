@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rla_ablate.errors import CheckpointError, exception_line
+from rla_ablate.errors import CheckpointError, Notice, exception_line
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^ckpt-(\d{15})\.pt$")
@@ -137,7 +137,7 @@ def load_latest(out_dir: str | Path, skipped: list[str] | None = None) -> tuple[
             errors.append(f"{path.name}: {exception_line(exc)}")
             continue
         if errors:
-            warnings.warn(f"skipped unreadable checkpoints: {'; '.join(errors)}", stacklevel=2)
+            warnings.warn(f"skipped unreadable checkpoints: {'; '.join(errors)}", Notice, stacklevel=2)
             if skipped is not None:
                 skipped.extend(errors)
         return path, state

@@ -12,6 +12,7 @@ import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
+from rla_ablate.errors import Notice
 from rla_ablate.fileio import atomic_write_text
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     if damaged:
         shown = ", ".join(map(str, damaged[:5])) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
         warnings.warn(f"{path}: line{'s' if len(damaged) > 1 else ''} {shown} {'are' if len(damaged) > 1 else 'is'} "
-                      f"not a metrics record and {'were' if len(damaged) > 1 else 'was'} skipped", stacklevel=2)
+                      f"not a metrics record and {'were' if len(damaged) > 1 else 'was'} skipped", Notice, stacklevel=2)
     return records
 
 
