@@ -164,6 +164,29 @@ def test_an_int_range_whose_inside_values_build_no_job_is_refused_with_the_value
     assert out.returncode == 2 and "Traceback" not in err, err
     assert "search.params.train.micro_batch_size" in err and "train.micro_batch_size = 3 is refused" in err, err
     assert "{type: categorical, choices: [1, 2, 4]}" in err, err
+    # a step draws only the values that work: 1 and 4 rows (every third from 1); a step the range cannot end on,
+    # or on a float, is refused
+    search = dict(SEARCH["search"], params={"train.micro_batch_size": {"type": "int", "low": 1, "high": 4, "step": 3}})
+    f.write_text(yaml.safe_dump(dict(SEARCH, search=search), sort_keys=False))
+    out = cli("plan", str(f))
+    assert out.returncode == 0 and "train.micro_batch_size from 1 to 4 (int) in steps of 3" in " ".join(
+        out.stdout.split()), out.stdout + out.stderr
+    import optuna
+
+    from rla_ablate.sweep.schema import SearchParam
+    from rla_ablate.sweep.search import suggest
+
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    param = {"train.micro_batch_size": SearchParam(type="int", low=1, high=4, step=3)}
+    assert {suggest(study.ask(), param)["train.micro_batch_size"] for _ in range(30)} == {1, 4}
+    for spec, said in (({"type": "int", "low": 1, "high": 4, "step": 2},
+                        "high (4) must be low (1) plus a multiple of step (2): e.g. high: 3"),
+                       ({"type": "float", "low": 1.0e-4, "high": 1.0e-2, "step": 1}, "'step' is for int parameters")):
+        key = "train.micro_batch_size" if spec["type"] == "int" else "train.lr"
+        f.write_text(yaml.safe_dump(dict(SEARCH, search=dict(SEARCH["search"], params={key: spec})), sort_keys=False))
+        out = cli("plan", str(f))
+        err = " ".join(out.stderr.split())
+        assert out.returncode == 2 and f"search.params.{key}" in err and said in err, err
     # a choice the job refuses elsewhere in its config (base.data): said at the search's key, with where it failed
     search = dict(SEARCH["search"], params={"data.kind": {"type": "categorical", "choices": ["stdlib", "bogus"]}})
     f.write_text(yaml.safe_dump(dict(SEARCH, search=search), sort_keys=False))

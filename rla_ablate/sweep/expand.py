@@ -193,14 +193,15 @@ def _fractional_point(low: float, high: float) -> float:
 INSIDE_CHECKED = 64  # an int range of at most this many values is checked at every one, a wider one at 16 points
 
 
-def _check_inside(cfg: SweepConfig, located: LocatedYAML, key: str, low: int, high: int) -> None:
-    """The values an int range's trials draw between its ends build valid jobs (a batch size whose ends divide the
-    batch and whose inside values do not): a trial that draws a refused value has no job to run. Names the first
-    refused value and, for a range checked at every value, the choices that work."""
-    if high - low < 2:
+def _check_inside(cfg: SweepConfig, located: LocatedYAML, key: str, low: int, high: int, step: int = 1) -> None:
+    """The values an int range's trials draw between its ends (every step-th from low) build valid jobs (a batch
+    size whose ends divide the batch and whose inside values do not): a trial that draws a refused value has no job
+    to run. Names the first refused value and, for a range checked at every value, the choices that work."""
+    n = (high - low) // step  # the values drawn are low + i * step, i = 0 .. n
+    if n < 2:
         return
-    whole = high - low + 1 <= INSIDE_CHECKED
-    inside = range(low + 1, high) if whole else sorted({low + (high - low) * i // 17 for i in range(1, 17)} - {low, high})
+    whole = n + 1 <= INSIDE_CHECKED
+    inside = [low + i * step for i in (range(1, n) if whole else sorted({n * j // 17 for j in range(1, 17)} - {0, n}))]
     refused: dict[int, str] = {}
     for value in inside:
         try:
@@ -210,12 +211,14 @@ def _check_inside(cfg: SweepConfig, located: LocatedYAML, key: str, low: int, hi
     if not refused:
         return
     first = min(refused)
-    works = [v for v in range(low, high + 1) if v not in refused] if whole else None
+    works = [v for v in range(low, high + 1, step) if v not in refused] if whole else None
+    drawn = "every whole number" if step == 1 else f"every {step}th whole number from low"
     raise _err(located, ("search", "params", key),
-               f"its ends validate, but the trials draw every whole number between them, and {key} = {first} is "
+               f"its ends validate, but the trials draw {drawn} between them, and {key} = {first} is "
                f"refused ({refused[first]})"
                + (f"; list the values that work instead: {{type: categorical, choices: [{', '.join(map(str, works))}]}}"
-                  if works else "; narrow the range, or list the values that work: type: categorical, choices: [...]"))
+                  if works else "; narrow the range, give it a step, or list the values that work: type: "
+                  "categorical, choices: [...]"))
 
 
 def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> None:
@@ -247,7 +250,7 @@ def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> N
                 raise _err(located, ("search", "params", key),
                            f"the trials would draw {key} = {value!r}, which is refused{at}: {exc.message}") from None
         if p.type == "int":
-            _check_inside(cfg, located, key, int(ends[0][key]), int(ends[1][key]))
+            _check_inside(cfg, located, key, int(ends[0][key]), int(ends[1][key]), p.step or 1)
         if p.type == "float" and p.low is not None and p.high is not None and p.low < p.high:
             x = _fractional_point(p.low, p.high)
             try:

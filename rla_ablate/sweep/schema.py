@@ -147,6 +147,8 @@ class SearchParam(_Strict):
     """Sample on a log scale (float, int)."""
     choices: list[Any] | None = None
     """The values to choose from (categorical)."""
+    step: int | None = None
+    """Draw every step-th whole number from low (int, not with log): {type: int, low: 4, high: 16, step: 4}."""
 
     @model_validator(mode="before")
     @classmethod
@@ -182,6 +184,18 @@ class SearchParam(_Strict):
                                  f"{self.high:g}); for fractional values use type: float")
             if self.log and self.low <= 0:
                 raise ValueError("log scale needs low > 0")
+        if self.step is not None:
+            if self.type != "int":
+                raise ValueError(f"'step' is for int parameters (this one is {self.type})")
+            if self.step < 1:
+                raise ValueError(f"step must be at least 1 (got {self.step})")
+            if self.log:
+                raise ValueError("'step' and 'log' do not go together (Optuna draws a log-scale int range at every "
+                                 "whole number); give one of them")
+            assert self.low is not None and self.high is not None
+            if (self.high - self.low) % self.step:
+                raise ValueError(f"high ({self.high:g}) must be low ({self.low:g}) plus a multiple of step "
+                                 f"({self.step}): e.g. high: {self.low + (self.high - self.low) // self.step * self.step:g}")
         return self
 
 

@@ -65,7 +65,16 @@ def _question(sweep: Any) -> dict[str, Any]:
     they all start from (`_base_job`)."""
     cfg = sweep.config.search
     return {"metric": cfg.metric, "direction": cfg.direction,
-            "params": {k: p.model_dump(mode="json") for k, p in cfg.params.items()}, "base": _base_job(sweep)}
+            "params": {k: _recorded(p) for k, p in cfg.params.items()}, "base": _base_job(sweep)}
+
+
+def _recorded(p: SearchParam) -> dict[str, Any]:
+    """A parameter as its study records it: `step` only where set, so that the studies recorded before it existed
+    answer the same question as before."""
+    out = p.model_dump(mode="json")
+    if out.get("step") is None:
+        out.pop("step", None)
+    return out
 
 
 def _base_job(sweep: Any) -> dict[str, str]:
@@ -104,7 +113,8 @@ def space_text(params: dict[str, dict]) -> str:
             parts.append(f"{key} in [{', '.join(map(str, p['choices']))}]")
         else:
             parts.append(f"{key} from {value_text(p['low'])} to {value_text(p['high'])}"
-                         f"{' (log)' if p.get('log') else ''}{' (int)' if p['type'] == 'int' else ''}")
+                         f"{' (log)' if p.get('log') else ''}{' (int)' if p['type'] == 'int' else ''}"
+                         f"{' in steps of ' + str(p['step']) if p.get('step') else ''}")
     return ", ".join(parts)
 
 
@@ -182,7 +192,7 @@ def suggest(trial: Any, params: dict[str, SearchParam]) -> dict[str, Any]:
         if p.type == "float":
             out[key] = trial.suggest_float(key, p.low, p.high, log=p.log)
         else:
-            out[key] = trial.suggest_int(key, int(p.low), int(p.high), log=p.log)
+            out[key] = trial.suggest_int(key, int(p.low), int(p.high), step=p.step or 1, log=p.log)
     return out
 
 
