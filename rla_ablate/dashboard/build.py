@@ -144,8 +144,7 @@ def open_tracking(root: str | Path, sweep: str, *, read_only: bool = False):
 
     SweepDir(root, sweep).check_own_store()
     if read_only:
-        server = TrackingServer(store)
-        yield server.serving() or server.backend_uri
+        yield TrackingServer(store).reading_uri()
         return
     with TrackingServer(store) as server:
         yield server.uri

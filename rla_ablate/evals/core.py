@@ -495,8 +495,7 @@ def tracking_target(job_dir: Path) -> tuple[str | None, str | None]:
         from rla_ablate.sweep.state import SweepDir
         from rla_ablate.tracking import TrackingServer
 
-        sdir = SweepDir(sweep.parent, sweep.name)
-        return (TrackingServer(sdir.mlflow_dir).serving() or sdir.store_uri()), run_id
+        return TrackingServer(SweepDir(sweep.parent, sweep.name).mlflow_dir).reading_uri(), run_id
     uri = status.get("tracking_uri") or meta.get("tracking_uri")
     if uri and uri.startswith("http") and not is_healthy(uri):
         uri = meta.get("backend_uri") or None

@@ -292,6 +292,11 @@ class TrackingServer:
             return str(rec["uri"])
         return None
 
+    def reading_uri(self) -> str:
+        """Where a reader of this store goes: the server a launch runs on it, else the SQLite file itself (SQLite
+        serves readers without a server, which saves its start-up)."""
+        return self.serving() or self.backend_uri
+
     def _ours(self, pid) -> bool:
         """Whether `pid` is a live MLflow server on this directory (its command line or working folder)."""
         return _alive(pid) and "mlflow" in _cmdline(pid) and (str(self.root) in _cmdline(pid) or _cwd(pid) == self.root)
