@@ -503,8 +503,10 @@ def restore_runs(sweep: Sweep, sdir: SweepDir, uri: str, jobs: list[ResolvedJob]
             continue
         run_id = create_or_get_child_run(uri, sweep.name, job.job_id, tags=run_tags(job),
                                          config=job.job.model_dump(mode="json"))
-        uploaded += sync_from_jsonl(uri, run_id, jsonl) + log_results_again(sdir.job_dir(job.job_id), uri, run_id)
-        restore_events(uri, run_id, read_jsonl(jsonl))
+        records = read_jsonl(jsonl)  # once: its metrics and its events
+        uploaded += (sync_from_jsonl(uri, run_id, jsonl, records=records)
+                     + log_results_again(sdir.job_dir(job.job_id), uri, run_id))
+        restore_events(uri, run_id, records)
         sdir.set_status(job.job_id, mlflow_run_id=run_id, tracking_uri=uri)
         made += 1
     current = {job.job_id for job in sweep.jobs}

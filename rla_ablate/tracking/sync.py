@@ -24,14 +24,15 @@ def _float(value) -> float | None:
         return None
 
 
-def sync_from_jsonl(tracking_uri: str, run_id: str, path: str | Path, *, timeout: float = 30.0) -> int:
+def sync_from_jsonl(tracking_uri: str, run_id: str, path: str | Path, *, timeout: float = 30.0,
+                    records: list[dict] | None = None) -> int:
     """Upload every (key, step) of `path` that the run lacks; mirror the file's close status if the run is still
-    open. Returns the number of metrics uploaded."""
+    open. Returns the number of metrics uploaded. `records`: the file as the caller already read it."""
     from rla_ablate.train.loggers import read_jsonl
 
     api = f"{tracking_uri.rstrip('/')}/api/2.0/mlflow"
     http = requests.Session()
-    records = read_jsonl(path)
+    records = read_jsonl(path) if records is None else records
     last: dict[str, int] = {}
     for r in records:
         if r.get("type") == "metrics":
