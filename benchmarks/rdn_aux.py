@@ -1,12 +1,14 @@
-"""RDN's auxiliary pass on the `triton` backend three ways: keeping its chunk states with its q, k gradients added by
-the base pass's backward kernel (the backend's default), keeping its states with autograd adding the gradients, and
+"""RDN's auxiliary pass on the `triton` backend four ways: in one Function with the base pass on our kernels
+(`rdn.ResidualDelta`, the backend's default), and apart on FLA's kernels keeping its chunk states with its q, k
+gradients added by the base pass's backward kernel, keeping its states with autograd adding the gradients, and
 FLA's Function recomputing the states; Gated DeltaNet for the ratio. Forward+backward time, memory held between
 forward and backward, and how far each variant's outputs and gradients are from the recomputing one's.
 
     python benchmarks/rdn_aux.py [--batch 32] [--seq-len 2048]
 
 Paper-default RDN (fit=residual, clip target, output gates) on the `triton` backend, bf16, H=16 heads of dimension
-128. The variants differ only in `rla_ablate.ops.triton.backend.RDN` (`RDNPasses`): `rdn.delta_keep_states` (w, h
+128. The variants differ only in `rla_ablate.ops.triton.backend.RDN` (`RDNPasses`): one_function, or apart
+`rdn.delta_keep_states` (w, h
 and v_new kept from the forward) with or without `rdn.GradientMail`, or FLA's chunk_gated_delta_rule (its backward
 recomputes them). Median of 10 timed calls after 3 warm-up calls, by CUDA events; the variants and GDN alternate
 over two rounds. The table prints last.
@@ -80,15 +82,17 @@ def main() -> None:
     x = make_inputs(args.batch, args.seq_len)
     up = torch.randn_like(x["v"])
     default = tb.RDN
-    variants = {"kept+mail": default, "kept": tb.RDNPasses(mail=False),
-                "recompute": tb.RDNPasses(auxiliary=FLA_KERNELS.delta, mail=False)}
+    variants = {"one Function": default, "kept+mail": tb.RDNPasses(one_function=False),
+                "kept": tb.RDNPasses(mail=False, one_function=False),
+                "recompute": tb.RDNPasses(auxiliary=FLA_KERNELS.delta, mail=False, one_function=False)}
     outs = {}
     for name, passes in variants.items():
         tb.RDN = passes
         outs[name] = [t.detach().double() for t in fwd_bwd(x, up, "residual")]
     labels = ["o", "dq", "dk", "dv", "dg", "dbeta", "dgamma"]
     diffs = {name: {label: ((a - b).norm() / a.norm().clamp_min(1e-30)).item()
-                    for label, a, b in zip(labels, outs["recompute"], outs[name])} for name in ("kept+mail", "kept")}
+                    for label, a, b in zip(labels, outs["recompute"], outs[name])} for name in variants
+             if name != "recompute"}
     finite = all(bool(torch.isfinite(t).all()) for out in outs.values() for t in out)
     times: dict[str, list[float]] = {name: [] for name in (*variants, "GDN")}
     held = {}

@@ -354,9 +354,13 @@ def test_kernel_tag_names_the_implementation_that_runs():
     _load_gpu_backends()
     if "triton" not in BACKENDS:
         pytest.skip("FLA / triton not importable here")
+    from rla_ablate.ops.triton import backend as tb
+
     bf, q = torch.bfloat16, torch.zeros(2, 64, 4, 32)
+    one = "triton/rdn-fused" if tb.RDN.one_function else "triton/rdn-reads+fla"  # the auxiliary pass with the base's
     cases = {("additive", "residual", bf): "triton/rla-fused", ("additive", "none", bf): "triton/rla-fused",
-             ("delta", "residual", bf): "triton/rdn-reads+fla", ("delta", "off", bf): "triton/fla+glue",
+             ("delta", "residual", bf): one, ("delta", "none", bf): "triton/rdn-reads+fla",
+             ("delta", "off", bf): "triton/fla+glue",
              ("additive", "off", bf): "triton/fla+glue", ("additive", "residual", torch.float32): "triton/fla+glue"}
     for (rule, fit, dtype), tag in cases.items():
         x = q.to(dtype)

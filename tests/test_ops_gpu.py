@@ -198,13 +198,15 @@ def test_triton_rla_design_switches_give_the_same_numbers(switch, other, T, monk
 
 
 @pytest.mark.parametrize("change,fit,target", [
-    ("residual_in_reads", "residual", "clip"), ("residual_in_reads", "residual", "tanh"),
+    ("one_function", "residual", "clip"), ("one_function", "residual", "tanh"),
+    ("one_function", "residual", "identity"), ("residual_in_reads", "residual", "clip"), ("residual_in_reads", "residual", "tanh"),
     ("residual_in_reads", "residual", "identity"), ("wy", "residual", "clip"), ("wy", "residual", "identity"),
     ("wy", "none", "clip"), ("GATES_MADE_ONCE", "residual", "clip"), ("GATES_MADE_ONCE", "none", "clip"),
     ("READ_AHEAD", "residual", "clip"), ("READ_AHEAD", "none", "clip")])
 def test_triton_rdn_design_switches_give_the_same_numbers(change, fit, target, monkeypatch):
-    """RDN's design switches, as they run and as benchmarks/kernels.py times them against: the residual made by the
-    base pass's read kernel (its gradient turned into dv and dp by the local kernel) or by the glue's kernels from
+    """RDN's design switches, as they run and as benchmarks/kernels.py times them against: both recurrences in one
+    Function on our kernels (`rdn.ResidualDelta`) or the auxiliary pass apart on FLA's (`one_function`); the residual
+    made by the base pass's read kernel (its gradient turned into dv and dp by the local kernel) or by the glue's kernels from
     the prediction (`residual_in_reads`; dp is now rounded to bf16 once more); the WY step's backward on our kernel,
     which adds the base pass's fp32 dk and the residual's dv before its stores, or FLA's prepare_wy_repr_bwd with
     PyTorch's additions after it (`wy`); the state passes' gates made once or in each pass's loop
@@ -222,8 +224,10 @@ def test_triton_rdn_design_switches_give_the_same_numbers(change, fit, target, m
     elif change == "READ_AHEAD":
         monkeypatch.setattr(rdn, change, 1)
     else:
-        off_value = False if change == "residual_in_reads" else rdn.FLA_WY_FLA_BWD
-        monkeypatch.setattr(backend, "RDN", replace(backend.RDN, **{change: off_value}))
+        # residual_in_reads is a switch of the passes apart (the one Function always makes the residual in its reads)
+        changes = {"one_function": dict(one_function=not backend.RDN.one_function),
+                   "residual_in_reads": dict(residual_in_reads=False, one_function=False)}
+        monkeypatch.setattr(backend, "RDN", replace(backend.RDN, **changes.get(change, {change: rdn.FLA_WY_FLA_BWD})))
     off = run_case(leaves(master, torch.bfloat16), "triton", combo)
     for name, want in off.items():
         assert torch.isfinite(on[name]).all(), name

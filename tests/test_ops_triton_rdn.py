@@ -2,11 +2,14 @@
 
 Our kernels (S pass, the two old reads, the local write gradients, the dS pass, dq/dk/dw, the WY step's backward)
 run in the interpreter in fp32; the WY step's forward is the PyTorch one (FLA's fused WY kernels do not run in the
-interpreter; the GPU tests run them), its backward our kernel (`TORCH_WY_OUR_BWD`; once PyTorch's, `TORCH_WY`),
-the auxiliary recurrence the naive delta rule, its q and k gradients posted to the base pass's backward through a `GradientMail` as the backend does (dk split in two shares, as FLA's dq/dk
-kernel and WY step give it), and once added by autograd instead; with fit residual the read kernel makes the
+interpreter; the GPU tests run them), its backward our kernel (`TORCH_WY_OUR_BWD`; once PyTorch's, `TORCH_WY`).
+With fit residual both recurrences run in one Function as the backend runs them (`rdn.ResidualDelta`: the auxiliary
+recurrence on the same kernels, one dq/dk kernel for both); apart (the backend's `RDN.one_function` off) the
+auxiliary recurrence is the naive delta rule, its q and k gradients posted to the base pass's backward through a
+`GradientMail` as the backend does (dk split in two shares, as FLA's dq/dk kernel and WY step give it), and once
+added by autograd instead; with fit residual the read kernel makes the
 residual (as the backend runs it), and twice the prediction goes out to the glue's residual step instead; a graph kept for a second backward whose first
-needed the auxiliary pass alone (its mail must not reach the second). Against the float64 naive
+needed the auxiliary pass alone (its mail must not reach the second), apart and in one Function. Against the float64 naive
 contract: outputs, final states and all eight gradients for every fit x target x gates, chunks of 16 (T=37: three
 chunks, the last partial), clip=0.7; packed sequences of uneven lengths (one of a single token, one empty) with
 gates of -1e5 and -300, heads that are not powers of two (K=24, V=20), K=80 (two K tiles in dq/dk, a masked K row
@@ -18,6 +21,7 @@ the gates made in their loop (batched and packed) instead of read from `made_gat
 from __future__ import annotations
 
 import itertools
+from functools import partial
 
 import pytest
 
@@ -34,6 +38,7 @@ def check_all() -> None:
     from rla_ablate.ops.fla_backend import BaseKernels, compose_residual_attention
     from rla_ablate.ops.naive import naive_residual_attention
     from rla_ablate.ops.spec import ResidualSpec
+    from rla_ablate.ops.triton.backend import rdn_one_function
     from rla_ablate.ops.triton.rdn import TORCH_WY, TORCH_WY_OUR_BWD, GradientMail, delta_two_reads
 
     compare = Comparer(RATIO, ATOL)
@@ -62,7 +67,9 @@ def check_all() -> None:
             return None, None, dbeta, None
 
     def rdn(q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens=None, mailed=True, residual_in_reads=True,
-            wy=TORCH_WY_OUR_BWD):
+            wy=TORCH_WY_OUR_BWD, apart=False):
+        if spec.fit == "residual" and not apart:  # both recurrences in one Function, as the backend runs them
+            return rdn_one_function(q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens, wy=wy, chunk=16)
         mail = GradientMail() if mailed else None
         # as the backend runs it: with fit residual the read kernel makes the residual
         residual = (spec.target, spec.clip) if residual_in_reads and spec.fit == "residual" else None
@@ -85,7 +92,14 @@ def check_all() -> None:
         compare(f"{fit}-{target}-{'gates' if og else 'nogates'}",
                 run(naive_residual_attention, master, spec, torch.float64), run(rdn, master, spec, torch.float32))
 
+    for target in ("clip", "tanh", "identity"):  # the auxiliary pass apart, on its own Function (the naive rule here)
+        spec = ResidualSpec(rule="delta", target=target, clip=0.7)
+        master = make()
+        compare(f"apart-{target}", run(naive_residual_attention, master, spec, torch.float64),
+                run(rdn, master, spec, torch.float32, apart=True))
+
     check_packed(compare, "delta", rdn)
+    check_packed(compare, "delta", rdn, prefix="apart-", apart=True)
 
     spec = ResidualSpec(rule="delta", clip=0.7)
     for K, V in ((80, 24), (24, 72)):  # two K tiles in dq/dk; two V tiles in the passes and reads
@@ -98,24 +112,26 @@ def check_all() -> None:
     compare("torch-wy-backward", run(naive_residual_attention, master, spec, torch.float64),
             run(rdn, master, spec, torch.float32, wy=TORCH_WY))
     compare("autograd-adds-qk", run(naive_residual_attention, master, spec, torch.float64),
-            run(rdn, master, spec, torch.float32, mailed=False))
+            run(rdn, master, spec, torch.float32, mailed=False, apart=True))
     for target in ("clip", "identity"):  # the prediction out of the base pass and the residual made by the glue
         spec_t = ResidualSpec(rule="delta", target=target, clip=0.7)
         compare(f"prediction-out-{target}", run(naive_residual_attention, master, spec_t, torch.float64),
-                run(rdn, master, spec_t, torch.float32, residual_in_reads=False))
+                run(rdn, master, spec_t, torch.float32, residual_in_reads=False, apart=True))
 
     # a graph kept for a second backward: the first needs the auxiliary pass alone (gamma), the second the base pass
     # alone (S_T by q and k); the first's mail must not reach the second
-    x = {n: t.to(torch.float32).requires_grad_(True) for n, t in make().items()}
-    ref = {n: t.detach().double().requires_grad_(True) for n, t in x.items()}
-    grads = []
-    for fn, inp in ((rdn, x), (naive_residual_attention, ref)):
-        o, (S, _) = fn(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], inp["gamma"], spec, 0.3,
-                       (inp["S0"], inp["R0"]))
-        torch.autograd.grad(o.sum(), [inp["gamma"]], retain_graph=True)
-        dq, dk = torch.autograd.grad(S.sum(), [inp["q"], inp["k"]], allow_unused=True)  # S_T does not read q
-        grads.append({"dq": torch.zeros_like(inp["q"]) if dq is None else dq, "dk": dk})
-    compare("retained-graph", grads[1], grads[0])
+    # (in one Function too: each backward of the kept graph runs it whole)
+    for apart in (True, False):
+        x = {n: t.to(torch.float32).requires_grad_(True) for n, t in make().items()}
+        ref = {n: t.detach().double().requires_grad_(True) for n, t in x.items()}
+        grads = []
+        for fn, inp in ((partial(rdn, apart=apart), x), (naive_residual_attention, ref)):
+            o, (S, _) = fn(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], inp["gamma"], spec, 0.3,
+                           (inp["S0"], inp["R0"]))
+            dgamma, = torch.autograd.grad(o.sum(), [inp["gamma"]], retain_graph=True)
+            dq, dk = torch.autograd.grad(S.sum(), [inp["q"], inp["k"]], allow_unused=True)  # S_T does not read q
+            grads.append({"dgamma": dgamma, "dq": torch.zeros_like(inp["q"]) if dq is None else dq, "dk": dk})
+        compare(f"retained-graph{'-apart' if apart else ''}", grads[1], grads[0])
 
     # the state passes making their gates in their loop (`GATES_MADE_ONCE` off), which benchmarks/kernels.py times
     # against the gates made once: batched, and packed with an empty sequence and huge gates
@@ -149,7 +165,7 @@ def check_all() -> None:
 def test_one_pass_delta_rule_matches_naive_under_the_interpreter():
     from interpreter_checks import run_interpreted
 
-    run_interpreted(__file__, checks=37, timeout=900)
+    run_interpreted(__file__, checks=44, timeout=900)
 
 
 def test_torch_wy_step_solves_the_chunk_recurrence_of_the_delta_rule():

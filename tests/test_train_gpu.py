@@ -71,7 +71,8 @@ def test_every_sweep_job_trains_on_the_gpu(sweep_job, tmp_path):
         from rla_ablate.ops.triton import backend as tb
 
         fit = sweep_job.job.model.fit
-        want = {"off": tb.FLA_GLUE}.get(fit, tb.RLA_FUSED if sweep_job.job.model.family == "rla" else tb.RDN_READS)
+        rdn = tb.RDN_FUSED if fit == "residual" and tb.RDN.one_function else tb.RDN_READS
+        want = {"off": tb.FLA_GLUE}.get(fit, tb.RLA_FUSED if sweep_job.job.model.family == "rla" else rdn)
         assert backend == f"triton/{want}", backend
     peaks = [r["values"]["train/peak_mem_gib"] for r in records if r["type"] == "metrics"
              and "train/peak_mem_gib" in r["values"]]

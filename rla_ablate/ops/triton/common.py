@@ -270,7 +270,7 @@ def launch_options(name: str, V: int, table: dict) -> dict:
 # the tile widths each kernel's launch options name (RLA's and RDN's LAUNCH tables); the others': BV alone. The dq/dk
 # kernels hold the whole V in one tile, the parallel kernels the whole K.
 TILE_KEYS = {"state_pass": ("BK", "BV"), "state_pass_2": ("BK", "BV"), "bwd_dqk": ("BK",), "dqk": ("BK",),
-             "wy_bwd": ("BK", "BV")}
+             "dqk_both": ("BK",), "wy_bwd": ("BK", "BV")}
 
 
 def parse_launch(text: str, table: dict) -> tuple[str, dict]:

@@ -55,6 +55,8 @@ LAUNCH = {
     "reads": dict(BV=64, num_warps=4),
     "local": dict(BV=64, num_warps=4),
     "dqk": dict(BK=64, num_warps=4),  # its V tile is the whole V
+    # the same kernel for both recurrences (`ResidualDelta`): at 4 warps it spills (H100, the 100M layer: 1.41 ms)
+    "dqk_both": dict(BK=64, num_warps=8),
     "wy_bwd": dict(BK=64, BV=64, num_warps=4),  # one program a chunk and head, looping over K and V tiles
 }
 FLOOR = float(G_FLOOR.value)
@@ -122,11 +124,11 @@ def delta_fwd_pass(grid, *, k, w, u, g, S0, hS, N_, ST, cu, coff, H, K, V, BT, B
 @triton.jit
 def _delta_reads(q, k, v, g, hS, N_, P, BQ, RES, cu, cidx, scale, c,
                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                 BV: tl.constexpr, RESIDUAL: tl.constexpr, TARGET: tl.constexpr):
+                 BV: tl.constexpr, RESIDUAL: tl.constexpr, TARGET: tl.constexpr, TWO: tl.constexpr = True):
     """The two old reads p = S_{t-1} k_t and scale S_{t-1} q_t (grid V tiles x chunks x heads). RESIDUAL: RES holds
     the residual T(x), x = v - p, in v's dtype (the glue's residual step, made here) and P what the backward needs
     of x for the target's slope: the clip's slope itself (0 or 1, one byte), x for tanh (fp32), nothing for the
-    identity."""
+    identity. TWO False: the one ordinary read scale S_t q_t (the auxiliary recurrence's, at b, s <= t) into BQ."""
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
     rt = tl.arange(0, BT)
@@ -138,35 +140,42 @@ def _delta_reads(q, k, v, g, hS, N_, P, BQ, RES, cu, cidx, scale, c,
     b_hS = tl.load(hS + (i_c * H + h).to(tl.int64) * V * K + rv[:, None] * K + rk[None, :],
                    mask=mv[:, None] & mk[None, :], other=0.0).to(dt)
     b, bp, b_L = _chunk_gates(g, tok, mt)
-    D = _decay(bp, b, rt[:, None] > rt[None, :])
-    e = tl.exp(bp)[:, None]
-    p = e * tl.dot(b_k, tl.trans(b_hS)) + tl.dot((tl.dot(b_k, tl.trans(b_k)) * D).to(dt), b_n)
-    if RESIDUAL:
-        x = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) - p
-        _keep_for_slope(P, o_tv, m_tv, x, c, TARGET)
-        tl.store(RES + o_tv, _target(x, c, TARGET).to(RES.dtype.element_ty), mask=m_tv)
+    if TWO:
+        D = _decay(bp, b, rt[:, None] > rt[None, :])
+        e = tl.exp(bp)[:, None]
+        p = e * tl.dot(b_k, tl.trans(b_hS)) + tl.dot((tl.dot(b_k, tl.trans(b_k)) * D).to(dt), b_n)
+        if RESIDUAL:
+            x = tl.load(v + o_tv, mask=m_tv, other=0.0).to(tl.float32) - p
+            _keep_for_slope(P, o_tv, m_tv, x, c, TARGET)
+            tl.store(RES + o_tv, _target(x, c, TARGET).to(RES.dtype.element_ty), mask=m_tv)
+        else:
+            tl.store(P + o_tv, p.to(P.dtype.element_ty), mask=m_tv)
     else:
-        tl.store(P + o_tv, p.to(P.dtype.element_ty), mask=m_tv)
+        D = _decay(b, b, rt[:, None] >= rt[None, :])
+        e = tl.exp(b)[:, None]
     bq = e * tl.dot(b_q, tl.trans(b_hS)) + tl.dot((tl.dot(b_q, tl.trans(b_k)) * D).to(dt), b_n)
     tl.store(BQ + o_tv, (bq * scale).to(BQ.dtype.element_ty), mask=m_tv)
 
 
 def delta_reads(grid, *, q, k, v, g, hS, N_, P, BQ, RES, cu, cidx, scale, c, H, K, V, BT, BK, BV, RESIDUAL, TARGET,
-                **options):
+                TWO=True, **options):
     """`_delta_reads` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
     _delta_reads[grid](q, k, v, g, hS, N_, P, BQ, RES, cu, cidx, scale, c, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                       RESIDUAL=RESIDUAL, TARGET=TARGET, **options)
+                       RESIDUAL=RESIDUAL, TARGET=TARGET, TWO=TWO, **options)
 
 
 @triton.jit
-def _delta_bwd_local(q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c,
+def _delta_bwd_local(q, k, g, dBQ, dP, DNL, dRES, X, dV, A_R, GAMMA, cu, cidx, scale, c,
                      H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     BV: tl.constexpr, RESIDUAL: tl.constexpr, TARGET: tl.constexpr):
+                     BV: tl.constexpr, RESIDUAL: tl.constexpr, TARGET: tl.constexpr, TWO: tl.constexpr = True,
+                     AUX_DV: tl.constexpr = False):
     """dn_loc_s = sum_{t > s, chunk} exp(b'_t - b_s) (scale (k_s . q_t) dB_t + (k_s . k_t) dp_t), in the inputs'
     dtype (grid V tiles x chunks x heads): what the writes of a chunk get from the later reads inside it. RESIDUAL:
     dp first, from the residual's gradient dRES and what the forward kept of x = v - p (X: the clip's slope, or x):
     dv = dRES T'(x) (stored in dV) and dp = -dv (stored in dP, the inputs' dtype, for the dS pass and the dq/dk
-    kernel)."""
+    kernel). AUX_DV: the residual's gradient is made here from the auxiliary pass's, gamma (A_R^T du_R) (the
+    auxiliary WY step's u = A_R (gamma r); dRES holds du_R, A_R that step's A, GAMMA its gamma). TWO False: the one
+    ordinary read of the auxiliary recurrence, dn_loc_s = sum_{t >= s} exp(b_t - b_s) scale (k_s . q_t) dB_t."""
     i_v, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, i_v, H, K, V, BT, BK, BV)
     rt = tl.arange(0, BT)
@@ -175,25 +184,38 @@ def _delta_bwd_local(q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c,
     b_k = tl.load(k + tok[:, None] * K + rk[None, :], mask=m_tk, other=0.0)
     dt = b_k.dtype
     b, bp, b_L = _chunk_gates(g, tok, mt)
-    Dst = _decay(-b, -bp, rt[:, None] < rt[None, :])  # [s, t]: exp(b'_t - b_s) for s < t
     b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(dt)
-    if RESIDUAL:
-        dx = _times_kept_slope(tl.load(dRES + o_tv, mask=m_tv, other=0.0).to(tl.float32), X, o_tv, m_tv, c, TARGET)
-        tl.store(dV + o_tv, dx.to(dV.dtype.element_ty), mask=m_tv)
-        b_dP = (-dx).to(dt)
-        tl.store(dP + o_tv, b_dP, mask=m_tv)
+    if TWO:
+        Dst = _decay(-b, -bp, rt[:, None] < rt[None, :])  # [s, t]: exp(b'_t - b_s) for s < t
+        if RESIDUAL:
+            if AUX_DV:
+                AT = tl.load(A_R + tok[None, :] * BT + rt[:, None], mask=mt[None, :], other=0.0).to(dt)
+                du = tl.load(dRES + o_tv, mask=m_tv, other=0.0).to(dt)
+                dr = tl.dot(AT, du) * tl.load(GAMMA + tok, mask=mt, other=0.0).to(tl.float32)[:, None]
+            else:
+                dr = tl.load(dRES + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+            dx = _times_kept_slope(dr, X, o_tv, m_tv, c, TARGET)
+            tl.store(dV + o_tv, dx.to(dV.dtype.element_ty), mask=m_tv)
+            b_dP = (-dx).to(dt)
+            tl.store(dP + o_tv, b_dP, mask=m_tv)
+        else:
+            b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(dt)
+        dn = tl.dot((tl.dot(b_k, tl.trans(b_q)) * Dst * scale).to(dt), b_dB) \
+            + tl.dot((tl.dot(b_k, tl.trans(b_k)) * Dst).to(dt), b_dP)
     else:
-        b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(dt)
-    dn = tl.dot((tl.dot(b_k, tl.trans(b_q)) * Dst * scale).to(dt), b_dB) \
-        + tl.dot((tl.dot(b_k, tl.trans(b_k)) * Dst).to(dt), b_dP)
+        Dst = _decay(-b, -b, rt[:, None] <= rt[None, :])  # [s, t]: exp(b_t - b_s) for s <= t
+        dn = tl.dot((tl.dot(b_k, tl.trans(b_q)) * Dst * scale).to(dt), b_dB)
     tl.store(DNL + o_tv, dn.to(DNL.dtype.element_ty), mask=m_tv)
 
 
 def delta_bwd_local(grid, *, q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c, H, K, V, BT, BK, BV, RESIDUAL,
-                    TARGET, **options):
-    """`_delta_bwd_local` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
-    _delta_bwd_local[grid](q, k, g, dBQ, dP, DNL, dRES, X, dV, cu, cidx, scale, c, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
-                           RESIDUAL=RESIDUAL, TARGET=TARGET, **options)
+                    TARGET, TWO=True, aux_dv=None, **options):
+    """`_delta_bwd_local` over `grid`, every parameter by name; `options`: num_warps, num_stages. aux_dv: (A_R,
+    gamma) of the auxiliary WY step, whose du dRES then is (AUX_DV), or None."""
+    A_R, GAMMA = aux_dv if aux_dv is not None else (dRES, dRES)
+    _delta_bwd_local[grid](q, k, g, dBQ, dP, DNL, dRES, X, dV, A_R, GAMMA, cu, cidx, scale, c, H=H, K=K, V=V, BT=BT,
+                           BK=BK, BV=BV, RESIDUAL=RESIDUAL, TARGET=TARGET, TWO=TWO, AUX_DV=aux_dv is not None,
+                           **options)
 
 
 @triton.jit
@@ -215,10 +237,12 @@ def _bwd_reads(q, k, w, g, dBQ, dP, DNL, bos, eos, c, h, rk, rv, mk, mv, H: tl.c
 @triton.jit
 def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale,
                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                    BV: tl.constexpr, HAS_DST: tl.constexpr, MADE: tl.constexpr, AHEAD: tl.constexpr):
+                    BV: tl.constexpr, HAS_DST: tl.constexpr, MADE: tl.constexpr, AHEAD: tl.constexpr,
+                    TWO: tl.constexpr = True):
     """dS over the chunks in reverse (grid V tiles x sequences*heads): stores dS where each chunk ends (dhS), the
     writes' whole gradient dn (DN) and dS0 (fp32). MADE: g holds the gates made once, as `_delta_fwd_pass` takes
-    them; AHEAD: a chunk's reads (`_bwd_reads`) one chunk ahead, as `_delta_fwd_pass` (1: all but the key tiles)."""
+    them; AHEAD: a chunk's reads (`_bwd_reads`) one chunk ahead, as `_delta_fwd_pass` (1: all but the key tiles).
+    TWO False: the auxiliary recurrence's one read scale R_t q_t (at b; dP unused)."""
     h, bos, eos, c0, rk, rv, mk, mv, m_state, o_state, o_seq, D = _pass_program(
         cu, coff, dST, 0, tl.program_id(0), tl.program_id(1), H, K, V, BK, BV, HAS_DST)
     NC = tl.cdiv(eos - bos, BT)
@@ -248,34 +272,39 @@ def _delta_bwd_pass(q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale
             b_dnl = tl.load(DNL + o_tv, mask=m_tv, other=0.0).to(tl.float32)
         dn = b_dnl + tl.exp(b_L - b)[:, None] * tl.dot(b_k, tl.trans(D.to(dt)))
         tl.store(DN + o_tv, dn.to(DN.dtype.element_ty), mask=m_tv)
-        e = tl.exp(bp)
+        e = tl.exp(bp) if TWO else tl.exp(b)
         if AHEAD == 0:
             b_dB = tl.load(dBQ + o_tv, mask=m_tv, other=0.0).to(tl.float32)
-            b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(tl.float32)
         b_dB = b_dB * (e * scale)[:, None]
-        b_dP = b_dP * e[:, None]
-        # the three products accumulate in D
+        # the three products (two with TWO False) accumulate in D
         D = tl.dot(tl.trans(b_dB.to(dt)), b_q, D * tl.exp(b_L))
-        D = tl.dot(tl.trans(b_dP.to(dt)), b_k, D)
+        if TWO:
+            if AHEAD == 0:
+                b_dP = tl.load(dP + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+            b_dP = b_dP * e[:, None]
+            D = tl.dot(tl.trans(b_dP.to(dt)), b_k, D)
         D = tl.dot(tl.trans((-dn).to(dt)), b_w, D)
     tl.store(dS0 + o_seq + o_state, D, mask=m_state)
 
 
 def delta_bwd_pass(grid, *, q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale, H, K, V, BT, BK, BV, HAS_DST,
-                   MADE=False, AHEAD=0, **options):
+                   MADE=False, AHEAD=0, TWO=True, **options):
     """`_delta_bwd_pass` over `grid`, every parameter by name; `options`: num_warps, num_stages."""
     _delta_bwd_pass[grid](q, k, w, g, dBQ, dP, DNL, dST, dhS, DN, dS0, cu, coff, scale, H=H, K=K, V=V, BT=BT, BK=BK,
-                          BV=BV, HAS_DST=HAS_DST, MADE=MADE, AHEAD=AHEAD, **options)
+                          BV=BV, HAS_DST=HAS_DST, MADE=MADE, AHEAD=AHEAD, TWO=TWO, **options)
 
 
 @triton.jit
-def _delta_bwd_dqk(q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, dQA, dKA, dKB, cu, cidx, NTH, NCH,
+def _delta_bwd_dqk(q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, dQA, dKA, dKB,
+                   dO_R, N_R, DN_R, hR, dhR, dW_R, Q_P, cu, cidx, NTH, NCH,
                    scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                   BV: tl.constexpr, HAS_MAIL: tl.constexpr):
+                   BV: tl.constexpr, HAS_MAIL: tl.constexpr, AUX: tl.constexpr = False):
     """dq, dk (fp32, before the WY step's share), dw = -dn S_c and this K tile's shares of the per-token d/db terms
     E (reads, at b') and K (writes) (grid K tiles x chunks x heads; the whole V is one tile). HAS_MAIL: the stored
     dq, dk also add the auxiliary pass's dQA and dKA + dKB (`GradientMail`), outside the d/db terms (which are this
-    pass's own)."""
+    pass's own). AUX: the auxiliary recurrence's share too, from its read scale R_t q_t (gradient dO_R), writes N_R
+    and their gradient DN_R, states hR and dhR: its dq, dk added to the stored ones, dw_R = -dn_R R_c (dW_R), its
+    reads' terms (at b) in Q_P, its writes' in K_P and its chunk end in Z_P (`ResidualDelta`)."""
     i_k, i_c, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n, eos, t, mt, tok, rk, rv, mk, mv, m_tk, m_tv = _chunk_tile(cu, cidx, i_c, h, 0, H, K, V, BT, BK, BV)
     rk = i_k * BK + tl.arange(0, BK)
@@ -309,28 +338,50 @@ def _delta_bwd_dqk(q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P,
     dkw += dke
     # dg's end term of the chunk, <dS_{c+1}, S_{c+1}> = exp(b_L) <dS_{c+1}, S_c> + the writes' k . dk
     z = tl.exp(b_L) * tl.sum(b_hS.to(tl.float32) * b_dhS.to(tl.float32)) + tl.sum(tl.sum(k32 * dke, axis=1))
-    tl.store(Z_P + i_k.to(tl.int64) * NCH + i_c * H + h, z)
     dw = -tl.dot(tl.load(DN + o_tv, mask=m_tv, other=0.0).to(dt), b_hS)
-    dq_out, dk_out = dq, dk + dkw
-    if HAS_MAIL:
-        dq_out += tl.load(dQA + o_tk, mask=m_tk, other=0.0).to(tl.float32)
-        dk_out += tl.load(dKA + o_tk, mask=m_tk, other=0.0).to(tl.float32) \
-            + tl.load(dKB + o_tk, mask=m_tk, other=0.0).to(tl.float32)
-    tl.store(dQ + o_tk, dq_out.to(dQ.dtype.element_ty), mask=m_tk)
-    tl.store(dK + o_tk, dk_out, mask=m_tk)
     tl.store(dW + o_tk, dw.to(dW.dtype.element_ty), mask=m_tk)
     o_part = i_k.to(tl.int64) * NTH + tok
     tl.store(E_P + o_part, tl.sum(q32 * dq, axis=1) + tl.sum(k32 * dk, axis=1), mask=mt)
+    dk += dkw
+    if AUX:  # R's read scale (exp(b) q R_c^T + (q k^T * exp(b_t - b_s)[s <= t]) n_R) and its writes
+        Di = _decay(b, b, rt[:, None] >= rt[None, :])
+        b_n = tl.load(N_R + o_tv, mask=m_tv, other=0.0).to(dt)
+        b_hS = tl.load(hR + o_state, mask=m_state, other=0.0).to(dt)
+        b_dB = tl.load(dO_R + o_tv, mask=m_tv, other=0.0).to(dt)
+        A = (tl.dot(b_dB, tl.trans(b_n)) * Di * scale).to(dt)
+        dqr = scale * tl.exp(b)[:, None] * tl.dot(b_dB, b_hS) + tl.dot(A, b_k)
+        dkr = tl.dot(tl.trans(A), b_q)
+        b_dhS = tl.load(dhR + o_state, mask=m_state, other=0.0).to(dt)
+        dke = tl.exp(b_L - b)[:, None] * tl.dot(b_n, b_dhS)
+        dkr += dke
+        z += tl.exp(b_L) * tl.sum(b_hS.to(tl.float32) * b_dhS.to(tl.float32)) + tl.sum(tl.sum(k32 * dke, axis=1))
+        dwr = -tl.dot(tl.load(DN_R + o_tv, mask=m_tv, other=0.0).to(dt), b_hS)
+        tl.store(dW_R + o_tk, dwr.to(dW_R.dtype.element_ty), mask=m_tk)
+        tl.store(Q_P + o_part, tl.sum(q32 * dqr, axis=1), mask=mt)
+        dq += dqr
+        dk += dkr
+        dkw += dkr
+    tl.store(Z_P + i_k.to(tl.int64) * NCH + i_c * H + h, z)
     tl.store(K_P + o_part, tl.sum(k32 * dkw, axis=1), mask=mt)
+    if HAS_MAIL:
+        dq += tl.load(dQA + o_tk, mask=m_tk, other=0.0).to(tl.float32)
+        dk += tl.load(dKA + o_tk, mask=m_tk, other=0.0).to(tl.float32) \
+            + tl.load(dKB + o_tk, mask=m_tk, other=0.0).to(tl.float32)
+    tl.store(dQ + o_tk, dq.to(dQ.dtype.element_ty), mask=m_tk)
+    tl.store(dK + o_tk, dk, mask=m_tk)
 
 
 def delta_bwd_dqk(grid, *, q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, cu, cidx, NTH, NCH, scale, H,
-                  K, V, BT, BK, BV, mailed=None, **options):
+                  K, V, BT, BK, BV, mailed=None, aux=None, **options):
     """`_delta_bwd_dqk` over `grid`, every parameter by name; `options`: num_warps, num_stages. mailed: the
-    auxiliary pass's (dq, dk, dk') to add (`GradientMail`), or None."""
+    auxiliary pass's (dq, dk, dk') to add (`GradientMail`), or None. aux: the auxiliary recurrence's (dO_R, N_R,
+    DN_R, hR, dhR, dW_R, Q_P) for its share (AUX), or None."""
     dQA, dKA, dKB = mailed if mailed is not None else (dQ, dK, dK)
-    _delta_bwd_dqk[grid](q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, dQA, dKA, dKB, cu, cidx, NTH, NCH,
-                         scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_MAIL=mailed is not None, **options)
+    dO_R, N_R, DN_R, hR, dhR, dW_R, Q_P = aux if aux is not None else (dBQ, N_, DN, hS, dhS, dW, E_P)
+    _delta_bwd_dqk[grid](q, k, g, dBQ, dP, N_, DN, hS, dhS, dQ, dK, dW, E_P, K_P, Z_P, dQA, dKA, dKB,
+                         dO_R, N_R, DN_R, hR, dhR, dW_R, Q_P, cu, cidx, NTH, NCH,
+                         scale, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV, HAS_MAIL=mailed is not None, AUX=aux is not None,
+                         **options)
 
 
 @dataclass(frozen=True)
@@ -351,7 +402,7 @@ class WY:
 @triton.jit
 def _wy_bwd(k, v, beta, g, A, dW, dU, dK_IN, dV_IN, dK, dV, dBETA, dB, cu, cidx,
             H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-            HAS_DV_IN: tl.constexpr):
+            HAS_DV_IN: tl.constexpr, HAS_DV: tl.constexpr = True):
     """The WY step's backward for one chunk and head (grid chunks x heads), with the base pass's dk (fp32) and the
     residual's dv added before the single store in the inputs' dtype. With M = beta exp(b) k, N = beta v,
     L = strict_lower(beta_t exp(b_t - b_s) k_t . k_s) and A = (I + L)^-1 (w = A M, u = A N):
@@ -361,7 +412,8 @@ def _wy_bwd(k, v, beta, g, A, dW, dU, dK_IN, dV_IN, dK, dV, dBETA, dB, cu, cidx,
         dv = beta dN + dv_in,   dbeta = exp(b) (dM . k) + dN . v + (G k) . k
         db = M . dM + rowsum(G * L') - colsum(G * L'),   L'_ts = beta_t k_t . k_s
 
-    Two passes over K tiles (the first for dA, the second for dk, dM made again rather than stored), one over V."""
+    Two passes over K tiles (the first for dA, the second for dk, dM made again rather than stored), one over V.
+    HAS_DV False: dv is not stored (the auxiliary step's, which the base pass's local kernel made already)."""
     i_c, h = tl.program_id(0), tl.program_id(1)
     _, _, _, mt, tok = _chunk_rows(cu, cidx, i_c, h, H, BT)
     rt = tl.arange(0, BT)
@@ -395,10 +447,11 @@ def _wy_bwd(k, v, beta, g, A, dW, dU, dK_IN, dV_IN, dK, dV, dBETA, dB, cu, cidx,
         dA = tl.dot(b_du, tl.trans((b_v * b_beta[:, None]).to(dt)), dA)
         dN = tl.dot(AT, b_du)
         dbeta += tl.sum(dN * b_v, axis=1)
-        dv = dN * b_beta[:, None]
-        if HAS_DV_IN:
-            dv += tl.load(dV_IN + o_tv, mask=m_tv, other=0.0).to(tl.float32)
-        tl.store(dV + o_tv, dv.to(dV.dtype.element_ty), mask=m_tv)
+        if HAS_DV:
+            dv = dN * b_beta[:, None]
+            if HAS_DV_IN:
+                dv += tl.load(dV_IN + o_tv, mask=m_tv, other=0.0).to(tl.float32)
+            tl.store(dV + o_tv, dv.to(dV.dtype.element_ty), mask=m_tv)
     strict = rt[:, None] > rt[None, :]
     dA = tl.where(strict, dA, 0.0).to(dt)
     G = -tl.dot(AT, tl.dot(dA, AT).to(dt)) * _decay(b, b, strict)
@@ -421,20 +474,22 @@ def _wy_bwd(k, v, beta, g, A, dW, dU, dK_IN, dV_IN, dK, dV, dBETA, dB, cu, cidx,
     tl.store(dB + tok, db, mask=mt)
 
 
-def wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk, dk_in, dv_in):
-    """`WY.bwd` on our kernel (`_wy_bwd`), from the A that the forward saved last: dk + dk_in in k's dtype, dv (+ dv_in)
-    in v's, dbeta and db in fp32. One kernel where FLA's prepare_wy_repr_bwd and two PyTorch additions ran."""
+def wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk, dk_in, dv_in, dk_dtype=None, want_dv=True):
+    """`WY.bwd` on our kernel (`_wy_bwd`), from the A that the forward saved last: dk + dk_in in k's dtype (or
+    dk_dtype), dv (+ dv_in) in v's (None where not want_dv), dbeta and db in fp32. One kernel where FLA's
+    prepare_wy_repr_bwd and two PyTorch additions ran."""
     B, T, H, K = k.shape
     V = v.shape[-1]
     A = saved[-1]
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dk = torch.empty_like(k, dtype=dk_dtype or k.dtype)
+    dv = torch.empty_like(v) if want_dv else None
     dbeta = torch.empty(B, T, H, dtype=torch.float32, device=k.device)
     db = torch.empty_like(dbeta)
     opts = dict(LAUNCH["wy_bwd"])
     _wy_bwd[(max(layout.chunks, 1), H)](k, v, beta, g, A.contiguous(), dw.contiguous(), du.contiguous(),
-                                        dk_in.contiguous(), dv_in.contiguous() if dv_in is not None else dv, dk, dv,
-                                        dbeta, db, layout.cu, layout.cidx, H=H, K=K, V=V, BT=chunk,
-                                        HAS_DV_IN=dv_in is not None, **opts)
+                                        dk_in.contiguous(), dv_in.contiguous() if dv_in is not None else dk,
+                                        dk, dv if want_dv else dk, dbeta, db, layout.cu, layout.cidx, H=H, K=K, V=V,
+                                        BT=chunk, HAS_DV_IN=dv_in is not None, HAS_DV=want_dv, **opts)
     return dk, dv, dbeta, db
 
 
@@ -449,18 +504,19 @@ def _fla_wy_fwd(k, v, beta, g, layout, cu, chunk):
     return w, u, (g_cs, A)
 
 
-def _fla_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk, dk_in, dv_in):
+def _fla_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk, dk_in, dv_in, dk_dtype=None, want_dv=True):
     from fla.ops.gated_delta_rule.wy_fast import prepare_wy_repr_bwd
 
     g_cs, A = saved
     # its dg is the gradient of the chunk-local cumsum (FLA sums it from each chunk's end to get that of g)
     dk, dv, dbeta, db = prepare_wy_repr_bwd(k=k, v=v, beta=beta, A=A, dw=dw, du=du, g=g_cs, cu_seqlens=cu)
-    return _add_shares(dk, dv, dk_in, dv_in) + (dbeta, db)
+    return _add_shares(dk, dv, dk_in, dv_in, dk_dtype) + (dbeta, db)
 
 
-def _add_shares(dk, dv, dk_in, dv_in):
-    """dk + dk_in (summed in fp32) in k's dtype, dv + dv_in in v's, by PyTorch (the WY backwards that do not add)."""
-    dk = torch.add(dk_in, dk, out=torch.empty_like(dk))
+def _add_shares(dk, dv, dk_in, dv_in, dk_dtype=None):
+    """dk + dk_in (summed in fp32) in k's dtype (or dk_dtype), dv + dv_in in v's, by PyTorch (the WY backwards that do
+    not add)."""
+    dk = torch.add(dk_in, dk, out=torch.empty_like(dk, dtype=dk_dtype or dk.dtype))
     return dk, (torch.add(dv_in, dv, out=torch.empty_like(dv)) if dv_in is not None else dv)
 
 
@@ -519,7 +575,7 @@ def _torch_wy_fwd(k, v, beta, g, layout, cu, chunk):
     return w.to(k.dtype), u.to(v.dtype), (A.to(k.dtype),)
 
 
-def _torch_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk, dk_in, dv_in):
+def _torch_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk, dk_in, dv_in, dk_dtype=None, want_dv=True):
     leaf = []
 
     def as_leaf(b):
@@ -531,7 +587,7 @@ def _torch_wy_bwd(k, v, beta, g, saved, dw, du, layout, cu, chunk, dk_in, dv_in)
         w, u, (_, idx, _) = _torch_wy_forward(*inputs, g, layout, chunk, b_of=as_leaf)
         dk, dv, dbeta, db = torch.autograd.grad((w, u), inputs + leaf, (dw.to(w.dtype), du.to(u.dtype)))
     B, T = k.shape[:2]
-    return _add_shares(dk, dv, dk_in, dv_in) + (dbeta, _scatter(db, idx, B, T))
+    return _add_shares(dk, dv, dk_in, dv_in, dk_dtype) + (dbeta, _scatter(db, idx, B, T))
 
 
 # the WY step in PyTorch, forward and backward: the reference; TORCH_WY_OUR_BWD: with our backward kernel (tests,
@@ -582,6 +638,56 @@ def _grid_v(name: str, V: int) -> tuple[int, dict]:
     return triton.cdiv(V, opts["BV"]), opts
 
 
+def _consts(H: int, K: int, V: int, chunk: int) -> dict:
+    """The shape constants every kernel of the passes takes (the whole K in one tile)."""
+    return dict(H=H, K=K, V=V, BT=chunk, BK=max(MIN_TILE, triton.next_power_of_2(K)))
+
+
+def _state_pass(k, w, u, gates, S0, layout: Layout, consts: dict, made: bool, ahead: int):
+    """One forward state pass of the delta rule (`_delta_fwd_pass`): (chunk states [chunks, H, V, K] and writes
+    [B, T, H, V] in k's dtype, the final state [N, H, V, K] fp32)."""
+    H, K, V = consts["H"], consts["K"], consts["V"]
+    dev, dt = k.device, k.dtype
+    hS = torch.empty(layout.chunks, H, V, K, dtype=dt, device=dev)
+    N_ = torch.empty(*k.shape[:3], V, dtype=dt, device=dev)
+    ST = torch.empty(layout.N, H, V, K, dtype=torch.float32, device=dev)
+    nv, opts = _grid_v("pass", V)
+    delta_fwd_pass((nv, layout.N * H), k=k, w=w.contiguous(), u=u.contiguous(), g=gates,
+                   S0=S0 if S0 is not None else ST, hS=hS, N_=N_, ST=ST, cu=layout.cu, coff=layout.coff,
+                   HAS_S0=S0 is not None, MADE=made, AHEAD=ahead, **consts, **opts)
+    return hS, N_, ST
+
+
+def _reverse_pass(q, k, w, gates, dB, dP, DNL, dST, layout: Layout, scale: float, consts: dict, made: bool,
+                  ahead: int, two: bool = True):
+    """One reverse state pass (`_delta_bwd_pass`): (dS where each chunk ends and the writes' gradients, in k's
+    dtype; dS0 [N, H, V, K] fp32). two False: the auxiliary recurrence's one read (dP unused)."""
+    H, K, V = consts["H"], consts["K"], consts["V"]
+    dev, dt = k.device, k.dtype
+    dhS = torch.empty(layout.chunks, H, V, K, dtype=dt, device=dev)
+    DN = torch.empty(*k.shape[:3], V, dtype=dt, device=dev)
+    dS0 = torch.empty(layout.N, H, V, K, dtype=torch.float32, device=dev)
+    nv, opts = _grid_v("bwd_pass", V)
+    delta_bwd_pass((nv, layout.N * H), q=q, k=k, w=w, g=gates, dBQ=dB, dP=dP, DNL=DNL,
+                   dST=dST.contiguous() if dST is not None else dS0, dhS=dhS, DN=DN, dS0=dS0, cu=layout.cu,
+                   coff=layout.coff, scale=scale, HAS_DST=dST is not None, MADE=made, AHEAD=ahead, TWO=two,
+                   **consts, **opts)
+    return dhS, DN, dS0
+
+
+def _dqk_buffers(q, layout: Layout, name: str = "dqk"):
+    """What `_delta_bwd_dqk` writes (dq in q's dtype, dk fp32, dw in q's dtype, the d/db partials E and K
+    [K tiles, tokens * H], Z [K tiles, chunks * H]), its grid and launch options (BK included; LAUNCH[name])."""
+    B, T, H, K = q.shape
+    dev = q.device
+    opts = dict(LAUNCH[name])
+    opts["BK"] = max(MIN_TILE, min(opts["BK"], triton.next_power_of_2(K)))
+    NK, C = triton.cdiv(K, opts["BK"]), max(layout.chunks, 1)
+    E_P = torch.empty(NK, B * T * H, dtype=torch.float32, device=dev)
+    return (torch.empty_like(q), torch.empty(B, T, H, K, dtype=torch.float32, device=dev), torch.empty_like(q), E_P,
+            torch.empty_like(E_P), torch.empty(NK, C * H, dtype=torch.float32, device=dev), (NK, C, H), opts)
+
+
 class DeltaTwoReads(torch.autograd.Function):
     """(q, k, v, g, beta, S0) -> (scale S_{t-1} q_t [inputs' dtype], S_{t-1} k_t [fp32], S_T [fp32]) of the gated
     delta rule S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T (module docstring).
@@ -603,18 +709,10 @@ class DeltaTwoReads(torch.autograd.Function):
         g32 = g.float().clamp_min(FLOOR).contiguous()  # the kernels' floor (docs/MATH.md), here for the WY step too
         beta_c = beta.contiguous()
         w, u, saved = wy.fwd(k, v, beta_c, g32, layout, cu, chunk)
-        NT, N = layout.chunks, layout.N
-        hS = torch.empty(NT, H, V, K, dtype=dt, device=dev)
-        N_ = torch.empty(B, T, H, V, dtype=dt, device=dev)
-        ST = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
-        BK = max(MIN_TILE, triton.next_power_of_2(K))
-        consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
-        nv, opts = _grid_v("pass", V)
+        consts = _consts(H, K, V, chunk)
         made, ctx.ahead = GATES_MADE_ONCE, READ_AHEAD
         gates = made_gates(layout, g32, H, chunk) if made else g32
-        delta_fwd_pass((nv, N * H), k=k, w=w.contiguous(), u=u.contiguous(), g=gates, S0=S0 if S0 is not None else ST,
-                       hS=hS, N_=N_, ST=ST, cu=layout.cu, coff=layout.coff, HAS_S0=S0 is not None, MADE=made,
-                       AHEAD=ctx.ahead, **consts, **opts)
+        hS, N_, ST = _state_pass(k, w, u, gates, S0, layout, consts, made, ctx.ahead)
         target, clip = residual if residual is not None else ("identity", 0.0)
         keeps_x = residual is None or target != "identity"  # the identity's slope needs no x
         # the prediction (fp32), or what the backward needs of x = v - p: the clip's slope (a byte), tanh's x
@@ -623,8 +721,8 @@ class DeltaTwoReads(torch.autograd.Function):
         BQ = torch.empty(B, T, H, V, dtype=dt, device=dev)
         RES = torch.empty(B, T, H, V, dtype=v.dtype, device=dev) if residual is not None else BQ
         nv, opts = _grid_v("reads", V)
-        delta_reads((nv, max(NT, 1), H), q=q, k=k, v=v, g=g32, hS=hS, N_=N_, P=P, BQ=BQ, RES=RES, cu=layout.cu,
-                    cidx=layout.cidx, scale=float(scale), c=float(clip), RESIDUAL=residual is not None,
+        delta_reads((nv, max(layout.chunks, 1), H), q=q, k=k, v=v, g=g32, hS=hS, N_=N_, P=P, BQ=BQ, RES=RES,
+                    cu=layout.cu, cidx=layout.cidx, scale=float(scale), c=float(clip), RESIDUAL=residual is not None,
                     TARGET=TARGET_CODES[target], **consts, **opts)
         ctx.save_for_backward(q, k, v, g32, beta_c, w, hS, N_, P if residual is not None and keeps_x else None,
                               gates if made else None)
@@ -641,11 +739,9 @@ class DeltaTwoReads(torch.autograd.Function):
         B, T, H, K = q.shape
         V = v.shape[-1]
         dev, dt = q.device, q.dtype
-        NT, N, NTH = layout.chunks, layout.N, B * T * H
-        C = max(NT, 1)
+        NTH, C = B * T * H, max(layout.chunks, 1)
         dBQ, dP = dBQ.contiguous(), dP.contiguous()  # never None: autograd materializes unused outputs' gradients
-        BK = max(MIN_TILE, triton.next_power_of_2(K))
-        consts = dict(H=H, K=K, V=V, BT=chunk, BK=BK)
+        consts = _consts(H, K, V, chunk)
         # the local share of dn in the inputs' dtype, as FLA's chunk_bwd_dv_local keeps the delta rule's
         DNL = torch.empty(B, T, H, V, dtype=dt, device=dev)
         target, clip = ctx.residual if ctx.residual is not None else ("identity", 0.0)
@@ -657,26 +753,12 @@ class DeltaTwoReads(torch.autograd.Function):
         delta_bwd_local((nv, C, H), q=q, k=k, g=g32, dBQ=dBQ, dP=dP, DNL=DNL, dRES=dRES,
                         X=X if X is not None else dRES, dV=dV_res, cu=layout.cu, cidx=layout.cidx, scale=scale,
                         c=clip, RESIDUAL=ctx.residual is not None, TARGET=TARGET_CODES[target], **consts, **opts)
-        dhS = torch.empty(NT, H, V, K, dtype=dt, device=dev)
-        DN = torch.empty(B, T, H, V, dtype=dt, device=dev)
-        dS0 = torch.empty(N, H, V, K, dtype=torch.float32, device=dev)
-        nv, opts = _grid_v("bwd_pass", V)
-        delta_bwd_pass((nv, N * H), q=q, k=k, w=w, g=made if made is not None else g32, dBQ=dBQ, dP=dP, DNL=DNL,
-                       dST=dST.contiguous() if dST is not None else dS0, dhS=dhS, DN=DN, dS0=dS0, cu=layout.cu,
-                       coff=layout.coff, scale=scale, HAS_DST=dST is not None, MADE=made is not None,
-                       AHEAD=ctx.ahead, **consts, **opts)
-        opts = dict(LAUNCH["dqk"])
-        BKt = max(MIN_TILE, min(opts.pop("BK"), triton.next_power_of_2(K)))
-        NK = triton.cdiv(K, BKt)
-        dQ = torch.empty(B, T, H, K, dtype=dt, device=dev)
-        dK = torch.empty(B, T, H, K, dtype=torch.float32, device=dev)
-        dW = torch.empty(B, T, H, K, dtype=dt, device=dev)
-        E_P = torch.empty(NK, NTH, dtype=torch.float32, device=dev)
-        K_P = torch.empty_like(E_P)
-        Z_P = torch.empty(NK, C * H, dtype=torch.float32, device=dev)
-        delta_bwd_dqk((NK, C, H), q=q, k=k, g=g32, dBQ=dBQ, dP=dP, N_=N_, DN=DN, hS=hS, dhS=dhS, dQ=dQ, dK=dK, dW=dW,
+        dhS, DN, dS0 = _reverse_pass(q, k, w, made if made is not None else g32, dBQ, dP, DNL, dST, layout, scale,
+                                     consts, made is not None, ctx.ahead)
+        dQ, dK, dW, E_P, K_P, Z_P, grid, opts = _dqk_buffers(q, layout)
+        delta_bwd_dqk(grid, q=q, k=k, g=g32, dBQ=dBQ, dP=dP, N_=N_, DN=DN, hS=hS, dhS=dhS, dQ=dQ, dK=dK, dW=dW,
                       E_P=E_P, K_P=K_P, Z_P=Z_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale, H=H,
-                      K=K, V=V, BT=chunk, BK=BKt, BV=max(MIN_TILE, triton.next_power_of_2(V)),
+                      K=K, V=V, BT=chunk, BV=max(MIN_TILE, triton.next_power_of_2(V)),
                       mailed=ctx.mail.collect() if ctx.mail is not None else None, **opts)
         # the WY step's backward adds our fp32 dk and, with the residual made here, v's share from it (autograd's sum
         # before) to its own before storing them in the inputs' dtypes
@@ -686,6 +768,106 @@ class DeltaTwoReads(torch.autograd.Function):
         g_dtype, beta_dtype = ctx.dtypes
         return (dQ, dK, dv.to(v.dtype), dg.to(g_dtype), dbeta.to(beta_dtype), dS0 if ctx.has_S0 else None,
                 None, None, None, None, None, None, None)
+
+
+class ResidualDelta(torch.autograd.Function):
+    """RDN's two recurrences in one Function, every pass on this module's kernels (fit residual):
+    (q, k, v, g, beta, gamma, S0, R0) -> (scale S_{t-1} q_t, scale R_t q_t [inputs' dtype], S_T, R_T [fp32]) with
+    S the gated delta rule of (k, v, beta) read twice at the old state (`DeltaTwoReads`) and R that of (k, r, gamma),
+    r = T(v_t - S_{t-1} k_t), read once, S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t k_t^T,
+    R_t = alpha_t R_{t-1} (I - gamma_t k_t k_t^T) + gamma_t r_t k_t^T. The output gate's sum stays in the glue.
+
+    Apart, R's backward had to finish before S's began (its dr feeds S's residual), so each pass ran its own dq/dk
+    kernel and WY backward and the two sums of q's and k's gradients crossed memory. In one Function, R's backward
+    only gets as far as its writes' gradient du_R (its local and reverse passes); S's local kernel makes dr =
+    gamma (A_R^T du_R) itself, and then one dq/dk kernel serves both recurrences (`_delta_bwd_dqk`, AUX: q, k and
+    the gates loaded once, dq and dk stored once), R's WY backward hands its fp32 dk on to S's, and one
+    `gate_gradient` sums both passes' d/db terms (R's reads start at b: `plus`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, gamma, S0, R0, layout: Layout, scale: float, chunk: int, wy: WY, cu,
+                residual: tuple[str, float]):
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        dev, dt = q.device, q.dtype
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        g32 = g.float().clamp_min(FLOOR).contiguous()
+        beta_c, gamma_c = beta.contiguous(), gamma.contiguous()
+        consts = _consts(H, K, V, chunk)
+        made, ctx.ahead = GATES_MADE_ONCE, READ_AHEAD
+        gates = made_gates(layout, g32, H, chunk) if made else g32
+        w, u, saved = wy.fwd(k, v, beta_c, g32, layout, cu, chunk)
+        hS, N_, ST = _state_pass(k, w, u, gates, S0, layout, consts, made, ctx.ahead)
+        target, clip = residual
+        keeps_x = target != "identity"  # what the backward needs of x = v - p: the clip's slope (a byte), tanh's x
+        X = torch.empty(B, T, H, V, dtype=torch.uint8 if target == "clip" else torch.float32,
+                        device=dev) if keeps_x else ST
+        BQ = torch.empty(B, T, H, V, dtype=dt, device=dev)
+        RES = torch.empty(B, T, H, V, dtype=v.dtype, device=dev)
+        nv, opts = _grid_v("reads", V)
+        grid = (nv, max(layout.chunks, 1), H)
+        delta_reads(grid, q=q, k=k, v=v, g=g32, hS=hS, N_=N_, P=X, BQ=BQ, RES=RES, cu=layout.cu, cidx=layout.cidx,
+                    scale=float(scale), c=float(clip), RESIDUAL=True, TARGET=TARGET_CODES[target], **consts, **opts)
+        # R on the residual, read once by q
+        w_R, u_R, saved_R = wy.fwd(k, RES, gamma_c, g32, layout, cu, chunk)
+        hR, N_R, RT = _state_pass(k, w_R, u_R, gates, R0, layout, consts, made, ctx.ahead)
+        CORR = torch.empty(B, T, H, V, dtype=dt, device=dev)
+        delta_reads(grid, q=q, k=k, v=RES, g=g32, hS=hR, N_=N_R, P=CORR, BQ=CORR, RES=CORR, cu=layout.cu,
+                    cidx=layout.cidx, scale=float(scale), c=0.0, RESIDUAL=False, TARGET=0, TWO=False, **consts,
+                    **opts)
+        ctx.save_for_backward(q, k, v, g32, beta_c, gamma_c, w, hS, N_, X if keeps_x else None,
+                              gates if made else None, RES, w_R, hR, N_R)
+        ctx.residual, ctx.layout, ctx.scale, ctx.chunk = (target, float(clip)), layout, float(scale), chunk
+        ctx.saved, ctx.saved_R, ctx.wy, ctx.cu = saved, saved_R, wy, cu
+        ctx.has_states, ctx.dtypes = (S0 is not None, R0 is not None), (g.dtype, beta.dtype, gamma.dtype)
+        return BQ, CORR, ST, RT
+
+    @staticmethod
+    def backward(ctx, dBQ, dCORR, dST, dRT):
+        q, k, v, g32, beta_c, gamma_c, w, hS, N_, X, made, RES, w_R, hR, N_R = ctx.saved_tensors
+        layout, scale, chunk, wy = ctx.layout, ctx.scale, ctx.chunk, ctx.wy
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        dev, dt = q.device, q.dtype
+        NTH, C = B * T * H, max(layout.chunks, 1)
+        dBQ, dCORR = dBQ.contiguous(), dCORR.contiguous()
+        consts = _consts(H, K, V, chunk)
+        gates = made if made is not None else g32
+        target, clip = ctx.residual
+        nv, opts = _grid_v("local", V)
+        # R as far as its writes' gradient du_R = DN_R
+        DNL_R = torch.empty(B, T, H, V, dtype=dt, device=dev)
+        delta_bwd_local((nv, C, H), q=q, k=k, g=g32, dBQ=dCORR, dP=dCORR, DNL=DNL_R, dRES=dCORR, X=dCORR, dV=dCORR,
+                        cu=layout.cu, cidx=layout.cidx, scale=scale, c=0.0, RESIDUAL=False, TARGET=0, TWO=False,
+                        **consts, **opts)
+        dhR, DN_R, dR0 = _reverse_pass(q, k, w_R, gates, dCORR, dCORR, DNL_R, dRT, layout, scale, consts,
+                                       made is not None, ctx.ahead, two=False)
+        # S: its local kernel makes dr from du_R, then dv and dp from dr
+        DNL = torch.empty(B, T, H, V, dtype=dt, device=dev)
+        dP = torch.empty(B, T, H, V, dtype=dt, device=dev)
+        dV_res = torch.empty_like(v)
+        delta_bwd_local((nv, C, H), q=q, k=k, g=g32, dBQ=dBQ, dP=dP, DNL=DNL, dRES=DN_R,
+                        X=X if X is not None else DN_R, dV=dV_res, cu=layout.cu, cidx=layout.cidx, scale=scale,
+                        c=clip, RESIDUAL=True, TARGET=TARGET_CODES[target], aux_dv=(ctx.saved_R[-1].contiguous(),
+                                                                                  gamma_c), **consts, **opts)
+        dhS, DN, dS0 = _reverse_pass(q, k, w, gates, dBQ, dP, DNL, dST, layout, scale, consts, made is not None,
+                                     ctx.ahead)
+        # one dq/dk kernel for both recurrences
+        dQ, dK, dW, E_P, K_P, Z_P, grid, opts = _dqk_buffers(q, layout, "dqk_both")
+        dW_R, Q_P = torch.empty_like(dW), torch.empty_like(E_P)
+        delta_bwd_dqk(grid, q=q, k=k, g=g32, dBQ=dBQ, dP=dP, N_=N_, DN=DN, hS=hS, dhS=dhS, dQ=dQ, dK=dK, dW=dW,
+                      E_P=E_P, K_P=K_P, Z_P=Z_P, cu=layout.cu, cidx=layout.cidx, NTH=NTH, NCH=C * H, scale=scale, H=H,
+                      K=K, V=V, BT=chunk, BV=max(MIN_TILE, triton.next_power_of_2(V)),
+                      aux=(dCORR, N_R, DN_R, hR, dhR, dW_R, Q_P), **opts)
+        # the two WY steps: R's dk (fp32, no dv: dr was made above) into S's, which stores dk in k's dtype
+        dK, _, dgamma, db_R = wy.bwd(k, RES, gamma_c, g32, ctx.saved_R, dW_R, DN_R, layout, ctx.cu, chunk, dK, None,
+                                     dk_dtype=torch.float32, want_dv=False)
+        dK, dv, dbeta, db = wy.bwd(k, v, beta_c, g32, ctx.saved, dW, DN, layout, ctx.cu, chunk, dK, dV_res)
+        dg = gate_gradient(layout, E_P, K_P, Z_P, H, chunk, plus=Q_P, extra=(db + db_R).contiguous()).view(B, T, H)
+        g_dtype, beta_dtype, gamma_dtype = ctx.dtypes
+        has_S0, has_R0 = ctx.has_states
+        return (dQ, dK, dv.to(v.dtype), dg.to(g_dtype), dbeta.to(beta_dtype), dgamma.to(gamma_dtype),
+                dS0 if has_S0 else None, dR0 if has_R0 else None, None, None, None, None, None, None)
 
 
 class DeltaKeepStates(torch.autograd.Function):
@@ -777,3 +959,15 @@ def delta_two_reads(q, k, v, g, beta, S0, scale: float, cu_seqlens: torch.Tensor
     cu = cu_seqlens.long() if cu_seqlens is not None else None
     return DeltaTwoReads.apply(q, k, v, g, beta, S0.float().contiguous() if S0 is not None else None, layout,
                                scale, chunk, wy, cu, mail, residual)
+
+
+def residual_delta(q, k, v, g, beta, gamma, S0, R0, scale: float, residual: tuple[str, float],
+                   cu_seqlens: torch.Tensor | None = None, wy: WY = FLA_WY, chunk: int = CHUNK):
+    """(scale S_{t-1} q_t, scale R_t q_t, S_T, R_T) of RDN's two recurrences (`ResidualDelta`); q, k [B, T, H, K],
+    S0, R0 [N, H, V, K] fp32 or None, residual (target, clip). Packed sequences as in FLA: B = 1 and cu_seqlens
+    [N + 1]."""
+    B, T = q.shape[:2]
+    layout = Layout.batched(B, T, chunk, q.device) if cu_seqlens is None else Layout(B, T, cu_seqlens, chunk, q.device)
+    cu = cu_seqlens.long() if cu_seqlens is not None else None
+    states = [x.float().contiguous() if x is not None else None for x in (S0, R0)]
+    return ResidualDelta.apply(q, k, v, g, beta, gamma, *states, layout, scale, chunk, wy, cu, residual)
