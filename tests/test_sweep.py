@@ -718,6 +718,20 @@ def test_a_key_with_nothing_under_it_says_how_to_write_none(tmp_path):
                                   f"{empty} for none, or delete the key")
 
 
+def test_a_model_given_by_its_preset_name_alone_says_how_to_write_it(tmp_path):
+    """`models: tiny-rla` and `- tiny-rla`: the message writes the mapping the entry takes, at the key's line (not
+    pydantic's "Input should be a valid list" / "a mapping")."""
+    f = tmp_path / "s.yaml"
+    for models, where, write in (("models: tiny-rla\n", "2: models: takes a list of models",
+                                  "write models: [{preset: tiny-rla}]"),
+                                 ("models:\n  - tiny-rla\n", "3: models.0: a model is a mapping",
+                                  "write {preset: tiny-rla}")):
+        f.write_text("name: s\n" + models)
+        with pytest.raises(UserError) as err:
+            load_sweep(f)
+        assert str(err.value).startswith(f"{f}:{where}") and write in str(err.value), str(err.value)
+
+
 def test_a_damaged_sweep_record_is_named_not_read_as_an_empty_sweep(tmp_path, capsys, monkeypatch):
     """jobs.json or sweep.json damaged from outside (they are written atomically): status and results name the file
     and exit 2. Read as empty, status showed no jobs and results called every finished run stale."""

@@ -50,6 +50,13 @@ class ModelArm(_Strict):
     """This arm's own job sections over the sweep's `base`: `train` keys replace the shared ones key by key,
     `data` and `eval` replace the shared sections whole (a study with an MQAR arm and a text arm)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _a_mapping(cls, v: Any) -> Any:
+        if isinstance(v, str):  # `- tiny-rla`: the preset's name alone
+            raise ValueError(f"a model is a mapping with its preset: write {{preset: {v}}}")
+        return v
+
     @field_validator("base")
     @classmethod
     def _arm_sections(cls, v: dict) -> dict:
@@ -264,6 +271,14 @@ class SweepConfig(_Strict):
     """An Optuna study over the base job instead of a fixed grid."""
     evals: EvalRequest | None = None
     """Downstream accuracy of every finished job after training (lm-evaluation-harness tasks)."""
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models_a_list(cls, v: Any) -> Any:
+        if isinstance(v, str):  # `models: tiny-rla`
+            raise ValueError(f"takes a list of models, each a mapping with its preset: write "
+                             f"models: [{{preset: {v}}}] (or '- {{preset: {v}}}' on a line of its own below)")
+        return v
 
     @field_validator("name")
     @classmethod
