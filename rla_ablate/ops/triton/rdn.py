@@ -31,7 +31,9 @@ dg: the reads and writes follow docs/MATH.md's identity (reads at b' minus write
 sequence); the WY step's own dependence on the gates comes back from it already as a gradient of g.
 Chunk states, writes and gradients of writes are kept in the inputs' dtype (as FLA does), running states and
 accumulations in fp32. The auxiliary recurrence (R) needs only the ordinary inclusive read R_t q_t: it stays FLA's
-chunk_gated_delta_rule, called by the composition in `fla_backend`.
+chunk_gated_delta_rule, called by the composition in `fla_backend`; or, with the backend's `RDN.one_function`, it
+runs on these kernels in one Function with the base pass (`ResidualDelta`: one dq/dk kernel for both; slower on an
+H100, docs/RESULTS.md).
 """
 
 from __future__ import annotations
