@@ -645,14 +645,19 @@ def _consts(H: int, K: int, V: int, chunk: int) -> dict:
     return dict(H=H, K=K, V=V, BT=chunk, BK=max(MIN_TILE, triton.next_power_of_2(K)))
 
 
+def _pass_buffers(k, layout: Layout, consts: dict):
+    """What a state pass writes: a state where each chunk starts or ends [chunks, H, V, K] and one [B, T, H, V] tile a
+    token, in k's dtype, and a state at the sequences' start or end [N, H, V, K] fp32."""
+    H, K, V = consts["H"], consts["K"], consts["V"]
+    return (k.new_empty(layout.chunks, H, V, K), k.new_empty(*k.shape[:3], V),
+            torch.empty(layout.N, H, V, K, dtype=torch.float32, device=k.device))
+
+
 def _state_pass(k, w, u, gates, S0, layout: Layout, consts: dict, made: bool, ahead: int):
     """One forward state pass of the delta rule (`_delta_fwd_pass`): (chunk states [chunks, H, V, K] and writes
     [B, T, H, V] in k's dtype, the final state [N, H, V, K] fp32)."""
-    H, K, V = consts["H"], consts["K"], consts["V"]
-    dev, dt = k.device, k.dtype
-    hS = torch.empty(layout.chunks, H, V, K, dtype=dt, device=dev)
-    N_ = torch.empty(*k.shape[:3], V, dtype=dt, device=dev)
-    ST = torch.empty(layout.N, H, V, K, dtype=torch.float32, device=dev)
+    H, V = consts["H"], consts["V"]
+    hS, N_, ST = _pass_buffers(k, layout, consts)
     nv, opts = _grid_v("pass", V)
     delta_fwd_pass((nv, layout.N * H), k=k, w=w.contiguous(), u=u.contiguous(), g=gates,
                    S0=S0 if S0 is not None else ST, hS=hS, N_=N_, ST=ST, cu=layout.cu, coff=layout.coff,
@@ -664,11 +669,8 @@ def _reverse_pass(q, k, w, gates, dB, dP, DNL, dST, layout: Layout, scale: float
                   ahead: int, two: bool = True):
     """One reverse state pass (`_delta_bwd_pass`): (dS where each chunk ends and the writes' gradients, in k's
     dtype; dS0 [N, H, V, K] fp32). two False: the auxiliary recurrence's one read (dP unused)."""
-    H, K, V = consts["H"], consts["K"], consts["V"]
-    dev, dt = k.device, k.dtype
-    dhS = torch.empty(layout.chunks, H, V, K, dtype=dt, device=dev)
-    DN = torch.empty(*k.shape[:3], V, dtype=dt, device=dev)
-    dS0 = torch.empty(layout.N, H, V, K, dtype=torch.float32, device=dev)
+    H, V = consts["H"], consts["V"]
+    dhS, DN, dS0 = _pass_buffers(k, layout, consts)
     nv, opts = _grid_v("bwd_pass", V)
     delta_bwd_pass((nv, layout.N * H), q=q, k=k, w=w, g=gates, dBQ=dB, dP=dP, DNL=DNL,
                    dST=dST.contiguous() if dST is not None else dS0, dhS=dhS, DN=DN, dS0=dS0, cu=layout.cu,
