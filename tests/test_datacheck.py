@@ -70,7 +70,7 @@ def test_a_second_sequence_length_is_a_second_check(tmp_path):
 
 def test_an_empty_validation_split_is_exit_2_at_its_line(tmp_path, capsys):
     docs = corpus(tmp_path / "docs", 0.05, with_validation=False)
-    f = sweep_file(tmp_path, {"kind": "text", "path": str(docs)},
+    f = sweep_file(tmp_path, {"kind": "text", "path": str(docs), "split": "train", "validation_fraction": 0.05},
                    {"kind": "text", "path": str(docs), "split": "validation", "validation_fraction": 0.05})
     assert main(["plan", str(f)]) == 2
     err = capsys.readouterr().err

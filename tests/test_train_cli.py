@@ -16,9 +16,10 @@ SMALL = ["model.vocab_size=257", "train.tokens=2048", "train.seq_len=64", "train
 
 
 def test_set_reaches_every_section():
-    job = build_job("tiny-rla", SMALL + ["model.fit=none", "train.lr=1e-3", "data.split=validation"], None, "cpu")
+    job = build_job("tiny-rla", SMALL + ["model.fit=none", "train.lr=1e-3", "data.split=validation",
+                                         "eval.0.data.split=train"], None, "cpu")
     assert job.model.fit == "none" and job.train.lr == 1e-3 and job.train.tokens == 2048
-    assert job.data.kind == "stdlib" and job.data.split == "validation"
+    assert job.data.kind == "stdlib" and job.data.split == "validation" and job.eval[0].data.split == "train"
     assert job.eval[0].tokens == 512
     recall = build_job("tiny-rla", SMALL + ["eval.1.name=mqar", "eval.1.data.kind=mqar", "eval.1.examples=16"],
                        None, "cpu")
@@ -27,6 +28,32 @@ def test_set_reaches_every_section():
     assert job.train.min_lr == 3e-4 and job.train.resolved_warmup_tokens == 20
     paper = build_job("tiny-rla", [], None, "paper")
     assert paper.train.tokens == 50_000_000_000 and paper.train.batch_tokens == 2**22
+    # a --set into the default eval set changes that job's copy, not the default of the next job
+    assert paper.eval[0].data.split == "validation"
+
+
+def test_an_eval_set_that_reads_the_training_text_is_refused(tmp_path):
+    """An eval set's loss on documents the model trains on is a training loss under an eval set's name: refused with
+    what to change (a text folder read whole by --data, the embedded corpus' same split, the same shards); a text
+    folder's train and validation splits at one fraction are apart."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):
+        (corpus / f"doc{i}.txt").write_text(f"document {i} " * 40)
+    held_out = f"eval.0={{name: mine, data: {{kind: text, path: {corpus}, split: validation, " \
+               "validation_fraction: 0.2}, tokens: 512}"
+    with pytest.raises(UserError) as err:
+        build_job("tiny-rla", SMALL + [held_out], str(corpus), "cpu")
+    assert "eval set 0 ('mine') reads text the model trains on" in str(err.value)
+    assert "--set data.split=train" in str(err.value)
+    job = build_job("tiny-rla", SMALL + [held_out, "data.split=train", "data.validation_fraction=0.2"], str(corpus),
+                    "cpu")
+    assert (job.data.split, job.eval[0].data.split) == ("train", "validation")
+    with pytest.raises(UserError, match="the files between the two hash into both"):  # a wider held-out share
+        build_job("tiny-rla", SMALL + [held_out.replace("0.2", "0.5"), "data.split=train",
+                                       "data.validation_fraction=0.2"], str(corpus), "cpu")
+    with pytest.raises(UserError, match="both read the embedded corpus' validation split"):
+        build_job("tiny-rla", SMALL + ["data.split=validation"], None, "cpu")
 
 
 @pytest.mark.parametrize("sets, words", [

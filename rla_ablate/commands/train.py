@@ -7,6 +7,7 @@ checkpoint. `--set` takes dotted JobConfig keys (train.tokens=200000, model.fit=
 from __future__ import annotations
 
 import argparse
+import copy
 import shutil
 import signal
 from pathlib import Path
@@ -84,7 +85,7 @@ def build_job(model: str, sets: list[str], data: str | None, profile: str):
         "model": load_preset(model).model_dump(),
         "train": {},
         "data": data_config(data),
-        "eval": [dict(e) for e in DEFAULT_EVAL],
+        "eval": copy.deepcopy(list(DEFAULT_EVAL)),  # --set eval.0.data.split=... writes into the copy
     }
     return apply_overrides(JobConfig, base, PROFILES[profile] + list(sets))
 

@@ -48,6 +48,40 @@ def better_direction(metric: str) -> str | None:
     return "minimize" if last in ("loss", "ppl") else None
 
 
+def training_overlap(train, held_out) -> str:
+    """Why the eval data `held_out` shares documents with the training data `train` (and what to change), or "" where
+    they are apart. Text folders split their files by a hash of the path: train (at validation_fraction f) and
+    validation (at f') share no file when f' <= f; "all" shares every file. Shards have no split; a saved dataset's
+    split is its own. Synthetic tasks and other sources never overlap here."""
+    if train.kind != held_out.kind or train.kind not in ("stdlib", "text", "shards", "hf_disk"):
+        return ""
+    if train.kind == "stdlib":
+        return (f"both read the embedded corpus' {train.split} split; an eval set reads split: validation"
+                if train.split == held_out.split else "")
+    if train.path != held_out.path:
+        return ""
+    if train.kind == "shards":
+        return f"both read the shards {train.path} (shards have no split); evaluate on other shards"
+    if train.kind == "hf_disk":
+        return (f"both read split {train.split or '(its only or train)'} of {train.path}; an eval set reads another "
+                "split" if train.split == held_out.split else "")
+    if train.glob != held_out.glob and train.path.is_dir():
+        return ""
+    splits = {train.split, held_out.split}
+    if splits == {"train", "validation"}:
+        val, trains = (held_out, train) if held_out.split == "validation" else (train, held_out)
+        if val.validation_fraction <= trains.validation_fraction:
+            return ""
+        return (f"the validation split reads validation_fraction {val.validation_fraction} of {train.path} and the "
+                f"train split {trains.validation_fraction}: the files between the two hash into both; give both the "
+                "same validation_fraction")
+    if "all" in splits:
+        return (f"the training data reads split {train.split} of {train.path} and the eval set split "
+                f"{held_out.split}; train on split: train (data.split: train, or --set data.split=train with "
+                "--data) and evaluate on split: validation, with the same validation_fraction")
+    return f"both read split {train.split} of {train.path}; an eval set reads split: validation"
+
+
 class JobConfig(BaseModel):
     """One model trained on one data stream for one token budget, evaluated on a list of eval sets."""
 
@@ -89,6 +123,10 @@ class JobConfig(BaseModel):
             field = "seq_len" if self.data.kind == "mqar" else "context_length"
             raise ValueError(f"data.{field} ({own}) must equal train.seq_len ({self.train.seq_len}) or be unset: "
                              "batch_tokens counts train.seq_len tokens per training sequence")
+        for i, e in enumerate(self.eval):
+            shared = training_overlap(self.data, e.data)
+            if shared:  # its loss would be a training loss, under an eval set's name
+                raise ValueError(f"eval set {i} ('{e.name}') reads text the model trains on: {shared}")
         return self
 
     def logged_metrics(self, on_gpu: bool = True) -> list[str]:
