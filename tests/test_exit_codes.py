@@ -258,6 +258,28 @@ def test_a_launch_whose_output_closes_stops_its_jobs_with_141():
         PipeConsole(file=os.fdopen(write, "w")).print("a row")
 
 
+def test_a_launch_stopped_after_its_last_job_ended_gives_no_failure_advice(tmp_path, capsys):
+    """Ctrl-C after every job of a grid had ended: the jobs' results stand and no job failed, so the last line says
+    so (and that a resume runs the evals: stage a stopped launch skips) instead of the advice for failed jobs."""
+    from types import SimpleNamespace
+
+    from rla_ablate.outcome import Cause, Status
+    from rla_ablate.sweep.progress import Progress
+    from rla_ablate.sweep.summary import FailedJob, LaunchSummary
+
+    sdir = SimpleNamespace(store_uri=lambda: None, root=tmp_path)
+    for pending, words in ((False, "nothing is left to resume"), (True, "runs the sweep's evals: stage")):
+        summary = LaunchSummary(sweep="s", counts={Status.FINISHED: 3}, interrupted=True, evals_pending=pending)
+        Progress("s", console=None, interactive=False).final(summary, sdir)
+        err = capsys.readouterr().err
+        assert "stopped after every job had ended: their results stand" in err and words in err, err
+        assert "every failure above" not in err
+    failed = LaunchSummary(sweep="s", counts={Status.FINISHED: 2, Status.FAILED: 1}, interrupted=True,
+                           failed=[FailedJob("j", "0" * 12, "ValueError: x", cause=Cause.CONFIG)])
+    Progress("s", console=None, interactive=False).final(failed, sdir)
+    assert "every failure above repeats on each attempt" in capsys.readouterr().err
+
+
 def test_a_bad_glue_setting_is_refused_before_anything_starts(tmp_path, capsys, monkeypatch):
     """RLA_GLUE (rla_ablate.environment) names a mode or every command exits 2 naming the variable; a good one
     reaches every model a process builds."""

@@ -432,6 +432,7 @@ def launch_sweep(sweep: Sweep, opts: LaunchOptions, *, console: Any = None,
         # Ctrl-C, SIGTERM and `rla-sweep cancel` alike: the launch was stopped (exit 130).
         summary.interrupted = bool(runner.stop_reason)
         summary.evals_error = evals_error
+        summary.evals_pending = runner.stopping and sweep.config.evals is not None
         summary.output_closed = progress.closed
         summary.counts = count_statuses(sdir, (j.job_id for j in source.jobs))
         if sweep.config.search is not None:

@@ -309,6 +309,10 @@ class Progress:
             print(f"a task file fixed: `rla-sweep resume {self.sweep} --root {shell_arg(sdir.root)}` scores the jobs not scored "
                   "yet; the evals: section fixed: launch the sweep file again (resume reads the copy it saved)",
                   file=sys.stderr)
-        elif not summary.ok:
+        elif summary.failed:
             print("every failure above repeats on each attempt (cause config, compile or checkpoint): fix the sweep "
                   "file, the code or the checkpoints, then launch again", file=sys.stderr)
+        elif summary.interrupted and summary.study_counts is None:  # stopped after the last job had ended
+            then = (f"; `rla-sweep resume {self.sweep} --root {shell_arg(sdir.root)}` runs the sweep's evals: stage, "
+                    "which a stopped launch skips" if summary.evals_pending else "; nothing is left to resume")
+            print(f"stopped after every job had ended: their results stand{then}", file=sys.stderr)

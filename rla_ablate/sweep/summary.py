@@ -38,6 +38,8 @@ class LaunchSummary:
     """The launch's output pipe was closed by its reader (`| head`, quitting `| less`): it stopped (exit 141)."""
     evals_error: str | None = None
     """Why the `evals:` stage stopped (a task whose data is missing): the training results stand, the launch fails."""
+    evals_pending: bool = False
+    """The sweep has an `evals:` stage, which a stopped launch does not run (a resume does)."""
     study_counts: dict[str, int] | None = None
     """A search: the counts by status of every job of its study, earlier launches' included (`counts` are this
     launch's trials)."""
