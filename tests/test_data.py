@@ -294,7 +294,7 @@ def test_config_errors_name_file_line_and_key(tmp_path):
     msg = _error(f"data:\n  kind: text\n  path: {missing}\n")
     assert msg.startswith("job.yaml:3: data.path:") and str(missing) in msg
     assert "did you mean 'path'" in _error("data:\n  kind: text\n  pth: x\n")
-    assert ("data: unknown kind 'txt' (did you mean 'text'?); allowed: stdlib, text, shards, hf_disk, mqar, niah"
+    assert ("data: unknown kind 'txt' (did you mean 'text'?); allowed: stdlib, text, jsonl, shards, hf_disk, mqar, niah"
             in _error("data: {kind: txt}\n"))
     assert "job.yaml:1: data.num_kv_pairs" in _error("data: {kind: mqar, num_kv_pairs: 0}\n")
     msg = _error("data: {kind: stdlib}\neval:\n  - name: v\n    data: {kind: mqar}\n    tokens: 5\n")

@@ -110,7 +110,8 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, corpus, capsys):
     assert f"--glob: no file under {corpus} matches '*.md'" in capsys.readouterr().err
     assert not (tmp_path / "g").exists()
     assert main(["data", "prepare", str(corpus), str(tmp_path / "c"), "--text-column", "body"]) == 2
-    assert "--text-column: applies to HF datasets only" in capsys.readouterr().err and not (tmp_path / "c").exists()
+    assert ("--text-column: applies to HF datasets and JSON Lines only" in capsys.readouterr().err
+            and not (tmp_path / "c").exists())
     assert main(["data", "prepare", "stdlib", str(tmp_path / "s"), "--glob", "*.md"]) == 2  # it was ignored
     assert ("--glob: applies to folders of text files only; the embedded corpus has no files to match"
             in capsys.readouterr().err and not (tmp_path / "s").exists())
@@ -131,6 +132,43 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, corpus, capsys):
         ShardsData(path=tmp_path / "empty.txt")
     with pytest.raises(ValidationError, match=f"is one file of the shards folder {out}; give the folder"):
         ShardsData(path=out / "tokens-00000.bin")
+
+
+def test_json_lines_are_a_document_per_record(tmp_path, capsys):
+    """A .jsonl file (or folder of them): each record's text_field is a document, by `data prepare` (--text-column),
+    `kind: jsonl` and `train --data`; kind text refuses it (read whole, its keys and quotes were the training text);
+    a line that is not an object, or a record without the field, is named with its line."""
+    from rla_ablate.commands.train import data_config
+    from rla_ablate.data import JsonlData
+    from rla_ablate.data.sources import count_documents, iter_documents
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": i, "body": f"record {i} café"}) + "\n" + ("\n" if i == 3 else "")
+                            for i in range(7)))
+    cfg = JsonlData(path=docs, text_field="body")
+    assert count_documents(cfg) == 7 and list(iter_documents(cfg))[3] == "record 3 café"
+    out = tmp_path / "shards"
+    assert main(["data", "prepare", str(docs), str(out), "--text-column", "body"]) == 0
+    assert "(7 documents," in capsys.readouterr().out
+    assert len(open_source(ShardsData(path=out))) == len(open_source(cfg)) == sum(
+        len(f"record {i} café".encode()) + 1 for i in range(7))
+    assert main(["data", "show", str(out), "--seq-len", "8"]) == 0  # the shards folder as `train --data` takes it
+    assert "kind: shards, vocabulary: 257" in capsys.readouterr().out
+    assert data_config(str(docs)) == {"kind": "jsonl", "path": str(docs)}
+    # the default field, absent: the keys that hold text are named; nothing is written
+    assert main(["data", "prepare", str(docs), str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert f"--text-column: {docs}:1: the record has no key 'text'; its keys with text: 'body'" in err, err
+    assert not (tmp_path / "x").exists() and "tokenizing" not in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n[1, 2]\n')
+    with pytest.raises(UserError, match=f"{bad}:2: a JSON list, not an object with a text_field"):
+        list(iter_documents(JsonlData(path=bad)))
+    bad.write_text('{"text": "fine"}\n{"text": 3}\nnot json\n')
+    with pytest.raises(UserError, match=f"{bad}:2: the record holds a number at 'text'"):
+        list(iter_documents(JsonlData(path=bad)))
+    with pytest.raises(UserError, match=f"{docs} is JSON Lines, which kind text would read as one raw document"):
+        list(iter_documents(TextData(path=docs)))
 
 
 def test_show_prints_a_config(tmp_path, capsys):

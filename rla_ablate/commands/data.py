@@ -1,10 +1,12 @@
 """`rla-sweep data prepare SRC OUT`: tokenize a text file/folder or a saved HF dataset into memory-mapped shards.
 
-`rla-sweep data show CONFIG`: what a data config (a YAML file holding `data:` or a bare data mapping) yields.
+`rla-sweep data show CONFIG`: what a data config (a YAML file holding `data:` or a bare data mapping), or data named
+as `train --data` names it, yields.
 """
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -19,7 +21,8 @@ def _is_hf_dataset(path: Path) -> bool:
 def _source_config(src: str, args):
     from pydantic import ValidationError
 
-    from rla_ablate.data.config import HFDiskData, StdlibData, TextData
+    from rla_ablate.data.config import HFDiskData, JsonlData, StdlibData, TextData
+    from rla_ablate.data.sources import json_lines
 
     common = {"tokenizer": args.tokenizer, "eos_token": args.eos_token}
     path = Path(src)
@@ -37,8 +40,12 @@ def _source_config(src: str, args):
             return HFDiskData(path=path, split=args.split, text_column=args.text_column, **common)
         if args.split:
             raise UserError("applies to the embedded corpus and to HF datasets only", key="--split")
+        if json_lines(path, args.glob if args.glob != GLOB else None):  # a document per record
+            return JsonlData(path=path, text_field=args.text_column, **common,
+                             **({"glob": args.glob} if args.glob != GLOB else {}))
         if args.text_column != TEXT_COLUMN:
-            raise UserError(f"applies to HF datasets only; {path} is read as text files", key="--text-column")
+            raise UserError(f"applies to HF datasets and JSON Lines only; {path} is read as text files",
+                            key="--text-column")
         return TextData(path=path, glob=args.glob, **common)
     except ValidationError as exc:
         err = exc.errors()[0]
@@ -47,7 +54,7 @@ def _source_config(src: str, args):
 
 # The data config's keys as `data prepare` spells them on its command line.
 FLAGS = {"path": "SRC", "tokenizer": "--tokenizer", "eos_token": "--eos-token", "glob": "--glob", "split": "--split",
-         "text_column": "--text-column"}
+         "text_column": "--text-column", "text_field": "--text-column"}
 TEXT_COLUMN = "text"
 GLOB = "**/*.txt"
 
@@ -100,12 +107,14 @@ def _prepare(args) -> int:
                          shard_tokens=args.shard_tokens,
                          source=args.src if args.src == "stdlib" else str(Path(args.src).resolve()))
     total = count_documents(cfg)
+    docs = iter_documents(cfg)
+    first = next(docs, None)  # read before the bar is drawn: a source unreadable from its start says so alone
     columns = (TextColumn("[bold]tokenizing"), BarColumn(), MofNCompleteColumn(), TextColumn("documents"),
                TextColumn("{task.fields[tokens]:,} tokens"), TimeRemainingColumn())
     with Progress(*columns, transient=False) as progress:
         task = progress.add_task("prepare", total=total, tokens=0)
         tokens = content = 0
-        for ids in tokenize_documents(iter_documents(cfg), tok):
+        for ids in tokenize_documents(itertools.chain([] if first is None else [first], docs), tok):
             writer.add(ids)
             tokens += ids.size + 1
             content += ids.size
@@ -139,7 +148,7 @@ def validate_data_file(located):
         raise UserError(("is a sweep file, not a data config (its data is under base: data:); " if sweep else
                          "is not a data config: it names no kind; ")
                         + "give a YAML file holding `data: {kind: ..., ...}`, or that mapping alone; kinds: stdlib, "
-                          "text, shards, hf_disk, mqar, niah (docs/DATA.md)", file=located.file, line=1)
+                          "text, jsonl, shards, hf_disk, mqar, niah (docs/DATA.md)", file=located.file, line=1)
     if not (isinstance(located.data, dict) and "data" in located.data):
         located = LocatedYAML({"data": located.data}, located.file,
                               {("data",) + k: line for k, line in located.lines.items()})
@@ -163,11 +172,13 @@ def show(args) -> int:
     if not path.exists():
         raise UserError(f"no such file or folder; `data show` takes {', '.join(SHORTHANDS)} or a YAML data config",
                         file=str(path))
-    if path.is_dir():
-        # The data itself rather than a config naming it: say how to name it.
-        kind = "shards" if (path / "index.json").is_file() else "hf_disk" if _is_hf_dataset(path) else "text"
-        raise UserError(f"is a folder; `data show` reads a data config: a YAML file holding `data: {{kind: {kind}, "
-                        f"path: {path}}}` (or the mapping alone)", file=str(path))
+    if path.is_dir() or path.suffix.lower() not in (".yaml", ".yml"):
+        # the data itself, as `train --data` names it (a folder of shards or text, a text or JSON Lines file)
+        from rla_ablate.commands.train import data_config
+        from rla_ablate.config import LocatedYAML
+
+        located = LocatedYAML({"data": data_config(str(path))}, str(path), {})
+        return _show(validate_data_file(located)[1], args.seq_len)
     located = load_yaml(path)
     cfg = validate_data_file(located)[1]
     try:
@@ -216,20 +227,23 @@ def register(subparsers) -> None:
     p = sub.add_parser("prepare", help="tokenize text or a saved HF dataset into memory-mapped shards",
                        description="Tokenize SRC into memory-mapped shards in OUT (read with "
                                    "`data: {kind: shards, path: OUT}`).")
-    p.add_argument("src", metavar="SRC", help="a text file, a folder of text files, a folder written by "
-                                              "datasets' save_to_disk, or 'stdlib' (the embedded corpus)")
+    p.add_argument("src", metavar="SRC", help="a text file, a folder of text files, a JSON Lines file or folder "
+                                              "(.jsonl: a document per record), a folder written by datasets' "
+                                              "save_to_disk, or 'stdlib' (the embedded corpus)")
     p.add_argument("out", metavar="OUT", help="a new folder for index.json and the shard files")
     p.add_argument("--tokenizer", type=Path, help="a tokenizers JSON file (default: UTF-8 bytes)")
     p.add_argument("--eos-token", help="the end-of-document token of the tokenizer (default: guessed)")
     p.add_argument("--dtype", choices=["uint16", "uint32"], help="token width (default: uint16 if it fits)")
     p.add_argument("--glob", default=GLOB, help=f"files of a folder to read (default: {GLOB})")
     p.add_argument("--split", help="HF DatasetDict split, or train/validation of the embedded corpus")
-    p.add_argument("--text-column", default=TEXT_COLUMN, help="HF dataset column with the text (default: text)")
+    p.add_argument("--text-column", default=TEXT_COLUMN,
+                   help="HF dataset column, or JSON Lines records' key, with the text (default: text)")
     p.add_argument("--shard-tokens", type=int, default=1 << 28, help="tokens per shard file (default: 2^28)")
     p.set_defaults(func=prepare)
     s = sub.add_parser("show", help="print the vocabulary, size and first example of a data config",
                        description="Print what a data config yields: vocabulary, size, first example.")
     s.add_argument("config", metavar="CONFIG", type=Path,
-                   help="YAML with a `data:` mapping (or a bare one), or stdlib, mqar, niah")
+                   help="YAML with a `data:` mapping (or a bare one), stdlib, mqar, niah, or the data as `train --data` "
+                        "takes it (a shards or text folder, a text or JSON Lines file)")
     s.add_argument("--seq-len", type=int, default=256, help="sequence length (default: 256)")
     s.set_defaults(func=show)

@@ -34,8 +34,9 @@ def register(subparsers) -> None:
                         help="override a JobConfig key, e.g. train.tokens=200000, model.fit=none, data.split=train "
                              "(repeatable; applied after the profile)")
     parser.add_argument("--data", metavar="DATA",
-                        help="training data: stdlib (default), mqar, niah, a text file or folder, a shards folder "
-                             "(index.json), a dataset saved with save_to_disk, or a YAML file with a data config")
+                        help="training data: stdlib (default), mqar, niah, a text file or folder, a JSON Lines file "
+                             "or folder (records' 'text'), a shards folder (index.json), a dataset saved with "
+                             "save_to_disk, or a YAML file with a data config")
     parser.add_argument("--profile", choices=["auto", *PROFILES], default="auto",
                         help="training defaults: cpu (a short run: 262K tokens, seq_len 128) or paper (App. C: "
                              "50B tokens, 4M-token batches); auto = cpu without CUDA, paper with it")
@@ -53,8 +54,9 @@ def data_config(spec: str | None) -> dict:
         return {"kind": spec or "stdlib"}
     path = Path(spec)
     if not path.exists():
-        raise UserError("no such file or folder; --data takes stdlib, mqar, niah, a text file or folder, a shards "
-                        "folder, a dataset saved with save_to_disk, or a YAML data config", file=spec, key="--data")
+        raise UserError("no such file or folder; --data takes stdlib, mqar, niah, a text file or folder, a JSON Lines "
+                        "file or folder, a shards folder, a dataset saved with save_to_disk, or a YAML data config",
+                        file=spec, key="--data")
     if path.is_file() and path.suffix in (".yaml", ".yml"):
         from rla_ablate.commands.data import validate_data_file
 
@@ -71,7 +73,9 @@ def data_config(spec: str | None) -> dict:
                         "written last); run it again", file=spec, key="--data")
     if path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
         return {"kind": "hf_disk", "path": str(path)}
-    return {"kind": "text", "path": str(path)}
+    from rla_ablate.data.sources import json_lines
+
+    return {"kind": "jsonl" if json_lines(path) else "text", "path": str(path)}
 
 
 def build_job(model: str, sets: list[str], data: str | None, profile: str):

@@ -3,6 +3,7 @@
 ```yaml
 data: {kind: stdlib}                                   # the embedded corpus, byte tokens
 data: {kind: text, path: corpus/, glob: "**/*.md", tokenizer: tok.json}
+data: {kind: jsonl, path: docs.jsonl, text_field: body}   # one JSON object a line, a document each
 data: {kind: shards, path: /data/fineweb-50b}          # written by `rla-sweep data prepare`
 data: {kind: hf_disk, path: /data/wikitext, split: train, text_column: text}
 data: {kind: mqar, vocab_size: 8192, num_kv_pairs: 8}
@@ -86,6 +87,28 @@ class TextData(_Tokenized):
         return _existing(v, "text file or folder")
 
 
+class JsonlData(_Tokenized):
+    """JSON Lines: a file, or a folder of them, of one JSON object a line; the text of each object's `text_field`
+    is a document (in file order, files in sorted path order)."""
+
+    kind: Literal["jsonl"] = "jsonl"
+    path: Path
+    """A .jsonl file or a folder."""
+    glob: str = "**/*.jsonl"
+    """Which files of a folder to read (pathlib glob, relative to the folder)."""
+    text_field: str = "text"
+    """The key of each record that holds its text."""
+    split: Literal["all", "train", "validation"] = "all"
+    """Hold out files by a hash of their relative path, as kind text: train, validation, or all files."""
+    validation_fraction: float = Field(0.01, gt=0.0, lt=1.0)
+    """The share of files that goes to the validation split."""
+
+    @field_validator("path")
+    @classmethod
+    def _path_exists(cls, v: Path) -> Path:
+        return _existing(v, "JSON Lines file or folder")
+
+
 class ShardsData(_Strict):
     """Pre-tokenized shards written by `rla-sweep data prepare`, memory-mapped (the format for large runs)."""
 
@@ -159,7 +182,7 @@ class MQARData(_Strict):
         return self
 
 
-LMDataConfig = Annotated[StdlibData | TextData | ShardsData | HFDiskData, Field(discriminator="kind")]
+LMDataConfig = Annotated[StdlibData | TextData | JsonlData | ShardsData | HFDiskData, Field(discriminator="kind")]
 
 
 class NIAHData(_Strict):
@@ -186,9 +209,9 @@ class NIAHData(_Strict):
         return v
 
 
-DataConfig = Annotated[StdlibData | TextData | ShardsData | HFDiskData | MQARData | NIAHData,
+DataConfig = Annotated[StdlibData | TextData | JsonlData | ShardsData | HFDiskData | MQARData | NIAHData,
                        Field(discriminator="kind")]
-"""Any data source; YAML picks one with `kind`: stdlib | text | shards | hf_disk | mqar | niah."""
+"""Any data source; YAML picks one with `kind`: stdlib | text | jsonl | shards | hf_disk | mqar | niah."""
 
 RECALL_KINDS = ("mqar", "niah")
 _NAME = re.compile(r"^[A-Za-z0-9_.@-]+$")

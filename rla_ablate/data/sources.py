@@ -1,8 +1,8 @@
 """Token sources: every text-like data config becomes one long token stream, documents ended by EOS.
 
 `open_source(cfg)` returns an object with `len()`, `window(start, stop) -> int64 array`, `vocab_size`, `eos_id`,
-`tokenizer` and `fingerprint` (changes whenever the tokens could). Text, HF-on-disk and the embedded corpus are
-tokenized in memory once per process; shards are memory-mapped. `iter_documents` yields the documents of a text
+`tokenizer` and `fingerprint` (changes whenever the tokens could). Text, JSON Lines, HF-on-disk and the embedded
+corpus are tokenized in memory once per process; shards are memory-mapped. `iter_documents` yields the documents of a text
 source without tokenizing them, for `data prepare`.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rla_ablate.data.config import HFDiskData, ShardsData, StdlibData, TextData
+from rla_ablate.data.config import HFDiskData, JsonlData, ShardsData, StdlibData, TextData
 from rla_ablate.data.shards import ShardReader
 from rla_ablate.data.tokenizer import ByteTokenizer, JsonTokenizer, load_tokenizer
 from rla_ablate.errors import UserError
@@ -42,13 +42,33 @@ def _stdlib_records() -> tuple[tuple[str, str, str], ...]:
     return tuple((r["path"], r["split"], r["text"]) for r in map(json.loads, raw.decode("utf-8").splitlines()))
 
 
-def _text_files(cfg: TextData) -> list[tuple[str, Path]]:
+JSON_LINES = (".jsonl", ".ndjson")
+
+
+def json_lines(path: Path, glob: str | None = None) -> bool:
+    """Whether a path given without a kind is JSON Lines: a .jsonl / .ndjson file, or a folder whose files (those of
+    `glob`, else every file) are such files and no plain text (.txt) is among them."""
+    if path.is_file():
+        return path.suffix.lower() in JSON_LINES
+    if glob is not None:
+        return glob.lower().endswith(JSON_LINES)
+    files = [p for p in path.rglob("*") if p.is_file()]
+    return any(p.suffix.lower() in JSON_LINES for p in files) and not any(p.suffix.lower() == ".txt" for p in files)
+
+
+def _text_files(cfg: TextData | JsonlData) -> list[tuple[str, Path]]:
     if cfg.path.is_file():
         files = [(cfg.path.name, cfg.path)]
     else:
         files = sorted((p.relative_to(cfg.path).as_posix(), p) for p in cfg.path.glob(cfg.glob) if p.is_file())
         if not files:
             raise UserError(f"no file under {cfg.path} matches {cfg.glob!r}", key="glob")
+    records = [p for _, p in files if p.suffix.lower() in JSON_LINES]
+    if isinstance(cfg, TextData) and records:  # read whole, its keys and quotes would be the text the model learns
+        raise UserError(f"{records[0]} is JSON Lines, which kind text would read as one raw document; read it with "
+                        f"kind: jsonl (text_field: the key of each record's text)"
+                        + ("" if cfg.path.is_file() else f", or narrow glob (now {cfg.glob}) to the plain text files"),
+                        key="path" if cfg.path.is_file() else "glob")
     if cfg.split != "all":
         want_val = cfg.split == "validation"
         files = [(n, p) for n, p in files if (path_fraction(n) < cfg.validation_fraction) == want_val]
@@ -87,27 +107,60 @@ def _hf_dataset(cfg: HFDiskData):
     return ds
 
 
-def count_documents(cfg: StdlibData | TextData | HFDiskData) -> int:
+def count_documents(cfg: StdlibData | TextData | JsonlData | HFDiskData) -> int:
     if isinstance(cfg, StdlibData):
         return sum(1 for _, split, _ in _stdlib_records() if split == cfg.split)
     if isinstance(cfg, TextData):
         return len(_text_files(cfg))
+    if isinstance(cfg, JsonlData):
+        return sum(1 for _, p in _text_files(cfg) for line in _utf8(p, cfg).splitlines() if line.strip())
     return len(_hf_dataset(cfg))
 
 
-def iter_documents(cfg: StdlibData | TextData | HFDiskData) -> Iterator[str]:
+def _utf8(p: Path, cfg: TextData | JsonlData) -> str:
+    try:
+        return p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        how = ("convert it to UTF-8, or point path at UTF-8 text" if cfg.path.is_file()
+               else f"narrow glob (now {cfg.glob}) to the UTF-8 files, or convert this one")
+        raise UserError(f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start}); {how}",
+                        key="path" if cfg.path.is_file() else "glob") from None
+
+
+def _records(p: Path, cfg: JsonlData) -> Iterator[str]:
+    """The text of each record of one JSON Lines file (blank lines skipped); a line that is not a JSON object, or a
+    record without a string at text_field, is named with its line number."""
+    for number, line in enumerate(_utf8(p, cfg).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{p}:{number}: not a JSON object ({exc.msg} at column {exc.colno}); JSON Lines holds "
+                            "one object a line", key="path" if cfg.path.is_file() else "glob") from None
+        if not isinstance(record, dict):
+            raise UserError(f"{p}:{number}: a JSON {type(record).__name__}, not an object with a text_field",
+                            key="path" if cfg.path.is_file() else "glob")
+        text = record.get(cfg.text_field)
+        if not isinstance(text, str):
+            keys = [k for k, v in record.items() if isinstance(v, str)]
+            kinds = {bool: "true or false", int: "a number", float: "a number", list: "a list", dict: "an object"}
+            what = "has no key" if cfg.text_field not in record else f"holds {kinds.get(type(text), 'null')} at"
+            raise UserError(f"{p}:{number}: the record {what} {cfg.text_field!r}; its keys with text: "
+                            f"{', '.join(map(repr, keys)) or 'none'}", key="text_field")
+        yield text
+
+
+def iter_documents(cfg: StdlibData | TextData | JsonlData | HFDiskData) -> Iterator[str]:
     """The documents of a text-like source, in their fixed order."""
     if isinstance(cfg, StdlibData):
         yield from (text for _, split, text in _stdlib_records() if split == cfg.split)
     elif isinstance(cfg, TextData):
         for _, p in _text_files(cfg):
-            try:
-                yield p.read_bytes().decode("utf-8")
-            except UnicodeDecodeError as exc:
-                how = ("convert it to UTF-8, or point path at UTF-8 text" if cfg.path.is_file()
-                       else f"narrow glob (now {cfg.glob}) to the UTF-8 files, or convert this one")
-                raise UserError(f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start}); {how}",
-                                key="path" if cfg.path.is_file() else "glob") from None
+            yield _utf8(p, cfg)
+    elif isinstance(cfg, JsonlData):
+        for _, p in _text_files(cfg):
+            yield from _records(p, cfg)
     else:
         ds = _hf_dataset(cfg)
         for batch in ds.iter(batch_size=1000):
@@ -177,6 +230,6 @@ def _open_cached(key: str, cfg):
     return ArraySource(tokens, tok, f"{key}:{tok.fingerprint}:{hashlib.sha256(tokens.tobytes()).hexdigest()}")
 
 
-def open_source(cfg: StdlibData | TextData | ShardsData | HFDiskData):
+def open_source(cfg: StdlibData | TextData | JsonlData | ShardsData | HFDiskData):
     """The token stream of a text-like data config (cached per process)."""
     return _open_cached(cfg.model_dump_json(), cfg)

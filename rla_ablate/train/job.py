@@ -53,7 +53,7 @@ def training_overlap(train, held_out) -> str:
     they are apart. Text folders split their files by a hash of the path: train (at validation_fraction f) and
     validation (at f') share no file when f' <= f; "all" shares every file. Shards have no split; a saved dataset's
     split is its own. Synthetic tasks and other sources never overlap here."""
-    if train.kind != held_out.kind or train.kind not in ("stdlib", "text", "shards", "hf_disk"):
+    if train.kind != held_out.kind or train.kind not in ("stdlib", "text", "jsonl", "shards", "hf_disk"):
         return ""
     if train.kind == "stdlib":
         return (f"both read the embedded corpus' {train.split} split; an eval set reads split: validation"
