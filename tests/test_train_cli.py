@@ -228,3 +228,21 @@ def test_sigterm_stops_train_after_a_step_with_a_checkpoint(tmp_path, capsys):
     assert proc.returncode == 143, stderr
     assert "SIGTERM: stopping after this step (checkpoint)" in stderr and "rerun the same command" in stderr
     assert list((out / "checkpoints").glob("ckpt-*.pt")), "no checkpoint"
+
+
+def test_configuration_differences_count_the_entries_of_a_list_that_changed_length():
+    """A job whose eval list grew from none to one entry: "eval (1 entry now, none before)", not the entry's keys
+    one by one with "(unset)" on the side that has them."""
+    import json
+
+    from rla_ablate.train.job import identity_differences
+
+    now = {"train": {"tokens": 8192}, "eval": [{"name": "v", "data": {"kind": "text", "eos_token": None}}]}
+    before = {"train": {"tokens": 4096}, "eval": []}
+    assert identity_differences(json.dumps(now), json.dumps(before)) == (
+        "eval (1 entry now, none before), train.tokens (8192 now, 4096 before)")
+    now["eval"].append(dict(now["eval"][0], name="w"))
+    before["eval"] = [dict(now["eval"][0], name="x")]
+    assert identity_differences(json.dumps(now), json.dumps(before)).startswith("eval (2 entries now, 1 entry before)")
+    before["eval"].append(now["eval"][1])
+    assert identity_differences(json.dumps(now), json.dumps(before)).startswith('eval.0.name ("v" now, "x" before)')

@@ -151,12 +151,32 @@ class JobConfig(BaseModel):
 
 def identity_differences(mine: str, theirs: str, most: int = 4) -> str:
     """Where two identity JSONs (`JobConfig.identity_json`) differ, in words: "train.tokens (8192 now, 4096
-    before), ..." (the first `most` dotted keys)."""
-    a, b = flat_dotted(json.loads(mine)), flat_dotted(json.loads(theirs))
-    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, "(unset)") != b.get(k, "(unset)"))
-    shown = [f"{k} ({json.dumps(a.get(k, '(unset)'))} now, {json.dumps(b.get(k, '(unset)'))} before)"
-             for k in keys[:most]]
-    return ", ".join(shown) + (f" and {len(keys) - most} more" if len(keys) > most else "")
+    before), ..." (the first `most` dotted keys); a list of sections whose length differs as its entries' count,
+    "eval (1 entry now, none before)", not each key of the entries one side lacks."""
+    shown = [f"{k} ({now} now, {before} before)" for k, now, before in _differing(json.loads(mine), json.loads(theirs))]
+    return ", ".join(shown[:most]) + (f" and {len(shown) - most} more" if len(shown) > most else "")
+
+
+def _differing(a, b, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, now, before) where two JSON trees differ, in sorted key order (`identity_differences`)."""
+    def sections(x) -> bool:
+        return isinstance(x, list) and any(isinstance(v, (dict, list)) for v in x)
+
+    if isinstance(a, list) and isinstance(b, list) and (sections(a) or sections(b)) and len(a) != len(b):
+        entries = lambda n: f"{n} entr{'y' if n == 1 else 'ies'}" if n else "none"  # noqa: E731
+        return [(prefix[:-1], entries(len(a)), entries(len(b)))]
+    flat_a = flat_dotted(a, prefix)
+    if not isinstance(a, (dict, list)) or type(a) is not type(b) or flat_a.keys() == {prefix[:-1]}:
+        return [] if a == b else [(prefix[:-1], json.dumps(a), json.dumps(b))]
+    out = []
+    for key in sorted(set(a) | set(b)) if isinstance(a, dict) and isinstance(b, dict) else range(len(a)):
+        if isinstance(key, int) or (key in a and key in b):
+            out += _differing(a[key], b[key], f"{prefix}{key}.")
+        else:  # a key one side lacks: each of its leaves, as before
+            side = flat_dotted(a[key] if key in a else b[key], f"{prefix}{key}.")
+            out += [(k, json.dumps(v) if key in a else '"(unset)"', json.dumps(v) if key in b else '"(unset)"')
+                    for k, v in side.items()]
+    return out
 
 
 def another_job(mine: str, theirs: str) -> str:
