@@ -269,13 +269,32 @@ def test_a_folder_given_for_the_sweep_file(tmp_path, capsys):
     assert code == 2 and err.endswith("nope.yaml: no such file\n")
 
 
-def test_data_show_of_a_shard_folder_says_what_it_reads(tmp_path, capsys):
+def test_data_show_of_a_shard_folder_reads_it_as_train_data_does(tmp_path, capsys):
+    """`data show DIR` reads the folder as `train --data DIR` would; a damaged index is named (it was a KeyError)."""
     shards = tmp_path / "shards"
     shards.mkdir()
-    (shards / "index.json").write_text("{}")
-    code, err = run_cli(capsys, "data", "show", str(shards))
-    assert code == 2 and f"{shards}: is a folder; `data show` reads a data config" in err
-    assert f"data: {{kind: shards, path: {shards}}}" in err
+    for index, words in (("{}", "is not a rla-sweep-shards v1 index"),
+                         ('{"format": "rla-sweep-shards", "version": 1, "dtype": "uint16"}',
+                          "lacks vocab_size, eos_id, tokenizer, shards")):
+        (shards / "index.json").write_text(index)
+        code, err = run_cli(capsys, "data", "show", str(shards))
+        assert code == 2 and f"data.path: {shards / 'index.json'} {words}; write the folder" in err, err
+        assert "Traceback" not in err
+    (tmp_path / "a.txt").write_text("plain text " * 40)
+    assert main(["data", "prepare", str(tmp_path / "a.txt"), str(tmp_path / "ok")]) == 0
+    capsys.readouterr()
+    assert main(["data", "show", str(tmp_path / "ok"), "--seq-len", "16"]) == 0
+    assert capsys.readouterr().out.startswith("kind: shards, vocabulary: 257\ntokens: 441")
+
+
+def test_rla_root_is_the_default_root(tmp_path, capsys, monkeypatch):
+    """RLA_ROOT names the folder every command's --root defaults to (gpu_sweep.sh's variable, which users set for the
+    CLI too); --root still wins."""
+    monkeypatch.setenv("RLA_ROOT", str(tmp_path / "env-root"))
+    code, err = run_cli(capsys, "status", "nope")
+    assert code == 2 and f"no sweep 'nope' under {tmp_path / 'env-root'}" in err, err
+    code, err = run_cli(capsys, "status", "nope", "--root", str(tmp_path / "flag-root"))
+    assert code == 2 and f"under {tmp_path / 'flag-root'}" in err, err
 
 
 def test_data_show_takes_the_kinds_train_data_takes_by_name(tmp_path, capsys, monkeypatch):
@@ -284,7 +303,7 @@ def test_data_show_takes_the_kinds_train_data_takes_by_name(tmp_path, capsys, mo
     assert capsys.readouterr().out.startswith("kind: mqar, vocabulary: 8192\nfirst example: [")
     code, err = run_cli(capsys, "data", "show", "stdlb")
     assert (code, err) == (2, "rla-sweep: error: stdlb: no such file or folder; `data show` takes stdlib, mqar, "
-                              "niah or a YAML data config\n")
+                              "niah, a YAML data config, or the data as `train --data` names it\n")
 
 
 @pytest.mark.parametrize("command", ["status", "cancel", "resume"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rla_ablate.environment import add_root_option
+
 import argparse
 
 
@@ -11,7 +13,7 @@ def register(subparsers) -> None:
         description="Ask the launch of NAME to stop its jobs at their next step and exit; without a running launch, "
                     "mark its unfinished jobs cancelled.")
     parser.add_argument("name", help="the sweep name (or its sweep file)")
-    parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
+    add_root_option(parser)
     parser.add_argument("--wait", type=float, default=120.0, metavar="SECONDS",
                         help="how long to wait for the launch to exit (default 120)")
     parser.set_defaults(func=run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rla_ablate.environment import add_root_option
 from rla_ablate.fileio import shell_arg
 
 
@@ -17,7 +18,7 @@ def register(subparsers) -> None:
                     "them to the sweep's parent run. Only the runs of the sweep's current expansion are read "
                     "(see --include-stale). Unfinished or missing jobs are shown as such.")
     parser.add_argument("name", help="the sweep name (or its sweep file)")
-    parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
+    add_root_option(parser)
     parser.add_argument("--specs", default=None, help="folder of figure specs (default: the repository's dashboards/)")
     parser.add_argument("--out", default=None, help="output folder (default: ROOT/NAME/dashboard; with --specs DIR, "
                         "ROOT/NAME/dashboard-<DIR's name>: a page per set of specs)")

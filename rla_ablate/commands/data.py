@@ -170,15 +170,20 @@ def show(args) -> int:
         located = LocatedYAML({"data": {"kind": str(path)}}, str(path), {})
         return _show(validate_data_file(located)[1], args.seq_len)
     if not path.exists():
-        raise UserError(f"no such file or folder; `data show` takes {', '.join(SHORTHANDS)} or a YAML data config",
-                        file=str(path))
+        raise UserError(f"no such file or folder; `data show` takes {', '.join(SHORTHANDS)}, a YAML data config, or "
+                        "the data as `train --data` names it", file=str(path))
     if path.is_dir() or path.suffix.lower() not in (".yaml", ".yml"):
         # the data itself, as `train --data` names it (a folder of shards or text, a text or JSON Lines file)
         from rla_ablate.commands.train import data_config
         from rla_ablate.config import LocatedYAML
 
         located = LocatedYAML({"data": data_config(str(path))}, str(path), {})
-        return _show(validate_data_file(located)[1], args.seq_len)
+        try:
+            return _show(validate_data_file(located)[1], args.seq_len)
+        except UserError as exc:  # a key of the config `train --data` would make of it
+            if exc.file is not None or not exc.key or exc.key.startswith("--") or exc.key == "data":
+                raise
+            raise UserError(exc.message, key=f"data.{exc.key}") from None
     located = load_yaml(path)
     cfg = validate_data_file(located)[1]
     try:

@@ -3,6 +3,8 @@ on lm-evaluation-harness tasks; results in JOB_DIR/evals/ and the job's MLflow r
 
 from __future__ import annotations
 
+from rla_ablate.environment import add_root_option
+
 from pathlib import Path
 
 
@@ -21,7 +23,7 @@ def register(subparsers) -> None:
                         help="a folder of extra task YAML files (lm-eval's include_path; repeatable)")
     parser.add_argument("--limit", type=int, default=None, help="examples per task (default: all)")
     parser.add_argument("--batch-size", type=int, default=8, help="requests per forward (default 8)")
-    parser.add_argument("--root", default="rla-runs", help="the launch's --root, for a sweep name (default: ./rla-runs)")
+    add_root_option(parser, "the launch's --root, for a sweep name")
     parser.add_argument("--checkpoint", type=int, default=None, metavar="TOKENS",
                         help="score the checkpoint at this many tokens instead of the final one (job folders only)")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda when available)")

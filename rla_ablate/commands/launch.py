@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rla_ablate.environment import add_root_option
 from rla_ablate.commands import stopped_by_ctrl_c
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--root", default="rla-runs",
-                        help="folder for the sweep's state, checkpoints and databases (default: ./rla-runs)")
+    add_root_option(parser, "folder for the sweep's state, checkpoints and databases")
     parser.add_argument("--address", default=None,
                         help="Ray cluster to join (e.g. 10.0.0.1:6379 or 'auto'); default: start a local Ray instance")
     parser.add_argument("--tracking-uri", default=None,

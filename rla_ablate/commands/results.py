@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rla_ablate.environment import add_root_option
+
 import argparse
 import csv
 import json
@@ -18,7 +20,7 @@ def register(subparsers) -> None:
                     "rows with one series are replicates), tokens, and the final eval/*/{loss,ppl,acc}, "
                     "train/loss and diag/* values. --csv and --json load straight into pandas.")
     parser.add_argument("name", help="the sweep name (or its sweep file)")
-    parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
+    add_root_option(parser)
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
     fmt.add_argument("--json", action="store_true", help="a JSON list of objects (missing values: null)")

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from rla_ablate.environment import add_root_option
 from rla_ablate.commands import stopped_by_ctrl_c
 
 # The folder under --root that holds the shared server's state (a sweep name cannot start with "_").
@@ -25,9 +26,8 @@ def register(subparsers) -> None:
                     "same store and port if it dies. Pass the address it prints to every launch: `rla-sweep launch "
                     "FILE --tracking-uri URI`; all their sweeps then share one store and one UI. It listens on "
                     "127.0.0.1 unless --host says otherwise.")
-    parser.add_argument("--root", default="rla-runs",
-                        help=f"folder for the server's state: ROOT/{SERVER_DIR}/ holds its log, its artifacts and, "
-                             "without --backend-store-uri, its SQLite store (default: ./rla-runs)")
+    add_root_option(parser, f"folder for the server's state: ROOT/{SERVER_DIR}/ holds its log, its artifacts and, "
+                            "without --backend-store-uri, its SQLite store")
     parser.add_argument("--backend-store-uri", default=None, metavar="URI",
                         help="the store for runs and metrics, e.g. postgresql://USER:PASSWORD@HOST:5432/DB (needs "
                              "`pip install 'rla-sweep[postgres]'`), mysql://..., or sqlite:///PATH; default: "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rla_ablate.environment import add_root_option
+
 import argparse
 import json
 
@@ -12,7 +14,7 @@ def register(subparsers) -> None:
         description="Read the sweep's state under --root. Status is one of pending, running, finished, failed, "
                     "diverged, cancelled.")
     parser.add_argument("name", help="the sweep name (or its sweep file)")
-    parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
+    add_root_option(parser)
     parser.add_argument("--json", action="store_true",
                         help='print {"sweep", "root", "tracking_uri", "jobs": [{job_id, name, ablations, control, status, '
                              'mlflow_run_id, tokens_done, tokens_target, error, cause, traceback, error_log, notice'

@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from rla_ablate.environment import add_root_option
 from rla_ablate.commands import stopped_by_ctrl_c
 
 
@@ -17,7 +18,7 @@ def register(subparsers) -> None:
                     "http://127.0.0.1:5050, the default --port.")
     parser.add_argument("name", nargs="?", default=None,
                         help="the sweep name or its sweep file (default: the most recently launched sweep under --root)")
-    parser.add_argument("--root", default="rla-runs", help="the launch's --root (default: ./rla-runs)")
+    add_root_option(parser)
     parser.add_argument("--port", type=int, default=5050, help="port on 127.0.0.1 (default: 5050)")
     parser.set_defaults(func=run)
 

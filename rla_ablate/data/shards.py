@@ -95,19 +95,33 @@ class ShardWriter:
         return index
 
 
+INDEX_KEYS = ("dtype", "vocab_size", "eos_id", "tokenizer", "shards")
+
+
+def read_index(folder: Path, key: str = "path") -> dict:
+    """A shard folder's index.json, checked: this format and version, with every key a reader takes
+    (`INDEX_KEYS`); a UserError naming the file (at `key`) otherwise."""
+    index_path = Path(folder) / "index.json"
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {index_path}: {exc}", key=key) from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("version") != VERSION:
+        raise UserError(f"{index_path} is not a {FORMAT} v{VERSION} index; write the folder with `rla-sweep data "
+                        "prepare`", key=key)
+    missing = [k for k in INDEX_KEYS if k not in index]
+    if missing or index["dtype"] not in DTYPES:
+        what = f"lacks {', '.join(missing)}" if missing else f"names dtype {index['dtype']!r}"
+        raise UserError(f"{index_path} {what}; write the folder again with `rla-sweep data prepare`", key=key)
+    return index
+
+
 class ShardReader:
     """The token stream of a shard folder, memory-mapped; `window(a, b)` may span shard boundaries."""
 
     def __init__(self, folder: Path, key: str = "path"):
         self.folder = Path(folder)
-        index_path = self.folder / "index.json"
-        try:
-            index = json.loads(index_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise UserError(f"cannot read {index_path}: {exc}", key=key) from None
-        if index.get("format") != FORMAT or index.get("version") != VERSION:
-            raise UserError(f"{index_path} is not a {FORMAT} v{VERSION} index", key=key)
-        self.index = index
+        index = self.index = read_index(self.folder, key)
         dtype = DTYPES[index["dtype"]]
         self._maps = []
         for shard in index["shards"]:

@@ -13,7 +13,6 @@ example is one document. `Batch.cu_seqlens()` turns that into FLA's packed-seque
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,6 +21,7 @@ import numpy as np
 
 from rla_ablate.data.config import RECALL_KINDS, EvalConfig, MQARData, NIAHData, ShardsData
 from rla_ablate.data.recall import NeedleTask, mqar_examples
+from rla_ablate.data.shards import read_index
 from rla_ablate.data.rng import Permutation, derive_key
 from rla_ablate.data.sources import open_source
 from rla_ablate.data.tokenizer import load_tokenizer
@@ -93,7 +93,7 @@ def vocab_size(cfg) -> int:
     if isinstance(cfg, NIAHData):
         return vocab_size(cfg.haystack)
     if isinstance(cfg, ShardsData):
-        return int(json.loads((cfg.path / "index.json").read_text())["vocab_size"])
+        return int(read_index(cfg.path)["vocab_size"])
     return load_tokenizer(cfg.tokenizer, cfg.eos_token).vocab_size
 
 
@@ -106,7 +106,7 @@ def tokenizer_identity(cfg) -> tuple[str, int | None] | None:
     if isinstance(cfg, NIAHData):
         return tokenizer_identity(cfg.haystack)
     if isinstance(cfg, ShardsData):
-        index = json.loads((cfg.path / "index.json").read_text())
+        index = read_index(cfg.path)
         file = None if index["tokenizer"] == "bytes" else cfg.path / index["tokenizer"]
         eos = None if file is None else int(index["eos_id"])
     else:

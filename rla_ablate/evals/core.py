@@ -195,7 +195,9 @@ def hf_tokenizer(data_cfg: Any):
     source, eos = getattr(data_cfg, "tokenizer", None), getattr(data_cfg, "eos_token", None)
     if kind == "shards":
         # A shards folder records its tokenizer in index.json and keeps a copy (absent for bytes).
-        meta = json.loads((Path(data_cfg.path) / "index.json").read_text(encoding="utf-8"))
+        from rla_ablate.data.shards import read_index
+
+        meta = read_index(Path(data_cfg.path))
         if meta.get("tokenizer", "bytes") != "bytes":
             source, eos = Path(data_cfg.path) / meta["tokenizer"], meta.get("eos_token")
     tok = load_tokenizer(source, eos)
