@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# A developer's or a GPU node's RLA_ROOT (every command's default --root) must not send the tests' sweeps there.
+os.environ.pop("RLA_ROOT", None)
 
 
 @pytest.fixture(scope="module")
