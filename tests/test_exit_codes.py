@@ -233,6 +233,30 @@ def test_a_closed_progress_pipe_stops_a_training_job_with_a_checkpoint(tmp_path)
     assert read_jsonl(out / "metrics.jsonl")[-1]["status"] == "finished"
 
 
+@pytest.mark.slow
+def test_a_second_ctrl_c_of_train_says_what_a_rerun_does(tmp_path):
+    """Ctrl-C twice within a step of `rla-sweep train`: exit 130 at once, no checkpoint of that step, and the line
+    says what the same command will do (start again, or resume from the newest checkpoint)."""
+    import signal
+
+    out = tmp_path / "job"
+    command = [sys.executable, "-m", "rla_ablate.cli", "train", "tiny-rla", "--out", str(out), "--set",
+               "train.tokens=4194304", "--set", "train.batch_tokens=65536"]  # steps of a few seconds each
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, err
+    assert "aborted without a checkpoint of this step; no checkpoint was written: the same command starts again " \
+           "from the first step" in " ".join(err.split()), err
+    assert not any((out / "checkpoints").glob("*.pt"))
+
+
 def test_a_launch_whose_output_closes_stops_its_jobs_with_141():
     """Quitting `rla-sweep launch ... | less`: the progress console goes quiet and the runner stops the sweep as Ctrl-C
     does (jobs checkpoint; `resume` goes on); the exit status says why."""

@@ -275,6 +275,13 @@ def _train(args: argparse.Namespace, job, out: Path, made: bool, done: list, con
         if made and not list_checkpoints(out):
             shutil.rmtree(out, ignore_errors=True)
         raise
+    except KeyboardInterrupt:  # the second Ctrl-C: no checkpoint of the steps since the last one
+        kept = [(t, path) for t, path in list_checkpoints(out) if is_whole(path)]
+        then = (f"the same command resumes from {kept[-1][1]} ({kept[-1][0]:,} tokens)" if kept else
+                "no checkpoint was written: the same command starts again from the first step")
+        console.print(f"aborted without a checkpoint of this step; {then} (another configuration needs another "
+                      "--out)")
+        raise
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
