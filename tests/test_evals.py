@@ -41,6 +41,31 @@ def job_dir(tmp_path_factory) -> Path:
     return out
 
 
+def test_export_takes_a_sweeps_job_by_its_name_or_id(job_dir, tmp_path, capsys):
+    """`export JOB OUT --sweep NAME`: the job as `status` names it (its name, or the start of its id); a sweep's name
+    given as JOB_DIR says how; an unknown job lists the sweep's jobs."""
+    from dashboard_synthetic import write_sweep_folder
+
+    from rla_ablate.sweep.expand import load_sweep
+
+    sweep = load_sweep(REPO / "sweeps" / "smoke.yaml")
+    sdir = write_sweep_folder(tmp_path / "runs", sweep, "sqlite:///" + str(tmp_path / "store.db"))
+    first = sweep.jobs[0]
+    shutil.rmtree(sdir.job_dir(first.job_id))
+    shutil.copytree(job_dir, sdir.job_dir(first.job_id), ignore=shutil.ignore_patterns("evals"))
+    root = ["--root", str(tmp_path / "runs")]
+    for i, job in enumerate((first.name, first.job_id[:8])):
+        assert main(["export", job, str(tmp_path / f"hf{i}"), "--sweep", "smoke", *root]) == 0
+        assert f"exported {sdir.job_dir(first.job_id)} (" in capsys.readouterr().out
+    assert main(["export", "smoke", str(tmp_path / "x"), *root]) == 2
+    assert ("JOB_DIR: smoke is a sweep; export takes one of its jobs: `rla-sweep export JOB OUT --sweep smoke`"
+            in capsys.readouterr().err)
+    assert main(["export", "tiny-rla/seed9", str(tmp_path / "x"), "--sweep", "smoke", *root]) == 2
+    err = capsys.readouterr().err
+    assert f"sweep smoke has no job 'tiny-rla/seed9'; its jobs (name or id): {first.name} ({first.job_id[:8]})" in err
+    assert not (tmp_path / "x").exists()
+
+
 def test_eval_scores_a_job_offline_and_does_not_rescore(job_dir, monkeypatch, capsys):
     for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
         monkeypatch.delenv(name, raising=False)

@@ -79,6 +79,23 @@ def check_root_folder(root: str | Path) -> None:
         raise UserError(f"{root} is a file, not a folder; --root names the folder a launch wrote to", key="--root")
 
 
+def sweep_job_folder(root: str | Path, sweep: str, job: str, key: str = "JOB") -> Path:
+    """The folder of one job of a launched sweep, named as `status` shows it: its name (tiny-rla/seed0) or the start
+    of its id; a UserError listing the jobs where none or several match."""
+    sdir = open_sweep_dir(root, resolve_name(sweep))
+    jobs = sdir.job_list() if sdir.has_job_list() else []
+    named = [j for j in jobs if j.get("name") == job] or [j for j in jobs if job and j["job_id"].startswith(job)]
+    if len(named) == 1:
+        return sdir.job_dir(named[0]["job_id"])
+    shown = ", ".join(f"{j.get('name')} ({j['job_id'][:8]})" for j in (named or jobs)[:6])
+    more = f" and {len(named or jobs) - 6} more" if len(named or jobs) > 6 else ""
+    if named:
+        raise UserError(f"{job!r} starts the ids of {len(named)} jobs of {sdir.name}: {shown}{more}; give more of it",
+                        key=key)
+    raise UserError(f"sweep {sdir.name} has no job {job!r}; its jobs (name or id): {shown or 'none yet'}{more}",
+                    key=key)
+
+
 def open_sweep_dir(root: str | Path, sweep: str) -> SweepDir:
     """The sweep's folder (its sweep.json written, whether or not a launch listed its jobs), or a UserError naming
     the sweeps that exist under `root`."""
