@@ -246,3 +246,21 @@ def test_configuration_differences_count_the_entries_of_a_list_that_changed_leng
     assert identity_differences(json.dumps(now), json.dumps(before)).startswith("eval (2 entries now, 1 entry before)")
     before["eval"].append(now["eval"][1])
     assert identity_differences(json.dumps(now), json.dumps(before)).startswith('eval.0.name ("v" now, "x" before)')
+
+
+def test_a_model_key_the_data_refuses_is_named_at_its_line_of_the_model_file(tmp_path, capsys):
+    """`train my-model.yaml` whose vocab_size the data outgrows: the file, line and key (it was only
+    `model.vocab_size:`), unless --set gave that key; nothing is left behind."""
+    from rla_ablate.cli import main
+    from rla_ablate.models.presets import preset_path
+
+    text = preset_path("tiny-rla").read_text().replace("vocab_size: 257", "vocab_size: 100")
+    assert "vocab_size: 100" in text
+    model = tmp_path / "m.yaml"
+    model.write_text(text)
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if row.startswith("vocab_size:"))
+    out = tmp_path / "job"
+    assert main(["train", str(model), "--out", str(out), *[f"--set={s}" for s in SMALL if "vocab" not in s]]) == 2
+    err = capsys.readouterr().err
+    assert f"{model}:{line}: vocab_size: the model's vocab_size is 100 but the training data (stdlib) needs 257" in err
+    assert not out.exists()

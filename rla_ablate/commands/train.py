@@ -233,6 +233,21 @@ def run(args: argparse.Namespace) -> int:
         return _train(args, job, out, made, done, console, stop, received)
 
 
+def _in_model_file(exc, args: argparse.Namespace):
+    """A model key found wrong once the data is read (its vocab_size), at its line of the model's YAML file when the
+    command named one and --set did not set that key; else `exc` as it is."""
+    from rla_ablate.config import load_yaml
+    from rla_ablate.errors import UserError
+
+    key = (exc.key or "").removeprefix("model.")
+    path = Path(args.model)
+    if exc.file is not None or not (exc.key or "").startswith("model.") or path.suffix not in (".yaml", ".yml") \
+            or not path.is_file() or any(a.split("=", 1)[0].strip() == exc.key for a in args.sets):
+        return exc
+    line = load_yaml(path).lines.get(tuple(key.split(".")))
+    return UserError(exc.message, file=str(path), line=line, key=key) if line is not None else exc
+
+
 def _train(args: argparse.Namespace, job, out: Path, made: bool, done: list, console, stop: dict,
            received: dict) -> int:
     """The training of `run`, in a folder it holds (`_OutLock`) and has checked (`_same_job`)."""
@@ -269,12 +284,12 @@ def _train(args: argparse.Namespace, job, out: Path, made: bool, done: list, con
     try:
         result = run_job(job, out, ProgressLogger(description=args.model, console=console),
                          should_stop=lambda: stop["requested"])
-    except UserError:
+    except UserError as exc:
         # refused before training (data that cannot be read, too few tokens): a folder this command made goes,
         # unless a checkpoint is in it by now
         if made and not list_checkpoints(out):
             shutil.rmtree(out, ignore_errors=True)
-        raise
+        raise _in_model_file(exc, args) from None
     except KeyboardInterrupt:  # the second Ctrl-C: no checkpoint of the steps since the last one
         kept = [(t, path) for t, path in list_checkpoints(out) if is_whole(path)]
         then = (f"the same command resumes from {kept[-1][1]} ({kept[-1][0]:,} tokens)" if kept else
