@@ -264,3 +264,17 @@ def test_a_model_key_the_data_refuses_is_named_at_its_line_of_the_model_file(tmp
     err = capsys.readouterr().err
     assert f"{model}:{line}: vocab_size: the model's vocab_size is 100 but the training data (stdlib) needs 257" in err
     assert not out.exists()
+
+
+def test_data_of_fewer_token_ids_than_the_model_is_noted(tmp_path, capsys):
+    """--data whose tokens take fewer ids than the preset's vocabulary: a note with the unused rows and the --set
+    that fits the model (the run goes on)."""
+    from rla_ablate.cli import main
+
+    sets = [f"--set={s}" for s in SMALL] + ["--set=data.vocab_size=64", "--set=data.num_kv_pairs=4",
+                                            "--set=eval.0={name: mqar, data: {kind: mqar, vocab_size: 64, "
+                                            "num_kv_pairs: 4}, examples: 8}"]
+    assert main(["train", "tiny-rla", "--out", str(tmp_path / "job"), "--data", "mqar", *sets]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("note: the data's tokens take 64 ids and the model's vocab_size is 257: 193 embedding rows go unused "
+            "(--set model.vocab_size=64 fits the model to the data)") in err, err

@@ -215,6 +215,14 @@ def run(args: argparse.Namespace) -> int:
         # split) unless --set eval.0.data... says otherwise
         console.print(f"note: the eval set(s) read other data than training ({job.data.kind}); "
                       "--set 'eval.0={name: ..., data: {kind: ..., ...}}' evaluates on yours (docs/DATA.md)")
+    if args.data:  # a tokenizer of fewer ids than the preset's vocabulary: rows of the embedding no token reaches
+        from rla_ablate.data import vocab_size
+
+        need = max(vocab_size(c) for c in [job.data, *(e.data for e in job.eval)])
+        if need < job.model.vocab_size:
+            console.print(f"note: the data's tokens take {need:,} ids and the model's vocab_size is "
+                          f"{job.model.vocab_size:,}: {job.model.vocab_size - need:,} embedding rows go unused "
+                          f"(--set model.vocab_size={need} fits the model to the data)")
     made = not out.exists()
     make_folder(out, "--out", what)
     with _OutLock(out):
