@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -68,45 +68,42 @@ class StdlibData(_Tokenized):
     """Which part; files were assigned to a split by a hash of their path (5% validation)."""
 
 
-class TextData(_Tokenized):
-    """A UTF-8 text file, or a folder of them (one document per file, in sorted path order)."""
+class _Files(_Tokenized):
+    """A file, or a folder of files read in sorted path order, split by a hash of each file's path."""
 
-    kind: Literal["text"] = "text"
     path: Path
-    """A text file or a folder."""
-    glob: str = "**/*.txt"
+    """A file or a folder."""
+    glob: str
     """Which files of a folder to read (pathlib glob, relative to the folder)."""
     split: Literal["all", "train", "validation"] = "all"
     """Hold out files by a hash of their relative path: train, validation, or all files."""
     validation_fraction: float = Field(0.01, gt=0.0, lt=1.0)
     """The share of files that goes to the validation split."""
+    _what: ClassVar[str] = "file or folder"
 
     @field_validator("path")
     @classmethod
     def _path_exists(cls, v: Path) -> Path:
-        return _existing(v, "text file or folder")
+        return _existing(v, cls._what)
 
 
-class JsonlData(_Tokenized):
+class TextData(_Files):
+    """A UTF-8 text file, or a folder of them (one document per file, in sorted path order)."""
+
+    kind: Literal["text"] = "text"
+    glob: str = "**/*.txt"
+    _what: ClassVar[str] = "text file or folder"
+
+
+class JsonlData(_Files):
     """JSON Lines: a file, or a folder of them, of one JSON object a line; the text of each object's `text_field`
     is a document (in file order, files in sorted path order)."""
 
     kind: Literal["jsonl"] = "jsonl"
-    path: Path
-    """A .jsonl file or a folder."""
     glob: str = "**/*.jsonl"
-    """Which files of a folder to read (pathlib glob, relative to the folder)."""
     text_field: str = "text"
     """The key of each record that holds its text."""
-    split: Literal["all", "train", "validation"] = "all"
-    """Hold out files by a hash of their relative path, as kind text: train, validation, or all files."""
-    validation_fraction: float = Field(0.01, gt=0.0, lt=1.0)
-    """The share of files that goes to the validation split."""
-
-    @field_validator("path")
-    @classmethod
-    def _path_exists(cls, v: Path) -> Path:
-        return _existing(v, "JSON Lines file or folder")
+    _what: ClassVar[str] = "JSON Lines file or folder"
 
 
 class ShardsData(_Strict):
