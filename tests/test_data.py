@@ -6,7 +6,7 @@ import gzip
 import hashlib
 import io
 import json
-
+import shutil
 import subprocess
 import sys
 
@@ -190,7 +190,6 @@ def test_an_eval_set_tokenized_otherwise_than_the_training_data_is_refused(tmp_p
     """A model trained on a BPE tokenizer's ids and scored on byte tokens gets a meaningless eval loss: `plan` (at
     the sweep file's line) and the job itself refuse it; the same tokenizer in another file, shards prepared with
     it, and MQAR eval sets (synthetic ids) are fine."""
-    import shutil
 
     import yaml
 
@@ -217,16 +216,23 @@ def test_an_eval_set_tokenized_otherwise_than_the_training_data_is_refused(tmp_p
     assert proc.returncode == 0, proc.stderr
     assert tokenizer_mismatch(ShardsData(path=shards), bpe) is None
     assert tokenizer_mismatch(ShardsData(path=shards), raw) is not None
+    held_out = tmp_path / "held-out"  # text the shards were not made from (their own folder is refused as such)
+    shutil.copytree(text_dir, held_out)
     sweep = {"name": "mixed", "models": [{"preset": "tiny-rla", "overrides": {"vocab_size": 257}}],
              "base": {"train": {"tokens": 1024, "seq_len": 32, "micro_batch_size": 2, "batch_tokens": 64},
                       "data": {"kind": "shards", "path": str(shards)},
-                      "eval": [{"name": "val", "data": {"kind": "text", "path": str(text_dir)}, "tokens": 64}]}}
+                      "eval": [{"name": "val", "data": {"kind": "text", "path": str(held_out)}, "tokens": 64}]}}
     f = tmp_path / "mixed.yaml"
     f.write_text(yaml.safe_dump(sweep, sort_keys=False))
     line = next(i for i, text in enumerate(f.read_text().splitlines(), 1) if text.strip() == "eval:")
     proc = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "plan", str(f)], capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"mixed.yaml:{line + 1}: base.eval.0: job tiny-rla/seed0, eval set 'val': the eval set's text" in proc.stderr
+    sweep["base"]["eval"][0]["data"]["path"] = str(text_dir)  # the folder the shards hold every file of
+    f.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    proc = subprocess.run([sys.executable, "-m", "rla_ablate.cli", "plan", str(f)], capture_output=True, text=True)
+    assert proc.returncode == 2 and f"the shards {shards} were prepared from {text_dir}, every file of it" \
+        in " ".join(proc.stderr.split()), proc.stderr
     # no eval: at all: the built-in set reads bytes; said at base:, with what to add
     del sweep["base"]["eval"]
     f.write_text(yaml.safe_dump(sweep, sort_keys=False))

@@ -115,7 +115,7 @@ def test_ddp_with_document_resets_matches_one_process(ray_session, tmp_path):
         (docs / f"{i:03d}.txt").write_text(" ".join(f"word{(i * 7 + j) % 23}" for j in range(2 + i % 6)))
     job = tiny_job(reset_state_at_documents=True, **SHORT).model_dump()
     job["data"] = {"kind": "text", "path": str(docs)}
-    job["eval"] = [{"name": "val", "data": {"kind": "text", "path": str(docs)}, "tokens": 1024}]
+    job["eval"] = [{"name": "val", "data": {"kind": "stdlib", "split": "validation"}, "tokens": 1024}]
     from rla_ablate.data import make_train_stream
 
     cfg = type(tiny_job()).model_validate(job)

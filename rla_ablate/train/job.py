@@ -8,6 +8,7 @@ job id, and what a checkpoint records so that a resume never continues a differe
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -52,7 +53,19 @@ def training_overlap(train, held_out) -> str:
     """Why the eval data `held_out` shares documents with the training data `train` (and what to change), or "" where
     they are apart. Text folders split their files by a hash of the path: train (at validation_fraction f) and
     validation (at f') share no file when f' <= f; "all" shares every file. Shards have no split; a saved dataset's
-    split is its own. Synthetic tasks and other sources never overlap here."""
+    split is its own; shards that `data prepare` made from a text folder hold all of its files. Synthetic tasks and
+    other sources never overlap here."""
+    if train.kind == "shards" and held_out.kind in ("text", "jsonl"):
+        from rla_ablate.data.shards import read_index
+
+        source = read_index(train.path).get("source")
+        made_from = Path(source) if source and source != "stdlib" else None
+        if made_from is not None and (made_from == held_out.path or made_from in held_out.path.parents
+                                      or held_out.path in made_from.parents):
+            return (f"the shards {train.path} were prepared from {made_from}, every file of it, and the eval set "
+                    f"reads {held_out.path}; prepare the shards from the files that train alone, or evaluate on "
+                    "text they were not made from")
+        return ""
     if train.kind != held_out.kind or train.kind not in ("stdlib", "text", "jsonl", "shards", "hf_disk"):
         return ""
     if train.kind == "stdlib":
