@@ -235,26 +235,35 @@ def test_a_closed_progress_pipe_stops_a_training_job_with_a_checkpoint(tmp_path)
 
 @pytest.mark.slow
 def test_a_second_ctrl_c_of_train_says_what_a_rerun_does(tmp_path):
-    """Ctrl-C twice within a step of `rla-sweep train`: exit 130 at once, no checkpoint of that step, and the line
-    says what the same command will do (start again, or resume from the newest checkpoint)."""
+    """Ctrl-C, and again while the step it waits for runs, of `rla-sweep train`: exit 130 at once, no checkpoint of
+    that step, and the line says what the same command will do (resume from the newest checkpoint the folder holds,
+    or start again). The second signal is sent once the first was heard: two at once may arrive as one."""
     import signal
+
+    from rla_ablate.train.checkpoint import is_whole, list_checkpoints
 
     out = tmp_path / "job"
     command = [sys.executable, "-m", "rla_ablate.cli", "train", "tiny-rla", "--out", str(out), "--set",
-               "train.tokens=4194304", "--set", "train.batch_tokens=65536"]  # steps of a few seconds each
+               "train.tokens=4194304", "--set", "train.batch_tokens=65536"]  # steps of seconds each
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.0)
+    heard = []
+
+    def wait_for(text: str) -> None:
+        while not heard or text not in heard[-1]:
+            line = proc.stderr.readline()
+            assert line, "".join(heard)
+            heard.append(line)
+
+    wait_for("tok/s")  # a step is logged: the next one runs
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.2)
+    wait_for("stopping after this step")
     proc.send_signal(signal.SIGINT)
-    err = proc.communicate(timeout=120)[1]
+    err = " ".join(("".join(heard) + proc.communicate(timeout=120)[1]).split())
     assert proc.returncode == 130, err
-    assert "aborted without a checkpoint of this step; no checkpoint was written: the same command starts again " \
-           "from the first step" in " ".join(err.split()), err
-    assert not any((out / "checkpoints").glob("*.pt"))
+    kept = [(t, path) for t, path in list_checkpoints(out) if is_whole(path)]
+    then = (f"the same command resumes from {kept[-1][1]} ({kept[-1][0]:,} tokens)" if kept else
+            "no checkpoint was written: the same command starts again from the first step")
+    assert f"aborted without a checkpoint of this step; {then}" in err, err
 
 
 def test_a_launch_whose_output_closes_stops_its_jobs_with_141():
