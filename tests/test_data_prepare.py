@@ -169,6 +169,21 @@ def test_json_lines_are_a_document_per_record(tmp_path, capsys):
         list(iter_documents(JsonlData(path=bad)))
     with pytest.raises(UserError, match=f"{docs} is JSON Lines, which kind text would read as one raw document"):
         list(iter_documents(TextData(path=docs)))
+    bom = tmp_path / "bom.jsonl"  # as some editors save it
+    bom.write_bytes(b"\xef\xbb\xbf" + b'{"text": "first"}\n')
+    assert list(iter_documents(JsonlData(path=bom))) == ["first"]
+
+
+def test_shards_of_the_embedded_corpus_record_their_split(tmp_path, capsys):
+    """`data prepare stdlib OUT --split validation` records the split in its index, and training on those shards
+    with the embedded validation split as the eval set is refused (their documents are the same)."""
+    from rla_ablate.commands.train import build_job
+
+    out = tmp_path / "val"
+    assert main(["data", "prepare", "stdlib", str(out), "--split", "validation"]) == 0
+    assert json.loads((out / "index.json").read_text())["source_split"] == "validation"
+    with pytest.raises(UserError, match=f"the shards {out} were prepared from the embedded corpus' validation split"):
+        build_job("tiny-rla", ["train.tokens=8192"], str(out), "cpu")
 
 
 def test_show_prints_a_config(tmp_path, capsys):

@@ -273,9 +273,16 @@ def test_data_show_of_a_shard_folder_reads_it_as_train_data_does(tmp_path, capsy
     """`data show DIR` reads the folder as `train --data DIR` would; a damaged index is named (it was a KeyError)."""
     shards = tmp_path / "shards"
     shards.mkdir()
+    head = '"format": "rla-sweep-shards", "version": 1, "dtype": "uint16", "tokenizer": "bytes"'
     for index, words in (("{}", "is not a rla-sweep-shards v1 index"),
                          ('{"format": "rla-sweep-shards", "version": 1, "dtype": "uint16"}',
-                          "lacks vocab_size, eos_id, tokenizer, shards")):
+                          "lacks vocab_size, eos_id, tokenizer, shards"),
+                         ('{%s, "vocab_size": 257, "eos_id": 9999, "shards": []}' % head,
+                          "has eos_id 9999 outside its vocabulary"),
+                         ('{%s, "vocab_size": 257, "eos_id": 256, "shards": [{"file": "../x.bin", "tokens": 3}]}'
+                          % head, "has a shard list that is not one {file, tokens} a shard file of the folder"),
+                         ('{%s, "vocab_size": 257, "eos_id": 256, "shards": [], "tokens": "many"}' % head,
+                          "has tokens 'many'")):
         (shards / "index.json").write_text(index)
         code, err = run_cli(capsys, "data", "show", str(shards))
         assert code == 2 and f"data.path: {shards / 'index.json'} {words}; write the folder" in err, err

@@ -52,8 +52,17 @@ def test_an_eval_set_that_reads_the_training_text_is_refused(tmp_path):
     with pytest.raises(UserError, match="the files between the two hash into both"):  # a wider held-out share
         build_job("tiny-rla", SMALL + [held_out.replace("0.2", "0.5"), "data.split=train",
                                        "data.validation_fraction=0.2"], str(corpus), "cpu")
-    with pytest.raises(UserError, match="both read the embedded corpus' validation split"):
+    with pytest.raises(UserError, match="both read the embedded corpus' validation split; train on split: train "
+                                        r"\(--set data.split=train\)"):
         build_job("tiny-rla", SMALL + ["data.split=validation"], None, "cpu")
+    # one file of the folder trained on, the folder's validation split evaluated: refused where the file hashes there
+    from rla_ablate.data.sources import path_fraction
+
+    held = next(f"doc{i}.txt" for i in range(40) if path_fraction(f"doc{i}.txt") < 0.2)
+    with pytest.raises(UserError, match=f"{corpus / held} lies in {corpus} and falls in its validation split"):
+        build_job("tiny-rla", SMALL + [held_out], str(corpus / held), "cpu")
+    kept = next(f"doc{i}.txt" for i in range(40) if path_fraction(f"doc{i}.txt") >= 0.2)
+    assert build_job("tiny-rla", SMALL + [held_out], str(corpus / kept), "cpu").data.path == corpus / kept
 
 
 @pytest.mark.parametrize("sets, words", [

@@ -105,7 +105,8 @@ def _prepare(args) -> int:
     writer = ShardWriter(Path(args.out), dtype=dtype, vocab_size=tok.vocab_size, eos_id=tok.eos_id,
                          tokenizer_file=cfg.tokenizer, eos_token=getattr(tok, "eos_token", None),
                          shard_tokens=args.shard_tokens,
-                         source=args.src if args.src == "stdlib" else str(Path(args.src).resolve()))
+                         source=args.src if args.src == "stdlib" else str(Path(args.src).resolve()),
+                         source_split=getattr(cfg, "split", None) if cfg.kind in ("stdlib", "hf_disk") else None)
     total = count_documents(cfg)
     docs = iter_documents(cfg)
     first = next(docs, None)  # read before the bar is drawn: a source unreadable from its start says so alone

@@ -44,7 +44,8 @@ class ShardWriter:
     """Appends token arrays (one document each, EOS added) and cuts shard files of `shard_tokens` tokens."""
 
     def __init__(self, out: Path, *, dtype: str, vocab_size: int, eos_id: int, tokenizer_file: Path | None,
-                 eos_token: str | None, shard_tokens: int = DEFAULT_SHARD_TOKENS, source: str = ""):
+                 eos_token: str | None, shard_tokens: int = DEFAULT_SHARD_TOKENS, source: str = "",
+                 source_split: str | None = None):
         self.out = Path(out)
         if (self.out / "index.json").exists():
             raise UserError(f"{self.out} already holds shards (index.json); choose a new folder", key="OUT")
@@ -53,6 +54,8 @@ class ShardWriter:
         self.meta = {"format": FORMAT, "version": VERSION, "dtype": dtype, "byteorder": "little",
                      "vocab_size": vocab_size, "eos_id": eos_id, "tokenizer": "bytes", "eos_token": eos_token,
                      "source": source}
+        if source_split is not None:  # which split of its source the folder holds (the embedded corpus' or a dataset's)
+            self.meta["source_split"] = source_split
         if tokenizer_file is not None:
             shutil.copyfile(tokenizer_file, self.out / "tokenizer.json")
             self.meta["tokenizer"] = "tokenizer.json"
@@ -110,8 +113,18 @@ def read_index(folder: Path, key: str = "path") -> dict:
         raise UserError(f"{index_path} is not a {FORMAT} v{VERSION} index; write the folder with `rla-sweep data "
                         "prepare`", key=key)
     missing = [k for k in INDEX_KEYS if k not in index]
-    if missing or index["dtype"] not in DTYPES:
-        what = f"lacks {', '.join(missing)}" if missing else f"names dtype {index['dtype']!r}"
+    count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
+    shards = index.get("shards")
+    what = (f"lacks {', '.join(missing)}" if missing else
+            f"names dtype {index['dtype']!r}" if index["dtype"] not in DTYPES else
+            f"has vocab_size {index['vocab_size']!r}" if not count(index["vocab_size"]) or not index["vocab_size"] else
+            f"has eos_id {index['eos_id']!r} outside its vocabulary" if not count(index["eos_id"])
+            or index["eos_id"] >= index["vocab_size"] else
+            "has a shard list that is not one {file, tokens} a shard file of the folder" if not isinstance(shards, list)
+            or not all(isinstance(e, dict) and isinstance(e.get("file"), str) and Path(e["file"]).name == e["file"]
+                       and count(e.get("tokens")) for e in shards) else
+            f"has tokens {index['tokens']!r}" if "tokens" in index and not count(index["tokens"]) else "")
+    if what:
         raise UserError(f"{index_path} {what}; write the folder again with `rla-sweep data prepare`", key=key)
     return index
 

@@ -118,8 +118,8 @@ def count_documents(cfg: StdlibData | TextData | JsonlData | HFDiskData) -> int:
 
 
 def _utf8(p: Path, cfg: TextData | JsonlData) -> str:
-    try:
-        return p.read_bytes().decode("utf-8")
+    try:  # JSON Lines may start with a byte-order mark (a text file keeps its bytes: its token stream stays)
+        return p.read_bytes().decode("utf-8-sig" if isinstance(cfg, JsonlData) else "utf-8")
     except UnicodeDecodeError as exc:
         how = ("convert it to UTF-8, or point path at UTF-8 text" if cfg.path.is_file()
                else f"narrow glob (now {cfg.glob}) to the UTF-8 files, or convert this one")

@@ -52,25 +52,21 @@ def better_direction(metric: str) -> str | None:
 def training_overlap(train, held_out) -> str:
     """Why the eval data `held_out` shares documents with the training data `train` (and what to change), or "" where
     they are apart. Text folders split their files by a hash of the path: train (at validation_fraction f) and
-    validation (at f') share no file when f' <= f; "all" shares every file. Shards have no split; a saved dataset's
-    split is its own; shards that `data prepare` made from a text folder hold all of its files. Synthetic tasks and
-    other sources never overlap here."""
-    if train.kind == "shards" and held_out.kind in ("text", "jsonl"):
-        from rla_ablate.data.shards import read_index
-
-        source = read_index(train.path).get("source")
-        made_from = Path(source) if source and source != "stdlib" else None
-        if made_from is not None and (made_from == held_out.path or made_from in held_out.path.parents
-                                      or held_out.path in made_from.parents):
-            return (f"the shards {train.path} were prepared from {made_from}, every file of it, and the eval set "
-                    f"reads {held_out.path}; prepare the shards from the files that train alone, or evaluate on "
-                    "text they were not made from")
-        return ""
+    validation (at f') share no file when f' <= f; "all" shares every file; a file of a folder is in the folder's
+    split its path hashes into. Shards have no split; a saved dataset's split is its own; shards that `data
+    prepare` made hold every file of a text folder, or the split of the embedded corpus their index records.
+    Synthetic tasks and other sources never overlap here."""
+    if train.kind == "shards" and held_out.kind in ("text", "jsonl", "stdlib"):
+        return _shards_overlap(train, held_out)
     if train.kind != held_out.kind or train.kind not in ("stdlib", "text", "jsonl", "shards", "hf_disk"):
         return ""
     if train.kind == "stdlib":
-        return (f"both read the embedded corpus' {train.split} split; an eval set reads split: validation"
-                if train.split == held_out.split else "")
+        if train.split != held_out.split:
+            return ""
+        fix = "--set data.split=train" if train.split == "validation" else "an eval set on split: validation"
+        return f"both read the embedded corpus' {train.split} split; train on split: train ({fix})"
+    if train.kind in ("text", "jsonl") and train.path != held_out.path:
+        return _file_in_folder(train, held_out)
     if train.path != held_out.path:
         return ""
     if train.kind == "shards":
@@ -80,6 +76,9 @@ def training_overlap(train, held_out) -> str:
                 "split" if train.split == held_out.split else "")
     if train.glob != held_out.glob and train.path.is_dir():
         return ""
+    if train.path.is_file():
+        return (f"both read {train.path}, one file, which falls whole in one split (files are split by their path); "
+                "evaluate on another file, or split the text into a folder of files")
     splits = {train.split, held_out.split}
     if splits == {"train", "validation"}:
         val, trains = (held_out, train) if held_out.split == "validation" else (train, held_out)
@@ -87,12 +86,51 @@ def training_overlap(train, held_out) -> str:
             return ""
         return (f"the validation split reads validation_fraction {val.validation_fraction} of {train.path} and the "
                 f"train split {trains.validation_fraction}: the files between the two hash into both; give both the "
-                "same validation_fraction")
+                f"same validation_fraction (--set data.validation_fraction={val.validation_fraction})")
     if "all" in splits:
+        fraction = held_out.validation_fraction if held_out.split == "validation" else train.validation_fraction
         return (f"the training data reads split {train.split} of {train.path} and the eval set split "
-                f"{held_out.split}; train on split: train (data.split: train, or --set data.split=train with "
-                "--data) and evaluate on split: validation, with the same validation_fraction")
+                f"{held_out.split}; train on split: train and evaluate on split: validation at one validation_fraction "
+                f"(--set data.split=train --set data.validation_fraction={fraction})")
     return f"both read split {train.split} of {train.path}; an eval set reads split: validation"
+
+
+def _file_in_folder(train, held_out) -> str:
+    """Where one side reads a single file of the other's folder: the overlap when that file falls in the folder
+    side's split (`training_overlap`)."""
+    from rla_ablate.data.sources import path_fraction
+
+    for one, folder in ((train, held_out), (held_out, train)):
+        if one.path.is_file() and folder.path.is_dir() and folder.path in one.path.parents:
+            name = one.path.relative_to(folder.path).as_posix()
+            side = "validation" if path_fraction(name) < folder.validation_fraction else "train"
+            if folder.split in ("all", side):
+                return (f"{one.path} lies in {folder.path} and falls in its {side} split, which the "
+                        f"{'eval set' if folder is held_out else 'training data'} reads; train and evaluate on files "
+                        "apart")
+    return ""
+
+
+def _shards_overlap(train, held_out) -> str:
+    """Shards trained on against text or the embedded corpus evaluated on: what their index says they were made from
+    (`training_overlap`)."""
+    from rla_ablate.data.shards import read_index
+
+    index = read_index(train.path)
+    source = index.get("source")
+    if held_out.kind == "stdlib":
+        if source == "stdlib" and index.get("source_split") == held_out.split:
+            return (f"the shards {train.path} were prepared from the embedded corpus' {held_out.split} split, which "
+                    "the eval set reads; prepare them from its train split (`rla-sweep data prepare stdlib OUT "
+                    "--split train`)")
+        return ""
+    made_from = Path(source) if source and source != "stdlib" else None
+    if made_from is not None and (made_from == held_out.path or made_from in held_out.path.parents
+                                  or held_out.path in made_from.parents):
+        return (f"the shards {train.path} were prepared from {made_from}, every file of it, and the eval set "
+                f"reads {held_out.path}; prepare the shards from the files that train alone, or evaluate on "
+                "text they were not made from")
+    return ""
 
 
 class JobConfig(BaseModel):
