@@ -679,6 +679,24 @@ def _reverse_pass(q, k, w, gates, dB, dP, DNL, dST, layout: Layout, scale: float
     return dhS, DN, dS0
 
 
+def _old_reads(q, k, v, g32, hS, N_, layout: Layout, consts: dict, scale: float, residual: tuple[str, float] | None):
+    """The base pass's two reads of the old state (`_delta_reads`): (scale S_{t-1} q_t in q's dtype; the residual
+    T(v - p) in v's dtype, or None without `residual`; P: without `residual` the prediction p (fp32), with it what
+    the backward needs of x = v - p: the clip's slope (a byte), tanh's x (fp32), None for the identity)."""
+    B, T, H, _ = q.shape
+    V = v.shape[-1]
+    target, clip = residual if residual is not None else ("identity", 0.0)
+    P = None if residual is not None and target == "identity" else torch.empty(
+        B, T, H, V, dtype=torch.uint8 if residual is not None and target == "clip" else torch.float32, device=q.device)
+    BQ = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
+    RES = torch.empty_like(v) if residual is not None else None
+    nv, opts = _grid_v("reads", V)
+    delta_reads((nv, max(layout.chunks, 1), H), q=q, k=k, v=v, g=g32, hS=hS, N_=N_, P=BQ if P is None else P, BQ=BQ,
+                RES=BQ if RES is None else RES, cu=layout.cu, cidx=layout.cidx, scale=float(scale), c=float(clip),
+                RESIDUAL=residual is not None, TARGET=TARGET_CODES[target], **consts, **opts)
+    return BQ, RES, P
+
+
 def _dqk_buffers(q, layout: Layout, name: str = "dqk"):
     """What `_delta_bwd_dqk` writes (dq in q's dtype, dk fp32, dw in q's dtype, the d/db partials E and K
     [K tiles, tokens * H], Z [K tiles, chunks * H]), its grid and launch options (BK included; LAUNCH[name])."""
@@ -704,9 +722,8 @@ class DeltaTwoReads(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, S0, layout: Layout, scale: float, chunk: int, wy: WY, cu,
                 mail: GradientMail | None, residual: tuple[str, float] | None):
-        B, T, H, K = q.shape
+        H, K = q.shape[2:]
         V = v.shape[-1]
-        dev, dt = q.device, q.dtype
         if mail is not None:
             mail.expect(q, k)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -717,20 +734,10 @@ class DeltaTwoReads(torch.autograd.Function):
         made, ctx.ahead = GATES_MADE_ONCE, READ_AHEAD
         gates = made_gates(layout, g32, H, chunk) if made else g32
         hS, N_, ST = _state_pass(k, w, u, gates, S0, layout, consts, made, ctx.ahead)
-        target, clip = residual if residual is not None else ("identity", 0.0)
-        keeps_x = residual is None or target != "identity"  # the identity's slope needs no x
-        # the prediction (fp32), or what the backward needs of x = v - p: the clip's slope (a byte), tanh's x
-        x_dtype = torch.uint8 if residual is not None and target == "clip" else torch.float32
-        P = torch.empty(B, T, H, V, dtype=x_dtype, device=dev) if keeps_x else ST
-        BQ = torch.empty(B, T, H, V, dtype=dt, device=dev)
-        RES = torch.empty(B, T, H, V, dtype=v.dtype, device=dev) if residual is not None else BQ
-        nv, opts = _grid_v("reads", V)
-        delta_reads((nv, max(layout.chunks, 1), H), q=q, k=k, v=v, g=g32, hS=hS, N_=N_, P=P, BQ=BQ, RES=RES,
-                    cu=layout.cu, cidx=layout.cidx, scale=float(scale), c=float(clip), RESIDUAL=residual is not None,
-                    TARGET=TARGET_CODES[target], **consts, **opts)
-        ctx.save_for_backward(q, k, v, g32, beta_c, w, hS, N_, P if residual is not None and keeps_x else None,
+        BQ, RES, P = _old_reads(q, k, v, g32, hS, N_, layout, consts, scale, residual)
+        ctx.save_for_backward(q, k, v, g32, beta_c, w, hS, N_, P if residual is not None else None,
                               gates if made else None)
-        ctx.residual = (target, float(clip)) if residual is not None else None
+        ctx.residual = (residual[0], float(residual[1])) if residual is not None else None
         ctx.saved, ctx.layout, ctx.scale, ctx.chunk, ctx.wy, ctx.cu = saved, layout, float(scale), chunk, wy, cu
         ctx.mail = mail
         ctx.has_S0, ctx.dtypes = S0 is not None, (g.dtype, beta.dtype)
@@ -803,24 +810,17 @@ class ResidualDelta(torch.autograd.Function):
         w, u, saved = wy.fwd(k, v, beta_c, g32, layout, cu, chunk)
         hS, N_, ST = _state_pass(k, w, u, gates, S0, layout, consts, made, ctx.ahead)
         target, clip = residual
-        keeps_x = target != "identity"  # what the backward needs of x = v - p: the clip's slope (a byte), tanh's x
-        X = torch.empty(B, T, H, V, dtype=torch.uint8 if target == "clip" else torch.float32,
-                        device=dev) if keeps_x else ST
-        BQ = torch.empty(B, T, H, V, dtype=dt, device=dev)
-        RES = torch.empty(B, T, H, V, dtype=v.dtype, device=dev)
-        nv, opts = _grid_v("reads", V)
-        grid = (nv, max(layout.chunks, 1), H)
-        delta_reads(grid, q=q, k=k, v=v, g=g32, hS=hS, N_=N_, P=X, BQ=BQ, RES=RES, cu=layout.cu, cidx=layout.cidx,
-                    scale=float(scale), c=float(clip), RESIDUAL=True, TARGET=TARGET_CODES[target], **consts, **opts)
+        BQ, RES, X = _old_reads(q, k, v, g32, hS, N_, layout, consts, scale, residual)
         # R on the residual, read once by q
         w_R, u_R, saved_R = wy.fwd(k, RES, gamma_c, g32, layout, cu, chunk)
         hR, N_R, RT = _state_pass(k, w_R, u_R, gates, R0, layout, consts, made, ctx.ahead)
         CORR = torch.empty(B, T, H, V, dtype=dt, device=dev)
-        delta_reads(grid, q=q, k=k, v=RES, g=g32, hS=hR, N_=N_R, P=CORR, BQ=CORR, RES=CORR, cu=layout.cu,
-                    cidx=layout.cidx, scale=float(scale), c=0.0, RESIDUAL=False, TARGET=0, TWO=False, **consts,
-                    **opts)
-        ctx.save_for_backward(q, k, v, g32, beta_c, gamma_c, w, hS, N_, X if keeps_x else None,
-                              gates if made else None, RES, w_R, hR, N_R)
+        nv, opts = _grid_v("reads", V)
+        delta_reads((nv, max(layout.chunks, 1), H), q=q, k=k, v=RES, g=g32, hS=hR, N_=N_R, P=CORR, BQ=CORR,
+                    RES=CORR, cu=layout.cu, cidx=layout.cidx, scale=float(scale), c=0.0, RESIDUAL=False, TARGET=0,
+                    TWO=False, **consts, **opts)
+        ctx.save_for_backward(q, k, v, g32, beta_c, gamma_c, w, hS, N_, X, gates if made else None, RES, w_R, hR,
+                              N_R)
         ctx.residual, ctx.layout, ctx.scale, ctx.chunk = (target, float(clip)), layout, float(scale), chunk
         ctx.saved, ctx.saved_R, ctx.wy, ctx.cu = saved, saved_R, wy, cu
         ctx.has_states, ctx.dtypes = (S0 is not None, R0 is not None), (g.dtype, beta.dtype, gamma.dtype)
@@ -950,6 +950,13 @@ def covers(q: torch.Tensor, v: torch.Tensor, spec) -> bool:
             and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM)
 
 
+def _layout(q: torch.Tensor, cu_seqlens: torch.Tensor | None, chunk: int) -> tuple[Layout, torch.Tensor | None]:
+    """The chunk layout of batched or packed sequences, and cu_seqlens as FLA's WY kernels take them (int64)."""
+    B, T = q.shape[:2]
+    layout = Layout.batched(B, T, chunk, q.device) if cu_seqlens is None else Layout(B, T, cu_seqlens, chunk, q.device)
+    return layout, cu_seqlens.long() if cu_seqlens is not None else None
+
+
 def delta_two_reads(q, k, v, g, beta, S0, scale: float, cu_seqlens: torch.Tensor | None = None,
                     wy: WY = FLA_WY, chunk: int = CHUNK, mail: GradientMail | None = None,
                     residual: tuple[str, float] | None = None):
@@ -958,9 +965,7 @@ def delta_two_reads(q, k, v, g, beta, S0, scale: float, cu_seqlens: torch.Tensor
     Packed sequences as in FLA: B = 1 and cu_seqlens [N + 1]. mail: where the auxiliary pass of the same q and k
     leaves its gradients for this backward to add (`GradientMail`). residual (target, clip): the residual
     T(v_t - S_{t-1} k_t) in v's dtype in place of the prediction (`DeltaTwoReads`)."""
-    B, T = q.shape[:2]
-    layout = Layout.batched(B, T, chunk, q.device) if cu_seqlens is None else Layout(B, T, cu_seqlens, chunk, q.device)
-    cu = cu_seqlens.long() if cu_seqlens is not None else None
+    layout, cu = _layout(q, cu_seqlens, chunk)
     return DeltaTwoReads.apply(q, k, v, g, beta, S0.float().contiguous() if S0 is not None else None, layout,
                                scale, chunk, wy, cu, mail, residual)
 
@@ -970,8 +975,6 @@ def residual_delta(q, k, v, g, beta, gamma, S0, R0, scale: float, residual: tupl
     """(scale S_{t-1} q_t, scale R_t q_t, S_T, R_T) of RDN's two recurrences (`ResidualDelta`); q, k [B, T, H, K],
     S0, R0 [N, H, V, K] fp32 or None, residual (target, clip). Packed sequences as in FLA: B = 1 and cu_seqlens
     [N + 1]."""
-    B, T = q.shape[:2]
-    layout = Layout.batched(B, T, chunk, q.device) if cu_seqlens is None else Layout(B, T, cu_seqlens, chunk, q.device)
-    cu = cu_seqlens.long() if cu_seqlens is not None else None
+    layout, cu = _layout(q, cu_seqlens, chunk)
     states = [x.float().contiguous() if x is not None else None for x in (S0, R0)]
     return ResidualDelta.apply(q, k, v, g, beta, gamma, *states, layout, scale, chunk, wy, cu, residual)
