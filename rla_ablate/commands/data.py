@@ -40,9 +40,9 @@ def _source_config(src: str, args):
             return HFDiskData(path=path, split=args.split, text_column=args.text_column, **common)
         if args.split:
             raise UserError("applies to the embedded corpus and to HF datasets only", key="--split")
-        if json_lines(path, args.glob if args.glob != GLOB else None):  # a document per record
-            return JsonlData(path=path, text_field=args.text_column, **common,
-                             **({"glob": args.glob} if args.glob != GLOB else {}))
+        glob = args.glob if args.glob != GLOB else None  # given, not the text default
+        if json_lines(path, glob):  # a document per record
+            return JsonlData(path=path, text_field=args.text_column, **common, **({"glob": glob} if glob else {}))
         if args.text_column != TEXT_COLUMN:
             raise UserError(f"applies to HF datasets and JSON Lines only; {path} is read as text files",
                             key="--text-column")

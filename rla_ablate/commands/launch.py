@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rla_ablate.environment import add_root_option
 from rla_ablate.commands import stopped_by_ctrl_c
+from rla_ablate.environment import add_root_option
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:

@@ -112,21 +112,36 @@ def read_index(folder: Path, key: str = "path") -> dict:
     if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("version") != VERSION:
         raise UserError(f"{index_path} is not a {FORMAT} v{VERSION} index; write the folder with `rla-sweep data "
                         "prepare`", key=key)
-    missing = [k for k in INDEX_KEYS if k not in index]
-    count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0  # noqa: E731
-    shards = index.get("shards")
-    what = (f"lacks {', '.join(missing)}" if missing else
-            f"names dtype {index['dtype']!r}" if index["dtype"] not in DTYPES else
-            f"has vocab_size {index['vocab_size']!r}" if not count(index["vocab_size"]) or not index["vocab_size"] else
-            f"has eos_id {index['eos_id']!r} outside its vocabulary" if not count(index["eos_id"])
-            or index["eos_id"] >= index["vocab_size"] else
-            "has a shard list that is not one {file, tokens} a shard file of the folder" if not isinstance(shards, list)
-            or not all(isinstance(e, dict) and isinstance(e.get("file"), str) and Path(e["file"]).name == e["file"]
-                       and count(e.get("tokens")) for e in shards) else
-            f"has tokens {index['tokens']!r}" if "tokens" in index and not count(index["tokens"]) else "")
+    what = _index_problem(index)
     if what:
         raise UserError(f"{index_path} {what}; write the folder again with `rla-sweep data prepare`", key=key)
     return index
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _index_problem(index: dict) -> str:
+    """What is wrong with an index of this format and version ("" when nothing): a key a reader takes missing, or a
+    value no `data prepare` writes."""
+    missing = [k for k in INDEX_KEYS if k not in index]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    if index["dtype"] not in DTYPES:
+        return f"names dtype {index['dtype']!r}"
+    if not _count(index["vocab_size"]) or not index["vocab_size"]:
+        return f"has vocab_size {index['vocab_size']!r}"
+    if not _count(index["eos_id"]) or index["eos_id"] >= index["vocab_size"]:
+        return f"has eos_id {index['eos_id']!r} outside its vocabulary"
+    shards = index["shards"]
+    if not isinstance(shards, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("file"), str) and Path(e["file"]).name == e["file"]
+            and _count(e.get("tokens")) for e in shards):
+        return "has a shard list that is not one {file, tokens} a shard file of the folder"
+    if "tokens" in index and not _count(index["tokens"]):
+        return f"has tokens {index['tokens']!r}"
+    return ""
 
 
 class ShardReader:

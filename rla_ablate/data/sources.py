@@ -56,6 +56,11 @@ def json_lines(path: Path, glob: str | None = None) -> bool:
     return any(p.suffix.lower() in JSON_LINES for p in files) and not any(p.suffix.lower() == ".txt" for p in files)
 
 
+def _files_key(cfg: TextData | JsonlData) -> str:
+    """The key a problem with one of the files read is said at: path for a file, glob for a folder's files."""
+    return "path" if cfg.path.is_file() else "glob"
+
+
 def _text_files(cfg: TextData | JsonlData) -> list[tuple[str, Path]]:
     if cfg.path.is_file():
         files = [(cfg.path.name, cfg.path)]
@@ -68,7 +73,7 @@ def _text_files(cfg: TextData | JsonlData) -> list[tuple[str, Path]]:
         raise UserError(f"{records[0]} is JSON Lines, which kind text would read as one raw document; read it with "
                         f"kind: jsonl (text_field: the key of each record's text)"
                         + ("" if cfg.path.is_file() else f", or narrow glob (now {cfg.glob}) to the plain text files"),
-                        key="path" if cfg.path.is_file() else "glob")
+                        key=_files_key(cfg))
     if cfg.split != "all":
         want_val = cfg.split == "validation"
         files = [(n, p) for n, p in files if (path_fraction(n) < cfg.validation_fraction) == want_val]
@@ -124,7 +129,7 @@ def _utf8(p: Path, cfg: TextData | JsonlData) -> str:
         how = ("convert it to UTF-8, or point path at UTF-8 text" if cfg.path.is_file()
                else f"narrow glob (now {cfg.glob}) to the UTF-8 files, or convert this one")
         raise UserError(f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start}); {how}",
-                        key="path" if cfg.path.is_file() else "glob") from None
+                        key=_files_key(cfg)) from None
 
 
 def _records(p: Path, cfg: JsonlData) -> Iterator[str]:
@@ -137,10 +142,10 @@ def _records(p: Path, cfg: JsonlData) -> Iterator[str]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UserError(f"{p}:{number}: not a JSON object ({exc.msg} at column {exc.colno}); JSON Lines holds "
-                            "one object a line", key="path" if cfg.path.is_file() else "glob") from None
+                            "one object a line", key=_files_key(cfg)) from None
         if not isinstance(record, dict):
             raise UserError(f"{p}:{number}: a JSON {type(record).__name__}, not an object with a text_field",
-                            key="path" if cfg.path.is_file() else "glob")
+                            key=_files_key(cfg))
         text = record.get(cfg.text_field)
         if not isinstance(text, str):
             keys = [k for k, v in record.items() if isinstance(v, str)]

@@ -21,8 +21,8 @@ import numpy as np
 
 from rla_ablate.data.config import RECALL_KINDS, EvalConfig, MQARData, NIAHData, ShardsData
 from rla_ablate.data.recall import NeedleTask, mqar_examples
-from rla_ablate.data.shards import read_index
 from rla_ablate.data.rng import Permutation, derive_key
+from rla_ablate.data.shards import read_index
 from rla_ablate.data.sources import open_source
 from rla_ablate.data.tokenizer import load_tokenizer
 from rla_ablate.errors import UserError

@@ -87,8 +87,9 @@ def sweep_job_folder(root: str | Path, sweep: str, job: str, key: str = "JOB") -
     named = [j for j in jobs if j.get("name") == job] or [j for j in jobs if job and j["job_id"].startswith(job)]
     if len(named) == 1:
         return sdir.job_dir(named[0]["job_id"])
-    shown = ", ".join(f"{j.get('name')} ({j['job_id'][:8]})" for j in (named or jobs)[:6])
-    more = f" and {len(named or jobs) - 6} more" if len(named or jobs) > 6 else ""
+    listed = named or jobs
+    shown = ", ".join(f"{j.get('name')} ({j['job_id'][:8]})" for j in listed[:6])
+    more = f" and {len(listed) - 6} more" if len(listed) > 6 else ""
     if named:
         raise UserError(f"{job!r} starts the ids of {len(named)} jobs of {sdir.name}: {shown}{more}; give more of it",
                         key=key)

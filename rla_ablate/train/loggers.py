@@ -12,6 +12,7 @@ import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
+
 from rla_ablate.errors import Notice
 from rla_ablate.fileio import atomic_write_text
 
