@@ -10,8 +10,8 @@
                                                                           # in the dq/dk kernel, as it was
     python benchmarks/kernels.py --backends triton --rla-gates-in-pass --rla-wide-tiles --heads 16 --tokens 16384 \
         --seq-lens 4096 --long 0         # adds RLA with its state passes making their gates, and at their wide tiles
-    python benchmarks/kernels.py --backends triton --rdn-passes-apart     # adds RDN with its auxiliary pass on FLA's
-                                                                          # kernels, apart from the base pass
+    python benchmarks/kernels.py --backends triton --rdn-one-function     # adds RDN with both recurrences in one
+                                                                          # Function on our kernels (rdn.ResidualDelta)
     python benchmarks/kernels.py --backends triton --rdn-residual-apart   # adds RDN with its prediction handed to
                                                                           # the glue's residual kernels, as it was
     python benchmarks/kernels.py --backends triton --rdn-wy-fla           # adds RDN with FLA's WY backward and
@@ -141,8 +141,8 @@ def settings_of(fn):
 
 
 def rdn_changed(x, **changes):
-    """RDN on the `triton` backend with `backend.RDN` changed: one_function=False (the auxiliary pass apart, on FLA's
-    kernels), residual_in_reads=False (the prediction out of its base pass and the residual made by the glue's
+    """RDN on the `triton` backend with `backend.RDN` changed: one_function=True (both recurrences in one Function on
+    our kernels), residual_in_reads=False (the prediction out of its base pass and the residual made by the glue's
     kernels), wy=FLA_WY_FLA_BWD (FLA's WY backward)."""
     from dataclasses import replace
 
@@ -191,9 +191,9 @@ VARIANTS = {
     "rla_end_term_rows": ("RLA [triton, end terms by rows]", "additive", partial(rla_with, END_TERM_ROWS=True),
                           "add RLA [triton] with its reverse state passes storing dg's chunk end terms a value per row "
                           "of each state tile, added by the gate-gradient kernel"),
-    "rdn_passes_apart": ("RDN [triton, aux. pass apart]", "delta", partial(rdn_changed, one_function=False),
-                         "add RDN [triton] with its auxiliary pass apart, on FLA's kernels (its states kept, its q and "
-                         "k gradients added by the base pass's dq/dk kernel), instead of both passes in one Function"),
+    "rdn_one_function": ("RDN [triton, one Function]", "delta", partial(rdn_changed, one_function=True),
+                         "add RDN [triton] with both recurrences in one Function on our kernels (rdn.ResidualDelta: "
+                         "one dq/dk kernel for both), instead of the auxiliary pass apart on FLA's kernels"),
     "rdn_residual_apart": ("RDN [triton, res. by glue]", "delta",
                            partial(rdn_changed, residual_in_reads=False, one_function=False),
                            "add RDN [triton] with its auxiliary pass apart and the residual made by the glue's kernels "

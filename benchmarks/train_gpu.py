@@ -4,7 +4,7 @@
                                    [--batch B] [--seq-len T] [--steps 10] [--warmup 3] [--backend auto]
                                    [--glue auto [torch]] [--inputs shared [separate]] [--graph off [on]]
                                    [--profile [STEPS] [--top-ops N]] [--rla-split PROGRAMS:CHUNKS]
-                                   [--rla-launch KERNEL:KEY=VALUE,... ...] [--rla-read-own] [--rdn-passes-apart]
+                                   [--rla-launch KERNEL:KEY=VALUE,... ...] [--rla-read-own] [--rdn-one-function]
                                    [--json out.json] [--calibrate [TABLE]]
 
 Each family builds the preset `<scale>-<family>` (models/), trains --warmup untimed then --steps timed AdamW steps
@@ -278,9 +278,9 @@ def main():
     parser.add_argument("--rla-read-own", action="store_true",
                         help="RLA's state passes each loading a chunk's reads in that chunk (rla.READ_AHEAD 0) "
                              "instead of reading ahead as rla.AheadRule() picks for each (the default)")
-    parser.add_argument("--rdn-passes-apart", action="store_true",
-                        help="RDN's auxiliary pass apart, on FLA's kernels (backend.RDN.one_function off) instead of "
-                             "both recurrences in one Function on our kernels (the default)")
+    parser.add_argument("--rdn-one-function", action="store_true",
+                        help="RDN's two recurrences in one Function on our kernels (backend.RDN.one_function) instead "
+                             "of the auxiliary pass apart on FLA's kernels (the default)")
     parser.add_argument("--rla-launch", nargs="+", default=[], metavar="KERNEL:KEY=VALUE,...",
                         help="RLA's kernels with these launch options changed (rla.LAUNCH; keys BK, BV, num_warps, "
                              "num_stages), e.g. state_pass:BK=64,BV=64")
@@ -307,14 +307,14 @@ def main():
         if args.calibrate is not None:
             parser.error("--calibrate takes rows of the kernels as they ship: not with --rla-split, --rla-launch or "
                          "--rla-read-own")
-    if args.rdn_passes_apart:
+    if args.rdn_one_function:
         from dataclasses import replace
 
         from rla_ablate.ops.triton import backend
 
         if args.calibrate is not None:
-            parser.error("--calibrate takes rows of the kernels as they ship: not with --rdn-passes-apart")
-        backend.RDN = replace(backend.RDN, one_function=False)
+            parser.error("--calibrate takes rows of the kernels as they ship: not with --rdn-one-function")
+        backend.RDN = replace(backend.RDN, one_function=True)
     unknown = [scale for scale in args.scale if scale not in SHAPES and (args.batch is None or args.seq_len is None)]
     if unknown:
         parser.error(f"no batch shape for scale {', '.join(unknown)}: pass --batch and --seq-len (known: {SHAPES})")

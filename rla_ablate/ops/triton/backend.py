@@ -3,13 +3,13 @@
 rule="additive" with fit "residual" or "none" runs `rla` (our own kernels: plain state passes plus parallel
 residual, output and gradient kernels) for bf16/fp16 heads up to 128 wide (`rla.covers`); fit="off" is the
 baseline itself (FLA's chunk_simple_gla / chunk_gated_delta_rule). rule="delta" with a residual path (bf16/fp16,
-heads up to 128: `rdn.covers`) runs its base pass on `rdn`'s kernels (the delta rule run once and read twice,
-instead of FLA's kernel over a shifted [q; k] double batch). With fit residual the auxiliary recurrence runs on
-the same kernels in the same Function (`rdn.ResidualDelta`: one dq/dk kernel for both passes); with fit none
-(no auxiliary pass) or with `RDN.one_function` off the `fla` composition takes the base pass, and the auxiliary
-recurrence stays on FLA's kernels, its chunk states kept for the backward (`rdn.DeltaKeepStates`), its q and k
-gradients added by the base pass's backward kernel (`rdn.GradientMail`). Everything else (fp32, wider heads) takes
-the composition as it is, with the glue fused (`glue`).
+heads up to 128: `rdn.covers`) takes the `fla` composition with its base pass replaced by `rdn`'s (the delta rule
+run once and read twice, instead of FLA's kernel over a shifted [q; k] double batch); the auxiliary recurrence stays
+on FLA's kernels, its chunk states kept for the backward (`rdn.DeltaKeepStates`), its q and k gradients added by the
+base pass's backward kernel (`rdn.GradientMail`). With `RDN.one_function` (off: slower on an H100,
+docs/RESULTS.md) fit residual runs both recurrences on `rdn`'s kernels in one Function instead (`rdn.ResidualDelta`:
+one dq/dk kernel for both passes). Everything else (fp32, wider heads) takes the composition as it is, with the glue
+fused (`glue`).
 
 "auto" picks it first for both rules: on the H200 every fit x target x gates case of each rule has passed, bf16 on
 our kernels and fp32 on the composition, and the models' GPU tests with it (docs/RESULTS.md, "Correctness on the
