@@ -3,8 +3,8 @@
 Our kernels (S pass, the two old reads, the local write gradients, the dS pass, dq/dk/dw, the WY step's backward)
 run in the interpreter in fp32; the WY step's forward is the PyTorch one (FLA's fused WY kernels do not run in the
 interpreter; the GPU tests run them), its backward our kernel (`TORCH_WY_OUR_BWD`; once PyTorch's, `TORCH_WY`).
-With fit residual both recurrences run in one Function as the backend runs them (`rdn.ResidualDelta`: the auxiliary
-recurrence on the same kernels, one dq/dk kernel for both); apart (the backend's `RDN.one_function` off) the
+With fit residual both recurrences run in one Function as the backend runs them with `RDN.one_function`
+(`rdn.ResidualDelta`: the auxiliary recurrence on the same kernels, one dq/dk kernel for both); apart (the default) the
 auxiliary recurrence is the naive delta rule, its q and k gradients posted to the base pass's backward through a
 `GradientMail` as the backend does (dk split in two shares, as FLA's dq/dk kernel and WY step give it), and once
 added by autograd instead; with fit residual the read kernel makes the
@@ -68,7 +68,7 @@ def check_all() -> None:
 
     def rdn(q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens=None, mailed=True, residual_in_reads=True,
             wy=TORCH_WY_OUR_BWD, apart=False):
-        if spec.fit == "residual" and not apart:  # both recurrences in one Function, as the backend runs them
+        if spec.fit == "residual" and not apart:  # both recurrences in one Function (the backend's one_function)
             return rdn_one_function(q, k, v, g, beta, gamma, spec, scale, state, cu_seqlens, wy=wy, chunk=16)
         mail = GradientMail() if mailed else None
         # as the backend runs it: with fit residual the read kernel makes the residual
