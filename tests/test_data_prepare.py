@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +14,14 @@ from rla_ablate.cli import main
 from rla_ablate.data import (
     EvalConfig,
     HFDiskData,
+    JsonlData,
     ShardsData,
     TextData,
     make_eval_batches,
     make_train_stream,
     vocab_size,
 )
-from rla_ablate.data.sources import open_source
+from rla_ablate.data.sources import iter_documents, open_source
 from rla_ablate.errors import UserError
 
 
@@ -139,8 +141,7 @@ def test_json_lines_are_a_document_per_record(tmp_path, capsys):
     `kind: jsonl` and `train --data`; kind text refuses it (read whole, its keys and quotes were the training text);
     a line that is not an object, or a record without the field, is named with its line."""
     from rla_ablate.commands.train import data_config
-    from rla_ablate.data import JsonlData
-    from rla_ablate.data.sources import count_documents, iter_documents
+    from rla_ablate.data.sources import count_documents
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": i, "body": f"record {i} café"}) + "\n" + ("\n" if i == 3 else "")
@@ -172,6 +173,35 @@ def test_json_lines_are_a_document_per_record(tmp_path, capsys):
     bom = tmp_path / "bom.jsonl"  # as some editors save it
     bom.write_bytes(b"\xef\xbb\xbf" + b'{"text": "first"}\n')
     assert list(iter_documents(JsonlData(path=bom))) == ["first"]
+
+
+def test_a_folder_named_without_a_kind_reads_one_kind_of_file(tmp_path, capsys):
+    """A folder of .ndjson files is JSON Lines (`data prepare`, `train --data`); a folder of plain text and JSON Lines
+    is refused, naming what it holds (a kind's glob would skip the other files without a word); a glob that matches
+    nothing names the files the folder has."""
+    from rla_ablate.commands.train import data_config
+
+    nd = tmp_path / "nd"
+    nd.mkdir()
+    (nd / "a.ndjson").write_text("".join(json.dumps({"text": f"record {i}"}) + "\n" for i in range(3)))
+    assert data_config(str(nd)) == {"kind": "jsonl", "path": str(nd), "glob": "**/*.ndjson"}
+    assert main(["data", "prepare", str(nd), str(tmp_path / "s")]) == 0
+    assert "(3 documents," in capsys.readouterr().out
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a.txt").write_text("plain")
+    for name in ("b.jsonl", "c.jsonl"):
+        (mixed / name).write_text('{"text": "record"}\n')
+    said = f"{mixed} holds 2 .jsonl files, 1 .txt file, and a folder is read as one kind of file; say which with "
+    with pytest.raises(UserError, match=re.escape(said + "a data config file")):
+        data_config(str(mixed))
+    assert main(["data", "prepare", str(mixed), str(tmp_path / "x")]) == 2
+    assert f"SRC: {said}--glob (e.g. --glob '**/*.jsonl')" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    assert main(["data", "prepare", str(mixed), str(tmp_path / "x"), "--glob", "**/*.jsonl"]) == 0
+    assert "(2 documents," in capsys.readouterr().out
+    with pytest.raises(UserError, match=r"matches '\*\*/\*.jsonl' \(its files: 1 .ndjson file\)"):
+        list(iter_documents(JsonlData(path=nd)))
 
 
 def test_shards_of_the_embedded_corpus_record_their_split(tmp_path, capsys):

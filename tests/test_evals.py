@@ -41,6 +41,12 @@ def job_dir(tmp_path_factory) -> Path:
     return out
 
 
+def _score(job: Path) -> list[Path]:
+    """Score the job on TASKS (4 examples each) through the CLI; the files of that scoring."""
+    assert main(["eval", str(job), "--tasks", ",".join(TASKS), "--limit", "4", "--batch-size", "1"]) == 0
+    return [f for f in (job / "evals").glob("*.json") if json.loads(f.read_text())["limit"] == 4]
+
+
 def test_export_takes_a_sweeps_job_by_its_name_or_id(job_dir, tmp_path, capsys):
     """`export JOB OUT --sweep NAME`: the job as `status` names it (its name, or the start of its id); a sweep's name
     given as JOB_DIR says how; an unknown job lists the sweep's jobs."""
@@ -71,7 +77,7 @@ def test_eval_scores_a_job_offline_and_does_not_rescore(job_dir, monkeypatch, ca
         monkeypatch.delenv(name, raising=False)
     for name, value in NO_NETWORK.items():
         monkeypatch.setenv(name, value)
-    assert main(["eval", str(job_dir), "--tasks", ",".join(TASKS), "--limit", "4", "--batch-size", "1"]) == 0
+    files = _score(job_dir)
     out = capsys.readouterr()
     # The command went offline for the local task files and left the environment as it found it.
     assert "HF_DATASETS_OFFLINE" not in os.environ
@@ -82,7 +88,6 @@ def test_eval_scores_a_job_offline_and_does_not_rescore(job_dir, monkeypatch, ca
     with offline():
         assert datasets.config.HF_HUB_OFFLINE is True and os.environ["HF_DATASETS_OFFLINE"] == "1"
     assert "HF_DATASETS_OFFLINE" not in os.environ
-    files = list((job_dir / "evals").glob("*.json"))
     assert len(files) == 1 and files[0].name.startswith("000000000000512-")
     result = json.loads(files[0].read_text())
     assert result["tokens"] == 512 and result["tasks"] == TASKS and result["limit"] == 4
@@ -126,7 +131,9 @@ def test_export_loads_in_transformers_and_scores_the_same_through_lm_eval(job_di
     _, state = load_latest(job_dir)
     assert torch.equal(model.model.embed.weight, state["model"]["embed.weight"])
 
-    ours = json.loads(next((job_dir / "evals").glob("*.json")).read_text())["metrics"]
+    # lm-eval's `hf` model on the export scores as `rla-sweep eval` did on the checkpoint (scored here unless an
+    # earlier test of the file did)
+    ours = json.loads(_score(job_dir)[0].read_text())["metrics"]
     tm, tasks, local = resolve_tasks(EvalRequest(tasks=TASKS))
     assert local
     with offline(local):

@@ -22,7 +22,7 @@ def _source_config(src: str, args):
     from pydantic import ValidationError
 
     from rla_ablate.data.config import HFDiskData, JsonlData, StdlibData, TextData
-    from rla_ablate.data.sources import json_lines
+    from rla_ablate.data.sources import folder_data, json_lines
 
     common = {"tokenizer": args.tokenizer, "eos_token": args.eos_token}
     path = Path(src)
@@ -41,6 +41,8 @@ def _source_config(src: str, args):
         if args.split:
             raise UserError("applies to the embedded corpus and to HF datasets only", key="--split")
         glob = args.glob if args.glob != GLOB else None  # given, not the text default
+        if glob is None and path.is_dir():
+            glob = folder_data(path, "--glob (e.g. --glob '**/*.jsonl')").get("glob")  # .ndjson files
         if json_lines(path, glob):  # a document per record
             return JsonlData(path=path, text_field=args.text_column, **common, **({"glob": glob} if glob else {}))
         if args.text_column != TEXT_COLUMN:

@@ -73,9 +73,14 @@ def data_config(spec: str | None) -> dict:
                         "written last); run it again", file=spec, key="--data")
     if path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
         return {"kind": "hf_disk", "path": str(path)}
-    from rla_ablate.data.sources import json_lines
+    from rla_ablate.data.sources import folder_data, json_lines
 
-    return {"kind": "jsonl" if json_lines(path) else "text", "path": str(path)}
+    if path.is_file():
+        return {"kind": "jsonl" if json_lines(path) else "text", "path": str(path)}
+    try:
+        return folder_data(path)
+    except UserError as exc:
+        raise UserError(exc.message, key="--data") from None
 
 
 def build_job(model: str, sets: list[str], data: str | None, profile: str):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+from collections import Counter
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -46,14 +47,39 @@ JSON_LINES = (".jsonl", ".ndjson")
 
 
 def json_lines(path: Path, glob: str | None = None) -> bool:
-    """Whether a path given without a kind is JSON Lines: a .jsonl / .ndjson file, or a folder whose files (those of
-    `glob`, else every file) are such files and no plain text (.txt) is among them."""
+    """Whether a path given without a kind is JSON Lines: a .jsonl / .ndjson file, a folder read by a `glob` that
+    ends so, or a folder whose files are such files and no plain text (.txt) is among them."""
     if path.is_file():
         return path.suffix.lower() in JSON_LINES
     if glob is not None:
         return glob.lower().endswith(JSON_LINES)
-    files = [p for p in path.rglob("*") if p.is_file()]
-    return any(p.suffix.lower() in JSON_LINES for p in files) and not any(p.suffix.lower() == ".txt" for p in files)
+    return folder_data(path)["kind"] == "jsonl"
+
+
+def _suffixes(path: Path) -> Counter[str]:
+    """How many files of a folder (at any depth) have each suffix ('' for none)."""
+    return Counter(p.suffix.lower() for p in path.rglob("*") if p.is_file())
+
+
+def _counted(counts: Counter[str]) -> str:
+    return ", ".join(f"{n} {suffix + ' ' if suffix else ''}file{'s' if n > 1 else ''}{'' if suffix else ' without a suffix'}"
+                     for suffix, n in counts.most_common())
+
+
+def folder_data(path: Path, how: str = "a data config file (e.g. {kind: jsonl, path: DIR, glob: '**/*.jsonl'})"
+                ) -> dict:
+    """The data config of a folder named without a kind (`train --data`, `data show`, `data prepare`): its plain text
+    (.txt) files, or its JSON Lines files (.jsonl, or .ndjson where it has only those). A folder that holds more than
+    one of these kinds is refused, saying `how` to name one: a kind's glob would leave the others unread without a
+    word."""
+    counts = _suffixes(path)
+    kinds = {s: counts[s] for s in (".txt", *JSON_LINES) if counts[s]}
+    if len(kinds) > 1:
+        raise UserError(f"{path} holds {_counted(Counter(kinds))}, and a folder is read as one kind of file; "
+                        f"say which with {how}, or keep one kind in the folder", key="path")
+    if ".txt" in kinds or not kinds:
+        return {"kind": "text", "path": str(path)}
+    return {"kind": "jsonl", "path": str(path)} | ({"glob": "**/*.ndjson"} if ".ndjson" in kinds else {})
 
 
 def _files_key(cfg: TextData | JsonlData) -> str:
@@ -67,7 +93,9 @@ def _text_files(cfg: TextData | JsonlData) -> list[tuple[str, Path]]:
     else:
         files = sorted((p.relative_to(cfg.path).as_posix(), p) for p in cfg.path.glob(cfg.glob) if p.is_file())
         if not files:
-            raise UserError(f"no file under {cfg.path} matches {cfg.glob!r}", key="glob")
+            counts = _suffixes(cfg.path)
+            raise UserError(f"no file under {cfg.path} matches {cfg.glob!r} "
+                            + (f"(its files: {_counted(counts)})" if counts else "(it holds no file)"), key="glob")
     records = [p for _, p in files if p.suffix.lower() in JSON_LINES]
     if isinstance(cfg, TextData) and records:  # read whole, its keys and quotes would be the text the model learns
         raise UserError(f"{records[0]} is JSON Lines, which kind text would read as one raw document; read it with "
