@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 
 class UserError(Exception):
@@ -20,6 +21,20 @@ class UserError(Exception):
         if key:
             where += f"{key}: "
         super().__init__(where + message)
+
+
+@contextmanager
+def keys_under(section: str) -> Iterator[None]:
+    """A UserError raised inside with a key relative to a config section (a data config's `glob`) is raised again
+    keyed from the job's top (`data.glob`, `eval.0.data.glob`), as --set and a sweep file write it; a problem of the
+    section as a whole (key 'data') is said at the section."""
+    try:
+        yield
+    except UserError as exc:
+        if exc.file is not None or not exc.key or exc.key.startswith("--"):
+            raise
+        key = section if exc.key == "data" else f"{section}.{exc.key}"
+        raise UserError(exc.message, line=exc.line, key=key) from None
 
 
 class Notice(UserWarning):

@@ -45,6 +45,7 @@ def test_an_eval_set_that_reads_the_training_text_is_refused(tmp_path):
     with pytest.raises(UserError) as err:
         build_job("tiny-rla", SMALL + [held_out], str(corpus), "cpu")
     assert "eval set 0 ('mine') reads text the model trains on" in str(err.value)
+    assert err.value.key is None and str(err.value).startswith("--set: eval set 0")  # a check across sections
     assert "--set data.split=train" in str(err.value)
     job = build_job("tiny-rla", SMALL + [held_out, "data.split=train", "data.validation_fraction=0.2"], str(corpus),
                     "cpu")
@@ -192,6 +193,21 @@ def test_cuda_without_a_gpu_is_refused_before_the_folder_is_made(tmp_path, capsy
     assert main(["train", "tiny-rla", "--out", str(tmp_path / "o"), *sets, "--set", "train.device=cpu"]) == 2
     err = capsys.readouterr().err
     assert "cuda_graphs cannot run with device cpu" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_data_found_wrong_once_read_is_said_at_its_key_in_the_job(tmp_path, capsys):
+    """A problem the data shows only when it is read (a file not UTF-8) is said at the key --set writes: data.glob
+    for the training data, eval.N.data.glob for an eval set's; the folder made for the job is removed."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "a.txt").write_bytes(b"\xff\xfe not utf-8")
+    sets = [arg for kv in SMALL for arg in ("--set", kv)]
+    assert main(["train", "tiny-rla", "--out", str(tmp_path / "o"), *sets, "--data", str(bad)]) == 2
+    assert f"data.glob: {bad / 'a.txt'} is not UTF-8 text" in capsys.readouterr().err
+    held = f"eval.0={{name: v, data: {{kind: text, path: {bad}}}, tokens: 64}}"
+    assert main(["train", "tiny-rla", "--out", str(tmp_path / "o"), *sets, "--set", held]) == 2
+    assert f"error: eval.0.data.glob: {bad / 'a.txt'} is not UTF-8 text" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

@@ -372,12 +372,12 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], locate
     problems = []
     for err, loc in _errors(exc, model):
         shown = _walk(model, loc)[1]
-        problems.append((located.line(shown), ".".join(str(p) for p in shown) or "(top level)",
-                         _describe(err, model, loc)))
+        # a problem of the whole config (a check across its sections) is said without a key
+        problems.append((located.line(shown), ".".join(str(p) for p in shown) or None, _describe(err, model, loc)))
     if len(problems) == 1:
         line, key, msg = problems[0]
         return UserError(msg, file=located.file, line=line, key=key)
-    body = "\n".join(f"{located.file}:{line}: {key}: {msg}" if line else f"{located.file}: {key}: {msg}"
+    body = "\n".join(f"{located.file}{f':{line}' if line else ''}: {f'{key}: ' if key else ''}{msg}"
                      for line, key, msg in problems)
     return UserError(f"{len(problems)} problems\n{body}", file=located.file)
 

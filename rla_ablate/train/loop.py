@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from rla_ablate import __version__
 from rla_ablate.data import make_eval_batches, make_train_stream, tokenizer_mismatch, vocab_size
 from rla_ablate.data.stream import Batch
-from rla_ablate.errors import UserError
+from rla_ablate.errors import UserError, keys_under
 from rla_ablate.models import aggregate_diagnostics, build_model, flops_per_token, fusion
 from rla_ablate.outcome import Status
 from rla_ablate.train.checkpoint import capture_rng, load_latest, restore_rng, save_checkpoint
@@ -266,10 +266,13 @@ class Trainer:
             eps=cfg.adam_eps, **({"fused": True} if self.device.type == "cuda" else {}),
         )
         docs = cfg.reset_state_at_documents
-        self.stream = make_train_stream(job.data, cfg.seq_len, cfg.micro_batch_size, cfg.seed,
-                                        self.ctx.rank, self.ctx.world_size, documents=docs)
-        self.evals = {e.name: make_eval_batches(e, cfg.seq_len, cfg.micro_batch_size, documents=docs)
-                      for e in job.eval}
+        with keys_under("data"):
+            self.stream = make_train_stream(job.data, cfg.seq_len, cfg.micro_batch_size, cfg.seed,
+                                            self.ctx.rank, self.ctx.world_size, documents=docs)
+        self.evals = {}
+        for i, e in enumerate(job.eval):
+            with keys_under(f"eval.{i}.data"):
+                self.evals[e.name] = make_eval_batches(e, cfg.seq_len, cfg.micro_batch_size, documents=docs)
         self.guard = DivergenceGuard(cfg.max_skipped_steps, cfg.spike_zscore)
         self.flops_per_token = flops_per_token(job.model, cfg.seq_len)
         self.peak_flops = _peak_flops(job, self.device)
