@@ -38,6 +38,7 @@ from rla_ablate.models.config import ModelConfig
 from rla_ablate.models import fusion
 from rla_ablate.models.diagnostics import mixer_diagnostics
 from rla_ablate.ops import ResidualSpec, kernel_tag, residual_attention, select_backend
+from rla_ablate.ops.spec import check_packed_batch
 from rla_ablate.ops.chunk import chunk_base_reads
 
 # FLA's SimpleGatedLinearAttention default: keeps alpha = sigmoid(x)^(1/16) close to 1 at init.
@@ -376,8 +377,7 @@ class Attention(nn.Module):
         if cu_seqlens is not None:
             if state is not None:
                 raise ValueError("packed sequences (cu_seqlens) run without a decoding state")
-            if B != 1:
-                raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={B}")
+            check_packed_batch(B, cu_seqlens)
             # Each sequence alone, positions from its start: exact per-document attention without a T x T mask.
             bounds = cu_seqlens.tolist()
             parts = [self._attend(x_BTD[:, a:b], None)[0] for a, b in zip(bounds, bounds[1:]) if b > a]

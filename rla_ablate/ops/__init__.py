@@ -15,7 +15,7 @@ import torch
 
 from rla_ablate.ops.chunk import chunk_residual_attention
 from rla_ablate.ops.naive import naive_residual_attention
-from rla_ablate.ops.spec import FITS, RULES, TARGETS, ResidualSpec
+from rla_ablate.ops.spec import FITS, RULES, TARGETS, ResidualSpec, check_packed_batch
 
 BackendFn = Callable[..., tuple]
 
@@ -91,8 +91,7 @@ def kernel_tag(backend: str, q: torch.Tensor, v: torch.Tensor, spec: ResidualSpe
 
 def _check_cu_seqlens(cu_seqlens, q) -> int:
     """Packed sequences as in FLA: B = 1 and cu_seqlens [N + 1] = 0, end_1, ..., T. Returns N."""
-    if q.shape[0] != 1:
-        raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={q.shape[0]}")
+    check_packed_batch(q.shape[0], cu_seqlens)
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.is_floating_point():
         raise ValueError("cu_seqlens must be a 1-D integer tensor [N + 1] of sequence boundaries")
     bounds = cu_seqlens.tolist()

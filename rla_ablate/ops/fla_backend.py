@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 from rla_ablate.ops import register_backend
-from rla_ablate.ops.spec import ResidualSpec
+from rla_ablate.ops.spec import ResidualSpec, check_packed_batch
 
 # (q, k, v, g, scale, h0 [N,H,V,K] | None, cu_seqlens) -> (o [B,T,H,V], h_T [N,H,V,K])
 AdditiveKernel = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -210,8 +210,7 @@ def compose_residual_attention(kernels: BaseKernels, q, k, v, g, beta, gamma, sp
     reads_residual (the delta rule with fit "residual"): base_reads gives the residual T(v_t - S_{t-1} k_t) in v's
     dtype in place of S_{t-1} k_t, and the glue's residual step is skipped."""
     B, T, H, K = q.shape
-    if cu_seqlens is not None and B != 1:
-        raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={B}")
+    check_packed_batch(B, cu_seqlens)
     S0, R0 = initial_state if initial_state is not None else (None, None)
     S0 = S0.float() if S0 is not None else None
     R0 = R0.float() if R0 is not None else None

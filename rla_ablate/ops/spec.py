@@ -66,3 +66,10 @@ class ResidualSpec:
         if self.target == "tanh":
             return (c * torch.tanh(x / c) - x).abs() > TANH_ENGAGED_RELATIVE_CHANGE * x.abs()
         return torch.zeros_like(x, dtype=torch.bool)
+
+
+def check_packed_batch(batch: int, cu_seqlens: torch.Tensor | None) -> None:
+    """Packed sequences (cu_seqlens, as in FLA) are one row: B = 1. Checked from the shape alone, without reading
+    cu_seqlens back from the GPU."""
+    if cu_seqlens is not None and batch != 1:
+        raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={batch}")

@@ -26,7 +26,7 @@ import torch
 from rla_ablate.ops import _per_sequence, register_backend
 from rla_ablate.ops.chunk import chunk_residual_attention
 from rla_ablate.ops.fla_backend import FLA_KERNELS, BaseKernels, DeltaKernel, compose_residual_attention, fla_available
-from rla_ablate.ops.spec import ResidualSpec
+from rla_ablate.ops.spec import ResidualSpec, check_packed_batch
 from rla_ablate.ops.triton import rdn
 from rla_ablate.ops.triton.glue import TRITON_GLUE
 from rla_ablate.ops.triton.rla import chunks_fit_grid, covers, rla_triton
@@ -104,8 +104,7 @@ def rdn_one_function(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, 
                      cu_seqlens: torch.Tensor | None = None, wy: rdn.WY | None = None, chunk: int = rdn.CHUNK):
     """RDN with fit residual, both recurrences in `rdn.ResidualDelta`, the output gate's sum by the fused glue.
     wy: the WY step (`RDN.wy` when None; the interpreter's tests pass the PyTorch forward)."""
-    if cu_seqlens is not None and q.shape[0] != 1:
-        raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={q.shape[0]}")
+    check_packed_batch(q.shape[0], cu_seqlens)
     S0, R0 = initial_state if initial_state is not None else (None, None)
     g32 = g.float()
     base, corr, S_T, R_T = rdn.residual_delta(q, k, v, g32, beta, gamma.to(q.dtype), S0, R0, scale,

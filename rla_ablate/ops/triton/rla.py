@@ -51,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rla_ablate.ops.spec import ResidualSpec
+from rla_ablate.ops.spec import ResidualSpec, check_packed_batch
 from rla_ablate.ops.triton.common import (CHUNK, COEF_B, COEF_B_PRIME, COEF_TO_END, MAX_HEAD_DIM, MIN_TILE,
                                           TARGET_CODES, Layout, _chunk_gates, _chunk_rows, _chunk_tile, _decay,
                                           _keep_for_slope, _pass_chunk, _pass_program, _pass_tokens, _target,
@@ -1035,8 +1035,7 @@ def rla_triton(q, k, v, g, beta, gamma, spec: ResidualSpec, scale: float, initia
     if spec.rule != "additive" or spec.fit == "off":
         raise ValueError("the fused RLA kernels cover rule='additive' with fit 'residual' or 'none'")
     B, T, H, K = q.shape
-    if cu_seqlens is not None and B != 1:
-        raise ValueError(f"with cu_seqlens the batch size must be 1 (packed sequences); got B={B}")
+    check_packed_batch(B, cu_seqlens)
     S0, R0 = initial_state if initial_state is not None else (None, None)
     S0 = S0.float().contiguous() if S0 is not None else None
     R0 = R0.float().contiguous() if R0 is not None else None
