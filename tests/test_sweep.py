@@ -326,6 +326,11 @@ BAD = {
     "unknown_ablation": ("name: x\nmodels: [{preset: tiny-rla}]\nablations:\n  - no_fiting\n", 4,
                          "did you mean 'no_fitting'"),
     "unknown_preset": ("name: x\nmodels:\n  - preset: tiny-rlaa\n", 3, "did you mean 'tiny-rla'"),
+    "model_as_list": ("name: x\nmodels:\n  - [tiny-rla, tiny-gdn]\n", 3,
+                      "a model is a mapping with its preset, not a list; give each model its own entry: "
+                      "models: [{preset: tiny-rla}, {preset: tiny-gdn}]"),
+    "model_as_number": ("name: x\nmodels:\n  - 3\n", 3, "a model is a mapping with its preset, e.g. "
+                        "{preset: tiny-rla} (got 3)"),
     "control_as_ablation": ("name: x\nmodels: [{preset: tiny-rla}]\nablations:\n  - no_fitting\n  - matched_state\n",
                             5, "'matched_state' is a control, not an ablation: list it under `controls:`"),
     "not_a_family": ("name: x\nmodels: [{preset: tiny-rla}]\nablations:\n  - {name: no_clip, families: [rdm]}\n", 4,

@@ -55,6 +55,13 @@ class ModelArm(_Strict):
     def _a_mapping(cls, v: Any) -> Any:
         if isinstance(v, str):  # `- tiny-rla`: the preset's name alone
             raise ValueError(f"a model is a mapping with its preset: write {{preset: {v}}}")
+        if isinstance(v, list):  # `- [tiny-rla, tiny-gdn]`: a flow list where each model is an entry
+            names = [x for x in v if isinstance(x, str)]
+            example = ", ".join(f"{{preset: {x}}}" for x in names) if names else "{preset: tiny-rla}"
+            raise ValueError(f"a model is a mapping with its preset, not a list; give each model its own entry: "
+                             f"models: [{example}]")
+        if v is not None and not isinstance(v, dict):
+            raise ValueError("a model is a mapping with its preset, e.g. {preset: tiny-rla}")
         return v
 
     @field_validator("base")
