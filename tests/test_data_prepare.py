@@ -175,6 +175,20 @@ def test_json_lines_are_a_document_per_record(tmp_path, capsys):
     assert list(iter_documents(JsonlData(path=bom))) == ["first"]
 
 
+def test_an_empty_document_is_left_out(tmp_path, capsys):
+    """An empty document (an empty file, a blank row of a dataset) adds no lone EOS after an EOS: `data prepare`
+    leaves it out and says so, and the stream read in memory is the same tokens."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("")
+    (corpus / "b.txt").write_text("some text")
+    assert main(["data", "prepare", str(corpus), str(tmp_path / "s")]) == 0
+    assert "wrote 10 tokens (1 document; 1 empty document left out," in capsys.readouterr().out
+    shards, text = open_source(ShardsData(path=tmp_path / "s")), open_source(TextData(path=corpus))
+    assert len(shards) == len(text) == 10
+    assert np.array_equal(shards.window(0, 10), text.window(0, 10)) and text.window(9, 10)[0] == 256
+
+
 def test_a_folder_named_without_a_kind_reads_one_kind_of_file(tmp_path, capsys):
     """A folder of .ndjson files is JSON Lines (`data prepare`, `train --data`); a folder of plain text and JSON Lines
     is refused, naming what it holds (a kind's glob would skip the other files without a word); a glob that matches

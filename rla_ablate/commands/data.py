@@ -116,18 +116,22 @@ def _prepare(args) -> int:
                TextColumn("{task.fields[tokens]:,} tokens"), TimeRemainingColumn())
     with Progress(*columns, transient=False) as progress:
         task = progress.add_task("prepare", total=total, tokens=0)
-        tokens = content = 0
+        tokens = content = empty = 0
         for ids in tokenize_documents(itertools.chain([] if first is None else [first], docs), tok):
-            writer.add(ids)
-            tokens += ids.size + 1
-            content += ids.size
+            if ids.size:  # an empty document (an HF dataset's blank rows) would add an EOS after an EOS
+                writer.add(ids)
+                tokens += ids.size + 1
+                content += ids.size
+            else:
+                empty += 1
             progress.update(task, advance=1, tokens=tokens)
     if content == 0:
         # (the run's folder or files are removed by `prepare`) an empty source wrote end-of-document tokens alone,
         # and training on them failed later, far from here
         raise UserError("holds no text: nothing to tokenize (its documents are empty)", key="SRC")
     index = writer.close()
-    print(f"wrote {index['tokens']:,} tokens ({count(index['documents'], 'document')}, {dtype}, vocabulary "
+    skipped = f"; {count(empty, 'empty document')} left out" if empty else ""
+    print(f"wrote {index['tokens']:,} tokens ({count(index['documents'], 'document')}{skipped}, {dtype}, vocabulary "
           f"{index['vocab_size']}) in {len(index['shards'])} shard(s) to {args.out}")
     print(f"use it with: data: {{kind: shards, path: {Path(args.out).resolve()}}}")
     return 0

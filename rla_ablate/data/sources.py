@@ -240,7 +240,10 @@ def tokenize_documents(docs, tokenizer, batch: int = 256) -> Iterator[np.ndarray
 
 
 def _pack(arrays: list[np.ndarray], eos_id: int, vocab_size: int) -> np.ndarray:
+    """The documents' tokens, each followed by EOS; an empty document is left out (alone it would add an EOS after
+    an EOS, as `data prepare` leaves it out)."""
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
+    arrays = [a for a in arrays if a.size]
     out = np.empty(sum(a.size + 1 for a in arrays), dtype=dtype)
     pos = 0
     for a in arrays:
