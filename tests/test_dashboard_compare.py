@@ -913,3 +913,48 @@ def test_a_tables_checks_are_named_once_per_metric_with_every_run_they_read():
         _note_check(checks, check)
     assert check_lines(checks) == ["mixer_rms_over_sqrt_eps >= 1 (job, reference)",
                                    "target_engaged >= 0.001 (reference)", "mixer_rms_over_sqrt_eps >= 0.5 (job)"]
+
+
+def test_lm_eval_scores_on_different_numbers_of_examples_are_not_compared(server, tmp_path):
+    """A task's scores of runs scored with different --limit values are of different examples: a claim on them is
+    unresolved, saying so and how to fix it, and the figure's footer and the terminal's notes say it; scored on the
+    same examples, the same claim is decided as usual."""
+    from mlflow.tracking import MlflowClient
+
+    root, sweep, ids = logged(server, tmp_path, """\
+        name: limits
+        models: [{preset: tiny-rla}]
+        ablations: [no_output_gates]
+        seeds: [0, 1, 2]
+        """, lambda job: 3.0, lambda job: diag_values(0.1, 3.0))
+    client = MlflowClient(server.uri)
+    spec_dir = tmp_path / "specs"
+    spec_dir.mkdir()
+    (spec_dir / "acc.yaml").write_text(
+        "kind: table\ntitle: acc\nruns: {family: rla}\ncolumns: [{metric: eval/rla_choice/acc}]\nclaims:\n"
+        "  - {claim: gates help, metric: eval/rla_choice/acc, treatment: {ablations: no_output_gates},"
+        " reference: {ablations: none}, expect: lower, min_effect: 0.01}\n")
+
+    def score(examples):
+        for job in sweep.jobs:
+            ablated = bool(job.ablations)
+            client.log_metric(ids[job.job_id], "eval/rla_choice/acc", 0.5 - 0.1 * ablated + 0.01 * job.seed,
+                              step=syn.LAST)
+            client.log_metric(ids[job.job_id], "eval/rla_choice/examples", examples(ablated), step=syn.LAST)
+
+    score(lambda ablated: 4 if ablated else 8)      # the references scored whole, the ablation with --limit 4
+    dash, _ = dashboard(root, "limits", server, specs=spec_dir)
+    (v,) = dash.verdicts
+    assert v.verdict == "unresolved" and v.reason.startswith("scored on different numbers of examples (4, 8): the "
+                                                             "difference mixes example sets; score every job on the "
+                                                             "same examples: `rla-sweep eval SWEEP")
+    assert v.seeds_text() == "— (more seeds do not help until every run is scored on the same examples)"
+    (rendered,) = dash.rendered
+    assert rendered.mixed == ["eval/rla_choice/acc: scored on different numbers of examples (4, 8) in the runs "
+                              "shown: its differences mix example sets; score every job on the same examples: "
+                              "`rla-sweep eval SWEEP --tasks ... [--limit N] --force`"]
+    assert rendered.mixed[0] in rendered.notes
+    score(lambda ablated: 8)                        # every job scored on the same 8 examples
+    dash, _ = dashboard(root, "limits", server, specs=spec_dir)
+    (v,) = dash.verdicts
+    assert v.verdict == "confirmed" and not dash.rendered[0].mixed, v.reason

@@ -349,7 +349,7 @@ def test_sweep_evals_section_is_checked_at_its_line(tmp_path):
     from rla_ablate.sweep.expand import load_sweep
 
     base = {"name": "s", "models": [{"preset": "tiny-rla"}]}
-    for evals, says in (({"tasks": ["a", "a"]}, "distinct"), ({"taks": ["a"]}, "taks"), ({"tasks": []}, "tasks")):
+    for evals, says in (({"tasks": ["a", "a"]}, "names a more than once"), ({"taks": ["a"]}, "taks"), ({"tasks": []}, "tasks")):
         path = tmp_path / "s.yaml"
         path.write_text(yaml.safe_dump({**base, "evals": evals}, sort_keys=False))
         with pytest.raises(UserError, match=says) as err:
@@ -454,6 +454,12 @@ def test_the_run_keeps_the_most_complete_scoring_and_an_unfinished_job_is_noted(
     assert kept_by_more_complete(tmp_path, result(100)) == {"eval/a/acc": f"{512:015d}-full.json"}
     assert kept_by_more_complete(tmp_path, result(None)) == {}
     assert kept_by_more_complete(tmp_path, result(4, tokens=1024)) == {}
+    # a task's examples count stays with its scores, also where the more complete file predates the count
+    counted = result(4)
+    counted.metrics.update({"eval/a/examples": 4.0, "eval/b/examples": 4.0})
+    assert kept_by_more_complete(tmp_path, counted) == {
+        "eval/a/acc": f"{512:015d}-full.json", "eval/b/acc": f"{512:015d}-l100.json",
+        "eval/a/examples": f"{512:015d}-full.json", "eval/b/examples": f"{512:015d}-l100.json"}
 
     job = JobConfig.model_validate({"model": load_preset("tiny-rla").replace(vocab_size=257, **TINY).model_dump(),
                                     "train": {**TRAIN, "tokens": 1000}, "data": {"kind": "stdlib"}, "eval": EVAL})
@@ -550,3 +556,56 @@ def test_eval_of_a_sweep_without_a_finished_job_says_so_and_exits_1(tmp_path, ca
     (tmp_path / "unfinished.yaml").write_text("name: unfinished\n")
     assert main(["eval", str(tmp_path / "unfinished.yaml"), "--tasks", "rla_choice", "--root", str(tmp_path)]) == 1
     assert "eval unfinished: 0 of 2 jobs scored" in capsys.readouterr().err
+
+
+def test_task_files_that_changed_score_again_and_a_task_without_scores_saves_nothing(job_dir, tmp_path, capsys):
+    """A result is read back only for the task files it was scored with: a task's data edited (or another folder
+    with a task of that name) scores again. A task whose metric lm-eval does not know returns no score: exit 2, no
+    file (it would be read back as 'already scored'). Each scored task records its examples count."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    shipped = REPO / "rla_ablate" / "evals" / "tasks"
+    text = (shipped / "rla_choice.yaml").read_text().replace("task: rla_choice", "task: mine")
+    (tasks / "mine.yaml").write_text(text.replace("rla_choice.jsonl", "mine.jsonl"))
+    shutil.copy(shipped / "rla_choice.jsonl", tasks / "mine.jsonl")
+    argv = ["eval", str(job_dir), "--tasks", "mine", "--include-path", str(tasks), "--limit", "3", "--batch-size", "1"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "scored in" in out.out and "  eval/mine/examples = 3\n" in out.out
+    (path,) = [p for p in (job_dir / "evals").glob("*.json") if json.loads(p.read_text())["tasks"] == ["mine"]]
+    first = json.loads(path.read_text())
+    assert first["metrics"]["eval/mine/examples"] == 3 and len(first["definitions"]) == 16
+    assert main(argv) == 0 and "already scored" in capsys.readouterr().out
+    # the task's data edited: scored again, with a note, the file replaced
+    lines = (tasks / "mine.jsonl").read_text().splitlines()
+    (tasks / "mine.jsonl").write_text("\n".join(reversed(lines)) + "\n")
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert "scored in" in out.out and "the task files (shipped or in --include-path) differ from those" in out.err
+    assert json.loads(path.read_text())["definitions"] != first["definitions"]
+    # a metric lm-eval does not know: no score, nothing saved
+    (tasks / "mine.yaml").write_text(text.replace("task: rla_choice", "task: mine").replace("rla_choice.jsonl",
+                                     "mine.jsonl").replace("metric: acc_norm", "metric: accuracyy").replace(
+                                     "metric: acc\n", "metric: accuracyyy\n"))
+    before = sorted((job_dir / "evals").glob("*.json"))
+    assert main([*argv, "--force"]) == 2
+    err = capsys.readouterr().err
+    assert "--tasks: lm-eval returned no score for task(s) mine: a metric a task's YAML names" in err
+    assert "Nothing was saved" in err and "Traceback" not in err
+    assert sorted((job_dir / "evals").glob("*.json")) == before
+    path.unlink()
+
+
+def test_a_sweep_job_folder_copied_out_of_its_sweep_is_scored_without_its_run(job_dir, tmp_path, capsys):
+    """A sweep job's folder copied elsewhere (its status.json still names its MLflow run): scored, the scores in its
+    evals/, a note that the run was not updated; no MLflow store is made beside the copy."""
+    copy = tmp_path / "some place" / "job copy"
+    shutil.copytree(job_dir, copy, ignore=shutil.ignore_patterns("evals"))
+    (copy / "status.json").write_text(json.dumps({"status": "finished", "mlflow_run_id": "0123456789abcdef"}))
+    assert main(["eval", str(copy), "--tasks", "rla_choice", "--limit", "2", "--batch-size", "1"]) == 0
+    said = capsys.readouterr()
+    assert "scored in" in said.out and "Traceback" not in said.err
+    assert f"note: {copy} is not in its sweep's folder (copied or moved: no sweep.json two levels up), so its MLflow " \
+           "run 01234567 was not updated" in said.err
+    assert len(list((copy / "evals").glob("*.json"))) == 1
+    assert not any(p.name in ("mlflow", "mlflow.db") for p in tmp_path.rglob("*"))

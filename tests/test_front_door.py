@@ -346,7 +346,7 @@ def test_an_unknown_control_is_one_problem(tmp_path, capsys):
 
 def test_validator_messages_have_no_pydantic_prefix(tmp_path, capsys):
     code, err = run_cli(capsys, "eval", str(tmp_path), "--tasks", "a,a")
-    assert code == 2 and err == "rla-sweep: error: --tasks: give distinct, non-empty task names\n"
+    assert code == 2 and err == "rla-sweep: error: --tasks: names a more than once; give each task once\n"
     path = tiny_sweep(tmp_path / "s.yaml", seeds=[3, 1, 3])
     code, err = run_cli(capsys, "plan", str(path))
     assert code == 2 and err.endswith(": seeds: seed 3 listed more than once; each seed runs once per job\n"), err

@@ -129,7 +129,9 @@ def _print(where: str, result) -> None:
     state = "already scored" if result.skipped else f"scored in {result.seconds:.1f} s"
     print(f"{where}: {result.checkpoint} ({result.tokens} tokens), {state}")
     for key, value in sorted(result.metrics.items()):
-        print(f"  {key} = {value:.4f}")
+        print(f"  {key} = {int(value) if key.endswith('/examples') else f'{value:.4f}'}")
+    for note in result.notes:
+        print(note, file=sys.stderr)
     if result.kept and not result.skipped:
         files = ", ".join(sorted(set(result.kept.values())))
         print(f"note: {len(result.kept)} of these scores are not the MLflow run's: it keeps those of {files}, which "

@@ -323,6 +323,22 @@ def glob_part(pattern: str, key: str) -> str:
     return key[len(head):len(key) - len(tail)] if key.startswith(head) and key.endswith(tail) else key
 
 
+def mixed_examples(key: str | None, runs: list[RunRecord]) -> list[int]:
+    """The different numbers of examples (`eval/<task>/examples`) the finished runs' final `key` scores of an lm-eval
+    task were scored on, when there are several (else []): such scores are of different example sets (`--limit`
+    takes a task's first examples), and their differences mix the sets in."""
+    from rla_ablate.evals.core import examples_key
+
+    count = examples_key(key) if key else None
+    if count is None:
+        return []
+    seen = sorted({int(r.metrics[count]) for r in runs if r.finished and key in r.metrics and count in r.metrics})
+    return seen if len(seen) > 1 else []
+
+
+MIXED_EXAMPLES_FIX = "score every job on the same examples: `rla-sweep eval SWEEP --tasks ... [--limit N] --force`"
+
+
 def final_by_seed(series: Series, key: str | None) -> dict[str, float]:
     """seed -> final value of `key` in the finished runs that logged it (one run per seed)."""
     if key is None:

@@ -75,6 +75,8 @@ class Rendered:
     """(state, label, detail) of each variant whose mechanism was off, identical or not measured."""
     fallbacks: list[str] = field(default_factory=list)
     """What was drawn instead of a metric no run has (a spec's `fallback`), printed on the figure."""
+    mixed: list[str] = field(default_factory=list)
+    """The lm-eval scores the figure draws from runs scored on different numbers of examples (`mixed_examples`)."""
     untested: list[C.Untested] = field(default_factory=list)
     """The spec's claims this sweep cannot test (no run of their treatment), or the spec itself when not drawn."""
     drawn: bool = True
@@ -682,7 +684,7 @@ def _caveats(v) -> str:
 
 def _footer(fig, out: Rendered) -> None:
     """Print the flagged variants and the verdicts on the figure itself, under its axes."""
-    lines = [f"⚠ {note}" for note in out.fallbacks]
+    lines = [f"⚠ {note}" for note in out.fallbacks] + [f"⚠ NOT COMPARABLE: {line}" for line in out.mixed]
     if out.single_seed or any(v.diff is not None and v.diff.diff.n == 1 for v in out.verdicts):
         lines.append("⚠ ONE SEED: where n=1 no interval or test exists; a Δ there is one pair of runs, which seed "
                      "noise alone can give either sign")
@@ -736,6 +738,36 @@ def has_comparison(spec: FigureSpec, runs: SweepRuns, index: V.ValidityIndex) ->
     return C.drawable(spec, runs, index.everything)
 
 
+def _metric_patterns(spec: FigureSpec) -> list[tuple[str, list[str]]]:
+    """(metric pattern, fallbacks that stand in for it) of each metric the spec draws (globs for placeholders)."""
+    if isinstance(spec, (CurveSpec, ScatterSpec)):
+        return [(spec.y, [])]
+    if isinstance(spec, LayersSpec):
+        return [(spec.y.replace("{layer}", "*"), [])]
+    if isinstance(spec, GainsSpec):
+        return [(spec.metric.replace("{set}", "*"),
+                 [spec.fallback.metric.replace("{set}", "*")] if spec.fallback else [])]
+    if isinstance(spec, TableSpec):
+        return [(c.metric, [c.fallback.metric] if c.fallback else []) for c in spec.columns]
+    return []
+
+
+def mixed_examples(spec: FigureSpec, runs: SweepRuns) -> list[str]:
+    """A line for each lm-eval task score the figure draws from runs scored on different numbers of its examples
+    (`eval/<task>/examples`): their differences mix example sets, which the figure must not leave unsaid."""
+    if isinstance(spec, ValiditySpec):
+        return []
+    shown = [r for r in runs.jobs if spec.matches(r)]
+    lines = []
+    for pattern, fallbacks in _metric_patterns(spec):
+        for key in [k for p in (pattern, *fallbacks) for k in D.matching_metrics(p, shown)]:
+            counts = D.mixed_examples(key, shown)
+            if counts:
+                lines.append(f"{key}: scored on different numbers of examples ({', '.join(map(str, counts))}) in "
+                             f"the runs shown: its differences mix example sets; {D.MIXED_EXAMPLES_FIX}")
+    return lines
+
+
 def unlogged(spec: FigureSpec, runs: SweepRuns) -> list[str]:
     """Notes for the metrics and params a spec reads that no run of the sweep has (a misspelt name draws an empty
     panel or a 'missing' column, which alone reads like missing data): each with the closest names the runs have."""
@@ -743,18 +775,8 @@ def unlogged(spec: FigureSpec, runs: SweepRuns) -> list[str]:
 
     jobs = runs.jobs
     params = sorted({k for r in jobs for k in r.params})
-    wanted: list[tuple[str, list[str]]] = []       # (metric pattern, fallbacks that stand in for it)
-    if isinstance(spec, (CurveSpec, ScatterSpec)):
-        wanted.append((spec.y, []))
-    elif isinstance(spec, LayersSpec):
-        wanted.append((spec.y.replace("{layer}", "*"), []))
-    elif isinstance(spec, GainsSpec):
-        wanted.append((spec.metric.replace("{set}", "*"),
-                       [spec.fallback.metric.replace("{set}", "*")] if spec.fallback else []))
-    elif isinstance(spec, TableSpec):
-        wanted += [(c.metric, [c.fallback.metric] if c.fallback else []) for c in spec.columns]
     notes = []
-    for pattern, fallbacks in wanted:
+    for pattern, fallbacks in _metric_patterns(spec):
         if D.matching_metrics(pattern, jobs) or any(D.matching_metrics(f, jobs) for f in fallbacks):
             continue
         notes.append(D.never_logged(pattern, jobs))
@@ -815,6 +837,8 @@ def render(spec: FigureSpec, runs: SweepRuns, out_dir: Path, run_url=lambda run_
                     stale.unlink(missing_ok=True)       # an earlier dashboard's figure of it
                 return out
             out.notes += unlogged(spec, runs)
+            out.mixed = mixed_examples(spec, runs)
+            out.notes += out.mixed
             if isinstance(spec, TableSpec):
                 table_rows(spec, runs, out, run_url, index)
                 fig = render_table(spec, out)

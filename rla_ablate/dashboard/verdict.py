@@ -233,7 +233,8 @@ def _schedule_note(key: str, t: D.Series, ref: D.Series) -> str:
 OFF_NO_POWER = "more seeds do not help until the mechanism is engaged"
 NO_POWER = {V.OFF: OFF_NO_POWER, V.IDENTICAL: "more seeds do not help: the results are identical",
             "not learned": "more seeds do not help until a model learns the task",
-            "divergence": "decided by divergence", "never logged": "no run logs the metric"}
+            "divergence": "decided by divergence", "never logged": "no run logs the metric",
+            "examples": "more seeds do not help until every run is scored on the same examples"}
 
 
 def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[list[Verdict], list[C.Untested]]:
@@ -276,7 +277,12 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
             state, detail = V.comparison(index, t, ref)
             floor = _not_learned(claim, treated, reference)
             no_power = ""
-            if floor:
+            mixed = D.mixed_examples(key, [*t.runs, *ref.runs])
+            if mixed:
+                verdict, no_power = UNRESOLVED, NO_POWER["examples"]
+                reason = (f"scored on different numbers of examples ({', '.join(map(str, mixed))}): the difference "
+                          f"mixes example sets; {D.MIXED_EXAMPLES_FIX}")
+            elif floor:
                 verdict, reason, no_power = UNRESOLVED, floor, NO_POWER["not learned"]
             elif state in (V.OFF, V.IDENTICAL):
                 verdict, no_power = UNRESOLVED, NO_POWER[state]

@@ -49,8 +49,11 @@ class EvalRequest(BaseModel):
     @classmethod
     def _names(cls, v: list[str]) -> list[str]:
         names = [t.strip() for t in v]
-        if not names or not all(names) or len(set(names)) != len(names):
-            raise ValueError("give distinct, non-empty task names")
+        if not names or not all(names):
+            raise ValueError("give non-empty task names")
+        twice = sorted({t for t in names if names.count(t) > 1})
+        if twice:
+            raise ValueError(f"names {', '.join(twice)} more than once; give each task once")
         return names
 
     def key(self) -> str:
@@ -71,11 +74,19 @@ class EvalResult(BaseModel):
     """`eval/<task>/<metric>` -> value (stderr left out)."""
     lm_eval_version: str = ""
     seconds: float = 0.0
+    definitions: str = ""
+    """Digest of the task files that defined the tasks (`task_files_digest`); empty in files written before it."""
     skipped: bool = False
     """True when the file already held these scores and nothing ran."""
     kept: dict[str, str] = {}
     """Metrics not logged to MLflow because a more complete scoring of the same checkpoint holds them there:
     metric -> that result's file name (not written to the file)."""
+    notes: list[str] = []
+    """What the command says of this scoring besides its scores (not written to the file)."""
+
+
+# What a result file holds besides the scores themselves, and what it leaves out.
+NOT_SAVED = {"skipped", "kept", "notes"}
 
 
 def _more_complete(limit: int | None, than: int | None) -> bool:
@@ -94,6 +105,12 @@ def kept_by_more_complete(job_dir: Path, result: EvalResult) -> dict[str, str]:
             continue
         if _more_complete(other.limit, result.limit):
             kept.update({k: path.name for k in result.metrics if k in other.metrics and k not in kept})
+    # a task's count of examples stays with the scores it counts: kept with them, even where the more complete file
+    # predates the count
+    for key, name in list(kept.items()):
+        count = examples_key(key)
+        if count is not None and count in result.metrics:
+            kept.setdefault(count, name)
     return kept
 
 
@@ -466,22 +483,72 @@ def resolve_tasks(req: EvalRequest) -> tuple[Any, list[Any], bool]:
     return tm, tasks, local
 
 
+EXAMPLES = "examples"
+"""`eval/<task>/examples`: how many of the task's examples a scoring used (`--limit` takes the first ones). Scores
+on different counts are not comparable; the dashboard says so where it compares them."""
+
+
+def examples_key(key: str) -> str | None:
+    """The examples count of the task a score `eval/<task>/<metric>` belongs to, or None for another key."""
+    parts = key.split("/")
+    if len(parts) != 3 or parts[0] != "eval" or parts[2] == EXAMPLES:
+        return None
+    return f"eval/{parts[1]}/{EXAMPLES}"
+
+
 def flatten_results(results: dict) -> dict[str, float]:
-    """lm-eval's results -> {eval/<task>/<metric>: value}; stderr entries and non-numbers left out."""
+    """lm-eval's results -> {eval/<task>/<metric>: value} and each scored task's `eval/<task>/examples`; stderr
+    entries and non-numbers left out."""
     out: dict[str, float] = {}
+    counts = results.get("n-samples") or {}
     for task, metrics in (results.get("results") or {}).items():
+        scored = False
         for key, value in metrics.items():
             if key in ("alias", "sample_len") or "_stderr" in key or not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
             metric, _, filt = key.partition(",")
             name = metric if filt in ("", _NO_FILTER) else f"{metric}.{filt}"
             out[f"eval/{task}/{name}"] = float(value)
+            scored = True
+        n = (counts.get(task) or {}).get("effective", metrics.get("sample_len"))
+        if scored and isinstance(n, int) and not isinstance(n, bool):
+            out[f"eval/{task}/{EXAMPLES}"] = float(n)
     return out
+
+
+def unscored_tasks(results: dict, tasks: list[str]) -> list[str]:
+    """The requested tasks (or groups, through their subtasks) for which lm-eval returned no score: a metric its
+    YAML names that lm-eval does not know is warned about and left out, and the task has nothing to save."""
+    metrics = flatten_results(results)
+    groups = results.get("group_subtasks") or {}
+
+    def scored(name: str, depth: int = 0) -> bool:
+        return any(k.startswith(f"eval/{name}/") and not k.endswith(f"/{EXAMPLES}") for k in metrics) or (
+            depth < 8 and any(scored(sub, depth + 1) for sub in groups.get(name, [])))
+
+    return [t for t in tasks if not scored(t)]
+
+
+def task_files_digest(req: EvalRequest) -> str:
+    """SHA-256 (first 16 hex digits) of the files that define the request's local tasks: the shipped task folder and
+    every --include-path folder, each file's path within its folder and its bytes. A result file scored under other
+    definitions (a task file or its data edited, another folder with a task of the same name) is scored again."""
+    digest = hashlib.sha256()
+    for folder in [TASKS_DIR, *(Path(p).resolve() for p in req.include_path)]:
+        digest.update(b"\0folder\0")
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+            digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+            try:
+                digest.update(hashlib.sha256(path.read_bytes()).digest())
+            except OSError:
+                digest.update(b"unreadable")
+    return digest.hexdigest()[:16]
 
 
 def tracking_target(job_dir: Path) -> tuple[str | None, str | None]:
     """(tracking URI, run id) of the job: its status.json's run in its sweep's store (the SQLite file when the
-    embedded server is gone), or (None, None) for a job trained outside a sweep."""
+    embedded server is gone), (None, None) for a job trained outside a sweep, (None, run id) for a sweep's job
+    folder that is no longer in its sweep's folder."""
     from rla_ablate.sweep.state import read_json
     from rla_ablate.tracking import is_healthy
 
@@ -490,6 +557,9 @@ def tracking_target(job_dir: Path) -> tuple[str | None, str | None]:
     if not run_id:
         return None, None
     sweep = job_dir.parent.parent
+    if job_dir.parent.name != "jobs" or not (sweep / "sweep.json").is_file():
+        # a sweep's job folder copied or moved out of its sweep: its run is in a store this folder is not beside
+        return None, run_id
     meta = read_json(sweep / "sweep.json", {}) or {}
     if meta.get("embedded_tracking", True):
         # the sweep folder's own store, through the server a launch runs on it if there is one: never the address
@@ -532,9 +602,14 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
                         f"eval/{clash}/* into its run, one over the other; score the task under another name (a copy "
                         "of its YAML in an --include-path folder with another `task:`)", key="--tasks")
     path = result_path(job_dir, tokens, req)
+    definitions = task_files_digest(req)
+    notes: list[str] = []
     if path.is_file() and not force:
         done = EvalResult.model_validate_json(path.read_text(encoding="utf-8"))
-        return done.model_copy(update={"skipped": True})
+        if not done.definitions or done.definitions == definitions:
+            return done.model_copy(update={"skipped": True})
+        notes.append(f"note: the task files (shipped or in --include-path) differ from those {path.name} was scored "
+                     "with: scored again, and the file replaced")
     import lm_eval
 
     t0 = time.monotonic()
@@ -555,21 +630,37 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
                             f"reached: {exception_line(exc, 300)}; fetch it once where the Hub is reachable "
                             "(the same HF_HOME), or score the shipped tasks, which need no download",
                             key="--tasks") from None
+    unscored = unscored_tasks(results, req.tasks)
+    if unscored:  # nothing is saved: a result file without its scores would be read back as "already scored"
+        raise UserError(f"lm-eval returned no score for task(s) {', '.join(unscored)}: a metric a task's YAML names "
+                        "(metric_list) is not one lm-eval knows, or the task has no examples; lm-eval's warnings "
+                        "above say which. Nothing was saved", key="--tasks")
     result = EvalResult(tasks=req.tasks, limit=req.limit, tokens=tokens, checkpoint=ckpt.name,
                         metrics=flatten_results(results), lm_eval_version=getattr(lm_eval, "__version__", ""),
-                        seconds=round(time.monotonic() - t0, 2))
+                        seconds=round(time.monotonic() - t0, 2), definitions=definitions, notes=notes)
     if tracking_uri is None or run_id is None:
         tracking_uri, run_id = tracking_target(job_dir)
+        if run_id and not tracking_uri:
+            result.notes.append(f"note: {job_dir} is not in its sweep's folder (copied or moved: no sweep.json two "
+                                f"levels up), so its MLflow run {run_id[:8]} was not updated; the scores are in "
+                                f"{path.parent}")
     # The run's value of a metric at this step is the most complete scoring of it, not the last request: a
     # `--limit` check after the full scoring must not replace the full scores in results and dashboards.
     result.kept = kept_by_more_complete(job_dir, result) if tracking_uri and run_id else {}  # no run, nothing kept
     logged = {k: v for k, v in result.metrics.items() if k not in result.kept}
-    if tracking_uri and run_id and logged:
-        log_to_mlflow(tracking_uri, run_id, logged, tokens)
     from rla_ablate.fileio import atomic_write_text
 
+    # the file first: a run that cannot be logged to loses no scores (`log_results_again` logs them later)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, result.model_dump_json(indent=1, exclude={"skipped", "kept"}))
+    atomic_write_text(path, result.model_dump_json(indent=1, exclude=NOT_SAVED))
+    if tracking_uri and run_id and logged:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            log_to_mlflow(tracking_uri, run_id, logged, tokens)
+        except MlflowException as exc:
+            result.notes.append(f"note: the scores could not be logged to MLflow run {run_id[:8]} "
+                                f"({exception_line(exc, 160)}); they are in {path}")
     return result
 
 
