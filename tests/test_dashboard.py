@@ -239,4 +239,14 @@ def test_a_read_only_sweep_folder_renders_from_its_store_as_it_is(sweep, tmp_pat
     said = " ".join((printed.err + printed.out).split())
     assert (tmp_path / "page" / "index.html").is_file()
     assert sorted(p.name for p in store.iterdir()) == before  # no server.log, nothing written
+    # a folder of the user's own files is refused before anything is read (its index.html would be replaced); the
+    # page's own folder (figures.json) is rendered again
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "index.html").write_text("my page")
+    assert main(["dashboard", SWEEP, "--root", str(copy), "--out", str(mine)]) == 2
+    assert f"--out: {mine} holds files a dashboard did not write (1: index.html); give a new or empty folder" in \
+        capsys.readouterr().err
+    assert (mine / "index.html").read_text() == "my page"
+    assert main(["dashboard", SWEEP, "--root", str(copy), "--out", str(tmp_path / "page")]) == 0
     assert "read-only" in said, said

@@ -958,3 +958,27 @@ def test_lm_eval_scores_on_different_numbers_of_examples_are_not_compared(server
     dash, _ = dashboard(root, "limits", server, specs=spec_dir)
     (v,) = dash.verdicts
     assert v.verdict == "confirmed" and not dash.rendered[0].mixed, v.reason
+
+
+def test_a_claim_compares_only_the_series_its_spec_shows(server, tmp_path):
+    """A spec's `runs` filter holds for its claims too: with the controls filtered out, a claim on sGLA against RLA
+    has one verdict (the plain sGLA), not another for sGLA widened to RLA's state."""
+    root, _, _ = logged(server, tmp_path, """\
+        name: filtered
+        models: [{preset: tiny-rla}, {preset: tiny-sgla}]
+        controls: [matched_state]
+        seeds: [0, 1]
+        """, lambda job: 3.0 + 0.01 * (job.family == "sgla") + 0.001 * job.seed, lambda job: diag_values(0.1, 3.0))
+    spec_dir = tmp_path / "specs"
+    spec_dir.mkdir()
+    claim = ("  - {claim: R helps, metric: eval/val/loss, treatment: {family: sgla}, reference: {family: rla}, "
+             "expect: higher, min_effect: 0.001}\n")
+    (spec_dir / "plain.yaml").write_text("kind: table\ntitle: plain\nruns: {control: [none]}\n"
+                                         "columns: [{metric: eval/val/loss}]\nclaims:\n" + claim)
+    dash, _ = dashboard(root, "filtered", server, specs=spec_dir)
+    assert [(v.treatment, v.reference) for v in dash.verdicts] == [("sGLA", "RLA")], \
+        [(v.treatment, v.reference) for v in dash.verdicts]
+    (spec_dir / "plain.yaml").write_text("kind: table\ntitle: plain\ncolumns: [{metric: eval/val/loss}]\nclaims:\n"
+                                         + claim)
+    dash, _ = dashboard(root, "filtered", server, specs=spec_dir)
+    assert len(dash.verdicts) == 2                   # unfiltered: the control is a treatment too

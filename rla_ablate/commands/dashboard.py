@@ -37,10 +37,20 @@ def _check_out(out: str) -> None:
 
     from rla_ablate.fileio import check_folder, make_folder
 
+    from rla_ablate.dashboard.build import FIGURES
+    from rla_ablate.errors import UserError
+
     what = "the dashboard's page and figures"
     path = Path(out).absolute()
     if path.exists():
         check_folder(out, "--out", what)
+        # a dashboard replaces its own page and figures (listed in FIGURES); another folder's files of those names
+        # (index.html, a figure.png) would be overwritten without a word
+        held = sorted(p.name for p in path.iterdir())
+        if held and not (path / FIGURES).is_file():
+            named = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+            raise UserError(f"{out} holds files a dashboard did not write ({len(held)}: {named}); give a new or empty "
+                            "folder, or the folder of an earlier dashboard (it has figures.json)", key="--out")
         return
     # make it and its missing parents to see that the system allows them, then remove what was made
     missing = [path, *(p for p in path.parents if not p.exists())]
@@ -104,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         # without --tracking-uri the server was the sweep's own store, started for this command (or a launch's)
         where = (f"in {dash.tracking_uri}" if args.tracking_uri else
                  f"in the sweep's store: `rla-sweep ui {args.name} --root {shell_arg(args.root)}` serves it")
-        console.print(f"logged to MLflow run {dash.logged_to} (artifacts/dashboard/) {where}",
+        from rla_ablate.dashboard.build import dashboard_folder
+
+        console.print(f"logged to MLflow run {dash.logged_to} (artifacts/{dashboard_folder(args.specs)}/) {where}",
                       highlight=False, soft_wrap=True)
     return 0

@@ -241,12 +241,13 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
     """One verdict per claim of `spec` and treatment series it selects; a claim whose treatment no series matches,
     or none of whose treatments has a reference series, is not tested (second list: what it needs). `drawn`:
     whether the spec itself is drawn."""
-    everything = index.everything
+    # a claim compares the series its spec shows: the spec's `runs` filter holds for treatment and reference alike
+    everything = [s for s in index.everything if s.runs and spec.matches(s.runs[0])]
     out: list[Verdict] = []
     untested: list[C.Untested] = []
     # what the sweep has, for the hints of the claims it cannot test
-    families = {str(s.value("family")) for s in everything}
-    present = {D.spelled(x) for s in everything for x in C.as_list(s.value("ablations"))}
+    families = {str(s.value("family")) for s in index.everything}
+    present = {D.spelled(x) for s in index.everything for x in C.as_list(s.value("ablations"))}
     for claim in spec.claims:
         treatments = [s for s in everything if s.runs and claim.selects(s.runs[0])]
         pairs = [(t, D.reference_of(t, claim.reference, everything, keys=("family", "ablations", "control")))
