@@ -157,7 +157,7 @@ def test_many_claims_get_benjamini_hochberg_q_values():
     decided = [v for v in verdicts if v.verdict == "confirmed"]
     kept = [v for v in decided if v.q <= 0.05]
     assert len(decided) == 3 and len(kept) == 2
-    assert lines[0].startswith("many claims: 4 tested against zero at 0.05 each") and (
+    assert lines[0].startswith("4 claims tested against zero at 0.05 each") and (
         "2 of the 3 verdicts that rest on excluding zero keep q <= 0.05") in lines[0]
     assert lines[1:] == [f"  q > 0.05: confirmed spec: c (p={verdicts[2].diff.p_value:.2g}, q={verdicts[2].q:.3g})"]
     # a negligible contradiction rests on the interval against the minimum effect, not on zero: never listed
@@ -171,5 +171,14 @@ def test_many_claims_get_benjamini_hochberg_q_values():
     # tested, but nothing decided by excluding zero: said so, not as '0 of the 0 verdicts'
     for v in verdicts:
         v.verdict = "unresolved"
-    assert adjust_for_many(verdicts) == ["many claims: 4 tested against zero at 0.05 each (Benjamini-Hochberg q "
+    assert adjust_for_many(verdicts) == ["4 claims tested against zero at 0.05 each (Benjamini-Hochberg q "
                                          "beside each p); no verdict rests on excluding zero, so none needs q <= 0.05"]
+
+
+def test_fractions_are_the_metrics_whose_intervals_stop_at_0_and_1():
+    from rla_ablate.dashboard.data import fraction_metric
+
+    assert all(fraction_metric(k) for k in ("eval/rla_choice/acc", "eval/piqa/acc_norm", "eval/mqar_kv8/acc_area",
+                                            "eval/rla_complete/exact_match.strict-match"))
+    assert not any(fraction_metric(k) for k in ("eval/val/loss", "eval/val/ppl", "train/loss", "diag/alpha_mean",
+                                                "eval/rla_choice/examples", None))

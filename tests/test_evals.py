@@ -168,6 +168,11 @@ def test_bad_task_missing_checkpoint_and_bad_checkpoint_are_user_errors(job_dir,
     assert "allowed: 256, 512" in capsys.readouterr().err
     assert main(["export", str(tmp_path), str(tmp_path / "x")]) == 2
     assert "not a job folder" in capsys.readouterr().err
+    (tmp_path / "swept").mkdir()   # a sweep's folder named as a job's: its name is what eval takes
+    (tmp_path / "swept" / "jobs.json").write_text("[]")
+    assert main(["eval", str(tmp_path / "swept"), "--tasks", "rla_choice"]) == 2
+    assert (f"{tmp_path / 'swept'} is a sweep's folder; give its name to score its finished jobs: `rla-sweep eval "
+            f"swept --root {tmp_path} --tasks ...`") in capsys.readouterr().err
     # a job id as `status` shows it (8 of its 12 characters), and a folder that does not exist
     full = tmp_path / "jobs" / "0123456789ab"
     full.mkdir(parents=True)

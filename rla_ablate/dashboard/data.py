@@ -336,6 +336,12 @@ def mixed_examples(key: str | None, runs: list[RunRecord]) -> list[int]:
     return seen if len(seen) > 1 else []
 
 
+def fraction_metric(key: str | None) -> bool:
+    """Whether a metric is a fraction in [0, 1] (an accuracy, its area, an exact match): an interval drawn for it
+    stops at the ends, where a t-interval over few seeds would reach past them."""
+    return bool(key) and key.rsplit("/", 1)[-1].startswith(("acc", "exact_match"))
+
+
 MIXED_EXAMPLES_FIX = "score every job on the same examples: `rla-sweep eval SWEEP --tasks ... [--limit N] --force`"
 
 

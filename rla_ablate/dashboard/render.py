@@ -228,6 +228,8 @@ def render_curve(spec: CurveSpec, runs: SweepRuns, out: Rendered, index: V.Valid
             mean = np.array([st.mean for st in stats])
             lo = np.array([st.lo for st in stats])
             hi = np.array([st.hi for st in stats])
+            if D.fraction_metric(key):
+                lo, hi = np.clip(lo, 0.0, 1.0), np.clip(hi, 0.0, 1.0)
             n_done = sum(r.finished for r, _ in per_run)
             unfinished = len(per_run) - n_done
             out.single_seed |= len(per_run) == 1
@@ -422,7 +424,11 @@ def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered, index: V.V
             else:
                 color = colors.get(s.tags.get("family", ""), _color(i))
                 marker = MARKERS[variants.index(s.tags.get("ablations", "")) % len(MARKERS)]
-            ax.errorbar([x], [st.mean], yerr=[st.half_width if st.n >= 2 else 0.0], fmt=marker, color=color,
+            half = st.half_width if st.n >= 2 else 0.0
+            below, above = half, half
+            if D.fraction_metric(key):          # the interval stops at 0 and 1
+                below, above = min(half, max(st.mean, 0.0)), min(half, max(1.0 - st.mean, 0.0))
+            ax.errorbar([x], [st.mean], yerr=[[below], [above]], fmt=marker, color=color,
                         capsize=3, markersize=6, markerfacecolor="none" if flagged else color,
                         label=f"{s.label} (n={st.n})" + FLAG_SUFFIX.get(state, ""))
             notes.append(ax.annotate(s.label, (x, st.mean), textcoords="offset points",

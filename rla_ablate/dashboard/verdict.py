@@ -332,7 +332,7 @@ def adjust_for_many(verdicts: list[Verdict], alpha: float = ALPHA) -> list[str]:
         v.q = q
     decided = [v for v in tested if rests_on_zero(v)]
     kept = [v for v in decided if v.q <= alpha]
-    head = f"many claims: {len(tested)} tested against zero at {alpha:g} each (Benjamini-Hochberg q beside each p)"
+    head = f"{len(tested)} claims tested against zero at {alpha:g} each (Benjamini-Hochberg q beside each p)"
     if not decided:
         return [f"{head}; no verdict rests on excluding zero, so none needs q <= {alpha:g}"]
     lines = [f"{head}; at a {alpha:.0%} false-discovery rate over them {len(kept)} of the {len(decided)} verdicts "

@@ -166,6 +166,11 @@ def load_job(job_dir: str | Path, tokens: int | None = None, sweep_names: bool =
         raise UserError(f"{job_dir} does not exist" + (f"; did you mean {like[0]}?" if len(like) == 1 else
                         f"; {len(like)} job folders start so: {', '.join(d.name for d in like)}" if like else ""),
                         key="JOB_DIR")
+    if not spec.is_file() and (job_dir / "jobs.json").is_file() and sweep_names:
+        from rla_ablate.fileio import shell_arg
+
+        raise UserError(f"{job_dir} is a sweep's folder; give its name to score its finished jobs: `rla-sweep eval "
+                        f"{job_dir.name} --root {shell_arg(job_dir.parent)} --tasks ...`", key="JOB_DIR")
     if not spec.is_file():
         raise UserError(f"{job_dir} is not a job folder (no job.json); give a folder written by `rla-sweep train "
                         "--out` or a sweep's jobs/<id>" + (", or a sweep name" if sweep_names else ""),
