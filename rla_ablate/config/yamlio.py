@@ -377,6 +377,7 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], locate
     if len(problems) == 1:
         line, key, msg = problems[0]
         return UserError(msg, file=located.file, line=line, key=key)
+    problems.sort(key=lambda p: (p[0] is None, p[0] or 0))  # in the file's order, as it is read
     body = "\n".join(f"{located.file}{f':{line}' if line else ''}: {f'{key}: ' if key else ''}{msg}"
                      for line, key, msg in problems)
     return UserError(f"{len(problems)} problems\n{body}", file=located.file)
