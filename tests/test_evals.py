@@ -324,7 +324,7 @@ def test_sweep_evals_stage_reaches_mlflow_and_table5_and_is_not_rescored(tmp_pat
     (specs / "table5_output_gates.yaml").write_text(yaml.safe_dump(spec))
     dash = build_dashboard("evals-e2e", root, specs_dir=specs, tracking_uri=store, log_artifacts=False)
     (table,) = dash.rendered
-    assert table.header[1] == "acc ↑" and not table.fallbacks  # higher is better
+    assert table.header[1] == "acc (rla_choice) ↑" and not table.fallbacks  # higher is better; the task named
     assert table.rows[0][1].text.startswith(f"{acc:.3f}")
 
     # A relaunch trains nothing and scores nothing: the file is keyed by tasks, limit and checkpoint.

@@ -535,7 +535,7 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: 
         keys = keys or [None]
         for key in keys:
             label = c.label or c.metric
-            if len(keys) > 1:
+            if key is not None and "*" in c.metric:  # which match: the task or eval set, also when it is the only one
                 label += f" ({D.glob_part(c.metric, key)})"
             # which way is better: a loss's Δ > 0 is worse, an accuracy's better
             columns.append((c, key, label + (" ↑" if c.higher_is_better else " ↓")))
