@@ -416,14 +416,14 @@ def test_status_and_results_of_a_file_that_is_not_the_launched_one_say_so(tmp_pa
 
 
 def test_a_train_refused_before_its_first_step_leaves_no_folder_it_made(tmp_path, capsys):
-    """Data found unusable once the job opens it (here an empty text file: 1 token) is exit 2 naming the path, and
+    """Data found unusable once the job opens it (here an empty text file: no token) is exit 2 naming the path, and
     the --out folder the command made for it goes (it kept a job.json of a job that never ran)."""
     empty = tmp_path / "empty.txt"
     empty.write_text("")
     out = tmp_path / "job"
     code, err = run_cli(capsys, "train", "tiny-rla", "--out", str(out), "--data", str(empty),
                         "--set", "train.tokens=8192")
-    assert code == 2 and f"data: the data at {empty} (text) has 1 tokens, fewer than seq_len + 1" in err, err
+    assert code == 2 and f"data: the data at {empty} (text) holds no text: its documents are empty" in err, err
     assert not out.exists()
 
 

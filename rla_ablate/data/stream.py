@@ -149,8 +149,11 @@ class _Windows:
         self.count = (len(self.source) - 1) // seq_len
         if self.count < 1:
             path = getattr(cfg, "path", None)
-            raise UserError(f"the data{f' at {path}' if path is not None else ''} ({cfg.kind}) has "
-                            f"{len(self.source)} tokens, fewer than seq_len + 1 = {seq_len + 1}", key="data")
+            where = f"the data{f' at {path}' if path is not None else ''} ({cfg.kind})"
+            if len(self.source) == 0:  # every document empty: nothing is left of them in the stream
+                raise UserError(f"{where} holds no text: its documents are empty", key="data")
+            raise UserError(f"{where} has {len(self.source)} tokens, fewer than seq_len + 1 = {seq_len + 1}",
+                            key="data")
 
     def rows(self, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         T = self.seq_len
