@@ -173,6 +173,15 @@ def test_json_lines_are_a_document_per_record(tmp_path, capsys):
     bom = tmp_path / "bom.jsonl"  # as some editors save it
     bom.write_bytes(b"\xef\xbb\xbf" + b'{"text": "first"}\n')
     assert list(iter_documents(JsonlData(path=bom))) == ["first"]
+    # a record ends at a newline alone: U+2028 (valid inside a JSON string) does not split it
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text(json.dumps({"text": "a\u2028b\x85c"}, ensure_ascii=False) + "\n" + json.dumps({"text": "d"}) + "\n",
+                   encoding="utf-8")
+    assert count_documents(JsonlData(path=odd)) == 2
+    assert list(iter_documents(JsonlData(path=odd))) == ["a\u2028b\x85c", "d"]
+    odd.write_bytes(b'{"text": "fine"}\n{"text": "\xff"}\n')
+    with pytest.raises(UserError, match=f"{odd}:2: not UTF-8 text \\(invalid start byte at byte 10 of the line\\)"):
+        list(iter_documents(JsonlData(path=odd)))
 
 
 def test_an_empty_document_is_left_out(tmp_path, capsys):

@@ -8,6 +8,7 @@ source without tokenizing them, for `data prepare`.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import hashlib
 import json
@@ -146,26 +147,45 @@ def count_documents(cfg: StdlibData | TextData | JsonlData | HFDiskData) -> int:
     if isinstance(cfg, TextData):
         return len(_text_files(cfg))
     if isinstance(cfg, JsonlData):
-        return sum(1 for _, p in _text_files(cfg) for line in _utf8(p, cfg).splitlines() if line.strip())
+        return sum(1 for _, p in _text_files(cfg) for _ in _json_lines(p, cfg))
     return len(_hf_dataset(cfg))
 
 
-def _utf8(p: Path, cfg: TextData | JsonlData) -> str:
-    try:  # JSON Lines may start with a byte-order mark (a text file keeps its bytes: its token stream stays)
-        return p.read_bytes().decode("utf-8-sig" if isinstance(cfg, JsonlData) else "utf-8")
+def _to_utf8(cfg: TextData | JsonlData) -> str:
+    """What to do about a file that is not UTF-8."""
+    return ("convert it to UTF-8, or point path at UTF-8 text" if cfg.path.is_file()
+            else f"narrow glob (now {cfg.glob}) to the UTF-8 files, or convert this one")
+
+
+def _utf8(p: Path, cfg: TextData) -> str:
+    try:  # a text file keeps its bytes, a byte-order mark included: its token stream stays
+        return p.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        how = ("convert it to UTF-8, or point path at UTF-8 text" if cfg.path.is_file()
-               else f"narrow glob (now {cfg.glob}) to the UTF-8 files, or convert this one")
-        raise UserError(f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start}); {how}",
+        raise UserError(f"{p} is not UTF-8 text ({exc.reason} at byte {exc.start}); {_to_utf8(cfg)}",
                         key=_files_key(cfg)) from None
+
+
+def _json_lines(p: Path, cfg: JsonlData) -> Iterator[tuple[int, str]]:
+    """(line number, line) of each non-blank line of a JSON Lines file, read a line at a time (a file of any size is
+    never held whole). A line ends at a newline alone: JSON text may hold U+2028 and other characters that
+    str.splitlines would split a record at. A leading byte-order mark is dropped."""
+    with p.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):  # as some editors save it
+                raw = raw[len(codecs.BOM_UTF8):]
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(f"{p}:{number}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line); "
+                                f"{_to_utf8(cfg)}", key=_files_key(cfg)) from None
+            if line.strip():
+                yield number, line
 
 
 def _records(p: Path, cfg: JsonlData) -> Iterator[str]:
     """The text of each record of one JSON Lines file (blank lines skipped); a line that is not a JSON object, or a
     record without a string at text_field, is named with its line number."""
-    for number, line in enumerate(_utf8(p, cfg).splitlines(), 1):
-        if not line.strip():
-            continue
+    for number, line in _json_lines(p, cfg):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
