@@ -303,3 +303,24 @@ def test_data_of_fewer_token_ids_than_the_model_is_noted(tmp_path, capsys):
     err = " ".join(capsys.readouterr().err.split())
     assert ("note: the data's tokens take 64 ids and the model's vocab_size is 257: 193 embedding rows go unused "
             "(--set model.vocab_size=64 fits the model to the data)") in err, err
+
+
+def test_a_data_file_with_other_sections_and_an_empty_split_say_what_to_do(tmp_path, capsys):
+    """A --data YAML holding eval sets beside its data is refused at their line (they were dropped without a word);
+    a train split no file of the folder falls in says to lower validation_fraction (raising it empties it more)."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text("data: {kind: stdlib}\neval:\n  - {name: val, data: {kind: stdlib, split: validation}}\n")
+    with pytest.raises(UserError, match=r"job.yaml:2: eval: holds eval beside data: a data config file holds `data:` "
+                                        "alone"):
+        build_job("tiny-rla", SMALL, str(spec), "cpu")
+    from rla_ablate.data import TextData
+    from rla_ablate.data.sources import iter_documents, path_fraction
+
+    folder = tmp_path / "one"
+    folder.mkdir()
+    name = next(f"d{i}.txt" for i in range(200) if path_fraction(f"d{i}.txt") < 0.5)
+    (folder / name).write_text("text")
+    with pytest.raises(UserError, match="falls in the train split .*; lower validation_fraction or add files"):
+        list(iter_documents(TextData(path=folder, split="train", validation_fraction=0.5)))
+    with pytest.raises(UserError, match="falls in the validation split .*; raise validation_fraction or add files"):
+        list(iter_documents(TextData(path=folder, split="validation", validation_fraction=0.001)))

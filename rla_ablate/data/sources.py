@@ -107,8 +107,10 @@ def _text_files(cfg: TextData | JsonlData) -> list[tuple[str, Path]]:
         want_val = cfg.split == "validation"
         files = [(n, p) for n, p in files if (path_fraction(n) < cfg.validation_fraction) == want_val]
         if not files:
+            # a larger fraction moves files into validation, a smaller one into train
+            how = "raise" if want_val else "lower"
             raise UserError(f"no file of {cfg.path} falls in the {cfg.split} split (validation_fraction="
-                            f"{cfg.validation_fraction}, chosen by a hash of each file's path); raise "
+                            f"{cfg.validation_fraction}, chosen by a hash of each file's path); {how} "
                             "validation_fraction or add files", key="split")
     return files
 
