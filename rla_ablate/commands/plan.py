@@ -19,8 +19,8 @@ def register(subparsers) -> None:
     parser.add_argument("file", help="the sweep file (YAML)")
     parser.add_argument("--json", action="store_true",
                         help='print {"jobs": [{job_id, name, family, ablations, control, params, state_elements, '
-                             'flops_per_token, tokens, mem_gib, mem_glue, gpu_share, tokens_per_s, gpu_hours, '
-                             'cost_source}], '
+                             'flops_per_token, tokens, mem_gib, mem_glue, cuda_graphs, mem_graph_pool_gib, gpu_share, '
+                             'tokens_per_s, gpu_hours, cost_source, control_report}], '
                              '"totals": {...}}')
     parser.set_defaults(func=run)
 
