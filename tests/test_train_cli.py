@@ -310,7 +310,7 @@ def test_a_data_file_with_other_sections_and_an_empty_split_say_what_to_do(tmp_p
     a train split no file of the folder falls in says to lower validation_fraction (raising it empties it more)."""
     spec = tmp_path / "job.yaml"
     spec.write_text("data: {kind: stdlib}\neval:\n  - {name: val, data: {kind: stdlib, split: validation}}\n")
-    with pytest.raises(UserError, match=r"job.yaml:2: eval: holds eval beside data: a data config file holds `data:` "
+    with pytest.raises(UserError, match=r"job.yaml:2: eval: holds eval beside data: --data reads a data config "
                                         "alone"):
         build_job("tiny-rla", SMALL, str(spec), "cpu")
     from rla_ablate.data import TextData

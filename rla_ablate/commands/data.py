@@ -159,12 +159,6 @@ def validate_data_file(located):
     if not (isinstance(located.data, dict) and "data" in located.data):
         located = LocatedYAML({"data": located.data}, located.file,
                               {("data",) + k: line for k, line in located.lines.items()})
-    others = [k for k in located.data if k != "data"]
-    if others:  # a job's other sections (eval:) would be dropped without a word
-        raise UserError(f"holds {', '.join(map(str, others))} beside data: a data config file holds `data:` alone "
-                        "(`train --data` replaces the training data; eval sets are given with --set "
-                        "'eval.0={name: ..., data: {...}}')", file=located.file, line=located.lines.get((others[0],)),
-                        key=str(others[0]))
     return located.data["data"], validate(_File, located, {"data": located.data["data"]}).data
 
 

@@ -64,6 +64,12 @@ def data_config(spec: str | None) -> dict:
         if not isinstance(located.data, dict):
             raise UserError("a data config is a mapping with a 'kind' key, e.g. {kind: text, path: corpus/}",
                             file=spec, line=1)
+        others = [k for k in located.data if k != "data"] if "data" in located.data else []
+        if others:  # a job's other sections (eval:) would be dropped without a word
+            raise UserError(f"holds {', '.join(map(str, others))} beside data: --data reads a data config alone "
+                            "(it replaces the training data; eval sets are given with --set 'eval.0={name: ..., "
+                            "data: {...}}')", file=located.file, line=located.lines.get((others[0],)),
+                            key=str(others[0]))
         # checked here, so that a mistake is reported at its line in this file (not as a --set problem)
         return dict(validate_data_file(located)[0])
     if path.is_dir() and (path / "index.json").is_file():
