@@ -10,7 +10,7 @@ import itertools
 import shutil
 from pathlib import Path
 
-from rla_ablate.errors import UserError
+from rla_ablate.errors import UserError, keys_under
 
 
 def _is_hf_dataset(path: Path) -> bool:
@@ -41,9 +41,12 @@ def _source_config(src: str, args):
         if args.split:
             raise UserError("applies to the embedded corpus and to HF datasets only", key="--split")
         glob = args.glob if args.glob != GLOB else None  # given, not the text default
-        if glob is None and path.is_dir():
-            glob = folder_data(path, "--glob (e.g. --glob '**/*.jsonl')").get("glob")  # .ndjson files
-        if json_lines(path, glob):  # a document per record
+        if glob is None and path.is_dir():  # the folder's one kind of file (its glob for .ndjson files)
+            found = folder_data(path, "--glob (e.g. --glob '**/*.jsonl')")
+            records, glob = found["kind"] == "jsonl", found.get("glob")
+        else:
+            records = json_lines(path, glob)
+        if records:  # a document per record
             return JsonlData(path=path, text_field=args.text_column, **common, **({"glob": glob} if glob else {}))
         if args.text_column != TEXT_COLUMN:
             raise UserError(f"applies to HF datasets and JSON Lines only; {path} is read as text files",
@@ -185,12 +188,8 @@ def show(args) -> int:
         from rla_ablate.config import LocatedYAML
 
         located = LocatedYAML({"data": data_config(str(path))}, str(path), {})
-        try:
+        with keys_under("data"):  # a key of the config `train --data` would make of it
             return _show(validate_data_file(located)[1], args.seq_len)
-        except UserError as exc:  # a key of the config `train --data` would make of it
-            if exc.file is not None or not exc.key or exc.key.startswith("--") or exc.key == "data":
-                raise
-            raise UserError(exc.message, key=f"data.{exc.key}") from None
     located = load_yaml(path)
     cfg = validate_data_file(located)[1]
     try:

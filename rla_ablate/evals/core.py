@@ -521,10 +521,10 @@ def flatten_results(results: dict) -> dict[str, float]:
     return out
 
 
-def unscored_tasks(results: dict, tasks: list[str]) -> list[str]:
-    """The requested tasks (or groups, through their subtasks) for which lm-eval returned no score: a metric its
-    YAML names that lm-eval does not know is warned about and left out, and the task has nothing to save."""
-    metrics = flatten_results(results)
+def unscored_tasks(results: dict, metrics: dict[str, float], tasks: list[str]) -> list[str]:
+    """The requested tasks (or groups, through their subtasks) for which lm-eval's `results` (flattened: `metrics`)
+    hold no score: a metric its YAML names that lm-eval does not know is warned about and left out, and the task has
+    nothing to save."""
     groups = results.get("group_subtasks") or {}
 
     def scored(name: str, depth: int = 0) -> bool:
@@ -635,13 +635,14 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
                             f"reached: {exception_line(exc, 300)}; fetch it once where the Hub is reachable "
                             "(the same HF_HOME), or score the shipped tasks, which need no download",
                             key="--tasks") from None
-    unscored = unscored_tasks(results, req.tasks)
+    metrics = flatten_results(results)
+    unscored = unscored_tasks(results, metrics, req.tasks)
     if unscored:  # nothing is saved: a result file without its scores would be read back as "already scored"
         raise UserError(f"lm-eval returned no score for task(s) {', '.join(unscored)}: a metric a task's YAML names "
                         "(metric_list) is not one lm-eval knows, or the task has no examples; lm-eval's warnings "
                         "above say which. Nothing was saved", key="--tasks")
     result = EvalResult(tasks=req.tasks, limit=req.limit, tokens=tokens, checkpoint=ckpt.name,
-                        metrics=flatten_results(results), lm_eval_version=getattr(lm_eval, "__version__", ""),
+                        metrics=metrics, lm_eval_version=getattr(lm_eval, "__version__", ""),
                         seconds=round(time.monotonic() - t0, 2), definitions=definitions, notes=notes)
     if tracking_uri is None or run_id is None:
         tracking_uri, run_id = tracking_target(job_dir)
