@@ -319,9 +319,10 @@ def test_a_split_rule_is_parsed_as_the_benchmarks_take_it():
             SplitRule.parse(bad)
 
 
-def test_a_read_ahead_rule_picks_by_kind_and_programs(monkeypatch):
-    """`AheadRule`: a pass with at most `most` programs reads ahead by its kind's setting, one with more not; the
-    launchers give the kernel what it picks for the pass they launch (dS's pass is the one with two terms)."""
+def test_a_read_ahead_rule_picks_by_kind_programs_and_tiles(monkeypatch):
+    """`AheadRule`: a pass with at most `most` programs of 64 x 64 state tiles reads ahead by its kind's setting, one
+    with more programs or wider tiles (a split pass keeps its 64 x 128) not; the launchers give the kernel what it
+    picks for the pass they launch (dS's pass is the one with two terms)."""
     import torch
 
     from rla_ablate.ops.triton import rla
@@ -329,6 +330,7 @@ def test_a_read_ahead_rule_picks_by_kind_and_programs(monkeypatch):
     rule, cpu = rla.AheadRule(most=256), torch.device("cpu")
     assert [rule.pick(kind, 256, cpu) for kind in ("fwd", "rev", "rev2", "s")] == [1, 1, 2, 0]
     assert [rule.pick(kind, 257, cpu) for kind in ("fwd", "rev", "rev2", "s")] == [0, 0, 0, 0]
+    assert [rule.pick(kind, 256, cpu, 64 * 128) for kind in ("fwd", "rev", "rev2", "s")] == [0, 0, 0, 0]
     assert rla.AheadRule().pick("fwd", 1, cpu) == 0  # off CUDA the default bound is 0 programs: none reads ahead
     seen = []
 
@@ -347,9 +349,10 @@ def test_a_read_ahead_rule_picks_by_kind_and_programs(monkeypatch):
     rla.state_pass((2, 2, 2), sign_b=-1.0, REVERSE=True, HAS_B=True, **common)    # dS's
     rla.state_pass((2, 2, 3), sign_b=-1.0, REVERSE=True, HAS_B=True, **common)    # dS's with 12 programs
     rla.state_pass((2, 2, 2), sign_b=0.0, REVERSE=True, HAS_B=False, AHEAD=0, **common)  # a caller's own setting
+    rla.state_pass((2, 1, 2), sign_b=0.0, REVERSE=False, HAS_B=False, **{**common, "BV": 128})  # 64 x 128 tiles
     rla.s_pass_residual((2, 4), k=g, v=g, g=g, beta=g, D0=g, hS=g, ST=g, X=g, W=g, cu=g, coff=g, c_clip=1.0, H=1,
                         K=64, V=64, BT=64, BK=64, BV=64, HAS_D0=False, TARGET=0)
-    assert [ahead for _, ahead in seen] == [1, 1, 2, 0, 0, 0]
+    assert [ahead for _, ahead in seen] == [1, 1, 2, 0, 0, 0, 0]
 
 
 def test_a_launch_change_is_parsed_as_the_benchmarks_take_it():

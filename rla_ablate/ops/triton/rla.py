@@ -206,7 +206,8 @@ def state_pass(grid, *, ka, ua, sa, kb, ub, g, D0, hD, DT, cu, coff, scale_a, si
     stores each program row's log decay (STORE_L), or None. end_term: (hF, Z_P, Z_ROWS) for STORE_Z, or None (Z_P's
     rows: `_end_term_rows`). AHEAD: None, `READ_AHEAD`; 0, 1, 2, or an `AheadRule` that picks one for this pass."""
     hF, Z_P, rows = end_term if end_term is not None else (DT, DT, False)
-    setting = _ahead(AHEAD, "rev2" if HAS_B else "rev" if REVERSE else "fwd", grid[0] * grid[1] * grid[2], g.device)
+    setting = _ahead(AHEAD, "rev2" if HAS_B else "rev" if REVERSE else "fwd", grid[0] * grid[1] * grid[2], g.device,
+                     BK * BV)
     _state_pass[grid](ka, ua, sa, kb, ub, g, D0, hD, DT, LD if LD is not None else DT, hF, Z_P,
                       Z_P.shape[-1] if end_term is not None else 0, cu, coff, scale_a, sign_b, H=H, K=K, V=V, BT=BT,
                       BK=BK, BV=BV, REVERSE=REVERSE, CA=CA, CB=CB, HAS_SA=HAS_SA, HAS_B=HAS_B, HAS_D0=HAS_D0,
@@ -337,7 +338,7 @@ def s_pass_residual(grid, *, k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip, 
                     MADE=False, AHEAD=None, **options):
     """`_s_pass_residual` over `grid`, every parameter by name; `options`: num_warps, num_stages. AHEAD: None,
     `READ_AHEAD`; 0, 1, 2, or an `AheadRule`."""
-    setting = _ahead(AHEAD, "s", grid[0] * grid[1], g.device)
+    setting = _ahead(AHEAD, "s", grid[0] * grid[1], g.device, BK * BV)
     _s_pass_residual[grid](k, v, g, beta, D0, hS, ST, X, W, cu, coff, c_clip, H=H, K=K, V=V, BT=BT, BK=BK, BV=BV,
                            HAS_D0=HAS_D0, TARGET=TARGET, MADE=MADE, AHEAD=setting, **options)
 
@@ -700,28 +701,32 @@ SPLIT = SplitRule()
 @dataclass(frozen=True)
 class AheadRule:
     """`READ_AHEAD` chosen per state pass: a pass with at most `most` programs (None: twice the device's SM count;
-    0 off CUDA) reads ahead by its kind's setting, a pass with more reads each chunk's own. The
-    kinds: R's pass (and S's plain pass of a split forward) `fwd`, dR's `rev`, dS's two-term pass `rev2`, S's pass
-    with the residuals `s`. The defaults are the fastest setting of each kind alone at two programs per SM on an
-    H100 (benchmarks/state_pass.py at the 1.5B layer); with more programs dR's and S's passes were slower reading
-    ahead (docs/RESULTS.md, "The passes' read-ahead and end-term rows timed")."""
+    0 off CUDA) and state tiles of at most `tile` elements reads ahead by its kind's setting, any other pass reads
+    each chunk's own. The kinds: R's pass (and S's plain pass of a split forward) `fwd`, dR's `rev`, dS's two-term
+    pass `rev2`, S's pass with the residuals `s`. The defaults are the fastest setting of each kind alone at two
+    programs per SM of 64 x 64 tiles on an H100 (benchmarks/state_pass.py at the 1.5B layer); with more programs
+    dR's and S's passes were slower reading ahead (docs/RESULTS.md, "The passes' read-ahead and end-term rows
+    timed"), and so were the split passes of 2 x 32K tokens, 256 programs of 64 x 128 tiles, whose wider tiles
+    leave no registers for a chunk held ahead (docs/RESULTS.md, "Read-ahead only at the narrow tiles")."""
 
     most: int | None = None
+    tile: int = MIN_TILE * MIN_TILE
     fwd: int = 1
     rev: int = 1
     rev2: int = 2
     s: int = 0
 
-    def pick(self, kind: str, programs: int, device: torch.device) -> int:
-        """The AHEAD of a pass of this kind ("fwd", "rev", "rev2", "s") launched with `programs` programs."""
+    def pick(self, kind: str, programs: int, device: torch.device, tile: int = MIN_TILE * MIN_TILE) -> int:
+        """The AHEAD of a pass of this kind ("fwd", "rev", "rev2", "s") launched with `programs` programs of state
+        tiles of `tile` elements (BK x BV)."""
         most = self.most if self.most is not None else _two_per_sm(device)
-        return getattr(self, kind) if programs <= most else 0
+        return getattr(self, kind) if programs <= most and tile <= self.tile else 0
 
 
-def _ahead(AHEAD: "int | AheadRule | None", kind: str, programs: int, device: torch.device) -> int:
+def _ahead(AHEAD: "int | AheadRule | None", kind: str, programs: int, device: torch.device, tile: int) -> int:
     """The AHEAD a launcher gives its pass: the caller's setting, else `READ_AHEAD`; a rule picks for the pass."""
     setting = READ_AHEAD if AHEAD is None else AHEAD
-    return setting.pick(kind, programs, device) if isinstance(setting, AheadRule) else setting
+    return setting.pick(kind, programs, device, tile) if isinstance(setting, AheadRule) else setting
 # A state pass that is not split and would have fewer programs than this runs at MIN_TILE x MIN_TILE tiles
 # (`_pass_plan`): None, twice the device's SM count; 0, never (benchmarks/kernels.py --rla-wide-tiles).
 NARROW_BELOW: int | None = None
