@@ -738,9 +738,10 @@ GATES_MADE_ONCE = True
 # own), 1 all but the key tiles that feed a dot as they are loaded, 2 all (benchmarks/state_pass.py, and
 # benchmarks/kernels.py --rla-read-ahead, time them). One setting for every pass loses: on an H100 reading ahead
 # takes 11-22% off the passes at two programs per SM (the 1.5B layer) but makes dR's pass 1.2-1.3x and S's 1.1-1.4x
-# slower at the 100M layer, the op 1.04x there. So an `AheadRule` picks per pass, by its kind and programs: the 1.5B
-# layer's op 0.97x (its passes 0.88x), the 100M layer unchanged (docs/RESULTS.md, "The passes' read-ahead rule
-# timed"); benchmarks/kernels.py --rla-read-own times the passes each loading its own chunk (0).
+# slower at the 100M layer, the op 1.04x there. So an `AheadRule` picks per pass, by its kind, programs and tiles:
+# the 1.5B layer's op 0.97x (its passes 0.88x), the 100M layer unchanged (docs/RESULTS.md, "The passes' read-ahead
+# rule timed"), the split passes of long sequences (64 x 128 tiles) never; benchmarks/kernels.py --rla-read-own
+# times the passes each loading its own chunk (0).
 READ_AHEAD: "int | AheadRule" = AheadRule()
 # The forward makes the residuals inside S's pass (`_s_pass_residual`) rather than in a parallel kernel after it
 # (`_fwd_residual`); benchmarks/kernels.py --rla-residual-apart times both.
