@@ -161,6 +161,45 @@ def test_arm_base_rejects_unknown_sections(tmp_path):
         load_sweep(f)
 
 
+def test_a_sweep_files_independent_problems_come_in_one_report(tmp_path):
+    """A misspelt section, a misspelt key of the base and a misspelt swept model key are said together, each at its
+    line and in the file's order (each had been a run of its own: the schema, then the grid, then the base), the
+    base's problem once for the two arms that share it; a wrong preset stands in for its arm's other checks."""
+    f = tmp_path / "s.yaml"
+    f.write_text("""name: s
+models:
+  - {preset: tiny-rla}
+  - {preset: tiny-gdn}
+seeds: [0]
+colour: blue
+base:
+  train: {tokens: 8192, seq_len: 64, batch_tokens: 512, micro_batch_size: 4, lrr: 0.001}
+grid:
+  model.hiden: [64]
+""")
+    with pytest.raises(UserError) as err:
+        load_sweep(f)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"{f}: 3 problems"
+    assert [ln.split(": ", 2)[:2] for ln in lines[1:]] == [
+        [f"{f}:6", "colour"], [f"{f}:8", "base.train.lrr"], [f"{f}:10", "grid.model.hiden"]]
+    assert "did you mean 'lr'" in lines[2] and "did you mean 'hidden_size'" in lines[3]
+    f.write_text(f.read_text().replace("colour: blue\n", "").replace("tiny-gdn", "tiny-gnd"))
+    with pytest.raises(UserError) as err:
+        load_sweep(f)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"{f}: 3 problems"
+    assert [ln.split(": ", 2)[1] for ln in lines[1:]] == ["models.1.preset", "base.train.lrr", "grid.model.hiden"]
+    # one problem is said as before, on one line
+    f.write_text(f.read_text().replace("tiny-gnd", "tiny-gdn").replace(", lrr: 0.001", "").replace("hiden",
+                                                                                                  "hidden_size"))
+    assert len(load_sweep(f).jobs) == 2
+    f.write_text(f.read_text().replace("[64]", "[-1]"))
+    with pytest.raises(UserError) as err:
+        load_sweep(f)
+    assert len(str(err.value).splitlines()) == 1 and ":9: grid.model.hidden_size" in str(err.value)
+
+
 @pytest.mark.parametrize("train, message", [
     ("{seqlen: 64}", ":6: models.0.base.train.seqlen: unknown key 'seqlen' (did you mean 'seq_len'?)"),
     ("{seq_len: fast}", ":6: models.0.base.train.seq_len: Input should be a valid integer"),

@@ -138,13 +138,16 @@ def load_sweep(path: str | Path) -> Sweep:
     located = load_yaml(path)
     if not isinstance(located.data, dict):
         raise UserError("a sweep file is a mapping with at least 'name' and 'models'", file=located.file, line=1)
-    cfg = validate(SweepConfig, located)
+    cfg, problems = _sweep_config(located)
     if cfg.search is not None:
         for key, bad in (("models", len(cfg.models) != 1), ("seeds", len(cfg.seeds) != 1), ("grid", bool(cfg.grid)),
                          ("zip", bool(cfg.zip)), ("ablations", bool(cfg.ablations)), ("controls", bool(cfg.controls))):
             if bad:
                 raise _err(located, (key,), "a search sweep tunes one model with one seed: give exactly one model "
                                             "and one seed, and no grid, zip, ablations or controls")
+    problems += _first_jobs_problems(cfg, located)
+    if problems:
+        raise one_report(problems, located.file)
     check_job_count(cfg, located)
     jobs = expand(cfg, located)
     check_vocab(jobs, located)
@@ -152,6 +155,67 @@ def load_sweep(path: str | Path) -> Sweep:
     if cfg.search is not None:
         check_search(cfg, located, jobs[0])
     return Sweep(config=cfg, source=located, jobs=jobs)
+
+
+def _sweep_config(located: LocatedYAML) -> tuple[SweepConfig, list[UserError]]:
+    """The validated sweep config, and the problems to report with what the jobs' checks find. Where the file's
+    only problems are unknown top-level keys, the rest of it is read without them, so that a misspelt section and
+    a bad value elsewhere are said in one report rather than one run each."""
+    try:
+        return validate(SweepConfig, located), []
+    except UserError as first:
+        unknown = [k for k in located.data if k not in SweepConfig.model_fields]
+        if not unknown:
+            raise
+        try:
+            cfg = validate(SweepConfig, located, {k: v for k, v in located.data.items() if k not in unknown})
+        except UserError:
+            raise first from None
+        return cfg, [first]
+
+
+def _first_jobs_problems(cfg: SweepConfig, located: LocatedYAML) -> list[UserError]:
+    """What each arm's first job has wrong, every independent problem at once: the arm itself (its preset and
+    overrides), the swept model keys at the first grid point, and the job built from the base (with the arm's own
+    base) at that point's other keys. `expand` stops at the first problem; this sees the ones it would meet one run
+    after another."""
+    r = _Resolver(cfg, located)
+    problems: list[UserError] = []
+    point = grid_points(cfg)[0]
+    for i in range(len(cfg.models)):
+        try:
+            model_cfg = r.arm(i)
+        except UserError as exc:
+            problems.append(exc)
+            continue
+        try:
+            model_cfg = r.model(i, model_cfg, point, None)
+        except UserError as exc:  # the job is then checked with the arm's own model
+            problems.append(exc)
+        try:
+            r.job(model_cfg, point, cfg.seeds[0], i)
+        except UserError as exc:
+            problems.append(exc)
+    seen: set[str] = set()
+    return [p for p in problems if not (str(p) in seen or seen.add(str(p)))]  # arms that share a base: said once
+
+
+def one_report(problems: list[UserError], file: str) -> UserError:
+    """One UserError for several: the one itself, or 'N problems' and a line each, in the file's order (a problem
+    that is itself a report of several gives its lines)."""
+    lines: list[tuple[int | None, str]] = []
+    for p in problems:
+        head, _, body = p.message.partition("\n")
+        if body and head.endswith(" problems"):
+            for text in body.splitlines():
+                number = text[len(file) + 1:].split(":", 1)[0] if text.startswith(file + ":") else ""
+                lines.append((int(number) if number.isdigit() else None, text))
+        else:
+            lines.append((p.line, str(p)))
+    if len(lines) == 1:
+        return problems[0]
+    lines.sort(key=lambda item: (item[0] is None, item[0] or 0))
+    return UserError(f"{len(lines)} problems\n" + "\n".join(text for _, text in lines), file=file)
 
 
 def device_line(located: LocatedYAML, field: str = "device") -> int | None:
