@@ -162,9 +162,10 @@ def test_arm_base_rejects_unknown_sections(tmp_path):
 
 
 def test_a_sweep_files_independent_problems_come_in_one_report(tmp_path):
-    """A misspelt section, a misspelt key of the base and a misspelt swept model key are said together, each at its
-    line and in the file's order (each had been a run of its own: the schema, then the grid, then the base), the
-    base's problem once for the two arms that share it; a wrong preset stands in for its arm's other checks."""
+    """A misspelt section, the base's problems and a misspelt swept model key are said together, each at its line
+    and in the file's order (each had been a run of its own: the schema, then the grid, then the base, whose
+    problems shared one line), the base's once for the two arms that share it; a wrong preset stands in for its
+    arm's other checks."""
     f = tmp_path / "s.yaml"
     f.write_text("""name: s
 models:
@@ -174,17 +175,20 @@ seeds: [0]
 colour: blue
 base:
   train: {tokens: 8192, seq_len: 64, batch_tokens: 512, micro_batch_size: 4, lrr: 0.001}
+  data: {kind: text, path: %s}
 grid:
   model.hiden: [64]
-""")
+""" % (tmp_path / "no-such-folder"))
     with pytest.raises(UserError) as err:
         load_sweep(f)
     lines = str(err.value).splitlines()
-    assert lines[0] == f"{f}: 3 problems"
+    assert lines[0] == f"{f}: 4 problems"
     assert [ln.split(": ", 2)[:2] for ln in lines[1:]] == [
-        [f"{f}:6", "colour"], [f"{f}:8", "base.train.lrr"], [f"{f}:10", "grid.model.hiden"]]
-    assert "did you mean 'lr'" in lines[2] and "did you mean 'hidden_size'" in lines[3]
-    f.write_text(f.read_text().replace("colour: blue\n", "").replace("tiny-gdn", "tiny-gnd"))
+        [f"{f}:6", "colour"], [f"{f}:8", "base.train.lrr"], [f"{f}:9", "base.data.path"],
+        [f"{f}:11", "grid.model.hiden"]]
+    assert "did you mean 'lr'" in lines[2] and "did you mean 'hidden_size'" in lines[4]
+    f.write_text(f.read_text().replace("colour: blue\n", "").replace("tiny-gdn", "tiny-gnd").replace(
+        f"  data: {{kind: text, path: {tmp_path / 'no-such-folder'}}}\n", ""))
     with pytest.raises(UserError) as err:
         load_sweep(f)
     lines = str(err.value).splitlines()

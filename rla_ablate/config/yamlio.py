@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -368,10 +369,20 @@ def validation_message(exc: ValidationError, model: type[BaseModel], prefix: str
     return "; ".join(parts)
 
 
-def format_validation_error(exc: ValidationError, model: type[BaseModel], located: LocatedYAML) -> UserError:
+def count_problems(exc: ValidationError, model: type[BaseModel]) -> int:
+    """How many problems `exc` (raised validating `model`) reports to the user (`_errors`)."""
+    return len(_errors(exc, model))
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel], located: LocatedYAML,
+                            where: Callable[[tuple], tuple] | None = None) -> UserError:
+    """Every problem of `exc` at its line and key; `where` maps a problem's path in `model` to the path of the file
+    it was read from (a sweep's job validated from its `base:` section: ('base',) + path), default the same."""
     problems = []
     for err, loc in _errors(exc, model):
         shown = _walk(model, loc)[1]
+        if where is not None:
+            shown = where(shown)
         # a problem of the whole config (a check across its sections) is said without a key
         problems.append((located.line(shown), ".".join(str(p) for p in shown) or None, _describe(err, model, loc)))
     if len(problems) == 1:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from rla_ablate.config import LocatedYAML, load_yaml, validate
 from rla_ablate.config.dotted import KeyPathError, set_dotted
-from rla_ablate.config.yamlio import user_loc, validation_message
+from rla_ablate.config.yamlio import count_problems, format_validation_error, user_loc, validation_message
 from rla_ablate.errors import UserError, did_you_mean
 from rla_ablate.sweep.identity import series_id_from_sections
 from rla_ablate.sweep.ids import hash_text, join_sections, section_json
@@ -555,9 +555,13 @@ class _Resolver:
         if hits:
             key = max(hits, key=len)
             return _err(self.located, self._key_path(key), validation_message(exc, self.JobConfig, at=key))
-        where: tuple = ("base",)
-        if arm is not None and self._arm_sets(arm, loc):
-            where = ("models", arm, "base")
+
+        def section(at: tuple) -> tuple:
+            return ("models", arm, "base") if arm is not None and self._arm_sets(arm, at) else ("base",)
+
+        if count_problems(exc, self.JobConfig) > 1:  # a line each, at the line it comes from
+            return format_validation_error(exc, self.JobConfig, self.located, where=lambda at: section(at) + at)
+        where = section(loc)
         prefix = ".".join(str(p) for p in where) + "."
         at = prefix + dotted if dotted else prefix.rstrip(".")  # a check of the whole job: reported at its section
         return _err(self.located, where + loc, validation_message(exc, self.JobConfig, prefix, at=at))
