@@ -204,6 +204,34 @@ grid:
     assert len(str(err.value).splitlines()) == 1 and ":9: grid.model.hidden_size" in str(err.value)
 
 
+def test_a_swept_keys_problem_is_said_at_its_own_line_beside_the_bases_and_the_sections_checks(tmp_path):
+    """A misspelt zip or grid key beside the base's problems: each at its own line and section (the swept key's had
+    been merged into one line, or said at the base's line as the base's key); an unknown ablation and an unknown
+    control (a schema problem, which had hidden the rest) in the same report."""
+    f = tmp_path / "s.yaml"
+    base = """name: s
+models:
+  - {preset: tiny-rla}
+base:
+  train: {tokens: 65536, seq_len: 128, micro_batch_size: 8, batch_tokens: 1024, lrr: 1}
+  data: {kind: stdlib, seq: 3}
+seeds: [0]
+"""
+    for swept in ("zip:\n  train.warmup_tokns: [0, 128]\n", "grid:\n  data.sed: [1, 2]\n"):
+        f.write_text(base + swept)
+        with pytest.raises(UserError) as err:
+            load_sweep(f)
+        lines = str(err.value).splitlines()
+        key = swept.split()[1].rstrip(":")
+        assert [ln.split(": ", 2)[:2] for ln in lines[1:]] == [
+            [f"{f}:5", "base.train.lrr"], [f"{f}:6", "base.data.seq"], [f"{f}:9", f"{swept.split(':')[0]}.{key}"]]
+    f.write_text(base + "ablations: [no_fittting]\ncontrols: [matched_stat]\n")
+    with pytest.raises(UserError) as err:
+        load_sweep(f)
+    assert [ln.split(": ", 2)[1] for ln in str(err.value).splitlines()[1:]] == [
+        "base.train.lrr", "base.data.seq", "ablations.0", "controls.0"]
+
+
 @pytest.mark.parametrize("train, message", [
     ("{seqlen: 64}", ":6: models.0.base.train.seqlen: unknown key 'seqlen' (did you mean 'seq_len'?)"),
     ("{seq_len: fast}", ":6: models.0.base.train.seq_len: Input should be a valid integer"),
@@ -420,6 +448,16 @@ BAD = {
     "search_choice_twice": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                             "    model.target: {type: categorical, choices: [clip, clip]}\n  n_trials: 2\n", 5,
                             "'clip' is listed twice in 'choices'"),
+    # a key the draw would ignore, a fractional step, a seed numpy refuses (it failed the launch with a traceback)
+    "search_foreign_key": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                           "    train.lr: {type: float, low: 1.0e-4, high: 1.0e-2, choices: [1, 2]}\n  n_trials: 2\n",
+                           5, "'choices' is not for a float parameter, which takes 'low' and 'high'"),
+    "search_float_step": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                          "    train.lr: {type: float, low: 0.1, high: 0.2, step: 0.001}\n  n_trials: 2\n", 5,
+                          "'step' is for int parameters (this one is float)"),
+    "search_seed": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                    "    train.lr: {type: float, low: 0.1, high: 0.2}\n  n_trials: 2\n  seed: -3\n", 7,
+                    "search.seed: Input should be greater than or equal to 0"),
     "search_one_value": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                          "    train.lr: {type: float, low: 1.0e-2, high: 1.0e-2}\n  n_trials: 2\n", 5,
                          "low and high are both 0.01: one value is no search"),

@@ -160,18 +160,23 @@ def load_sweep(path: str | Path) -> Sweep:
 def _sweep_config(located: LocatedYAML) -> tuple[SweepConfig, list[UserError]]:
     """The validated sweep config, and the problems to report with what the jobs' checks find. Where the file's
     only problems are unknown top-level keys, the rest of it is read without them, so that a misspelt section and
-    a bad value elsewhere are said in one report rather than one run each."""
+    a bad value elsewhere are said in one report rather than one run each; so are the problems of sections the
+    jobs' checks do not read (ablations, controls, resources, search)."""
     try:
-        return validate(SweepConfig, located), []
-    except UserError as first:
-        unknown = [k for k in located.data if k not in SweepConfig.model_fields]
-        if not unknown:
-            raise
-        try:
-            cfg = validate(SweepConfig, located, {k: v for k, v in located.data.items() if k not in unknown})
-        except UserError:
-            raise first from None
-        return cfg, [first]
+        return SweepConfig.model_validate(located.data), []
+    except ValidationError as exc:
+        first = format_validation_error(exc, SweepConfig, located)
+        wrong = {err["loc"][0] for err in exc.errors() if err["loc"]}
+    except ValueError as exc:
+        raise UserError(str(exc), file=located.file) from None
+    # what the jobs' checks read is left whole: a problem there (or of the file as a whole) is the report
+    if not wrong or wrong & {"name", "models", "base", "grid", "zip", "seeds"}:
+        raise first
+    try:
+        cfg = SweepConfig.model_validate({k: v for k, v in located.data.items() if k not in wrong})
+    except (ValidationError, ValueError):
+        raise first from None
+    return cfg, [first]
 
 
 def _first_jobs_problems(cfg: SweepConfig, located: LocatedYAML) -> list[UserError]:
@@ -182,18 +187,25 @@ def _first_jobs_problems(cfg: SweepConfig, located: LocatedYAML) -> list[UserErr
     r = _Resolver(cfg, located)
     problems: list[UserError] = []
     point = grid_points(cfg)[0]
+    families = []
     for i in range(len(cfg.models)):
         try:
             model_cfg = r.arm(i)
         except UserError as exc:
             problems.append(exc)
             continue
+        families.append(str(model_cfg.family))
         try:
             model_cfg = r.model(i, model_cfg, point, None)
         except UserError as exc:  # the job is then checked with the arm's own model
             problems.append(exc)
         try:
             r.job(model_cfg, point, cfg.seeds[0], i)
+        except UserError as exc:
+            problems.append(exc)
+    if len(families) == len(cfg.models):
+        try:
+            check_ablations(cfg, located, families, r.M.ABLATIONS)
         except UserError as exc:
             problems.append(exc)
     seen: set[str] = set()
@@ -548,20 +560,31 @@ class _Resolver:
     def _job_error(self, exc: ValidationError, arm: int | None = None) -> UserError:
         """Point at the sweep line the bad value came from: a grid/zip key, the arm's own base, or the base."""
         loc = user_loc(exc, self.JobConfig)
-        dotted = ".".join(str(p) for p in loc)
-        swept = itertools.chain(self.cfg.grid, self.cfg.zip, (self.cfg.search.params if self.cfg.search else {}))
-        # the swept key the error is at or under ('train.lr' is not under 'train.l', nor 'train.lrr' under 'train.lr')
-        hits = [key for key in swept if dotted == key or dotted.startswith(key + ".")]
-        if hits:
-            key = max(hits, key=len)
-            return _err(self.located, self._key_path(key), validation_message(exc, self.JobConfig, at=key))
+        swept = list(itertools.chain(self.cfg.grid, self.cfg.zip,
+                                     (self.cfg.search.params if self.cfg.search else {})))
+
+        def swept_key(at: tuple) -> str | None:
+            """The swept key a problem is at or under ('train.lr' is not under 'train.l', nor 'train.lrr' under
+            'train.lr')."""
+            dotted = ".".join(str(p) for p in at)
+            hits = [key for key in swept if dotted == key or dotted.startswith(key + ".")]
+            return max(hits, key=len) if hits else None
 
         def section(at: tuple) -> tuple:
             return ("models", arm, "base") if arm is not None and self._arm_sets(arm, at) else ("base",)
 
+        def source(at: tuple) -> tuple:
+            """Where in the file a problem's value comes from: its swept key's line, else its section's key."""
+            key = swept_key(at)
+            return self._key_path(key) if key is not None else section(at) + at
+
         if count_problems(exc, self.JobConfig) > 1:  # a line each, at the line it comes from
-            return format_validation_error(exc, self.JobConfig, self.located, where=lambda at: section(at) + at)
+            return format_validation_error(exc, self.JobConfig, self.located, where=source)
+        key = swept_key(loc)
+        if key is not None:
+            return _err(self.located, self._key_path(key), validation_message(exc, self.JobConfig, at=key))
         where = section(loc)
+        dotted = ".".join(str(p) for p in loc)
         prefix = ".".join(str(p) for p in where) + "."
         at = prefix + dotted if dotted else prefix.rstrip(".")  # a check of the whole job: reported at its section
         return _err(self.located, where + loc, validation_message(exc, self.JobConfig, prefix, at=at))

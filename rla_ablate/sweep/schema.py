@@ -161,7 +161,7 @@ class SearchParam(_Strict):
     """Sample on a log scale (float, int)."""
     choices: list[Any] | None = None
     """The values to choose from (categorical)."""
-    step: int | None = None
+    step: float | None = None
     """Draw every step-th whole number from low (int, not with log): {type: int, low: 4, high: 16, step: 4}."""
 
     @model_validator(mode="before")
@@ -176,6 +176,13 @@ class SearchParam(_Strict):
 
     @model_validator(mode="after")
     def _bounds(self) -> "SearchParam":
+        given = self.model_fields_set
+        foreign = (sorted(given & {"low", "high", "log", "step"}) if self.type == "categorical"
+                   else ["choices"] if "choices" in given else [])
+        if foreign:  # a key the draw would ignore: the search would not be the one written
+            uses = "'choices'" if self.type == "categorical" else "'low' and 'high' (and 'log', 'step' for int)"
+            raise ValueError(f"{', '.join(repr(k) for k in foreign)} {'is' if len(foreign) == 1 else 'are'} not for a "
+                             f"{self.type} parameter, which takes {uses}")
         if self.type == "categorical":
             if not self.choices:
                 raise ValueError("a categorical parameter needs a non-empty 'choices' list")
@@ -201,8 +208,9 @@ class SearchParam(_Strict):
         if self.step is not None:
             if self.type != "int":
                 raise ValueError(f"'step' is for int parameters (this one is {self.type})")
-            if self.step < 1:
-                raise ValueError(f"step must be at least 1 (got {self.step})")
+            if self.step < 1 or not float(self.step).is_integer():
+                raise ValueError(f"step must be a whole number, at least 1 (got {self.step:g})")
+            self.step = int(self.step)
             if self.log:
                 raise ValueError("'step' and 'log' do not go together (Optuna draws a log-scale int range at every "
                                  "whole number); give one of them")
@@ -228,8 +236,8 @@ class SearchConfig(_Strict):
     """Optuna sampler."""
     pruner: Literal["median", "hyperband", "none"] = "median"
     """Optuna pruner fed with intermediate values of `metric` (step = tokens seen)."""
-    seed: int = 0
-    """Sampler seed (the study is reproducible given the same completion order)."""
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    """Sampler seed, 0 to 2**32 - 1 (the study is reproducible given the same completion order)."""
 
     @field_validator("params")
     @classmethod

@@ -50,7 +50,7 @@ def make_study(cfg: SearchConfig, name: str, storage: Any):
     # The sampler's seed counts the trials the study already holds: a new study draws from `seed` (reproducible),
     # a continued one (a relaunch, a larger n_trials) from a stream of its own. With `seed` alone a continuation
     # drew the first trials' parameters again, whose jobs were done: it ran nothing new and counted them as trials.
-    seed = cfg.seed + len(study.get_trials(deepcopy=False))
+    seed = (cfg.seed + len(study.get_trials(deepcopy=False))) % 2**32  # numpy's seeds are 0 .. 2**32 - 1
     study.sampler = (optuna.samplers.TPESampler(seed=seed) if cfg.sampler == "tpe"
                      else optuna.samplers.RandomSampler(seed=seed))
     return study
