@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from rla_ablate.config import LocatedYAML, load_yaml, validate
+from rla_ablate.config import LocatedYAML, load_yaml
 from rla_ablate.config.dotted import KeyPathError, set_dotted
 from rla_ablate.config.yamlio import count_problems, format_validation_error, user_loc, validation_message
 from rla_ablate.errors import UserError, did_you_mean
