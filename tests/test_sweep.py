@@ -448,6 +448,15 @@ BAD = {
     "search_choice_twice": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                             "    model.target: {type: categorical, choices: [clip, clip]}\n  n_trials: 2\n", 5,
                             "'clip' is listed twice in 'choices'"),
+    # a swept key outside the job's config: at its own line (it was at the grid's), with a did-you-mean
+    "grid_prefix": ("name: x\nmodels: [{preset: tiny-rdn}]\ngrid:\n  model.clip: [1.0]\n  modle.clip: [0.5]\n", 5,
+                    "grid.modle.clip: a swept key is a dotted key of the job's config under model., train. or data. "
+                    "(e.g. model.clip, train.lr) (did you mean 'model.clip'?)"),
+    "search_prefix": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                      "    train.lr: {type: float, low: 0.1, high: 0.2}\n"
+                      "    trian.seq_len: {type: categorical, choices: [64, 128]}\n  n_trials: 2\n", 6,
+                      "search.params.trian.seq_len: a swept key is a dotted key of the job's config under model., "
+                      "train. or data. (e.g. model.clip, train.lr) (did you mean 'train.seq_len'?)"),
     # a key the draw would ignore, a fractional step, a seed numpy refuses (it failed the launch with a traceback)
     "search_foreign_key": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                            "    train.lr: {type: float, low: 1.0e-4, high: 1.0e-2, choices: [1, 2]}\n  n_trials: 2\n",

@@ -213,6 +213,8 @@ def _walk(model: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, t
     member was named: (its position in the path as written, the member's name), or None."""
     owner, annotation, shown, union = None, model, [], None
     for part in loc:
+        if part == "[key]":  # a mapping's key refused: said at the key, as written
+            continue
         members = _members(annotation)
         if len(members) > 1 and isinstance(part, str):
             if union is None:

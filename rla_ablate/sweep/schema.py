@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from rla_ablate.config.numbers import NumbersNotBools
 from rla_ablate.errors import closest
@@ -143,6 +143,21 @@ class Resources(_Strict):
         return v
 
 
+def _swept_key(key: str) -> str:
+    """A grid, zip or search key: a dotted key of the job's config under model., train. or data. (checked as the
+    mapping's key, so that a problem is said at the key's own line)."""
+    prefix, _, rest = key.partition(".")
+    if prefix not in ("model", "train", "data") or not rest:
+        close = closest(prefix, ["model", "train", "data"], 1)
+        hint = f" (did you mean '{close[0]}.{rest}'?)" if close and rest else ""
+        raise ValueError(f"a swept key is a dotted key of the job's config under model., train. or data. (e.g. "
+                         f"model.clip, train.lr){hint}")
+    return key
+
+
+SweptKey = Annotated[str, AfterValidator(_swept_key)]
+
+
 def _flow(values: list) -> str:
     """A list as YAML's flow form writes it: [0.5, 1.0, clip, true]."""
     return "[" + ", ".join("true" if v is True else "false" if v is False else str(v) for v in values) + "]"
@@ -224,7 +239,7 @@ class SearchParam(_Strict):
 class SearchConfig(_Strict):
     """An Optuna study run through Ray: each trial is one job of the sweep and one MLflow child run."""
 
-    params: dict[str, SearchParam]
+    params: dict[SweptKey, SearchParam]
     """Dotted config keys to search (`train.lr`, `model.num_heads`) and how to sample each."""
     n_trials: int = Field(gt=0)
     """Trials to complete (pruned trials count) before the study stops."""
@@ -246,11 +261,6 @@ class SearchConfig(_Strict):
             raise ValueError("a search needs at least one parameter to search (e.g. train.lr: {type: float, low: "
                              "1.0e-4, high: 1.0e-2, log: true})")
         for key in v:
-            if key.split(".")[0] not in ("model", "train", "data"):
-                prefix, _, rest = key.partition(".")
-                close = closest(prefix, ["model", "train", "data"], 1)
-                hint = f" (did you mean '{close[0]}.{rest}'?)" if close and rest else ""
-                raise ValueError(f"search key '{key}' must start with model., train. or data.{hint}")
             if key == "train.seed":  # trials would differ by their noise, and the study rank it
                 raise ValueError("'train.seed' is not searched: a search tunes one model with one seed (`seeds:`); "
                                  "to measure the spread over seeds, run the best trial's parameters as a grid sweep "
@@ -274,9 +284,9 @@ class SweepConfig(_Strict):
     controls: list[ControlRef | Literal["matched_state", "matched_params", "matched_wallclock"]] = Field(
         default_factory=list)
     """Derived equal-budget baselines for the residual models (docs/MATH.md; the paper's open question)."""
-    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    grid: dict[SweptKey, list[Any]] = Field(default_factory=dict)
     """Dotted key -> values; every combination runs."""
-    zip: dict[str, list[Any]] = Field(default_factory=dict)
+    zip: dict[SweptKey, list[Any]] = Field(default_factory=dict)
     """Dotted key -> values; the i-th values run together (all lists the same length)."""
     seeds: list[int] = Field(default_factory=lambda: [0])
     """Training seeds (train.seed); each job runs once per seed."""
@@ -332,8 +342,6 @@ class SweepConfig(_Strict):
     @classmethod
     def _dotted(cls, v: dict) -> dict:
         for key, values in v.items():
-            if key.split(".")[0] not in ("model", "train", "data") or "." not in key:
-                raise ValueError(f"key '{key}' must be dotted and start with model., train. or data.")
             if not values:
                 raise ValueError(f"'{key}' has no values")
             if key == "train.seed":  # `seeds:` sets it for every job, over whatever a point says
