@@ -892,3 +892,37 @@ def test_a_new_version_that_changes_only_bookkeeping_says_its_jobs_train_again(t
     # another change than bookkeeping: no such words
     path.write_text(text.replace("lr: 3.0e-3", "lr: 2.0e-3"))
     assert "but for" not in (_check_version(load_sweep(path), sdir, LaunchOptions(root=tmp_path / "runs")) or "")
+
+
+@pytest.mark.parametrize("batch, mbs, seq_len, works", [
+    (2048, [8, 16], [128, 256], True),     # (16, 256) is refused, (8, 256) and (16, 128) build jobs
+    (2048, [16, 8], [128, 256], True),     # the same space, its choices in another order
+    (8192, [32, 64], [512, 1024], False),  # each key alone builds jobs, no pair of them does
+])
+def test_a_searchs_keys_together_are_refused_only_where_no_combination_builds_a_job(tmp_path, batch, mbs, seq_len,
+                                                                                     works):
+    """The joint check of a search's keys does not depend on the order of their choices (it had tried the first
+    choices together and the last ones together, and refused a valid space at the base's line): it refuses where
+    no combination builds a job, at the search's parameters."""
+    f = tmp_path / "s.yaml"
+    f.write_text(f"""name: s
+models: [{{preset: tiny-rla}}]
+base:
+  train: {{tokens: 65536, seq_len: 128, micro_batch_size: 8, batch_tokens: {batch}}}
+  data: {{kind: stdlib}}
+seeds: [0]
+resources: {{gpus: 0, cpus: 1}}
+search:
+  params:
+    train.micro_batch_size: {{type: categorical, choices: {mbs}}}
+    train.seq_len: {{type: categorical, choices: {seq_len}}}
+  n_trials: 2
+""")
+    if works:
+        assert len(load_sweep(f).jobs) == 1
+        return
+    with pytest.raises(UserError) as err:
+        load_sweep(f)
+    assert f":9: search.params: the searched keys together build no job at any combination of their choices and " \
+           f"range ends; at train.micro_batch_size = 32, train.seq_len = 512: batch_tokens (8192) must be a " \
+           f"multiple of" in str(err.value)

@@ -297,6 +297,9 @@ def _check_inside(cfg: SweepConfig, located: LocatedYAML, key: str, low: int, hi
                   "categorical, choices: [...]"))
 
 
+JOINT_CHECKED = 64  # a search's keys are checked together at every combination of their choices and ends up to this
+
+
 def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> None:
     """A search's keys and ranges build valid jobs and its metric is one the trials log: caught here, by `plan` and
     before a launch starts anything, not when the first trial is asked for or after every trial has run."""
@@ -335,7 +338,28 @@ def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> N
                 raise _err(located, ("search", "params", key, "type"),
                            f"its ends validate, but the trials draw fractions such as {x:.4g} from the range, and "
                            f"{key} refuses them ({exc.message}); use type: int") from None
-    expand(cfg, located, points=ends)
+    # then all keys together: refused where no combination of their choices and range ends builds a job (every one
+    # of them up to JOINT_CHECKED, else the two corners: every low end or first choice, every high end or last).
+    # Some combinations may fail in a space whose others work (a batch size against a sequence length), and the
+    # order of a key's choices is no order of the space: a trial that draws a combination no job takes fails and
+    # the search goes on (`search.py`)
+    sides = [list(p.choices or []) if p.type == "categorical" else [ends[0][k], ends[1][k]] for k, p in params.items()]
+    combos = [dict(zip(params, values)) for values in itertools.product(*sides)]
+    points = combos if len(combos) <= JOINT_CHECKED else ends
+    refused = []
+    for point in points:
+        try:
+            expand(cfg, located, points=[point])
+            break
+        except UserError as exc:
+            refused.append((point, exc))
+    if len(refused) == len(points):
+        point, exc = refused[0]
+        drawn = ", ".join(f"{k} = {v!r}" for k, v in point.items())
+        which = "combination of their choices and range ends" if points is combos else "corner of the space"
+        raise _err(located, ("search", "params"),
+                   f"the searched keys together build no job at any {which}; at {drawn}: "
+                   f"{exc.message}{f' ({exc.key})' if exc.key else ''}")
     from rla_ablate.train.job import GPU_METRICS
 
     metric = cfg.search.metric
