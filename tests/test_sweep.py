@@ -923,6 +923,6 @@ search:
         return
     with pytest.raises(UserError) as err:
         load_sweep(f)
-    assert f":9: search.params: the searched keys together build no job at any combination of their choices and " \
-           f"range ends; at train.micro_batch_size = 32, train.seq_len = 512: batch_tokens (8192) must be a " \
-           f"multiple of" in str(err.value)
+    assert ":9: search.params: the searched keys together build no job at any combination of their choices and " \
+           "range ends; at train.micro_batch_size = 32, train.seq_len = 512: batch_tokens (8192) must be a " \
+           "multiple of" in str(err.value)
