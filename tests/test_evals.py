@@ -69,6 +69,11 @@ def test_export_takes_a_sweeps_job_by_its_name_or_id(job_dir, tmp_path, capsys):
     assert main(["export", "tiny-rla/seed9", str(tmp_path / "x"), "--sweep", "smoke", *root]) == 2
     err = capsys.readouterr().err
     assert f"sweep smoke has no job 'tiny-rla/seed9'; its jobs (name or id): {first.name} ({first.job_id[:8]})" in err
+    # a job's name or id without --sweep: the sweeps under the root that have it, and the command
+    for job in (first.name, first.job_id):
+        assert main(["export", job, str(tmp_path / "x"), *root]) == 2
+        assert (f"JOB_DIR: no folder {job}; it names a job of sweep smoke: `rla-sweep export {job} {tmp_path / 'x'} "
+                f"--sweep smoke --root {tmp_path / 'runs'}`") in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 

@@ -37,14 +37,21 @@ def run(args) -> int:
         from rla_ablate.sweep.status import sweep_job_folder
 
         args.job_dir = str(sweep_job_folder(args.root, args.sweep, args.job_dir, key="JOB_DIR"))
-    elif "/" not in args.job_dir and not Path(args.job_dir).exists():
+    elif not Path(args.job_dir).exists():
         from rla_ablate.errors import UserError
         from rla_ablate.sweep.state import SweepDir
+        from rla_ablate.sweep.status import sweeps_with_job
+        from rla_ablate.fileio import shell_arg
 
-        if SweepDir(args.root, args.job_dir).exists():  # a sweep's name, where one of its jobs belongs
+        if "/" not in args.job_dir and SweepDir(args.root, args.job_dir).exists():  # a sweep where a job belongs
             raise UserError(f"{args.job_dir} is a sweep; export takes one of its jobs: `rla-sweep export JOB OUT "
                             f"--sweep {args.job_dir}`, JOB a name or id from `rla-sweep status {args.job_dir}`",
                             key="JOB_DIR")
+        owners = sweeps_with_job(args.root, args.job_dir)
+        if owners:  # a sweep job's name or id, given without its sweep
+            raise UserError(f"no folder {args.job_dir}; it names a job of sweep{'s' * (len(owners) > 1)} "
+                            f"{', '.join(owners)}: `rla-sweep export {shell_arg(args.job_dir)} {shell_arg(args.out)} "
+                            f"--sweep {owners[0]} --root {shell_arg(args.root)}`", key="JOB_DIR")
     out, tokens, total = export_job(args.job_dir, args.out, args.checkpoint, force=args.force)
     print(f"exported {args.job_dir} ({tokens:,} of {total:,} tokens) to {out}")
     if args.checkpoint is None and tokens < total:

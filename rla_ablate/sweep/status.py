@@ -97,6 +97,22 @@ def sweep_job_folder(root: str | Path, sweep: str, job: str, key: str = "JOB") -
                     key=key)
 
 
+def sweeps_with_job(root: str | Path, job: str) -> list[str]:
+    """The launched sweeps under `root` that have a job named `job` (as `status` shows it) or whose id is `job`."""
+    root = Path(root)
+    if not job or not root.is_dir():
+        return []
+    found = []
+    for listing in sorted(root.glob("*/jobs.json")):
+        try:
+            jobs = SweepDir(root, listing.parent.name).job_list()
+        except UserError:  # an unreadable listing: not this command's to report
+            continue
+        if any(j.get("name") == job or j.get("job_id") == job for j in jobs):
+            found.append(listing.parent.name)
+    return found
+
+
 def open_sweep_dir(root: str | Path, sweep: str) -> SweepDir:
     """The sweep's folder (its sweep.json written, whether or not a launch listed its jobs), or a UserError naming
     the sweeps that exist under `root`."""
