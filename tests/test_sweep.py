@@ -467,6 +467,9 @@ BAD = {
     "search_seed": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                     "    train.lr: {type: float, low: 0.1, high: 0.2}\n  n_trials: 2\n  seed: -3\n", 7,
                     "search.seed: Input should be greater than or equal to 0"),
+    "search_trials": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                      "    train.lr: {type: float, low: 0.1, high: 0.2}\n  n_trials: 200000\n", 6,
+                      "search.n_trials: Input should be less than or equal to 100000"),
     "search_one_value": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                          "    train.lr: {type: float, low: 1.0e-2, high: 1.0e-2}\n  n_trials: 2\n", 5,
                          "low and high are both 0.01: one value is no search"),

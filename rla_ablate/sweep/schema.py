@@ -241,8 +241,9 @@ class SearchConfig(_Strict):
 
     params: dict[SweptKey, SearchParam]
     """Dotted config keys to search (`train.lr`, `model.num_heads`) and how to sample each."""
-    n_trials: int = Field(gt=0)
-    """Trials to complete (pruned trials count) before the study stops."""
+    n_trials: int = Field(gt=0, le=100_000)
+    """Trials to complete (pruned trials count) before the study stops; at most 100,000, as a grid's jobs
+    (`expand.MAX_JOBS`)."""
     metric: str = "eval/val/loss"
     """The logged metric to optimize; intermediate values of it drive pruning."""
     direction: Literal["minimize", "maximize"] = "minimize"
