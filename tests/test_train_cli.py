@@ -46,7 +46,7 @@ def test_an_eval_set_that_reads_the_training_text_is_refused(tmp_path):
         build_job("tiny-rla", SMALL + [held_out], str(corpus), "cpu")
     assert "eval set 0 ('mine') reads text the model trains on" in str(err.value)
     assert err.value.key is None and str(err.value).startswith("--set: eval set 0")  # a check across sections
-    assert "--set data.split=train" in str(err.value)
+    assert "(data.split: train, data.validation_fraction: 0.2)" in str(err.value)
     job = build_job("tiny-rla", SMALL + [held_out, "data.split=train", "data.validation_fraction=0.2"], str(corpus),
                     "cpu")
     assert (job.data.split, job.eval[0].data.split) == ("train", "validation")
@@ -54,7 +54,7 @@ def test_an_eval_set_that_reads_the_training_text_is_refused(tmp_path):
         build_job("tiny-rla", SMALL + [held_out.replace("0.2", "0.5"), "data.split=train",
                                        "data.validation_fraction=0.2"], str(corpus), "cpu")
     with pytest.raises(UserError, match="both read the embedded corpus' validation split; train on split: train "
-                                        r"\(--set data.split=train\)"):
+                                        r"\(data.split: train\)"):
         build_job("tiny-rla", SMALL + ["data.split=validation"], None, "cpu")
     # one file of the folder trained on, the folder's validation split evaluated: refused where the file hashes there
     from rla_ablate.data.sources import path_fraction

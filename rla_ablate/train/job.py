@@ -63,7 +63,7 @@ def training_overlap(train, held_out) -> str:
     if train.kind == "stdlib":
         if train.split != held_out.split:
             return ""
-        fix = "--set data.split=train" if train.split == "validation" else "an eval set on split: validation"
+        fix = "data.split: train" if train.split == "validation" else "an eval set on split: validation"
         return f"both read the embedded corpus' {train.split} split; train on split: train ({fix})"
     if train.kind in ("text", "jsonl") and train.path != held_out.path:
         return _file_in_folder(train, held_out)
@@ -86,12 +86,12 @@ def training_overlap(train, held_out) -> str:
             return ""
         return (f"the validation split reads validation_fraction {val.validation_fraction} of {train.path} and the "
                 f"train split {trains.validation_fraction}: the files between the two hash into both; give both the "
-                f"same validation_fraction (--set data.validation_fraction={val.validation_fraction})")
+                f"same validation_fraction (data.validation_fraction: {val.validation_fraction})")
     if "all" in splits:
         fraction = held_out.validation_fraction if held_out.split == "validation" else train.validation_fraction
         return (f"the training data reads split {train.split} of {train.path} and the eval set split "
                 f"{held_out.split}; train on split: train and evaluate on split: validation at one validation_fraction "
-                f"(--set data.split=train --set data.validation_fraction={fraction})")
+                f"(data.split: train, data.validation_fraction: {fraction})")
     return f"both read split {train.split} of {train.path}; an eval set reads split: validation"
 
 
