@@ -448,6 +448,12 @@ BAD = {
     "search_choice_twice": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                             "    model.target: {type: categorical, choices: [clip, clip]}\n  n_trials: 2\n", 5,
                             "'clip' is listed twice in 'choices'"),
+    # a job's section written at the top of the file: where it belongs
+    "top_level_train": ("name: x\nmodels: [{preset: tiny-rdn}]\ntrain: {tokens: 65536}\n", 3,
+                        "train: unknown key 'train' (did you mean base.train?); allowed: ablations, base"),
+    "top_level_model": ("name: x\nmodels: [{preset: tiny-rdn}]\nmodel: {clip: 0.5}\n", 3,
+                        "model: unknown key 'model' (a model's keys go in models: [{preset: ..., overrides: "
+                        "{...}}])"),
     # a swept key outside the job's config: at its own line (it was at the grid's), with a did-you-mean
     "grid_prefix": ("name: x\nmodels: [{preset: tiny-rdn}]\ngrid:\n  model.clip: [1.0]\n  modle.clip: [0.5]\n", 5,
                     "grid.modle.clip: a swept key is a dotted key of the job's config under model., train. or data. "

@@ -262,8 +262,12 @@ def _describe(err: dict, model: type[BaseModel], loc: tuple, name: str | None = 
         owner = _model_at(model, loc)
         allowed = sorted(owner.model_fields) if owner else []
         shown = str(loc[-1]) if name is None else name
+        # a key that belongs elsewhere in this config (a sweep's `train:` under `base:`): where, before any spelling
+        moved = getattr(owner, "KEYS_ELSEWHERE", {}).get(str(loc[-1])) if owner else None
         # the suggestion is written as the key is: with the same path before it
-        msg = f"unknown key '{shown}'{did_you_mean(str(loc[-1]), allowed, prefix=shown[:-len(str(loc[-1]))])}"
+        hint = (f" ({moved})" if moved else
+                did_you_mean(str(loc[-1]), allowed, prefix=shown[:-len(str(loc[-1]))]))
+        msg = f"unknown key '{shown}'{hint}"
         return msg + (f"; allowed: {', '.join(allowed)}" if allowed and list_allowed else "")
     if err["type"] in ("literal_error", "enum"):
         choices = _choices(err)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -271,6 +271,11 @@ class SearchConfig(_Strict):
 
 class SweepConfig(_Strict):
     """A whole sweep file."""
+
+    KEYS_ELSEWHERE: ClassVar[dict[str, str]] = {
+        "train": "did you mean base.train?", "data": "did you mean base.data?", "eval": "did you mean base.eval?",
+        "model": "a model's keys go in models: [{preset: ..., overrides: {...}}]"}
+    """Keys of a job's config written at the top of a sweep file: where they belong (`yamlio._describe`)."""
 
     name: str
     """Sweep name: the MLflow experiment and the folder under --root (letters, digits, '_', '-', '.')."""
