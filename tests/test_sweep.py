@@ -232,6 +232,23 @@ seeds: [0]
         "base.train.lrr", "base.data.seq", "ablations.0", "controls.0"]
 
 
+def test_a_yaml_anchor_two_arms_share_is_one_problem_and_two_keys_of_a_line_two(tmp_path):
+    """A base that two arms share through a YAML anchor is one line of the file: its problem is said once, at the
+    first arm's key (it was said for each arm); two keys on one line with the same problem are still two."""
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nmodels:\n  - preset: tiny-rla\n    base: &b {train: {tokns: 65536, lrr: 1}}\n"
+                 "  - preset: tiny-gdn\n    base: *b\nseeds: [0]\n")
+    with pytest.raises(UserError) as err:
+        load_sweep(f)
+    assert [ln.split(": ", 2)[:2] for ln in str(err.value).splitlines()[1:]] == [
+        [f"{f}:4", "models.0.base.train.tokns"], [f"{f}:4", "models.0.base.train.lrr"]]
+    f.write_text("name: s\nmodels: [{preset: tiny-rla}]\nbase:\n  train: {tokens: x, seq_len: x}\nseeds: [0]\n")
+    with pytest.raises(UserError) as err:
+        load_sweep(f)
+    assert [ln.split(": ", 2)[1] for ln in str(err.value).splitlines()[1:]] == ["base.train.tokens",
+                                                                              "base.train.seq_len"]
+
+
 @pytest.mark.parametrize("train, message", [
     ("{seqlen: 64}", ":6: models.0.base.train.seqlen: unknown key 'seqlen' (did you mean 'seq_len'?)"),
     ("{seq_len: fast}", ":6: models.0.base.train.seq_len: Input should be a valid integer"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,20 +215,31 @@ def _first_jobs_problems(cfg: SweepConfig, located: LocatedYAML) -> list[UserErr
 
 def one_report(problems: list[UserError], file: str) -> UserError:
     """One UserError for several: the one itself, or 'N problems' and a line each, in the file's order (a problem
-    that is itself a report of several gives its lines)."""
-    lines: list[tuple[int | None, str]] = []
+    that is itself a report of several gives its lines). One line of the file read twice (a YAML anchor that two
+    arms' `base:` share) is one problem, said at its first key."""
+    lines: list[tuple[int | None, str, UserError | None]] = []
     for p in problems:
         head, _, body = p.message.partition("\n")
         if body and head.endswith(" problems"):
             for text in body.splitlines():
                 number = text[len(file) + 1:].split(":", 1)[0] if text.startswith(file + ":") else ""
-                lines.append((int(number) if number.isdigit() else None, text))
+                lines.append((int(number) if number.isdigit() else None, text, None))
         else:
-            lines.append((p.line, str(p)))
-    if len(lines) == 1:
-        return problems[0]
-    lines.sort(key=lambda item: (item[0] is None, item[0] or 0))
-    return UserError(f"{len(lines)} problems\n" + "\n".join(text for _, text in lines), file=file)
+            lines.append((p.line, str(p), p))
+    said: set[tuple[int, str]] = set()
+    kept = []
+    for number, text, source in lines:
+        # the same problem of the same key, whichever arm's: without the file:line and the arm's number
+        what = re.sub(r"^models\.\d+\.", "models.*.", text.split(": ", 1)[-1])
+        if number is None or (number, what) not in said:
+            kept.append((number, text, source))
+        if number is not None:
+            said.add((number, what))
+    if len(kept) == 1:
+        number, text, source = kept[0]
+        return source if source is not None else UserError(text.split(": ", 1)[-1], file=file, line=number)
+    kept.sort(key=lambda item: (item[0] is None, item[0] or 0))
+    return UserError(f"{len(kept)} problems\n" + "\n".join(text for _, text, _ in kept), file=file)
 
 
 def device_line(located: LocatedYAML, field: str = "device") -> int | None:
