@@ -209,14 +209,13 @@ def _first_jobs_problems(cfg: SweepConfig, located: LocatedYAML) -> list[UserErr
             check_ablations(cfg, located, families, r.M.ABLATIONS)
         except UserError as exc:
             problems.append(exc)
-    seen: set[str] = set()
-    return [p for p in problems if not (str(p) in seen or seen.add(str(p)))]  # arms that share a base: said once
+    return problems  # the arms that share a base meet its problems each: `one_report` says them once
 
 
 def one_report(problems: list[UserError], file: str) -> UserError:
     """One UserError for several: the one itself, or 'N problems' and a line each, in the file's order (a problem
-    that is itself a report of several gives its lines). One line of the file read twice (a YAML anchor that two
-    arms' `base:` share) is one problem, said at its first key."""
+    that is itself a report of several gives its lines). A problem met twice (the base two arms share) is said once,
+    and so is one line of the file read twice (a YAML anchor that two arms' `base:` share), at its first key."""
     lines: list[tuple[int | None, str, UserError | None]] = []
     for p in problems:
         head, _, body = p.message.partition("\n")
@@ -226,15 +225,15 @@ def one_report(problems: list[UserError], file: str) -> UserError:
                 lines.append((int(number) if number.isdigit() else None, text, None))
         else:
             lines.append((p.line, str(p), p))
-    said: set[tuple[int, str]] = set()
+    said: set[tuple[int | None, str]] = set()
     kept = []
     for number, text, source in lines:
-        # the same problem of the same key, whichever arm's: without the file:line and the arm's number
-        what = re.sub(r"^models\.\d+\.", "models.*.", text.split(": ", 1)[-1])
-        if number is None or (number, what) not in said:
+        # the same problem of the same key, whichever arm's: without the file:line and the arm's number (a problem
+        # without a line: its whole text)
+        what = text if number is None else re.sub(r"^models\.\d+\.", "models.*.", text.split(": ", 1)[-1])
+        if (number, what) not in said:
             kept.append((number, text, source))
-        if number is not None:
-            said.add((number, what))
+        said.add((number, what))
     if len(kept) == 1:
         number, text, source = kept[0]
         return source if source is not None else UserError(text.split(": ", 1)[-1], file=file, line=number)
