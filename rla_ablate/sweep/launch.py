@@ -226,6 +226,8 @@ class _Services:
         return ray.cluster_resources()
 
     def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop_soon()  # it exits while Ray shuts down
         if self.ray_started:
             import ray
 

@@ -523,6 +523,18 @@ class TrackingServer:
             time.sleep(0.25)
         return False
 
+    def stop_soon(self) -> None:
+        """Ask the server to exit (SIGTERM to its process group) and return at once: its second or so of shutdown
+        then overlaps other work, and `stop()` later finds it gone. Nothing is restarted from here on."""
+        with self._lock:  # as in stop(): a replacement started before the flag is the one signalled
+            self._stopping.set()
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def stop(self) -> None:
         # Under the lock: a restart checks the flag and starts its replacement under it, so a replacement either
         # exists before the flag is set (and is stopped below) or is never started.
