@@ -232,6 +232,20 @@ seeds: [0]
         "base.train.lrr", "base.data.seq", "ablations.0", "controls.0"]
 
 
+def test_a_search_metric_no_trial_logs_is_said_with_the_files_other_problems(tmp_path):
+    """A misspelt search metric beside a misspelt section: one report (the metric had been checked after the whole
+    expansion, a run after the others)."""
+    f = tmp_path / "s.yaml"
+    f.write_text("name: s\nmodels: [{preset: tiny-rdn}]\ncolour: blue\nsearch:\n  params:\n"
+                 "    train.lr: {type: float, low: 1.0e-4, high: 1.0e-2}\n  n_trials: 2\n  metric: eval/vall/loss\n")
+    with pytest.raises(UserError) as err:
+        load_sweep(f)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"{f}: 2 problems", lines
+    assert [ln.split(": ", 2)[:2] for ln in lines[1:]] == [[f"{f}:3", "colour"], [f"{f}:8", "search.metric"]]
+    assert "did you mean 'eval/val/loss'" in lines[2]
+
+
 def test_a_yaml_anchor_two_arms_share_is_one_problem_and_two_keys_of_a_line_two(tmp_path):
     """A base that two arms share through a YAML anchor is one line of the file: its problem is said once, at the
     first arm's key (it was said for each arm); two keys on one line with the same problem are still two."""

@@ -124,13 +124,14 @@ def _search_folder(tmp_path, data=None):
 
     from rla_ablate.sweep.expand import load_sweep
     from rla_ablate.sweep.state import SweepDir
+    from rla_ablate.sweep.summary import LaunchSummary
 
     f = tmp_path / "search.yaml"
     f.write_text(yaml.safe_dump(data or SEARCH))
     sweep = load_sweep(f)
     sdir = SweepDir(tmp_path / "runs", sweep.name)
     sdir.path.mkdir(parents=True)
-    return sweep, sdir, SimpleNamespace(summary=SimpleNamespace(pruned=0), progress=SimpleNamespace(note=print))
+    return sweep, sdir, SimpleNamespace(summary=LaunchSummary(sweep.name), progress=SimpleNamespace(note=print))
 
 
 def test_a_trial_enqueued_again_after_an_interrupted_launch_keeps_its_jobs_name(tmp_path):
@@ -203,7 +204,7 @@ def test_an_int_range_whose_inside_values_build_no_job_is_refused_with_the_value
     assert "{type: categorical, choices: [0.5, 1.0]}" in err, err
 
 
-def test_parameters_that_build_no_job_fail_their_trial_and_the_search_goes_on(tmp_path, monkeypatch):
+def test_parameters_that_build_no_job_fail_their_trial_and_the_search_goes_on(tmp_path, monkeypatch, capsys):
     """Parameters that pass the file's checks and still build no job (a wide int range is checked at 16 points; a
     study an earlier version left): the trial fails with the reason and counts, the launch goes on with the next
     trial, and a resume never asks for those parameters again (before, the launch exited 2 on the draw, left the
@@ -211,6 +212,7 @@ def test_parameters_that_build_no_job_fail_their_trial_and_the_search_goes_on(tm
     from optuna.trial import TrialState
 
     from rla_ablate.sweep import expand as expand_module
+    from rla_ablate.sweep.progress import Progress
     from rla_ablate.sweep.search import INVALID, OptunaSource
 
     monkeypatch.setattr(expand_module, "_check_inside", lambda *args: None)
@@ -227,6 +229,10 @@ def test_parameters_that_build_no_job_fail_their_trial_and_the_search_goes_on(tm
     bad = source.study.trials[0]
     assert bad.state == TrialState.FAIL and "micro_batch_size" in bad.user_attrs[INVALID]
     assert len(notes) == 1 and notes[0].startswith("trial 0: train.micro_batch_size=3 makes no valid job"), notes
+    assert runner.summary.invalid == 1  # the launch's last line counts it (the study has no job of it)
+    runner.summary.counts, runner.summary.study_counts = {"finished": 1}, {"finished": 1}
+    Progress(sweep.name, console=None, interactive=False).final(runner.summary, sdir)
+    assert "(0 attempts run; 0 pruned; 1 trial failed making no valid job, see above)" in capsys.readouterr().out
     # a resume: the running trial is enqueued again, the invalid one is not
     again = OptunaSource(sweep, sdir)
     again.start(runner)
@@ -283,6 +289,7 @@ def test_a_trials_run_is_tagged_with_its_trial_and_a_pruned_one_with_its_cause(t
     from rla_ablate.sweep.expand import load_sweep
     from rla_ablate.sweep.search import OptunaSource
     from rla_ablate.sweep.state import SweepDir
+    from rla_ablate.sweep.summary import LaunchSummary
 
     f = tmp_path / "search.yaml"
     f.write_text(yaml.safe_dump(SEARCH))
@@ -290,7 +297,7 @@ def test_a_trials_run_is_tagged_with_its_trial_and_a_pruned_one_with_its_cause(t
     sdir = SweepDir(tmp_path / "runs", sweep.name)
     sdir.path.mkdir(parents=True)
     tagged: list[tuple[str, dict]] = []
-    runner = SimpleNamespace(summary=SimpleNamespace(pruned=0), progress=SimpleNamespace(note=print),
+    runner = SimpleNamespace(summary=LaunchSummary(sweep.name), progress=SimpleNamespace(note=print),
                              tag_run=lambda job, tags: tagged.append((job.job_id, tags)))
     source = OptunaSource(sweep, sdir)
     source.start(runner)
@@ -336,6 +343,11 @@ def test_a_continued_study_refuses_another_metric_direction_search_space_or_base
             check_study(make_study(sweep.config.search, sweep.name, uri), sweep, sdir)
         assert err.value.key == key and err.value.line is not None, (change, err.value)
     assert "search.params.train.lr {type: float, low: 0.0001, high: 0.01, log: true}" in str(err.value), err.value
+    both = sweep_with(metric="eval/val/acc", direction="maximize")  # both named, said at the first
+    with pytest.raises(UserError, match="was made with search.metric 'eval/val/loss' and search.direction "
+                                        "'minimize'; this file asks for 'eval/val/acc' and 'maximize'") as err:
+        check_study(make_study(both.config.search, both.name, uri), both, sdir)
+    assert err.value.key == "search.metric", err.value
     # the direction, of a metric that has no better side (a loss's is refused by the file's own check)
     neutral = sweep_with(metric="train/grad_norm")
     other = f"sqlite:///{tmp_path / 'optuna-2.db'}"

@@ -154,7 +154,7 @@ def load_sweep(path: str | Path) -> Sweep:
     check_vocab(jobs, located)
     check_device(cfg, located, jobs)
     if cfg.search is not None:
-        check_search(cfg, located, jobs[0])
+        check_search(cfg, located)
     return Sweep(config=cfg, source=located, jobs=jobs)
 
 
@@ -182,8 +182,8 @@ def _sweep_config(located: LocatedYAML) -> tuple[SweepConfig, list[UserError]]:
 
 def _first_jobs_problems(cfg: SweepConfig, located: LocatedYAML) -> list[UserError]:
     """What each arm's first job has wrong, every independent problem at once: the arm itself (its preset and
-    overrides), the swept model keys at the first grid point, and the job built from the base (with the arm's own
-    base) at that point's other keys. `expand` stops at the first problem; this sees the ones it would meet one run
+    overrides), the swept model keys at the first grid point, the job built from the base (with the arm's own
+    base) at that point's other keys, and a search's metric against that job. `expand` stops at the first problem; this sees the ones it would meet one run
     after another."""
     r = _Resolver(cfg, located)
     problems: list[UserError] = []
@@ -201,7 +201,9 @@ def _first_jobs_problems(cfg: SweepConfig, located: LocatedYAML) -> list[UserErr
         except UserError as exc:  # the job is then checked with the arm's own model
             problems.append(exc)
         try:
-            r.job(model_cfg, point, cfg.seeds[0], i)
+            job, _, _ = r.job(model_cfg, point, cfg.seeds[0], i)
+            if cfg.search is not None:
+                check_search_metric(cfg, located, job)
         except UserError as exc:
             problems.append(exc)
     if len(families) == len(cfg.models):
@@ -311,8 +313,8 @@ def _check_inside(cfg: SweepConfig, located: LocatedYAML, key: str, low: int, hi
 JOINT_CHECKED = 64  # a search's keys are checked together at every combination of their choices and ends up to this
 
 
-def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> None:
-    """A search's keys and ranges build valid jobs and its metric is one the trials log: caught here, by `plan` and
+def check_search(cfg: SweepConfig, located: LocatedYAML) -> None:
+    """A search's keys and ranges build valid jobs (its metric: `check_search_metric`): caught here, by `plan` and
     before a launch starts anything, not when the first trial is asked for or after every trial has run."""
     assert cfg.search is not None
     params = cfg.search.params
@@ -371,16 +373,23 @@ def check_search(cfg: SweepConfig, located: LocatedYAML, base: ResolvedJob) -> N
         raise _err(located, ("search", "params"),
                    f"the searched keys together build no job at any {which}; at {drawn}: "
                    f"{exc.message}{f' ({exc.key})' if exc.key else ''}")
+
+
+def check_search_metric(cfg: SweepConfig, located: LocatedYAML, base: BaseModel) -> None:
+    """A search's metric is one its trials log (`base`: the first trial's JobConfig), and its direction seeks the
+    better model. Checked with the file's other problems (`_first_jobs_problems`): it needs the job, not the whole
+    expansion."""
     from rla_ablate.train.job import GPU_METRICS
 
-    metric = cfg.search.metric
-    on_cpu = base.job.train.device == "cpu" or (cfg.resources.gpus == 0 and base.job.train.device != "cuda")
+    assert cfg.search is not None
+    metric, device = cfg.search.metric, base.train.device  # type: ignore[attr-defined]
+    on_cpu = device == "cpu" or (cfg.resources.gpus == 0 and device != "cuda")
     if on_cpu and metric in GPU_METRICS:
         raise _err(located, ("search", "metric"),
                    f"'{metric}' is logged by jobs on a GPU only, and this sweep's trials train on the CPU "
-                   f"({'train.device cpu' if base.job.train.device == 'cpu' else 'resources.gpus 0'}): no trial "
+                   f"({'train.device cpu' if device == 'cpu' else 'resources.gpus 0'}): no trial "
                    "would report a value")
-    allowed = base.job.logged_metrics(on_gpu=not on_cpu)
+    allowed = base.logged_metrics(on_gpu=not on_cpu)  # type: ignore[attr-defined]
     if metric not in allowed:
         raise _err(located, ("search", "metric"),
                    f"no trial logs '{metric}'{did_you_mean(metric, allowed)}; the trials log: {', '.join(allowed)}")

@@ -283,9 +283,11 @@ class Progress:
         counts = ", ".join(f"{n} {k}" for k, n in sorted(summary.counts.items()))
         if summary.study_counts is not None:  # a search: this launch's trials, then the whole study's
             study = ", ".join(f"{n} {k}" for k, n in sorted(summary.study_counts.items()))
+            invalid = (f"; {count(summary.invalid, 'trial')} failed making no valid job, see above"
+                       if summary.invalid else "")
             self.console.print(f"sweep {self.sweep}: this launch's trials {counts or 'none'} in {self._elapsed()} "
-                               f"({count(summary.ran, 'attempt')} run; {summary.pruned} pruned); the study's jobs: "
-                               f"{study}")
+                               f"({count(summary.ran, 'attempt')} run; {summary.pruned} pruned{invalid}); the "
+                               f"study's jobs: {study}")
         else:
             resumed = f", {summary.resumed} of them from a checkpoint" if summary.resumed else ""
             self.console.print(f"sweep {self.sweep}: {counts} in {self._elapsed()} "

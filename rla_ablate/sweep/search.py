@@ -161,7 +161,8 @@ def check_study(study: Any, sweep: Any, sdir: Any) -> None:
     changed = [k for k in ("metric", "direction") if have.get(k) != want[k]]
     path: tuple = ("search", changed[0]) if changed else ("search", "params")
     if changed:
-        what = f"search.{changed[0]} {have.get(changed[0])!r}; this file asks for {want[changed[0]]!r}"
+        what = (" and ".join(f"search.{k} {have.get(k)!r}" for k in changed) + "; this file asks for "
+                + " and ".join(repr(want[k]) for k in changed))
     elif have.get("params") == want["params"]:
         old, new = have["base"], want["base"]
         key = next(k for k in sorted({*new, *old}) if old.get(k) != new.get(k))
@@ -333,6 +334,7 @@ class OptunaSource:
                 # never asks for these parameters again (only an interrupted trial's are enqueued again)
                 trial.set_user_attr(INVALID, exc.message)
                 study.tell(trial, state=TrialState.FAIL)
+                self.runner.summary.invalid += 1
                 self.runner.progress.note(f"trial {trial.number}: {params_text(params)} makes no valid job "
                                           f"({exc.message}); it counts as failed and the search goes on")
                 continue

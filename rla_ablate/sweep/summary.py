@@ -32,6 +32,8 @@ class LaunchSummary:
     failed: list[FailedJob] = field(default_factory=list)
     pruned: int = 0
     """Search trials stopped by the pruner (status cancelled): a result, not a failure."""
+    invalid: int = 0
+    """Search trials whose parameters built no valid job: failed in the study, with no job to count."""
     interrupted: bool = False
     """Stopped by Ctrl-C, SIGTERM, `rla-sweep cancel` or a closed output."""
     output_closed: bool = False
