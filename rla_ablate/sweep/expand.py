@@ -183,8 +183,8 @@ def _sweep_config(located: LocatedYAML) -> tuple[SweepConfig, list[UserError]]:
 def _first_jobs_problems(cfg: SweepConfig, located: LocatedYAML) -> list[UserError]:
     """What each arm's first job has wrong, every independent problem at once: the arm itself (its preset and
     overrides), the swept model keys at the first grid point, the job built from the base (with the arm's own
-    base) at that point's other keys, and a search's metric against that job. `expand` stops at the first problem; this sees the ones it would meet one run
-    after another."""
+    base) at that point's other keys, and a search's metric against that job. `expand` stops at the first problem;
+    this sees the ones it would meet one run after another."""
     r = _Resolver(cfg, located)
     problems: list[UserError] = []
     point = grid_points(cfg)[0]
