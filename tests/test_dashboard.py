@@ -62,7 +62,7 @@ def sweep(tmp_path_factory):
 def test_a_job_cancelled_before_it_started_reads_as_cancelled(sweep):
     """No run in MLflow, but the sweep's status says cancelled (a cancel before the job started): the dashboard
     says cancelled, as `status` does, not 'not started'."""
-    from rla_ablate.dashboard.build import read_runs
+    from rla_ablate.dashboard.reading import read_runs
     from rla_ablate.sweep.state import SweepDir
 
     root, server, _ = sweep

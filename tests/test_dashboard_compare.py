@@ -17,7 +17,8 @@ import yaml
 import dashboard_synthetic as syn
 from rla_ablate.cli import main
 from rla_ablate.dashboard import data as D
-from rla_ablate.dashboard.build import build_dashboard, read_runs
+from rla_ablate.dashboard.build import build_dashboard
+from rla_ablate.dashboard.reading import read_runs
 from rla_ablate.dashboard.spec import load_spec, load_specs
 from rla_ablate.dashboard.stats import paired_diff, seeds_for_power
 from rla_ablate.models import ABLATIONS

@@ -55,7 +55,7 @@ def test_tiny_proxy_study_launches_and_engages_the_mechanisms(tmp_path):
     assert control["diag/beta_mean"] == 1.0 and "diag/gamma_mean" not in control
     # What a reader of the figures sees of it: each control's label carries its budget, and the page's notes say
     # where the budget came from (estimated speeds, fixed before the run).
-    from rla_ablate.dashboard.build import read_runs
+    from rla_ablate.dashboard.reading import read_runs
     from rla_ablate.dashboard.data import group
     from rla_ablate.dashboard.spec import load_specs
 

@@ -61,7 +61,7 @@ def _text(value, column: str = "") -> str:
 def run(args: argparse.Namespace) -> int:
     import contextlib
 
-    from rla_ablate.dashboard.build import open_tracking, read_runs
+    from rla_ablate.dashboard.reading import open_tracking, read_runs
     from rla_ablate.dashboard.results import PROVENANCE, result_rows
     from rla_ablate.sweep.status import note_other_file, open_sweep_dir, resolve_name
 

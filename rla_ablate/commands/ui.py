@@ -24,7 +24,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rla_ablate.dashboard.build import tracking_of
+    from rla_ablate.dashboard.reading import tracking_of
     from rla_ablate.errors import UserError
     from rla_ablate.sweep.state import SweepDir
     from rla_ablate.tracking import TrackingServer

@@ -3,7 +3,8 @@
 A checkpoint holds everything a resumed run needs to continue bit for bit: model and optimizer state,
 tokens seen, data positions, the divergence guard, the pending log means and the RNG states of python,
 numpy, torch and CUDA (per worker). Everything is tensors or plain Python types, so it loads with
-`torch.load(weights_only=True)`.
+`torch.load(weights_only=True)`. Torch and numpy are imported where a checkpoint is made or read: `status` and
+`cancel` list checkpoints without them.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from rla_ablate.errors import CheckpointError, Notice, exception_line
 
 FORMAT_VERSION = 1
@@ -26,6 +24,9 @@ _NAME = re.compile(r"^ckpt-(\d{15})\.pt$")
 
 def capture_rng() -> dict:
     """The state of every random number generator of this process, as tensors and plain types."""
+    import numpy as np
+    import torch
+
     version, mt, gauss = random.getstate()
     np_state = np.random.get_state()
     # numpy's global generator is MT19937, whose legacy state is a tuple (a dict only for other bit generators)
@@ -48,6 +49,9 @@ def capture_rng() -> dict:
 
 
 def restore_rng(state: dict) -> None:
+    import numpy as np
+    import torch
+
     py = state["python"]
     random.setstate((py["version"], tuple(int(x) for x in py["mt"].tolist()), py["gauss"]))
     npy = state["numpy"]
@@ -107,6 +111,8 @@ def save_checkpoint(out_dir: str | Path, tokens: int, state: dict[str, Any], kee
     final = directory / f"ckpt-{int(tokens):015d}.pt"
     tmp = directory / f".{final.name}.{os.getpid()}.tmp"
     payload = {"format": FORMAT_VERSION, "tokens": int(tokens), **state}
+    import torch
+
     with open(tmp, "wb") as f:
         torch.save(payload, f)
         f.flush()
@@ -119,6 +125,8 @@ def save_checkpoint(out_dir: str | Path, tokens: int, state: dict[str, Any], kee
 
 
 def load_checkpoint(path: str | Path) -> dict:
+    import torch
+
     state = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
         raise ValueError(f"{path}: not an rla-sweep checkpoint of format {FORMAT_VERSION}")
