@@ -458,3 +458,25 @@ def test_plan_says_when_the_file_leaves_the_token_budget_at_the_papers(tmp_path,
     path.write_text(_yaml.safe_dump(data, sort_keys=False))
     assert main(["plan", str(path)]) == 0
     assert "is not set" not in capsys.readouterr().out
+
+
+def test_status_and_cancel_import_neither_torch_nor_matplotlib(tmp_path):
+    """`status` and `cancel` are run by hand and by scripts that poll: they read the sweep folder's files, and
+    import neither torch nor matplotlib (torch was 2 s of a 2.4 s `status`)."""
+    import subprocess
+    import sys
+
+    from cli_run import REPO
+    from dashboard_synthetic import sweep_file, write_sweep_folder
+
+    from rla_ablate.sweep.expand import load_sweep
+
+    sweep = load_sweep(sweep_file(tmp_path, "name: light\nmodels: [{preset: tiny-rla}]\n"))
+    write_sweep_folder(tmp_path / "runs", sweep, f"sqlite:///{tmp_path / 'mlflow.db'}")
+    code = ("import sys; from rla_ablate.cli import main; "
+            "codes = [main([c, 'light', '--root', sys.argv[1]]) for c in ('status', 'cancel')]; "
+            "print(codes, [m for m in ('torch', 'matplotlib') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "runs")], capture_output=True, text=True,
+                         cwd=REPO, timeout=120)
+    assert out.stdout.strip().endswith("[0, 0] []"), out.stdout + out.stderr
+    assert "tiny-rla/seed0" in out.stdout and "no launch of sweep 'light' is running" in out.stdout + out.stderr
