@@ -169,6 +169,12 @@ def test_bad_task_missing_checkpoint_and_bad_checkpoint_are_user_errors(job_dir,
     (empty / "job.json").write_text((job_dir / "job.json").read_text())
     assert main(["eval", str(empty), "--tasks", "rla_choice"]) == 2
     assert "no checkpoint in" in capsys.readouterr().err
+    # a finished run whose checkpoints were deleted: not "train it first" (`train` refuses a finished record)
+    (empty / "metrics.jsonl").write_text((job_dir / "metrics.jsonl").read_text())
+    assert main(["eval", str(empty), "--tasks", "rla_choice"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{empty} holds a finished run whose checkpoints are gone: there is no model to score; to train it " \
+        f"again, move {empty / 'metrics.jsonl'} away first" in err, err
     assert main(["eval", str(job_dir), "--tasks", "rla_choice", "--checkpoint", "100"]) == 2
     assert "allowed: 256, 512" in capsys.readouterr().err
     assert main(["export", str(tmp_path), str(tmp_path / "x")]) == 2

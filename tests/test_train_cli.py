@@ -155,6 +155,13 @@ def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
     err = " ".join(capsys.readouterr().err.split())
     assert "holds the metrics of a run (metrics.jsonl) of a different job configuration: train.tokens" in err, err
     assert (gone / "job.json").read_bytes() == kept[1]
+    # metrics without the job.json that says whose they are (copied in by hand): kept, not trained over
+    (gone / "job.json").unlink()
+    records = (gone / "metrics.jsonl").read_bytes()
+    assert main(gone_argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "holds the metrics of a run (metrics.jsonl) and no job.json recording its job" in err, err
+    assert (gone / "metrics.jsonl").read_bytes() == records and not (gone / "job.json").exists()
     assert main(["train", "tiny-rla", "--out", str(out), "--set", "train.lr=fast"]) == 2
     err = capsys.readouterr().err
     assert "--set: train.lr:" in err and "Traceback" not in err

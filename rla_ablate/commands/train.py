@@ -121,7 +121,8 @@ def _summary(console, result, out: Path) -> None:
 def _same_job(out: Path, job, checkpoints: bool) -> None:
     """A folder resumes only the job that wrote it: with checkpoints, or with a metrics.jsonl of records, another
     job is refused before its job.json (which records that job) is overwritten, naming the keys that differ. A run
-    that finished and whose checkpoints are gone is refused too: training again would replace its record."""
+    that finished and whose checkpoints are gone is refused too: training again would replace its record; so is a
+    metrics.jsonl without a job.json, whose job cannot be told."""
     from pydantic import ValidationError
 
     from rla_ablate.errors import UserError
@@ -141,6 +142,11 @@ def _same_job(out: Path, job, checkpoints: bool) -> None:
         before = JobConfig.model_validate_json((out / "job.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, ValidationError):
         before = None  # no readable record: a checkpoint's own copy is checked when the job loads it
+    if before is None and not checkpoints:
+        # metrics.jsonl and no job.json (which `train` writes before its first record): whose they are is unknown
+        raise UserError(f"{out} holds the metrics of a run (metrics.jsonl) and no job.json recording its job: "
+                        f"training here would replace them; move {out / 'metrics.jsonl'} away, or use a new --out "
+                        "folder", key="--out")
     if before is not None and before.identity_json() != job.identity_json():
         raise UserError(f"{out} holds {held} of {another_job(job.identity_json(), before.identity_json())}",
                         key="--out")
@@ -296,8 +302,9 @@ def _train(args: argparse.Namespace, job, out: Path, made: bool, done: list, con
         if stop["requested"]:
             raise KeyboardInterrupt
         stop["requested"], received["signal"] = True, signum
-        again = "press Ctrl-C again" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C aborts"
-        console.print(f"{signal.Signals(signum).name}: stopping after this step (checkpoint); {again} at once")
+        again = "a second Ctrl-C" if signum == signal.SIGINT else "a second SIGTERM or Ctrl-C"
+        console.print(f"{signal.Signals(signum).name}: stopping after this step (checkpoint); {again} stops at once, "
+                      "without this step's checkpoint")
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

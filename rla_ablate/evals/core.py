@@ -183,6 +183,16 @@ def load_job(job_dir: str | Path, tokens: int | None = None, sweep_names: bool =
                         "`rla-sweep train --out` or a sweep's jobs/<id>", key="JOB_DIR") from None
     found = list_checkpoints(job_dir)
     if not found:
+        from rla_ablate.train.loggers import read_jsonl
+
+        metrics = job_dir / "metrics.jsonl"
+        closed = [r for r in (read_jsonl(metrics) if metrics.is_file() else []) if r.get("type") == "close"]
+        if closed and closed[-1].get("status") == "finished":
+            # `train` keeps a finished record rather than train over it: "train the job first" would be refused
+            again = "" if (job_dir / "status.json").is_file() else \
+                f"; to train it again, move {metrics} away first (`rla-sweep train` keeps a finished record)"
+            raise UserError(f"{job_dir} holds a finished run whose checkpoints are gone: there is no model to "
+                            f"score{again}", key="JOB_DIR")
         raise UserError(f"no checkpoint in {job_dir / 'checkpoints'}: train the job first", key="JOB_DIR")
     if tokens is None:
         newest_tokens, newest = found[-1]
