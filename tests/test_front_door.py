@@ -333,6 +333,17 @@ def test_a_sweep_file_that_does_not_exist_is_said_to_be_missing(tmp_path, capsys
         code, err = run_cli(capsys, command, missing, "--root", str(root))
         assert (code, err) == (2, f"rla-sweep: error: {missing}: no such file; give a sweep file or the name of a "
                                   "launched sweep\n")
+    # a folder given by path: a sweep's, said with the name and root that find it; one job's (`train --out`)
+    sweep, job = root / "door", tmp_path / "one"
+    for folder, record in ((sweep, "jobs.json"), (job, "job.json")):
+        folder.mkdir(parents=True)
+        (folder / record).write_text("[]")
+    code, err = run_cli(capsys, command, str(sweep), "--root", str(tmp_path))
+    assert (code, err) == (2, f"rla-sweep: error: {sweep} is a sweep's folder; give its name and root: door --root "
+                              f"{root}\n")
+    code, err = run_cli(capsys, command, str(job), "--root", str(root))
+    assert code == 2 and err.startswith(f"rla-sweep: error: {job} is one job's folder (`rla-sweep train --out`), not "
+                                        f"a sweep: its metrics are in {job / 'metrics.jsonl'}"), err
 
 
 def test_an_unknown_control_is_one_problem(tmp_path, capsys):

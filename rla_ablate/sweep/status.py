@@ -45,6 +45,16 @@ def resolve_name(name_or_file: str) -> str:
         from rla_ablate.errors import UserError
 
         raise UserError(f"{name_or_file}: no such file; give a sweep file or the name of a launched sweep")
+    if looks_like_a_file and p.is_dir():
+        from rla_ablate.errors import UserError
+
+        if (p / "jobs.json").is_file() or (p / "sweep.json").is_file():
+            raise UserError(f"{name_or_file} is a sweep's folder; give its name and root: {shell_arg(p.name)} "
+                            f"--root {shell_arg(p.parent)}")
+        if (p / "job.json").is_file():
+            raise UserError(f"{name_or_file} is one job's folder (`rla-sweep train --out`), not a sweep: its metrics "
+                            f"are in {p / 'metrics.jsonl'}; `rla-sweep eval` and `export` take the folder, this "
+                            "command a sweep's name or file")
     if name_or_file.endswith((".yaml", ".yml")) and p.is_file():
         from rla_ablate.config import load_yaml
 
