@@ -160,7 +160,7 @@ def test_cli_trains_resumes_and_reports_errors(tmp_path, capsys):
     records = (gone / "metrics.jsonl").read_bytes()
     assert main(gone_argv) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "holds the metrics of a run (metrics.jsonl) and no job.json recording its job" in err, err
+    assert "holds the metrics of a run (metrics.jsonl) and no readable job.json recording its job" in err, err
     assert (gone / "metrics.jsonl").read_bytes() == records and not (gone / "job.json").exists()
     assert main(["train", "tiny-rla", "--out", str(out), "--set", "train.lr=fast"]) == 2
     err = capsys.readouterr().err

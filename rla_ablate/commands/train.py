@@ -144,9 +144,9 @@ def _same_job(out: Path, job, checkpoints: bool) -> None:
         before = None  # no readable record: a checkpoint's own copy is checked when the job loads it
     if before is None and not checkpoints:
         # metrics.jsonl and no job.json (which `train` writes before its first record): whose they are is unknown
-        raise UserError(f"{out} holds the metrics of a run (metrics.jsonl) and no job.json recording its job: "
-                        f"training here would replace them; move {out / 'metrics.jsonl'} away, or use a new --out "
-                        "folder", key="--out")
+        raise UserError(f"{out} holds the metrics of a run (metrics.jsonl) and no readable job.json recording its "
+                        f"job: training here would replace them; move {out / 'metrics.jsonl'} away, or use a new "
+                        "--out folder", key="--out")
     if before is not None and before.identity_json() != job.identity_json():
         raise UserError(f"{out} holds {held} of {another_job(job.identity_json(), before.identity_json())}",
                         key="--out")
