@@ -454,6 +454,13 @@ def test_claim_direction_of_a_metric():
     assert not Claim(**base, metric="eval/x/acc", higher_is_better=False).better_is_higher
     assert Claim(**base, metric="eval/mqar_kv8/acc_area").better_is_higher   # the area under an accuracy curve
     assert not Claim(**base, metric="eval/val/loss_area").better_is_higher
+    # a table column and a gains figure take the same rule (a column's accuracies had been lower-is-better)
+    from rla_ablate.dashboard.spec import Column, GainsFallback
+
+    assert Column(metric="eval/*/acc").better_is_higher and not Column(metric="eval/*/loss").better_is_higher
+    assert not Column(metric="eval/*/acc", higher_is_better=False).better_is_higher
+    assert GainsFallback(metric="eval/{set}/acc", categories={}).better_is_higher
+    assert not GainsFallback(metric="eval/{set}/loss", categories={}).better_is_higher
 
 
 def test_an_area_claim_says_when_the_two_sides_were_evaluated_at_other_tokens():

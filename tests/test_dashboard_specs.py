@@ -54,7 +54,7 @@ def test_committed_specs_load():
         # an accuracy column (or the area under its curve) marks its largest mean as the best
         for column in getattr(spec, "columns", []):
             accuracy = column.metric.rsplit("/", 1)[-1].removesuffix("_area") == "acc"
-            assert column.higher_is_better == accuracy, (spec.name, column.metric)
+            assert column.better_is_higher == accuracy, (spec.name, column.metric)
     questions = {s.name: s for s in load_specs(spec_dir() / "questions")}
     assert questions["clip_radius"].series == ["model.clip"] and questions["clip_radius"].claims
 
@@ -162,6 +162,21 @@ def test_malformed_yaml_and_cli_exit_code(tmp_path, capsys):
     # an unknown sweep is said first, alone: no "loading the specs" before it
     assert main(["dashboard", "smoke", "--root", str(tmp_path / "nowhere"), "--specs", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("rla-sweep: error: no sweep 'smoke'")
+
+
+def test_a_spec_folder_reads_yml_files_too_and_refuses_two_specs_of_one_name(tmp_path):
+    """A `.yml` spec was skipped without a word; two files of one name (a.yaml, a.yml) would write one figure."""
+    text = (spec_dir() / "table4_no_fitting.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(text)
+    (tmp_path / "b.yml").write_text(text)
+    assert [s.name for s in load_specs(tmp_path)] == ["a", "b"]
+    (tmp_path / "a.yml").write_text(text)
+    with pytest.raises(UserError, match="two specs named 'a': a.yaml and a.yml; rename one"):
+        load_specs(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match=r"no dashboard specs \(\*.yaml, \*.yml\)"):
+        load_specs(empty)
 
 
 def test_metrics_and_params_no_run_has_are_noted_with_the_closest(tmp_path):

@@ -167,7 +167,9 @@ def test_many_claims_get_benjamini_hochberg_q_values():
     assert classify(small.diff, +1, 0.01)[0] == "contradicted"
     assert not rests_on_zero(Verdict("spec", claim, "t", "r", None, small, "contradicted", "", None, "engaged"))
     assert ", q=" in verdicts[0].diff_text() and verdicts[0].as_dict()["q"] == verdicts[0].q
-    assert adjust_for_many(verdicts[:1]) == []  # one test: nothing to adjust for
+    verdicts[0].q = None
+    assert adjust_for_many(verdicts[:1]) == []  # one test: nothing to adjust for, and its q is its p
+    assert verdicts[0].q == pytest.approx(verdicts[0].diff.p_value)
     # tested, but nothing decided by excluding zero: said so, not as '0 of the 0 verdicts'
     for v in verdicts:
         v.verdict = "unresolved"

@@ -172,6 +172,18 @@ def test_a_store_that_cannot_work_is_refused_before_the_server_starts(tmp_path, 
     assert not (tmp_path / "runs" / "_server").exists()
 
 
+def test_a_missing_driver_is_named_with_the_package_that_installs_it(tmp_path, capsys):
+    """MySQL's driver module is MySQLdb, which pip knows as mysqlclient (`pip install MySQLdb` finds nothing)."""
+    import importlib.util
+
+    if importlib.util.find_spec("MySQLdb") is not None:
+        pytest.skip("a MySQL driver is installed here")
+    code = main(["server", "--root", str(tmp_path / "runs"), "--backend-store-uri", "mysql://u:pw@127.0.0.1:1/db"])
+    err = capsys.readouterr().err
+    assert code == 2 and "the mysql store needs its database driver (MySQLdb), which is not installed: pip install " \
+        "mysqlclient" in err, err
+
+
 def test_ui_never_serves_another_servers_runs(tmp_path, capsys):
     """A port held by another process (another sweep's `ui`, say) is refused: its /health would answer and the UI
     would show the wrong sweep's runs."""

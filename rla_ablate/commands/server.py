@@ -76,7 +76,9 @@ def check_store_uri(uri: str) -> str:
         if scheme == "postgresql" and importlib.util.find_spec("psycopg") is not None:
             # An SQLAlchemy older than 2.1 maps postgresql:// to psycopg2; the postgres extra installs psycopg 3.
             return check_store_uri(uri.replace("postgresql://", "postgresql+psycopg://", 1))
-        hint = "pip install 'rla-sweep[postgres]'" if dialect == "postgresql" else f"pip install {exc.name}"
+        # the package that provides the driver's module, where its name differs (MySQLdb: mysqlclient)
+        package = {"MySQLdb": "mysqlclient", "psycopg2": "psycopg2-binary"}.get(exc.name or "", exc.name)
+        hint = "pip install 'rla-sweep[postgres]'" if dialect == "postgresql" else f"pip install {package}"
         raise UserError(f"the {dialect} store needs its database driver ({exc.name}), which is not installed: "
                         f"{hint}", key=key) from None
     if dialect == "sqlite":

@@ -140,8 +140,15 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
     read_only = not tracking_uri and shared is None and store is not None and store.is_dir() \
         and not os.access(store, os.W_OK)
     ctx = contextlib.nullcontext(tracking_uri) if tracking_uri else open_tracking(root, sweep, read_only=read_only)
+    # a launch or `rla-sweep ui` already serving the store: its server is used, and left running
+    running = None
+    if not tracking_uri and shared is None and not read_only and store is not None:
+        from rla_ablate.tracking.server import TrackingServer
+
+        running = TrackingServer(store).serving()
     if not tracking_uri:
         tell(f"reading the sweep's store {store} as it is (its folder is read-only)" if read_only else
+             f"using the MLflow server that serves the sweep's store, {running}" if running else
              f"starting an MLflow server on the sweep's store {store}" if shared is None
              else f"reading from the tracking server {shared}")
     if not tracking_uri and ui_url == UI_URL:
@@ -207,7 +214,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         elif log_artifacts and runs.parent is not None:
             tell("logging the files to the sweep's parent run in MLflow")
             logged = _log_files(MlflowClient(uri), runs.parent.run_id, out, folder, uri, sweep, unlogged)
-        if not tracking_uri and shared is None and not read_only:
+        if not tracking_uri and shared is None and not read_only and not running:
             tell("stopping the MLflow server")
     return Dashboard(page, out, rendered, uri, logged, synced,
                      unlogged + notes + untested_lines(untested, len(specs), search=search is not None), untested)

@@ -321,7 +321,7 @@ def _gains_source(spec: GainsSpec, runs: SweepRuns, out: Rendered) -> tuple[Gain
     out.fallbacks.append(note)
     out.notes.append(note)
     drawn = spec.model_copy(update={"metric": fb.metric, "categories": fb.categories,
-                                    "higher_is_better": fb.higher_is_better, "ylabel": fb.ylabel, "fallback": None})
+                                    "higher_is_better": fb.better_is_higher, "ylabel": fb.ylabel, "fallback": None})
     return drawn, D.eval_sets(fb.metric, runs.jobs)
 
 
@@ -329,7 +329,7 @@ def render_gains(spec: GainsSpec, runs: SweepRuns, out: Rendered, index: V.Valid
     panels, fig, axes = _grouped_figure(spec, runs)
     spec, sets = _gains_source(spec, runs, out)
     categories = sorted({spec.category(name) for name, _ in sets}, key=lambda c: (c == "other", c))
-    sign = 1.0 if spec.higher_is_better else -1.0
+    sign = 1.0 if spec.better_is_higher else -1.0
     for ax, (panel, series) in zip(axes, panels.items()):
         _note_missing(out, spec, panel, series)
         pairs = [(s, ref) for s in series if (ref := D.reference_of(s, spec.reference, series, _keys(spec))) is not None]
@@ -358,7 +358,7 @@ def render_gains(spec: GainsSpec, runs: SweepRuns, out: Rendered, index: V.Valid
             out.runs.extend((s.label, r.name, r.run_id) for r in s.finished + ref.finished)
             state = _flag(out, index, s, ref, _where(spec, panel))
             flagged = state in FLAG_SUFFIX
-            name = f"{s.label} − {ref.label}" if spec.higher_is_better else f"{ref.label} − {s.label}"
+            name = f"{s.label} − {ref.label}" if spec.better_is_higher else f"{ref.label} − {s.label}"
             bars = ax.bar(xs, means, width=width * 0.95, yerr=errs, capsize=3, color=_color(i),
                           hatch="///" if flagged else None, alpha=0.45 if flagged else 1.0,
                           edgecolor="0.2" if flagged else None, label=name + FLAG_SUFFIX.get(state, ""))
@@ -538,7 +538,7 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: 
             if key is not None and "*" in c.metric:  # which match: the task or eval set, also when it is the only one
                 label += f" ({D.glob_part(c.metric, key)})"
             # which way is better: a loss's Δ > 0 is worse, an accuracy's better
-            columns.append((c, key, label + (" ↑" if c.higher_is_better else " ↓")))
+            columns.append((c, key, label + (" ↑" if c.better_is_higher else " ↓")))
     out.header = ["model"] + [h for _, _, label in columns for h in (label, f"Δ {label}")] + ["mechanism", "runs"]
     for panel, series in panels.items():
         _note_missing(out, spec, panel, series)
@@ -547,7 +547,7 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: 
         best = []
         for j, (c, _, _) in enumerate(columns):
             means = [summaries[id(s)][j].mean for s in series if summaries[id(s)][j].n]
-            best.append((max(means) if c.higher_is_better else min(means)) if means else None)
+            best.append((max(means) if c.better_is_higher else min(means)) if means else None)
         refs = [r for o in series if (r := D.reference_of(o, spec.reference, series, _keys(spec))) is not None]
         for s in series:
             ref = D.reference_of(s, spec.reference, series, _keys(spec))

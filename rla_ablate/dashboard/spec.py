@@ -110,7 +110,22 @@ class ValidityThresholds(_Strict):
     """Every comparison of mixers: diag/mixer_rms_over_sqrt_eps of the job and of its reference must reach it."""
 
 
-class Claim(_Strict):
+class _Oriented:
+    """Which way a spec's metric is better: its `higher_is_better` where the spec sets it, else by the metric's name
+    (`rla_ablate.train.job.better_direction`: accuracies, their areas and the training speed higher, the rest
+    lower), the same rule for a claim, a table column and a gains figure."""
+
+    @property
+    def better_is_higher(self) -> bool:
+        given = self.higher_is_better
+        if given is not None:
+            return bool(given)
+        from rla_ablate.train.job import better_direction
+
+        return better_direction(self.metric) == "maximize"
+
+
+class Claim(_Oriented, _Strict):
     """A claim of the paper and the rule that decides it from the paired difference treatment - reference."""
 
     claim: str
@@ -133,15 +148,6 @@ class Claim(_Strict):
     last part is `acc`, `accuracy` or `acc_norm`, or one of these with `_area`) and the training speed, false
     otherwise (losses; `rla_ablate.train.job.better_direction`). A run
     that diverged counts as the worse side."""
-
-    @property
-    def better_is_higher(self) -> bool:
-        if self.higher_is_better is not None:
-            return self.higher_is_better
-        from rla_ablate.train.job import better_direction
-
-        # an accuracy, or the area under its curve over training (eval/<set>/acc_area)
-        return better_direction(self.metric) == "maximize"
 
     @field_validator("treatment", "reference")
     @classmethod
@@ -265,7 +271,7 @@ def _with_set(metric: str) -> str:
     return metric
 
 
-class GainsSpec(_Spec):
+class GainsSpec(_Oriented, _Spec):
     """Paired gain of each series over its reference, averaged within task categories (Fig. 3b)."""
 
     kind: Literal["gains"]
@@ -273,8 +279,9 @@ class GainsSpec(_Spec):
     """Per-eval-set metric with {set} for the set name, e.g. eval/{set}/loss."""
     categories: dict[str, list[str]]
     """Category -> eval-set name globs; sets matching none go to 'other'."""
-    higher_is_better: bool = False
-    """Gain = treatment - reference if true, reference - treatment if false (losses)."""
+    higher_is_better: Optional[bool] = None
+    """Gain = treatment - reference if true, reference - treatment if false; by default by the metric's name, as a
+    claim's (accuracies true, losses false)."""
     ylabel: str | None = None
     """Axis label."""
     fallback: "GainsFallback | None" = None
@@ -293,15 +300,15 @@ class GainsSpec(_Spec):
         return "other"
 
 
-class GainsFallback(_Strict):
+class GainsFallback(_Oriented, _Strict):
     """The metric and categories a gains figure falls back to (written on the figure)."""
 
     metric: str
     """Per-eval-set metric with {set}, e.g. eval/{set}/loss."""
     categories: dict[str, list[str]]
     """Category -> eval-set name globs."""
-    higher_is_better: bool = False
-    """Orientation of the gain, as in the figure's own."""
+    higher_is_better: Optional[bool] = None
+    """Orientation of the gain, as in the figure's own (by default by the metric's name)."""
     ylabel: str | None = None
     """Axis label."""
 
@@ -311,7 +318,7 @@ class GainsFallback(_Strict):
         return _with_set(v)
 
 
-class Column(_Strict):
+class Column(_Oriented, _Strict):
 
     metric: str
     """Metric whose final value fills the column (glob allowed)."""
@@ -319,8 +326,9 @@ class Column(_Strict):
     """Column header; defaults to the metric name."""
     digits: int = Field(3, ge=0, le=8)
     """Decimals shown."""
-    higher_is_better: bool = False
-    """Marks the best mean in bold and orients the difference."""
+    higher_is_better: Optional[bool] = None
+    """Marks the best mean in bold and orients the difference; by default by the metric's name, as a claim's
+    (accuracies true, losses false)."""
     per_seed: bool = False
     """Also list each seed's value under the mean: for a bounded or bimodal metric (an accuracy that some seeds
     learn and others do not) whose t-interval at a few seeds says little."""
@@ -408,7 +416,13 @@ def load_specs(directory: str | Path | None = None) -> list[FigureSpec]:
     if not directory.is_dir():
         what = "is a file; --specs names a folder of specs (*.yaml)" if directory.exists() else "no such folder"
         raise UserError(what, key="--specs", file=str(directory))
-    files = sorted(directory.glob("*.yaml"))
+    files = sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
     if not files:
-        raise UserError(f"no dashboard specs (*.yaml) in {directory}", key="--specs")
+        raise UserError(f"no dashboard specs (*.yaml, *.yml) in {directory}", key="--specs")
+    stems: dict[str, Path] = {}
+    for f in files:  # a spec's figures are named after its file
+        if f.stem in stems:
+            raise UserError(f"two specs named {f.stem!r}: {stems[f.stem].name} and {f.name}; rename one",
+                            key="--specs", file=str(directory))
+        stems[f.stem] = f
     return [load_spec(f) for f in files]

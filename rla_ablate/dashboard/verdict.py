@@ -326,10 +326,10 @@ def adjust_for_many(verdicts: list[Verdict], alpha: float = ALPHA) -> list[str]:
     verdicts themselves follow each claim's own rule: a study that tests many claims at 0.05 expects some decided by
     chance, and the q-values say which survive the family."""
     tested = [v for v in verdicts if v.diff is not None and v.diff.diff.n >= 2 and math.isfinite(v.diff.p_value)]
+    for v, q in zip(tested, bh_adjust([v.diff.p_value for v in tested])):
+        v.q = q  # one claim tested: q = p
     if len(tested) < 2:
         return []
-    for v, q in zip(tested, bh_adjust([v.diff.p_value for v in tested])):
-        v.q = q
     decided = [v for v in tested if rests_on_zero(v)]
     kept = [v for v in decided if v.q <= alpha]
     head = f"{len(tested)} claims tested against zero at {alpha:g} each (Benjamini-Hochberg q beside each p)"
