@@ -232,3 +232,23 @@ def test_labels_that_name_no_series_are_noted_with_the_closest(tmp_path):
     assert unlogged(spec, path_runs) == []
     for path in sorted((Path(__file__).resolve().parents[1] / "dashboards").rglob("*.yaml")):  # no shipped spec labels what it cannot draw
         assert unmatched_labels(load_spec(path), SimpleNamespace(jobs=[])) == [], path
+
+
+def test_two_spec_folders_of_one_name_cannot_share_a_sweeps_page(tmp_path):
+    """`--specs a/specs` and `--specs b/specs` both render to the sweep's dashboard-specs (and the parent run's
+    folder of that name): the second is refused, the first renders again, the repository's specs are never recorded."""
+    from rla_ablate.dashboard.build import FOLDERS, claim_folder, dashboard_folder
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(tmp_path / "runs", "s")
+    sdir.path.mkdir(parents=True)
+    first, second = tmp_path / "a" / "specs", tmp_path / "b" / "specs"
+    assert dashboard_folder(first) == dashboard_folder(second) == "dashboard-specs"
+    claim_folder(sdir, "dashboard-specs", first)
+    claim_folder(sdir, "dashboard-specs", first)  # the same folder again
+    with pytest.raises(UserError, match=f"the sweep's dashboard-specs is the page of the specs in {first}"):
+        claim_folder(sdir, "dashboard-specs", second)
+    claim_folder(sdir, "dashboard", None)
+    import json
+
+    assert json.loads((sdir.path / FOLDERS).read_text()) == {"dashboard-specs": str(first.resolve())}

@@ -30,6 +30,7 @@ from rla_ablate.dashboard.render import Rendered, has_comparison, render, validi
 from rla_ablate.dashboard.search import search_part
 from rla_ablate.dashboard.spec import load_specs, spec_dir
 from rla_ablate.dashboard.verdict import adjust_for_many, evaluate
+from rla_ablate.errors import UserError
 from rla_ablate.fileio import shell_arg
 from rla_ablate.sweep.state import SweepDir
 from rla_ablate.tracking.runs import JOB_ID
@@ -130,6 +131,7 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
     root = Path(root)
     sdir = SweepDir(root, sweep)
     folder = dashboard_folder(specs_dir)
+    claim_folder(sdir, folder, specs_dir)
     out = Path(out_dir) if out_dir else sdir.path / folder
     hint = f"start it with `rla-sweep ui {sweep}" + (f" --root {shell_arg(root)}" if str(root) != "rla-runs" else "") + "`"
     shared, store = None, None
@@ -230,6 +232,29 @@ def dashboard_folder(specs_dir: str | Path | None) -> str:
     if specs_dir is None or Path(specs_dir).resolve() == spec_dir().resolve():
         return "dashboard"
     return f"dashboard-{Path(specs_dir).resolve().name}"
+
+
+FOLDERS = "dashboards.json"  # in the sweep's folder: {page folder: the specs folder it was rendered from}
+
+
+def claim_folder(sdir: SweepDir, folder: str, specs_dir: str | Path | None) -> None:
+    """Record which specs folder renders into `folder` (the page under the sweep and the folder of its parent MLflow
+    run), refusing a second folder of the same name (`a/specs`, `b/specs`): its page would delete the other's
+    figures. A sweep folder this user cannot write records nothing."""
+    from rla_ablate.sweep.state import read_json, write_json
+
+    if folder == "dashboard":  # the repository's specs, wherever it is installed
+        return
+    path = sdir.path / FOLDERS
+    specs = str((Path(specs_dir) if specs_dir else spec_dir()).resolve())
+    claimed = read_json(path, default={})
+    claimed = claimed if isinstance(claimed, dict) else {}
+    if claimed.get(folder, specs) != specs:
+        raise UserError(f"the sweep's {folder} is the page of the specs in {claimed[folder]}; these ({specs}) have "
+                        f"the same folder name and would replace its figures: rename their folder (or, if those "
+                        f"specs moved here, remove {folder!r} from {path})", key="--specs")
+    if folder not in claimed and sdir.path.is_dir() and os.access(sdir.path, os.W_OK):
+        write_json(path, {**claimed, folder: specs})
 
 
 def _figure_names(manifest) -> list[str]:
