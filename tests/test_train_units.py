@@ -369,6 +369,33 @@ def test_progress_logger_without_a_terminal_says_where_it_is_between_evals(monke
     assert lines[-1] == "tiny-rla/no_output_gates/seed0: finished", lines
 
 
+def test_progress_logger_without_a_terminal_says_a_long_step_is_still_running(monkeypatch):
+    """A piped `train` whose step outlasts `every_s` (a large batch on the CPU: minutes) printed nothing after its
+    first line: a thread says it is still running, with the time since the loop's last record, until the next one
+    comes; nothing of it after the run's last line."""
+    import io
+
+    from rich.console import Console
+
+    from rla_ablate.train import ProgressLogger
+
+    buffer = io.StringIO()
+    progress = ProgressLogger("tiny", console=Console(file=buffer, width=200), interactive=False)
+    monkeypatch.setattr(progress, "every_s", 1.0)
+    progress.event("start", 0, {"tokens_total": 4096})
+    deadline = time.monotonic() + 10
+    while "still running" not in buffer.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert re.search(r"tiny 0/4.1K tokens \(0%\): still running, no record for \d+ s", buffer.getvalue()), \
+        buffer.getvalue()
+    progress.log({"train/loss": 3.25}, 1024)  # a record: quiet again for every_s
+    said = buffer.getvalue().count("still running")
+    progress.close("finished")
+    time.sleep(0.3)
+    assert buffer.getvalue().count("still running") == said and buffer.getvalue().endswith("tiny: finished\n")
+    assert not progress._beat.is_alive()
+
+
 def test_an_exception_line_is_cut_after_a_sentence_or_says_it_was_cut():
     from rla_ablate.errors import exception_line
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -182,7 +183,8 @@ class ProgressLogger:
     It learns the budget from the job's "start" event. Without a terminal (a log file, CI) it prints one
     line per eval and per event instead of redrawing a bar, and a progress line (tokens, loss, rate, ETA) at least
     every `every_s` seconds while training logs (the first after `first_s`), so that a piped run between evals is
-    not silent.
+    not silent; when no record comes for `every_s` (a long step: a large batch on the CPU, the first step's kernel
+    tuning), a thread says so every `every_s` until one does.
     """
 
     every_s = 30.0
@@ -201,6 +203,9 @@ class ProgressLogger:
         self._total = 0
         self._said_at = time.monotonic() - (self.every_s - self.first_s)  # the first line after first_s
         self._rate_from: tuple[float, int] | None = None     # (time, tokens) where this run's rate starts
+        self._record_at, self._step = time.monotonic(), 0    # the last record from the loop, and its tokens
+        self._closed = threading.Event()
+        self._beat: threading.Thread | None = None
 
     def _start(self, total: int, done: int) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -208,6 +213,10 @@ class ProgressLogger:
 
         self._total = total
         self._rate_from = (time.monotonic(), done)
+        self._record_at, self._step = time.monotonic(), done
+        if not self.interactive and self._beat is None and self.every_s >= 1:
+            self._beat = threading.Thread(target=self._heartbeat, name="progress-heartbeat", daemon=True)
+            self._beat.start()
         if not self.interactive or self._progress is not None:
             return
         # On a narrow terminal the bar and then the loss text give way; the tokens and both times are kept whole
@@ -242,7 +251,19 @@ class ProgressLogger:
                 parts.append(f"ETA {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}")
         return line + (": " + ", ".join(parts) if parts else "")
 
+    def _heartbeat(self) -> None:
+        """Without a terminal: a line when the loop has sent no record for `every_s` (the bar's elapsed time says
+        as much on a terminal)."""
+        while not self._closed.wait(self.every_s / 4):
+            now = time.monotonic()
+            quiet = now - self._record_at
+            if quiet >= self.every_s and now - self._said_at >= self.every_s:
+                self._line(f"{self.description} {self._eta_line(self._step)}: still running, no record for "
+                           f"{quiet:.0f} s")
+                self._said_at = now
+
     def log(self, metrics: dict[str, float], step: int) -> None:
+        self._record_at, self._step = time.monotonic(), step
         if "train/loss" in metrics:
             self._fields["loss"] = f"loss {metrics['train/loss']:.4f}"
         if "train/tokens_per_s" in metrics:
@@ -283,6 +304,9 @@ class ProgressLogger:
         self.console.print(text, soft_wrap=True)
 
     def close(self, status: str, reason: str | None = None) -> None:
+        self._closed.set()
+        if self._beat is not None:
+            self._beat.join(timeout=5)  # it wakes at once: no line of it after the last
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
