@@ -111,8 +111,11 @@ def run(args: argparse.Namespace) -> int:
                           soft_wrap=True)
     console.print(f"page: [bold]{dash.page.resolve()}[/]", highlight=False, soft_wrap=True)
     if dash.logged_to:
-        # without --tracking-uri the server was the sweep's own store, started for this command (or a launch's)
-        where = (f"in {dash.tracking_uri}" if args.tracking_uri else
+        # without --tracking-uri: the sweep's own store (`ui` serves it), or the shared server it logs to
+        from rla_ablate.dashboard.reading import tracking_of
+
+        shared = None if args.tracking_uri else tracking_of(args.root, args.name)[0]
+        where = (f"in {dash.tracking_uri}" if args.tracking_uri or shared else
                  f"in the sweep's store: `rla-sweep ui {args.name} --root {shell_arg(args.root)}` serves it")
         from rla_ablate.dashboard.build import dashboard_folder
 
