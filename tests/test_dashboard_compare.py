@@ -525,7 +525,8 @@ def test_every_registry_ablation_has_a_figure_or_table():
 
 def test_a_claim_on_a_metric_no_run_logged_says_so_and_names_the_closest(server, tmp_path):
     """A claim whose metric no run of the sweep logged (here misspelt) is unresolved with that reason and the logged
-    names closest to it, without a mechanism check or a seed count; its neighbour on a logged metric is decided."""
+    names closest to it, without a seed count, and with its runs' mechanism state (it had said n/a, which is the
+    transformer's); its neighbour on a logged metric is decided."""
     root, sweep, _ = logged(server, tmp_path, """\
         name: typo
         models: [{preset: tiny-rla}]
@@ -546,7 +547,7 @@ def test_a_claim_on_a_metric_no_run_logged_says_so_and_names_the_closest(server,
     bad = got["misspelt"]
     assert bad.verdict == "unresolved" and bad.metric is None and bad.diff is None
     assert bad.reason.startswith("no run of this sweep logged eval/vall/loss (did you mean eval/val/loss"), bad.reason
-    assert bad.mechanism == "n/a" and bad.seeds_text() == "— (no run logs the metric)"
+    assert bad.mechanism == got["logged"].mechanism == "engaged" and bad.seeds_text() == "— (no run logs the metric)"
     assert "no run of this sweep logged eval/vall/loss" in page
     assert got["logged"].verdict == "confirmed" and got["logged"].diff.diff.n == 2
     # Rendered again with other specs into the same folder (--out; by default each set of specs has its own): the

@@ -267,8 +267,9 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
                 continue
             if key is None:
                 # no run of the sweep logged the claim's metric (a misspelt name, or one this sweep never logs)
+                state, detail = V.comparison(index, t, ref)  # the runs' own checks, whatever the metric
                 out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], None, None, UNRESOLVED,
-                                   D.never_logged(claim.metric, runs.jobs), None, V.NO_CHECK,
+                                   D.never_logged(claim.metric, runs.jobs), None, state, detail,
                                    no_power=NO_POWER["never logged"]))
                 continue
             treated, reference = D.final_by_seed(t, key), D.final_by_seed(ref, key)
