@@ -86,7 +86,7 @@ def write(tmp_path, text, name="spec.yaml"):
      runs:
        famly: [rla]
      y: train/loss
-     """, ":3: runs", "unknown tag 'famly' in runs; allowed: family, ablations"),
+     """, ":3: runs", "unknown tag 'famly' in runs (did you mean 'family'?); allowed: family, ablations"),
     ("""\
      kind: layers
      title: t

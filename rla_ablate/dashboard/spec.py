@@ -61,7 +61,7 @@ def check_key(key: str, *, where: str = "", seed: bool = True) -> str:
             hint = did_you_mean(name, fields, prefix=f"{section}.")
             raise ValueError(f"unknown config key '{dotted}'{place}{hint}; {section}.* keys: {', '.join(fields)}")
         return key
-    raise ValueError(f"unknown tag '{key}'{place}; {KEY_HELP}{did_you_mean(key, TAGS)}")
+    raise ValueError(f"unknown tag '{key}'{place}{did_you_mean(key, TAGS)}; {KEY_HELP}")
 
 
 def _as_list(v) -> list:
