@@ -258,8 +258,11 @@ class ProgressLogger:
             now = time.monotonic()
             quiet = now - self._record_at
             if quiet >= self.every_s and now - self._said_at >= self.every_s:
-                self._line(f"{self.description} {self._eta_line(self._step)}: still running, no record for "
-                           f"{quiet:.0f} s")
+                try:
+                    self._line(f"{self.description} {self._eta_line(self._step)}: still running, no record for "
+                               f"{quiet:.0f} s")
+                except OSError:  # a closed pipe: the training thread's next line meets it and stops the job
+                    return
                 self._said_at = now
 
     def log(self, metrics: dict[str, float], step: int) -> None:
