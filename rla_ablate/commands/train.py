@@ -128,12 +128,13 @@ def _same_job(out: Path, job, checkpoints: bool) -> None:
     from rla_ablate.errors import UserError
     from rla_ablate.train import JobConfig, read_jsonl
     from rla_ablate.train.job import another_job
+    from rla_ablate.train.loggers import last_close
 
     records = read_jsonl(out / "metrics.jsonl") if (out / "metrics.jsonl").is_file() else []
     if not checkpoints and not records:
         return  # nothing of an earlier run to keep
-    closed = [r for r in records if r.get("type") == "close"]
-    if not checkpoints and closed and closed[-1].get("status") == "finished":
+    closed = last_close(records)
+    if not checkpoints and closed and closed.get("status") == "finished":
         raise UserError(f"{out} holds a finished run (metrics.jsonl) whose checkpoints are gone: training again "
                         f"would replace its record; move {out / 'metrics.jsonl'} away to train it again, or use a new "
                         "--out folder", key="--out")

@@ -183,11 +183,11 @@ def load_job(job_dir: str | Path, tokens: int | None = None, sweep_names: bool =
                         "`rla-sweep train --out` or a sweep's jobs/<id>", key="JOB_DIR") from None
     found = list_checkpoints(job_dir)
     if not found:
-        from rla_ablate.train.loggers import read_jsonl
+        from rla_ablate.train.loggers import last_close, read_jsonl
 
         metrics = job_dir / "metrics.jsonl"
-        closed = [r for r in (read_jsonl(metrics) if metrics.is_file() else []) if r.get("type") == "close"]
-        if closed and closed[-1].get("status") == "finished":
+        closed = last_close(read_jsonl(metrics))
+        if closed and closed.get("status") == "finished":
             # `train` keeps a finished record rather than train over it: "train the job first" would be refused
             again = "" if (job_dir / "status.json").is_file() else \
                 f"; to train it again, move {metrics} away first (`rla-sweep train` keeps a finished record)"

@@ -28,7 +28,7 @@ def sync_from_jsonl(tracking_uri: str, run_id: str, path: str | Path, *, timeout
                     records: list[dict] | None = None) -> int:
     """Upload every (key, step) of `path` that the run lacks; mirror the file's close status if the run is still
     open. Returns the number of metrics uploaded. `records`: the file as the caller already read it."""
-    from rla_ablate.train.loggers import read_jsonl
+    from rla_ablate.train.loggers import last_close, read_jsonl
 
     api = f"{tracking_uri.rstrip('/')}/api/2.0/mlflow"
     http = requests.Session()
@@ -69,9 +69,8 @@ def sync_from_jsonl(tracking_uri: str, run_id: str, path: str | Path, *, timeout
     for i in range(0, len(missing), _BATCH):
         http.post(f"{api}/runs/log-batch", json={"run_id": run_id, "metrics": missing[i:i + _BATCH]},
                   timeout=timeout).raise_for_status()
-    closed = [r for r in records if r.get("type") == "close"]
-    if closed and run["info"]["status"] in ("RUNNING", "SCHEDULED"):
-        c = closed[-1]
+    c = last_close(records)
+    if c and run["info"]["status"] in ("RUNNING", "SCHEDULED"):
         status = str(c.get("status") or "failed")
         tags = [{"key": STATUS, "value": status}, {"key": STATUS_REASON, "value": str(c.get("reason") or "")[:8000]}]
         http.post(f"{api}/runs/log-batch", json={"run_id": run_id, "tags": tags}, timeout=timeout).raise_for_status()

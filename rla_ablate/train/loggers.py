@@ -99,6 +99,12 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return records
 
 
+def last_close(records: Iterable[dict]) -> dict | None:
+    """The run's last close record (how it ended: status, reason, time), or None while it has not ended."""
+    closed = [r for r in records if r.get("type") == "close"]
+    return closed[-1] if closed else None
+
+
 def metric_series(records: Iterable[dict], key: str) -> list[tuple[int, float]]:
     """(step, value) pairs of one metric, in the order they were logged."""
     out = []
