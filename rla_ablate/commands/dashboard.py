@@ -111,12 +111,9 @@ def run(args: argparse.Namespace) -> int:
                           soft_wrap=True)
     console.print(f"page: [bold]{dash.page.resolve()}[/]", highlight=False, soft_wrap=True)
     if dash.logged_to:
-        # without --tracking-uri: the sweep's own store (`ui` serves it), or the shared server it logs to
-        from rla_ablate.dashboard.reading import tracking_of
-
-        shared = None if args.tracking_uri else tracking_of(args.root, args.name)[0]
-        where = (f"in {dash.tracking_uri}" if args.tracking_uri or shared else
-                 f"in the sweep's store: `rla-sweep ui {args.name} --root {shell_arg(args.root)}` serves it")
+        # the sweep's own store (`ui` serves it), or the shared server it logs to, or --tracking-uri
+        where = (f"in the sweep's store: `rla-sweep ui {args.name} --root {shell_arg(args.root)}` serves it"
+                 if dash.own_store else f"in {dash.tracking_uri}")
         from rla_ablate.dashboard.build import dashboard_folder
 
         console.print(f"logged to MLflow run {dash.logged_to} (artifacts/{dashboard_folder(args.specs)}/) {where}",

@@ -55,6 +55,9 @@ class Dashboard:
     this sweep cannot test, one line each after a heading line."""
     untested: list[Untested] = field(default_factory=list)
     """Every claim (and spec without claims) the sweep has no runs for: not drawn, no verdict."""
+    own_store: bool = False
+    """Read from the sweep's own (embedded) store, which `rla-sweep ui` serves; not a shared server or
+    --tracking-uri."""
 
     @property
     def verdicts(self) -> list:
@@ -219,7 +222,8 @@ def build_dashboard(sweep: str, root: str | Path = "rla-runs", *, specs_dir: str
         if not tracking_uri and shared is None and not read_only and not running:
             tell("stopping the MLflow server")
     return Dashboard(page, out, rendered, uri, logged, synced,
-                     unlogged + notes + untested_lines(untested, len(specs), search=search is not None), untested)
+                     unlogged + notes + untested_lines(untested, len(specs), search=search is not None), untested,
+                     own_store=not tracking_uri and shared is None)
 
 
 FIGURES = "figures.json"

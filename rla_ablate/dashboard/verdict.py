@@ -265,9 +265,9 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
                                    f"no reference series: no run of {labels[t.key]} with "
                                    f"{C.filters_text(claim.reference)} in this sweep", None, V.NO_CHECK))
                 continue
+            state, detail = V.comparison(index, t, ref)  # the runs' own checks, whatever the metric
             if key is None:
                 # no run of the sweep logged the claim's metric (a misspelt name, or one this sweep never logs)
-                state, detail = V.comparison(index, t, ref)  # the runs' own checks, whatever the metric
                 out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], None, None, UNRESOLVED,
                                    D.never_logged(claim.metric, runs.jobs), None, state, detail,
                                    no_power=NO_POWER["never logged"]))
@@ -276,7 +276,6 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
             d = paired_diff(treated, reference)
             sign = 1 if claim.expect == "higher" else -1
             verdict, reason = classify(d.diff, sign, claim.min_effect)
-            state, detail = V.comparison(index, t, ref)
             floor = _not_learned(claim, treated, reference)
             no_power = ""
             mixed = D.mixed_examples(key, [*t.runs, *ref.runs])
