@@ -396,6 +396,33 @@ def test_sweep_evals_section_is_checked_at_its_line(tmp_path):
     assert EvalRequest(tasks=["a", "b"]).key() != EvalRequest(tasks=["a", "b"], limit=4).key()
 
 
+def test_without_lm_eval_installed_eval_and_a_sweeps_evals_say_what_to_install(job_dir, tmp_path, capsys,
+                                                                               monkeypatch):
+    """An environment without lm-eval (a partial install): `eval` and a sweep file's `evals:` name the package
+    and its pinned version at exit 2, not an import traceback; a scoring already on disk is still read."""
+    import importlib.util
+    import sys
+
+    from rla_ablate.cli import main
+    from rla_ablate.errors import UserError
+    from rla_ablate.sweep.expand import load_sweep
+    from rla_ablate.sweep.launch import check_evals
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else find_spec(name, *a))
+    assert main(["eval", str(job_dir), "--tasks", "rla_complete", "--limit", "3"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (f"--tasks: scoring tasks needs lm-evaluation-harness, which this Python ({sys.executable}) does not "
+            f"have: `{sys.executable} -m pip install 'lm-eval[hf]==0.4.13'`") in err, err
+    assert "Traceback" not in err
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "models": [{"preset": "tiny-rla"}],
+                                    "evals": {"tasks": ["rla_choice"]}}, sort_keys=False))
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "tasks" in text)
+    with pytest.raises(UserError, match=f"s.yaml:{line}: evals.tasks: scoring tasks needs lm-evaluation-harness"):
+        check_evals(load_sweep(path))
+
+
 def test_fig3b_reads_task_accuracy_by_category_when_present(tmp_path):
     from rla_ablate.dashboard.render import render
     from rla_ablate.dashboard.spec import load_spec

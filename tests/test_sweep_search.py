@@ -311,6 +311,40 @@ def test_a_trials_run_is_tagged_with_its_trial_and_a_pruned_one_with_its_cause(t
     assert sdir.status(pruned.job_id).cause.value == "pruned" and runner.summary.pruned == 1
 
 
+def test_a_trial_that_trained_to_its_end_is_complete_whatever_the_pruner_says(tmp_path, monkeypatch):
+    """The pruner hears a job's last reports with its outcome, or asks a stop that reaches the job after its last
+    step: such a trial trained to its end, and is complete with its value (status, results and the study agree),
+    not pruned. A running job is still stopped."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from rla_ablate.outcome import JobOutcome, Status
+    from rla_ablate.sweep.search import OptunaSource
+
+    monkeypatch.setattr(optuna.trial.Trial, "should_prune", lambda self: True)
+    sweep, sdir, runner = _search_folder(tmp_path)
+    notes: list[str] = []
+    runner.progress.note, runner.tag_run = notes.append, lambda job, tags: None
+    source = OptunaSource(sweep, sdir)
+    source.start(runner)
+    ended, late, running = list(source.next_jobs(3))
+    logged = [(1024, 3.5), (2048, 3.25)]
+    assert source.observe(ended, logged, ended=True) is None
+    assert source.observe(late, logged) == "pruned by Optuna at 2,048 tokens"
+    assert source.observe(running, logged) == "pruned by Optuna at 2,048 tokens"
+    source.done(ended, JobOutcome(Status.FINISHED, metrics={"eval/val/loss": 3.0}))
+    source.done(late, JobOutcome(Status.FINISHED, metrics={"eval/val/loss": 3.1}))
+    source.done(running, JobOutcome(Status.CANCELLED, error="cancelled at 2,048 tokens"))
+    trials = {t.user_attrs["job_id"]: t for t in source.study.get_trials()}
+    assert trials[ended.job_id].state == TrialState.COMPLETE and trials[ended.job_id].value == 3.0
+    assert trials[late.job_id].state == TrialState.COMPLETE and trials[late.job_id].value == 3.1
+    assert trials[running.job_id].state == TrialState.PRUNED
+    assert sdir.status(late.job_id).cause is None and sdir.status(running.job_id).cause.value == "pruned"
+    assert runner.summary.pruned == 1
+    assert notes == [f"{late.name}: finished before the pruner's stop reached it; its final eval/val/loss counts "
+                     "(not pruned)"]
+
+
 def test_a_continued_study_refuses_another_metric_direction_search_space_or_base_job(tmp_path):
     """Optuna loads an existing study as it was: a relaunch whose file asks for another metric, direction, search
     space or base job (another token budget, evaluation schedule, model) would rank the new trials' values with the

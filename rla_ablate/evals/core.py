@@ -467,8 +467,28 @@ def check_names_apart(eval_names: list[str], req: EvalRequest) -> str | None:
     return next((t for t in req.tasks if t in names), None)
 
 
+def require_lm_eval() -> None:
+    """lm-eval is one of the package's dependencies: an environment without it (a partial install, a node's
+    hand-made site folder) is told what to install, instead of an import traceback."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("lm_eval") is not None:
+        return
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        pinned = next((r.split(";")[0].strip() for r in requires("rla-sweep") or () if r.startswith("lm-eval")),
+                      "lm-eval[hf]")
+    except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+        pinned = "lm-eval[hf]"
+    raise UserError(f"scoring tasks needs lm-evaluation-harness, which this Python ({sys.executable}) does not "
+                    f"have: `{sys.executable} -m pip install '{pinned}'` (the version rla-sweep pins)", key="--tasks")
+
+
 def resolve_tasks(req: EvalRequest) -> tuple[Any, list[Any], bool]:
     """(TaskManager, tasks for simple_evaluate, all local): local-file tasks as configs with absolute paths."""
+    require_lm_eval()
     from lm_eval.tasks import TaskManager
 
     check_include_path(req)
@@ -625,10 +645,10 @@ def score_job(job_dir: str | Path, req: EvalRequest, *, tokens: int | None = Non
             return done.model_copy(update={"skipped": True})
         notes.append(f"note: the task files (shipped or in --include-path) differ from those {path.name} was scored "
                      "with: scored again, and the file replaced")
-    import lm_eval
-
     t0 = time.monotonic()
     tm, tasks, local = resolve_tasks(req)
+    import lm_eval
+
     with offline(local), quiet(silent), lm_eval_quirks():
         lm = build_lm(job, ckpt, req.batch_size, device)
         try:

@@ -1108,9 +1108,10 @@ class _Runner:
             self.progress.note(f"{self.names.get(job_id, job_id[:8])}: {text}")
             if keep:
                 self.sdir.set_status(job_id, notice=text)
+        ended = {job.job_id for job in ending}
         for job in [*self.inflight.values(), *ending]:
             if values.get(job.job_id) and self.source is not None:
-                why = self.source.observe(job, values[job.job_id])
+                why = self.source.observe(job, values[job.job_id], ended=job.job_id in ended)
                 if why:
                     self.progress.note(f"{job.name}: {why}")
                     self.monitor.request_stop.remote(job.job_id)

@@ -390,13 +390,14 @@ class OptunaSource:
                 trial.report(value, step)
                 told.add(step)
 
-    def observe(self, job: ResolvedJob, values: list[tuple[int, float]]) -> str | None:
-        """Feed the values to the pruner; a pruned trial's job is stopped."""
+    def observe(self, job: ResolvedJob, values: list[tuple[int, float]], ended: bool = False) -> str | None:
+        """Feed the values to the pruner; a pruned trial's job is stopped. An attempt that has `ended` is told its
+        values and never pruned: a trial that trained to its end is complete, whatever its last report says."""
         trial = self.trials.get(job.job_id)
         if trial is None or job.job_id in self.pruned:
             return None
         self._report(job.job_id, trial, values)
-        if not trial.should_prune():
+        if ended or not trial.should_prune():
             return None
         self.pruned.add(job.job_id)
         return f"{PRUNED_MESSAGE} at {values[-1][0]:,} tokens"
@@ -412,6 +413,11 @@ class OptunaSource:
         from rla_ablate.tracking.runs import CAUSE, STATUS_REASON, TRIAL
 
         study, cfg, status = self.study, self.cfg, outcome.status
+        if job.job_id in self.pruned and status == Status.FINISHED and cfg.metric in outcome.metrics:
+            # the stop reached the job after its last step: it trained to its end, so its final value counts
+            self.pruned.discard(job.job_id)
+            self.runner.progress.note(f"{job.name}: finished before the pruner's stop reached it; its final "
+                                      f"{cfg.metric} counts (not pruned)")
         if job.job_id in self.pruned:
             error = f"{PRUNED_MESSAGE} (trial {trial.number})"
             self.sdir.set_status(job.job_id, status=Status.CANCELLED, cause=Cause.PRUNED, error=error)

@@ -53,8 +53,9 @@ class JobSource(Protocol):
     def next_jobs(self, capacity: int) -> Iterator[ResolvedJob]:
         """Up to `capacity` jobs to submit now; each is submitted before the next is made. None: nothing now."""
 
-    def observe(self, job: ResolvedJob, values: list[tuple[int, float]]) -> str | None:
-        """New (step, value) pairs of `watch` from a running job; returns why the job should stop, or None."""
+    def observe(self, job: ResolvedJob, values: list[tuple[int, float]], ended: bool = False) -> str | None:
+        """New (step, value) pairs of `watch` from a job (`ended`: its attempt has returned); returns why a running
+        job should stop, or None."""
 
     def done(self, job: ResolvedJob, outcome: JobOutcome) -> None:
         """A job ended (its last attempt of this launch; retries are the runner's)."""
@@ -141,7 +142,7 @@ class GridSource:
             capacity -= 1
             yield self.queue.popleft()
 
-    def observe(self, job: ResolvedJob, values: list[tuple[int, float]]) -> str | None:
+    def observe(self, job: ResolvedJob, values: list[tuple[int, float]], ended: bool = False) -> str | None:
         return None
 
     def done(self, job: ResolvedJob, outcome: JobOutcome) -> None:
