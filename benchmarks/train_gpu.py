@@ -352,7 +352,7 @@ def main():
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             print(json.dumps(rows[-1]), flush=True)
-            if args.calibrate and glue == "auto" and not graph:
+            if args.calibrate and glue == "auto":
                 # row by row: a run stopped at a time limit keeps what it measured
                 calibrate(args.calibrate, rows[-1:], args, torch.cuda.get_device_name(device))
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
