@@ -765,6 +765,39 @@ def test_matched_wallclock_speeds_pinned_in_the_file_set_the_budgets(tmp_path):
         assert message in str(err.value), str(err.value)
 
 
+def test_a_control_asked_twice_an_axis_it_ignores_or_a_family_without_one_is_refused_at_its_line(tmp_path):
+    """Controls are checked per family (the family that has no control is named, not the sweep's models), a second
+    entry asking the same control, axis and family is refused rather than merged, and matched_wallclock, which trains
+    the baseline at the residual model's shape, refuses an axis. A slower baseline's budget says it gets fewer
+    tokens."""
+    f = tmp_path / "wc.yaml"
+    head = WALLCLOCK.format(control="").split("controls:")[0].replace("tiny-rdn", "tiny-transformer")
+    for controls, message in (
+        ("[{name: matched_state, families: [transformer]}]",
+         ":8: controls.0.families: 'transformer' has no matched_state control: controls are derived from residual "
+         "models; allowed: rdn, rla"),
+        ("[{name: matched_state, families: [rdn]}]",
+         ":8: controls.0.families: family 'rdn' has no model in this sweep; models here: rla, transformer"),
+        ("[{name: matched_state, families: [rlaa]}]", "controls.0.families: 'rlaa' is not a family (did you mean 'rla'?)"),
+        ("[{name: matched_state, axis: heads}, {name: matched_state, axis: heads}]",
+         ":8: controls.1: controls.0 already asks matched_state along heads for rla: list each control once"),
+        ("[matched_state, {name: matched_state, axis: expand_v}]", "controls.0 already asks matched_state along expand_v"),
+        ("[{name: matched_wallclock, axis: heads}]", ":8: controls.0.axis: matched_wallclock trains the baseline at "
+                                                     "the residual model's own shape: it takes no axis"),
+    ):
+        f.write_text(head + f"controls: {controls}\n")
+        with pytest.raises(UserError) as err:
+            load_sweep(f)
+        assert message in str(err.value), str(err.value)
+    f.write_text(head + "controls: [matched_state, {name: matched_state, axis: heads}]\n")  # two axes: two controls
+    assert len([j for j in load_sweep(f).jobs if j.control]) == 2
+    f.write_text(WALLCLOCK.format(control="{name: matched_wallclock, speeds: {rla: 100, sgla: 80, rdn: 1, gdn: 1}}"))
+    from rla_ablate.sweep.expand import budget_lines
+
+    lines = budget_lines([j.describe() for j in load_sweep(f).jobs])
+    assert "in the residual model's time it trains on fewer tokens (0.81x)" in lines[1], lines
+
+
 def test_the_plan_shows_each_wallclock_budget_as_trained(capsys):
     """plan's caption and --json give each matched wall-clock control's budget as it trains (train.tokens rounded
     up to whole batches), the speed ratio and both speeds' sources."""

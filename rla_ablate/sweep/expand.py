@@ -699,13 +699,7 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
     ablation_refs = _ablation_refs(cfg)
     targets = check_ablations(cfg, located, families, r.M.ABLATIONS)
     controls = _control_refs(cfg)
-    for j, ref in enumerate(controls):
-        wanted = ref.families if ref.families is not None else [f for f in families if f in r.M.BASELINE_OF]
-        bad = [f for f in wanted if f not in r.M.BASELINE_OF]
-        if bad or not [f for f in families if f in wanted]:
-            raise _err(located, ("controls", j),
-                       f"control '{ref.name}' is derived from residual models (rla, rdn); "
-                       f"this sweep's models are {', '.join(sorted(set(families)))}")
+    check_controls(controls, located, families, r.M.BASELINE_OF)
     from_grid = points is None
     if points is None:
         points = grid_points(cfg)
@@ -768,6 +762,43 @@ def expand(cfg: SweepConfig, located: LocatedYAML, points: list[dict[str, Any]] 
     return jobs
 
 
+def check_controls(controls: list[ControlRef], located: LocatedYAML, families: list[str],
+                   baseline_of: dict[str, str]) -> None:
+    """Each control names residual families this sweep has, asks an axis only where it widens a baseline, and asks
+    no (control, axis, family) another entry already asked (it would be merged without a word)."""
+    from rla_ablate.models.config import FAMILIES
+
+    residual, present = sorted(baseline_of), sorted(set(families))
+    asked: dict[tuple[str, str, str], int] = {}
+    for j, ref in enumerate(controls):
+        path = ("controls", j)
+        for fam in ref.families or ():
+            where = path + ("families",)
+            if fam not in FAMILIES:
+                raise _err(located, where, f"'{fam}' is not a family{did_you_mean(fam, FAMILIES)}; allowed: "
+                                           f"{', '.join(residual)}")
+            if fam not in baseline_of:
+                raise _err(located, where, f"'{fam}' has no {ref.name} control: controls are derived from residual "
+                                           f"models; allowed: {', '.join(residual)}")
+            if fam not in present:
+                raise _err(located, where, f"family '{fam}' has no model in this sweep; models here: "
+                                           f"{', '.join(present)}")
+        wanted = ref.families if ref.families is not None else [f for f in present if f in baseline_of]
+        if not wanted:
+            raise _err(located, path, f"control '{ref.name}' is derived from residual models ({', '.join(residual)}); "
+                                      f"this sweep's models are {', '.join(present)}")
+        if ref.name == "matched_wallclock" and "axis" in ref.model_fields_set:
+            raise _err(located, path + ("axis",), "matched_wallclock trains the baseline at the residual model's own "
+                                                  "shape: it takes no axis (matched_state and matched_params do)")
+        for fam in wanted:
+            key = (ref.name, ref.axis if ref.name != "matched_wallclock" else "", fam)
+            if key in asked:
+                axis = f" along {ref.axis}" if key[1] else ""
+                raise _err(located, path, f"controls.{asked[key]} already asks {ref.name}{axis} for {fam}: "
+                                          "list each control once")
+            asked[key] = j
+
+
 def check_speeds(ref: ControlRef, j: int, located: LocatedYAML) -> None:
     """A control's pinned `speeds`: matched_wallclock's only, a positive tokens/s per known family."""
     from rla_ablate.models.config import BASELINE_OF
@@ -823,8 +854,9 @@ def budget_lines(records: list[dict]) -> list[str]:
                   f"{report.get('reference_speed_source')}")
         lines.add(f"{base}: {mine / theirs:.2f}x the tokens of {record.get('control_of')} ({mine:,} against "
                   f"{theirs:,} as trained; speed ratio {report['speed_ratio']:.4g}: {speeds})"
-                  + ("; the baseline was estimated slower than the residual model (speed ratio below 1): this "
-                     "control gives it no extra tokens" if report["speed_ratio"] < 1 else ""))
+                  + ("; the baseline was estimated slower than the residual model (speed ratio below 1): in the "
+                     f"residual model's time it trains on fewer tokens ({mine / theirs:.2f}x)"
+                     if report["speed_ratio"] < 1 else ""))
     return sorted(lines)
 
 
