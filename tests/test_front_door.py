@@ -212,6 +212,34 @@ def test_status_and_cancel_work_on_a_read_only_root(tmp_path, capsys, monkeypatc
     assert code == 2 and "cannot write to the sweep folder" in err
 
 
+def test_cancel_says_whether_the_launch_stopped_for_it_or_had_ended_on_its_own(tmp_path, capsys):
+    """A launch takes the request when it stops for it; one that ends on its own first (its jobs done) leaves it:
+    cancel then says nothing was stopped, not "stopped; resume continues", and removes the request."""
+    import subprocess
+    import sys
+
+    from rla_ablate.sweep.state import SweepDir
+
+    _finished_sweep(tmp_path, active=False)
+    sdir = SweepDir(tmp_path, "door")
+    holder = ("import fcntl, os, sys, time\n"
+              "fd = os.open(sys.argv[1] + '/launch.lock', os.O_RDWR | os.O_CREAT)\n"
+              "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True)\n"
+              "request = sys.argv[1] + '/cancel.request'\n"
+              "while sys.argv[2] == 'take' and not os.path.exists(request): time.sleep(0.05)\n"
+              "if sys.argv[2] == 'take': os.unlink(request)\n"
+              "else: time.sleep(1.0)\n")
+    for mode, says in (("take", "stopped; `rla-sweep resume door"),
+                       ("ends", "the launch ended on its own before it read the request: nothing was stopped")):
+        proc = subprocess.Popen([sys.executable, "-c", holder, str(sdir.path), mode], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "locked"
+        code = main(["cancel", "door", "--root", str(tmp_path), "--wait", "20"])
+        proc.wait(10)
+        out = " ".join(capsys.readouterr().out.split())
+        assert code == 0 and says in out, out
+        assert not sdir.cancel_path.exists()
+
+
 def test_a_launch_on_a_read_only_root_is_refused(tmp_path, capsys, monkeypatch):
     from rla_ablate import fileio
 

@@ -1002,7 +1002,7 @@ class _Runner:
         source.start(self)
         self.names = {j.job_id: j.name for j in source.jobs}
         reruns: deque[ResolvedJob] = deque()
-        if self.sdir.cancel_requested():  # asked for while Ray and MLflow were starting: no job starts
+        if self.sdir.take_cancel_request():  # asked for while Ray and MLflow were starting: no job starts
             self.stop("cancelled by `rla-sweep cancel`")
         while True:
             try:
@@ -1050,7 +1050,7 @@ class _Runner:
             for ref, job in ending:
                 done.append((job, *self._collect(job, ref)))
             self._poll(snapshot)
-            if not self.stopping and self.sdir.cancel_requested():
+            if not self.stopping and self.sdir.take_cancel_request():
                 self.stop("cancelled by `rla-sweep cancel`")
             if not self.stopping and self.progress.closed:
                 self.stop("the launch's output was closed")

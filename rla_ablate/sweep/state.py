@@ -338,5 +338,13 @@ class SweepDir:
         self.path.mkdir(parents=True, exist_ok=True)
         self.cancel_path.write_text(str(time.time()))
 
-    def cancel_requested(self) -> bool:
-        return self.cancel_path.exists()
+    def take_cancel_request(self) -> bool:
+        """For the launch: whether `rla-sweep cancel` asked it to stop; the request is taken (removed), so that the
+        command can tell a launch that stopped for it from one that ended before it read it."""
+        if not self.cancel_path.exists():
+            return False
+        try:
+            self.cancel_path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        return True

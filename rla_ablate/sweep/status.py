@@ -197,6 +197,11 @@ def cancel(sdir: SweepDir, wait_s: float, say=print) -> bool:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if not sdir.lock_held_by_other():
+            if sdir.cancel_path.exists():  # the launch ended on its own before it read the request
+                _writing(sdir, lambda: sdir.cancel_path.unlink(missing_ok=True))
+                say(f"the launch ended on its own before it read the request: nothing was stopped; "
+                    f"`rla-sweep status {sdir.name} --root {shell_arg(sdir.root)}` lists its jobs")
+                return True
             say(f"stopped; `rla-sweep resume {sdir.name} --root {shell_arg(sdir.root)}` continues from the checkpoints")
             return True
         time.sleep(0.5)
