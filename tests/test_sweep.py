@@ -542,6 +542,22 @@ def test_bad_sweep_file_exit_2(case, tmp_path, capsys):
     assert "Traceback" not in err
 
 
+def test_every_searched_keys_own_problem_comes_in_one_report(tmp_path):
+    """Problems of different search keys do not depend on each other: each is said at its line in one report."""
+    f = tmp_path / "s.yaml"
+    f.write_text("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                 "    train.lrr: {type: float, low: 1.0e-4, high: 1.0e-2}\n"
+                 "    model.clipp: {type: float, low: 0.5, high: 2.0}\n"
+                 "    model.clip: {type: float, low: 0.5, high: 2.0}\n"
+                 "    model.target: {type: categorical, choices: [clip, bogus]}\n  n_trials: 2\n")
+    with pytest.raises(UserError) as err:
+        load_sweep(f)
+    lines = str(err.value).splitlines()
+    assert lines[0].endswith("s.yaml: 3 problems"), lines
+    assert [line.split(": ")[0].rsplit(":", 1)[1] for line in lines[1:]] == ["5", "6", "8"], lines
+    assert "did you mean 'train.lr'" in lines[1] and "did you mean 'clip'" in lines[2] and "'bogus'" in lines[3]
+
+
 def test_impossible_resources_launch_nothing(tmp_path, capsys):
     f = tmp_path / "gpu.yaml"
     f.write_text("name: gpu\nmodels: [{preset: tiny-rla, overrides: {vocab_size: 257}}]\nbase: {data: {kind: stdlib}}\n"

@@ -313,6 +313,31 @@ def _check_inside(cfg: SweepConfig, located: LocatedYAML, key: str, low: int, hi
 JOINT_CHECKED = 64  # a search's keys are checked together at every combination of their choices and ends up to this
 
 
+def _check_search_key(cfg: SweepConfig, located: LocatedYAML, key: str, p: Any, ends: list[dict[str, Any]]) -> None:
+    """One search key alone: its choices, or its range at both ends, inside (int) and at a fraction (float)."""
+    values = list(p.choices or []) if p.type == "categorical" else [ends[0][key], ends[1][key]]
+    for value in values:
+        try:
+            expand(cfg, located, points=[{key: value}])
+        except UserError as exc:
+            if (exc.key or "").startswith("search."):  # said at the search's key already
+                raise
+            # said at the search's key, where the value is written, and with the key the job refused it at
+            at = f" ({exc.key})" if exc.key and exc.key != key else ""
+            raise _err(located, ("search", "params", key),
+                       f"the trials would draw {key} = {value!r}, which is refused{at}: {exc.message}") from None
+    if p.type == "int":
+        _check_inside(cfg, located, key, int(ends[0][key]), int(ends[1][key]), p.step or 1)
+    if p.type == "float" and p.low is not None and p.high is not None and p.low < p.high:
+        x = _fractional_point(p.low, p.high)
+        try:
+            expand(cfg, located, points=[{key: x}])
+        except UserError as exc:
+            raise _err(located, ("search", "params", key, "type"),
+                       f"its ends validate, but the trials draw fractions such as {x:.4g} from the range, and "
+                       f"{key} refuses them ({exc.message}); use type: int") from None
+
+
 def check_search(cfg: SweepConfig, located: LocatedYAML) -> None:
     """A search's keys and ranges build valid jobs (its metric: `check_search_metric`): caught here, by `plan` and
     before a launch starts anything, not when the first trial is asked for or after every trial has run."""
@@ -328,29 +353,16 @@ def check_search(cfg: SweepConfig, located: LocatedYAML) -> None:
             ends[0][key], ends[1][key] = cast(p.low), cast(p.high)
     # Each key alone first, so that a bad value is reported at its own key and line: every categorical choice, the
     # numeric ranges at both ends, each float range also at a point inside it with a fraction (its ends may be whole
-    # numbers that an int key accepts, and the trials' draws are not); then all keys together at both ends
+    # numbers that an int key accepts, and the trials' draws are not); then all keys together at both ends. The
+    # keys' own problems are independent of each other: one report says them all.
+    problems: list[UserError] = []
     for key, p in params.items():
-        values = list(p.choices or []) if p.type == "categorical" else [ends[0][key], ends[1][key]]
-        for value in values:
-            try:
-                expand(cfg, located, points=[{key: value}])
-            except UserError as exc:
-                if (exc.key or "").startswith("search."):  # said at the search's key already
-                    raise
-                # said at the search's key, where the value is written, and with the key the job refused it at
-                at = f" ({exc.key})" if exc.key and exc.key != key else ""
-                raise _err(located, ("search", "params", key),
-                           f"the trials would draw {key} = {value!r}, which is refused{at}: {exc.message}") from None
-        if p.type == "int":
-            _check_inside(cfg, located, key, int(ends[0][key]), int(ends[1][key]), p.step or 1)
-        if p.type == "float" and p.low is not None and p.high is not None and p.low < p.high:
-            x = _fractional_point(p.low, p.high)
-            try:
-                expand(cfg, located, points=[{key: x}])
-            except UserError as exc:
-                raise _err(located, ("search", "params", key, "type"),
-                           f"its ends validate, but the trials draw fractions such as {x:.4g} from the range, and "
-                           f"{key} refuses them ({exc.message}); use type: int") from None
+        try:
+            _check_search_key(cfg, located, key, p, ends)
+        except UserError as exc:
+            problems.append(exc)
+    if problems:
+        raise one_report(problems, located.file)
     # then all keys together: refused where no combination of their choices and range ends builds a job (every one
     # of them up to JOINT_CHECKED, else the two corners: every low end or first choice, every high end or last).
     # Some combinations may fail in a space whose others work (a batch size against a sequence length), and the
