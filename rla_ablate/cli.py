@@ -16,7 +16,7 @@ import pkgutil
 import sys
 
 from rla_ablate import __version__, environment
-from rla_ablate.errors import JobFailed, UserError, did_you_mean
+from rla_ablate.errors import JobFailed, UserError, closest, did_you_mean
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,10 +63,16 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
             anyone = {o[2:] for sub in every.values() for o in sub._option_string_actions if o.startswith("--")}
             word = option[2:]
             alone = extras == [option]  # named once: the hint follows it, not the option again
-            message += ("" if alone else f"; {option}") + (
-                did_you_mean(word, mine, prefix="--")
-                or ("; it is" if alone else " is") + " no command's option" + did_you_mean(word, sorted(anyone),
-                                                                                           prefix="--"))
+            hint = did_you_mean(word, mine, prefix="--")
+            if not hint:
+                # close to another command's option only: named as theirs, with what this command takes instead
+                near = closest(word, sorted(anyone), 1)
+                theirs = sorted(name for name, sub in every.items() if "--" + near[0] in sub._option_string_actions
+                                ) if near else []
+                hint = (("; it is" if alone else " is") + " no command's option"
+                        + (f" (--{near[0]} is an option of {', '.join(theirs)})" if near else "")
+                        + f"; {own.prog.removeprefix('rla-sweep ')} takes {', '.join('--' + o for o in sorted(mine))}")
+            message += ("" if alone else f"; {option}") + hint
     own.error(message)
     raise AssertionError("unreachable")  # ArgumentParser.error exits
 

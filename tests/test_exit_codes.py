@@ -102,8 +102,12 @@ def test_an_option_a_command_does_not_take_is_refused_with_that_commands_usage(c
     # an option other commands take is named as theirs, not as this command's closest option
     for argv, said in ((["launch", "f.yaml", "--port", "5000"], "--port is an option of server, ui"),
                        (["eval", "x", "--tasks", "t", "--tokenizer", "t.json"], "--tokenizer is an option of data prepare"),
-                       (["plan", "f.yaml", "--roott", "r"], "--roott is no command's option (did you mean '--root'?)"),
-                       (["launch", "f.yaml", "--foo"], "arguments: --foo; it is no command's option\n"),
+                       # close to other commands' option only: named as theirs, with what this command takes
+                       (["plan", "f.yaml", "--roott", "r"], "--roott is no command's option (--root is an option of "
+                                                            "cancel, dashboard, eval, export, launch, results, resume, "
+                                                            "server, status, ui); plan takes --help, --json\n"),
+                       (["launch", "f.yaml", "--foo"], "arguments: --foo; it is no command's option; launch takes "
+                                                       "--address, --help"),
                        # the only word refused: its hint follows it, the option is not named twice
                        (["status", "x", "--jsn"], "arguments: --jsn (did you mean '--json'?)\n")):
         with pytest.raises(SystemExit) as info:
