@@ -130,7 +130,7 @@ class Listed(BaseModel):
 @pytest.mark.parametrize("text, where, says", [
     # a name that is neither a mapping nor allowed: one problem, not one per member of the union
     ("names:\n  - alpa\n", "s.yaml:2: names.0: ", "unknown name 'alpa' (did you mean 'alpha'?); allowed: alpha, beta"),
-    ("names:\n  - {name: alpa}\n", "s.yaml:2: names.0.name: ", "'alpa' is not allowed; allowed: alpha, beta"),
+    ("names:\n  - {name: alpa}\n", "s.yaml:2: names.0.name: ", "'alpa' is not allowed (did you mean 'alpha'?); allowed: alpha, beta"),
     ("share: lots\n", "s.yaml:1: share: ", "Input should be a valid number or 'auto' (got 'lots')"),
     # a long value (a text file read as YAML): its start and its length, not the whole of it
     ("share: " + "word " * 400 + "\n", "s.yaml:1: share: ",
@@ -198,7 +198,7 @@ def test_validation_message_leaves_out_the_key_it_is_reported_at():
     # the discriminated union's tag ('stdlib') is not a key the user wrote
     assert user_loc(info.value, Job) == ("eval", 0, "data", "split")
     msg = validation_message(info.value, Job, at="eval.0.data.split")
-    assert msg.startswith("'valid' is not allowed; allowed: train, validation"), msg
+    assert msg.startswith("'valid' is not allowed (did you mean 'validation'?); allowed: train, validation"), msg
     # a misspelt required key is where the problem is, not the key it stands for (reported missing first)
     with pytest.raises(ValidationError) as info:
         Job.model_validate({"eval": [{"nme": "v", "data": {"kind": "stdlib"}}]})

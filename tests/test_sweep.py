@@ -507,6 +507,14 @@ BAD = {
     "search_trials": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                       "    train.lr: {type: float, low: 0.1, high: 0.2}\n  n_trials: 200000\n", 6,
                       "search.n_trials: Input should be less than or equal to 100000"),
+    # a value as the file spells it (YAML's true, not Python's True)
+    "search_trials_bool": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                           "    train.lr: {type: float, low: 0.1, high: 0.2}\n  n_trials: true\n", 6,
+                           "search.n_trials: true is not a number; give a number (got true)"),
+    # a did-you-mean before the allowed list, as for keys
+    "search_pruner": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
+                      "    train.lr: {type: float, low: 0.1, high: 0.2}\n  n_trials: 2\n  pruner: mediann\n", 7,
+                      "search.pruner: 'mediann' is not allowed (did you mean 'median'?); allowed: median, hyperband"),
     "search_one_value": ("name: x\nmodels: [{preset: tiny-rdn}]\nsearch:\n  params:\n"
                          "    train.lr: {type: float, low: 1.0e-2, high: 1.0e-2}\n  n_trials: 2\n", 5,
                          "low and high are both 0.01: one value is no search"),

@@ -278,7 +278,7 @@ def _describe(err: dict, model: type[BaseModel], loc: tuple, name: str | None = 
         if plural.endswith("s") and not plural.endswith(("ss", "us", "ies", "ses", "xes")):
             return (f"unknown {plural[:-1]} {got!r}{did_you_mean(str(got), choices)}; "
                     f"allowed: {', '.join(choices)}")
-        return f"{got!r} is not allowed; allowed: {', '.join(choices)}{did_you_mean(str(got), choices)}"
+        return f"{got!r} is not allowed{did_you_mean(str(got), choices)}; allowed: {', '.join(choices)}"
     if err["type"] == "union_tag_invalid":  # a discriminated union's tag (data: {kind: stdlb})
         ctx = err.get("ctx") or {}
         tags, tag = _choices(err, "expected_tags"), str(ctx.get("tag", got))
@@ -295,7 +295,8 @@ def _describe(err: dict, model: type[BaseModel], loc: tuple, name: str | None = 
     else:
         msg = err["msg"]
     if err["type"] != "missing" and not isinstance(got, (dict, list)):
-        shown = repr(got)
+        # as the file spells it: YAML's true, false and null, not Python's True, False and None
+        shown = {True: "true", False: "false"}[got] if isinstance(got, bool) else "null" if got is None else repr(got)
         if len(shown) > 80:  # a text file read as YAML is one long string: its start says what it is
             shown = f"{shown[:60]}... ({len(str(got)):,} characters)"
         msg += f" (got {shown})"
