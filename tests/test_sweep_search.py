@@ -3,6 +3,7 @@ instance, intermediate eval losses fed to the pruner, one MLflow child run per t
 
 from __future__ import annotations
 
+import json
 
 import pytest
 import yaml
@@ -92,6 +93,19 @@ def test_search_runs_trials_through_ray_and_mlflow(tmp_path):
     assert "nothing to run" in again.stdout
     assert len(optuna.load_study(study_name="e2e-search", storage=sdir.optuna_uri).get_trials()) == 3
     assert len(client.search_runs([exp.experiment_id], filter_string="tags.`rla.role` = 'job'")) == 3
+    # plan counts the existing study's trials under --root (none elsewhere), and refuses what a launch would
+    more = tmp_path / "more.yaml"
+    more.write_text(yaml.safe_dump({**SEARCH, "search": {**SEARCH["search"], "n_trials": 5}}, sort_keys=False))
+    planned = cli("plan", str(more), "--root", str(root))
+    said = " ".join(planned.stdout.split())
+    assert planned.returncode == 0 and f"its study under {root} has 3 of them done, so a launch runs the 2 left" in said
+    fresh = json.loads(cli("plan", str(more), "--root", str(tmp_path / "elsewhere"), "--json").stdout)
+    assert fresh["totals"]["search_trials_done"] is None
+    lr = {**SEARCH["search"]["params"]["train.lr"], "high": 2.0e-2}
+    more.write_text(yaml.safe_dump({**SEARCH, "search": {**SEARCH["search"], "params": {
+        **SEARCH["search"]["params"], "train.lr": lr}}}, sort_keys=False))
+    refused = cli("plan", str(more), "--root", str(root))
+    assert refused.returncode == 2 and "search.params.train.lr: the study in" in refused.stderr, refused.stderr
 
 
 def test_a_continued_study_draws_new_parameters_and_a_new_one_repeats_its_seed(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from rla_ablate.environment import add_root_option
 from rla_ablate.terminal import count
 
 
@@ -22,6 +23,8 @@ def register(subparsers) -> None:
                              'flops_per_token, tokens, mem_gib, mem_glue, cuda_graphs, mem_graph_pool_gib, gpu_share, '
                              'tokens_per_s, gpu_hours, cost_source, control_report}], '
                              '"totals": {...}}')
+    add_root_option(parser, help="where a launch of the sweep would run: a search's existing study there is "
+                                 "checked and its trials counted")
     parser.set_defaults(func=run)
 
 
@@ -35,6 +38,21 @@ def _gpu_time(hours: float, short: bool = False) -> str:
                 return text + unit[0]
             return f"{text} GPU-{unit}{'' if text in ('1', '<1') else 's'}"
     raise AssertionError("unreachable")
+
+
+def _trials_done(sweep, root: str) -> int | None:
+    """The trials a search's existing study under `root` has used up (None: no study there yet), after the check a
+    launch makes: a study made for another question (metric, space, base job) is refused here as there."""
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(root, sweep.name)
+    if not sdir.optuna_path.exists():
+        return None
+    from rla_ablate.sweep.search import check_study, counted, make_study
+
+    study = make_study(sweep.config.search, sweep.name, sdir.optuna_uri)
+    check_study(study, sweep, sdir)
+    return counted(study)
 
 
 def _h(n: float) -> str:
@@ -56,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
     check_evals(sweep)
     doc = plan(sweep)
+    if sweep.config.search is not None:
+        doc["totals"]["search_trials_done"] = _trials_done(sweep, args.root)
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
@@ -94,10 +114,13 @@ def run(args: argparse.Namespace) -> int:
     if "search_trials" in t:
         from rla_ablate.sweep.search import space_text
 
-        s = t["search"]
-        captions.append(f"Optuna search: the base job above runs as {t['search_trials']} trials (totals include them), "
-                        f"each with {escape(space_text(s['params']))}; {s['direction']} {escape(s['metric'])} "
-                        f"({s['sampler']} sampler, {s['pruner']} pruner)")
+        s, done = t["search"], t["search_trials_done"]
+        so_far = ("" if done is None else f"; its study under {escape(args.root)} has {done} of them done, so a launch "
+                  + (f"runs the {t['search_trials'] - done} left" if done < t["search_trials"] else "runs none"))
+        captions.append(f"Optuna search: the base job above (its id is no trial's: each trial's job has its own) runs "
+                        f"as {t['search_trials']} trials (totals include them), each with "
+                        f"{escape(space_text(s['params']))}; {s['direction']} {escape(s['metric'])} "
+                        f"({s['sampler']} sampler, {s['pruner']} pruner){so_far}")
     from rla_ablate.sweep.plan import unset_budget_note
 
     unset = unset_budget_note(sweep, t["runs_on"] == "cpu")

@@ -197,7 +197,7 @@ def suggest(trial: Any, params: dict[str, SearchParam]) -> dict[str, Any]:
     return out
 
 
-def _counted(study: Any) -> int:
+def counted(study: Any) -> int:
     """Trials that used up the budget: complete, pruned, or failed for a reason other than an interrupted launch."""
     from optuna.trial import TrialState
 
@@ -257,7 +257,7 @@ def study_done(sweep: Any, sdir: Any) -> bool:
     study = make_study(sweep.config.search, sweep.name, sdir.optuna_uri)
     check_study(study, sweep, sdir)
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
-    return not running and _counted(study) >= sweep.config.search.n_trials
+    return not running and counted(study) >= sweep.config.search.n_trials
 
 
 class OptunaSource:
@@ -323,7 +323,7 @@ class OptunaSource:
         from optuna.trial import TrialState
 
         study, cfg, sdir = self.study, self.cfg, self.sdir
-        while capacity > 0 and _counted(study) + len(self.trials) < cfg.n_trials:
+        while capacity > 0 and counted(study) + len(self.trials) < cfg.n_trials:
             trial = study.ask()
             params = suggest(trial, cfg.params)
             try:
