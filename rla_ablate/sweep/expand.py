@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -25,6 +25,9 @@ from rla_ablate.errors import UserError, did_you_mean
 from rla_ablate.sweep.identity import series_id_from_sections
 from rla_ablate.sweep.ids import hash_text, join_sections, section_json
 from rla_ablate.sweep.schema import AblationRef, ControlRef, SweepConfig
+
+if TYPE_CHECKING:
+    from rla_ablate.train.job import JobConfig
 
 
 @dataclass
@@ -387,21 +390,21 @@ def check_search(cfg: SweepConfig, located: LocatedYAML) -> None:
                    f"{exc.message}{f' ({exc.key})' if exc.key else ''}")
 
 
-def check_search_metric(cfg: SweepConfig, located: LocatedYAML, base: BaseModel) -> None:
+def check_search_metric(cfg: SweepConfig, located: LocatedYAML, base: JobConfig) -> None:
     """A search's metric is one its trials log (`base`: the first trial's JobConfig), and its direction seeks the
     better model. Checked with the file's other problems (`_first_jobs_problems`): it needs the job, not the whole
     expansion."""
     from rla_ablate.train.job import GPU_METRICS
 
     assert cfg.search is not None
-    metric, device = cfg.search.metric, base.train.device  # type: ignore[attr-defined]
+    metric, device = cfg.search.metric, base.train.device
     on_cpu = device == "cpu" or (cfg.resources.gpus == 0 and device != "cuda")
     if on_cpu and metric in GPU_METRICS:
         raise _err(located, ("search", "metric"),
                    f"'{metric}' is logged by jobs on a GPU only, and this sweep's trials train on the CPU "
                    f"({'train.device cpu' if device == 'cpu' else 'resources.gpus 0'}): no trial "
                    "would report a value")
-    allowed = base.logged_metrics(on_gpu=not on_cpu)  # type: ignore[attr-defined]
+    allowed = base.logged_metrics(on_gpu=not on_cpu)
     if metric not in allowed:
         raise _err(located, ("search", "metric"),
                    f"no trial logs '{metric}'{did_you_mean(metric, allowed)}; the trials log: {', '.join(allowed)}")
