@@ -991,3 +991,89 @@ def test_a_claim_compares_only_the_series_its_spec_shows(server, tmp_path):
                                          + claim)
     dash, _ = dashboard(root, "filtered", server, specs=spec_dir)
     assert len(dash.verdicts) == 2                   # unfiltered: the control is a treatment too
+
+
+def test_a_glob_claim_reads_each_pairs_own_metric_in_a_sweep_of_two_tasks(tmp_path):
+    """eval/*/loss in a sweep with an LM arm (eval/val/loss) and an MQAR arm (eval/mqar_kv8/loss): each pair of
+    series is compared on the metric its own runs log, not on the sweep's preferred match, which the MQAR runs never
+    log (every MQAR verdict read 'no seed finished with the metric')."""
+    from types import SimpleNamespace
+
+    from rla_ablate.dashboard import validity as V
+    from rla_ablate.dashboard.spec import ValidityThresholds
+    from rla_ablate.dashboard.verdict import evaluate
+    from rla_ablate.sweep.identity import ARM, CONTROL, SERIES
+    from rla_ablate.tracking.read import RunRecord
+
+    def run(arm, ablations, seed):
+        metric = "eval/val/loss" if arm == "lm-rla" else "eval/mqar_kv8/loss"
+        tags = {SERIES: f"{arm}-{ablations}", "version": "current", "family": "rla", "ablations": ablations,
+                CONTROL: "none", ARM: arm, "seed": str(seed)}
+        value = 2.0 + (0.1 if ablations == "no_fitting" else 0.0) + 0.01 * seed * (1 + (ablations == "none"))
+        return RunRecord(f"{arm}-{ablations}-{seed}", "0", "finished", tags, {},
+                         {metric: value, "diag/mixer_rms_over_sqrt_eps": 20.0, "diag/target_engaged": 0.1})
+
+    runs = SimpleNamespace(jobs=[run(arm, a, s) for arm in ("lm-rla", "mqar-rla") for a in ("none", "no_fitting")
+                                 for s in (0, 1, 2)])
+    path = tmp_path / "t4.yaml"
+    path.write_text("kind: table\ntitle: t4\ncolumns: [{metric: eval/*/loss}]\nclaims:\n"
+                    "  - {claim: R helps, metric: eval/*/loss, treatment: {family: rla, ablations: no_fitting}, "
+                    "reference: {ablations: none}, expect: higher, min_effect: 0.01}\n")
+    verdicts, _ = evaluate(load_spec(path), runs, V.ValidityIndex(runs, ValidityThresholds()))
+    by_arm = {v.treatment.rsplit(", ", 1)[-1]: v for v in verdicts}
+    assert {arm: v.metric for arm, v in by_arm.items()} == {"lm-rla": "eval/val/loss",
+                                                             "mqar-rla": "eval/mqar_kv8/loss"}, by_arm
+    assert all(v.diff is not None and v.diff.diff.n == 3 and v.verdict == "confirmed" for v in verdicts), verdicts
+
+
+def test_a_glob_columns_cell_of_an_eval_set_the_rows_runs_do_not_evaluate_says_n_a(tmp_path):
+    """eval/*/loss over an LM arm (eval set val) and an MQAR arm (mqar_kv8): the LM row under `eval loss (mqar_kv8)`
+    says n/a (its runs are not configured with that set), not missing; a set the runs evaluate but did not log, or a
+    task not scored, stays missing."""
+    from rla_ablate.dashboard.render import NOT_APPLICABLE, _absent
+    from rla_ablate.tracking.read import RunRecord
+
+    def series(eval_set, metrics):
+        runs = [RunRecord(f"{eval_set}{seed}", "0", "finished", {"seed": str(seed)}, {"eval.0.name": eval_set},
+                          metrics) for seed in (0, 1)]
+        return D.Series(("s",), {}, eval_set, runs)
+
+    path = tmp_path / "t.yaml"
+    path.write_text("kind: table\ntitle: t\ncolumns: [{metric: eval/*/loss}, {metric: eval/*/acc}]\n")
+    loss, acc = load_spec(path).columns
+    lm, mqar = series("val", {"eval/val/loss": 1.2}), series("mqar_kv8", {"eval/mqar_kv8/loss": 0.3})
+    sets = {"val", "mqar_kv8"}
+    assert _absent(lm, loss, "eval/mqar_kv8/loss", sets) == NOT_APPLICABLE
+    assert _absent(mqar, loss, "eval/val/loss", sets) == NOT_APPLICABLE
+    assert _absent(series("mqar_kv8", {"eval/mqar_kv8/acc": 0.9}), loss, "eval/mqar_kv8/loss", sets) == NOT_APPLICABLE
+    assert _absent(series("val", {"eval/piqa/acc": 0.5}), acc, "eval/mqar_kv8/acc", sets) == NOT_APPLICABLE
+    assert _absent(series("val", {"eval/val/loss": 1.0, "eval/val/acc": 0.3}), loss, "eval/val/loss", sets) == "missing"
+    assert _absent(series("val", {"eval/val/acc": 0.3, "eval/piqa/acc": 0.5}), acc, "eval/arc/acc", sets) == "missing"
+
+
+def test_a_columns_best_mean_is_marked_among_rows_of_one_task(tmp_path):
+    """train/loss over an LM arm and an MQAR arm: each task's lowest loss is bold, not the lowest of both (an MQAR
+    model's loss is no better LM)."""
+    from types import SimpleNamespace
+
+    from rla_ablate.dashboard import validity as V
+    from rla_ablate.dashboard.render import Rendered, table_rows
+    from rla_ablate.dashboard.spec import ValidityThresholds
+    from rla_ablate.sweep.identity import ARM, CONTROL, SERIES
+    from rla_ablate.tracking.read import RunRecord
+
+    def run(arm, family, seed):
+        tags = {SERIES: f"{arm}-{family}", "version": "current", "family": family, "ablations": "none",
+                CONTROL: "none", ARM: arm, "seed": str(seed)}
+        loss = {"lm": 1.2, "mqar": 0.1}[arm] + (0.05 if family == "sgla" else 0.0)
+        return RunRecord(f"{arm}-{family}-{seed}", "0", "finished", tags,
+                         {"eval.0.name": "val" if arm == "lm" else "mqar_kv8"}, {"train/loss": loss})
+
+    runs = SimpleNamespace(jobs=[run(a, f, s) for a in ("lm", "mqar") for f in ("rla", "sgla") for s in (0, 1)])
+    path = tmp_path / "t.yaml"
+    path.write_text("kind: table\ntitle: t\nseries: [arm, family]\ncolumns: [{metric: train/loss}]\n")
+    out = Rendered("t", "t", "", "table")
+    table_rows(load_spec(path), runs, out, lambda run_id: None, V.ValidityIndex(runs, ValidityThresholds()))
+    bold = sorted(row[0].text for row in out.rows if row[1].best)
+    assert len(bold) == 2 and all("rla" in label.lower() and "sgla" not in label.lower() for label in bold), \
+        [(row[0].text, row[1].text, row[1].best) for row in out.rows]

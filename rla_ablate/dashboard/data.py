@@ -315,6 +315,13 @@ def resolve_metric(pattern: str, runs: list[RunRecord]) -> str | None:
     return hits[0] if hits else None
 
 
+def eval_set_names(runs: list[RunRecord]) -> set[str]:
+    """The names of the eval sets the runs are configured with (their `eval.<i>.name` params): what `eval/<set>/...`
+    metrics they log during training (lm-eval tasks scored after it are not among them)."""
+    return {v for r in runs for k, v in r.params.items() if k.startswith("eval.") and k.endswith(".name")
+            and k.count(".") == 2}
+
+
 def glob_part(pattern: str, key: str) -> str:
     """What the single '*' of `pattern` matched in `key` ('val' for eval/*/loss and eval/val/loss)."""
     if pattern.count("*") != 1:

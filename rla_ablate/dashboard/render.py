@@ -511,13 +511,21 @@ def check_lines(checks: dict[str, list[str]]) -> list[str]:
     return [f"{condition} ({', '.join(sides)})" for condition, sides in checks.items()]
 
 
-def _absent(s: D.Series, c, key: str | None) -> str:
+def _absent(s: D.Series, c, key: str | None, eval_sets: set[str]) -> str:
     """What a table cell without a value says: n/a where the series' finished runs log no metric of the column at
-    all (an LM row under an MQAR column: none matches its glob), else missing (no finished run, a value that is not
-    a number, or one set of the column's not logged where others are)."""
+    all (an LM row under an MQAR column: none matches its glob), or where the cell's metric is of an eval set that
+    other runs of the sweep evaluate and these are not configured to (an LM row under `eval loss (mqar_kv8)` of an
+    `eval/*/loss` column; `eval_sets`: every run's eval-set names); else missing (no finished run, a value that is
+    not a number, or a set of the column's not logged where the runs evaluate it, or a task not scored)."""
     done = list(s.by_seed().values())
-    logged = bool(_column_keys(c, done))
-    return NOT_APPLICABLE if done and key is not None and not logged else "missing"
+    if not done or key is None:
+        return "missing"
+    if not _column_keys(c, done):
+        return NOT_APPLICABLE
+    parts = key.split("/")
+    if len(parts) == 3 and parts[0] == "eval" and parts[1] in eval_sets and parts[1] not in D.eval_set_names(done):
+        return NOT_APPLICABLE
+    return "missing"
 
 
 def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: V.ValidityIndex) -> None:
@@ -540,14 +548,21 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: 
             # which way is better: a loss's Δ > 0 is worse, an accuracy's better
             columns.append((c, key, label + (" ↑" if c.better_is_higher else " ↓")))
     out.header = ["model"] + [h for _, _, label in columns for h in (label, f"Δ {label}")] + ["mechanism", "runs"]
+    eval_sets = D.eval_set_names(runs.jobs)
     for panel, series in panels.items():
         _note_missing(out, spec, panel, series)
         summaries = {id(s): [mean_ci(list(D.final_by_seed(s, k).values())) for _, k, _ in columns] for s in series}
         out.single_seed |= any(st.n == 1 for sts in summaries.values() for st in sts)
-        best = []
+        # the best mean of a column is among rows of one task (the eval sets their runs are configured with): an
+        # LM's train loss and an MQAR model's are not ranked together
+        task = {id(s): frozenset(D.eval_set_names(s.runs)) for s in series}
+        best: list[dict[frozenset, float]] = []
         for j, (c, _, _) in enumerate(columns):
-            means = [summaries[id(s)][j].mean for s in series if summaries[id(s)][j].n]
-            best.append((max(means) if c.better_is_higher else min(means)) if means else None)
+            means: dict[frozenset, list[float]] = {}
+            for s in series:
+                if summaries[id(s)][j].n:
+                    means.setdefault(task[id(s)], []).append(summaries[id(s)][j].mean)
+            best.append({t: max(m) if c.better_is_higher else min(m) for t, m in means.items()})
         refs = [r for o in series if (r := D.reference_of(o, spec.reference, series, _keys(spec))) is not None]
         for s in series:
             ref = D.reference_of(s, spec.reference, series, _keys(spec))
@@ -556,7 +571,7 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: 
             for j, (c, key, _) in enumerate(columns):
                 st = summaries[id(s)][j]
                 if not st.n:
-                    absent = _absent(s, c, key)
+                    absent = _absent(s, c, key, eval_sets)
                     out.not_applicable |= absent == NOT_APPLICABLE
                     is_ref = ref is None and any(s is r for r in refs)
                     row += [Cell(absent), Cell("reference" if is_ref else
@@ -569,7 +584,7 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: 
                     text += "\n" + "  ".join(f"s{seed} {finals[seed]:.{c.digits}f}"
                                              for seed in sorted(finals, key=D._num_key))
                     out.per_seed = True
-                row.append(Cell(text, best=st.mean == best[j]))
+                row.append(Cell(text, best=st.mean == best[j].get(task[id(s)])))
                 if ref is None:
                     row.append(Cell("reference" if any(s is r for r in refs) else "—"))
                 else:

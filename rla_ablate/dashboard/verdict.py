@@ -253,7 +253,7 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
         pairs = [(t, D.reference_of(t, claim.reference, everything, keys=("family", "ablations", "control")))
                  for t in treatments]
         labels = _labelled(spec, [s for pair in pairs for s in pair if s is not None])
-        key = D.resolve_metric(claim.metric, runs.jobs)
+        sweep_key = D.resolve_metric(claim.metric, runs.jobs)
         if all(ref is None for _, ref in pairs):
             # no treatment, or no series to compare any with (e.g. a gdn arm without the rdn it is the base of):
             # what the sweep lacks, not a verdict
@@ -261,16 +261,25 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
             continue
         for t, ref in pairs:
             if ref is None:
-                out.append(Verdict(spec.name, claim, labels[t.key], "", key, None, UNRESOLVED,
+                out.append(Verdict(spec.name, claim, labels[t.key], "", sweep_key, None, UNRESOLVED,
                                    f"no reference series: no run of {labels[t.key]} with "
                                    f"{C.filters_text(claim.reference)} in this sweep", None, V.NO_CHECK))
                 continue
             state, detail = V.comparison(index, t, ref)  # the runs' own checks, whatever the metric
-            if key is None:
+            if sweep_key is None:
                 # no run of the sweep logged the claim's metric (a misspelt name, or one this sweep never logs)
                 out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], None, None, UNRESOLVED,
                                    D.never_logged(claim.metric, runs.jobs), None, state, detail,
                                    no_power=NO_POWER["never logged"]))
+                continue
+            # A glob is resolved for the pair's own runs: in a sweep of several tasks (an LM arm and an MQAR arm)
+            # the sweep's preferred match (eval/val/loss) is one the other task's runs never log.
+            key = D.resolve_metric(claim.metric, [*t.runs, *ref.runs])
+            if key is None:
+                out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], None, None, UNRESOLVED,
+                                   f"neither {labels[t.key]} nor {labels[ref.key]} logs a metric matching "
+                                   f"{claim.metric} (other runs of the sweep log {sweep_key})", None, state,
+                                   detail, no_power=NO_POWER["never logged"]))
                 continue
             treated, reference = D.final_by_seed(t, key), D.final_by_seed(ref, key)
             d = paired_diff(treated, reference)
