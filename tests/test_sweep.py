@@ -820,6 +820,10 @@ def test_a_control_asked_twice_an_axis_it_ignores_or_a_family_without_one_is_ref
 
     lines = budget_lines([j.describe() for j in load_sweep(f).jobs])
     assert "in the residual model's time it trains on fewer tokens (0.81x)" in lines[1], lines
+    f.write_text(WALLCLOCK.format(control="{name: matched_wallclock, speeds: {rla: 100, sgla: 99, rdn: 1, gdn: 1}}"))
+    lines = budget_lines([j.describe() for j in load_sweep(f).jobs])  # 0.99 x 8,192 rounds up to 8,192
+    assert "its budget, rounded up to whole batches, is the residual model's: this control trains the baseline on " \
+           "the same tokens" in lines[1], lines
 
 
 def test_the_plan_shows_each_wallclock_budget_as_trained(capsys):

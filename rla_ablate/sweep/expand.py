@@ -869,9 +869,11 @@ def budget_lines(records: list[dict]) -> list[str]:
                   f"{report.get('reference_speed_source')}")
         lines.add(f"{base}: {mine / theirs:.2f}x the tokens of {record.get('control_of')} ({mine:,} against "
                   f"{theirs:,} as trained; speed ratio {report['speed_ratio']:.4g}: {speeds})"
-                  + ("; the baseline was estimated slower than the residual model (speed ratio below 1): in the "
-                     f"residual model's time it trains on fewer tokens ({mine / theirs:.2f}x)"
-                     if report["speed_ratio"] < 1 else ""))
+                  + ("" if report["speed_ratio"] >= 1 else
+                     "; the baseline was estimated slower than the residual model (speed ratio below 1): "
+                     + (f"in the residual model's time it trains on fewer tokens ({mine / theirs:.2f}x)"
+                        if mine < theirs else "its budget, rounded up to whole batches, is the residual model's: "
+                        "this control trains the baseline on the same tokens")))
     return sorted(lines)
 
 
