@@ -710,8 +710,8 @@ def test_a_baseline_against_a_residual_model_is_judged_by_its_mixers_not_by_two_
 
 def test_a_derived_control_without_a_run_of_its_baseline_is_checked_against_the_run_it_is_compared_with():
     # A sweep with RLA and its matched-state control but no plain sGLA: the control's own reference has no run, so
-    # its validity alone is 'not measured'; compared with RLA, whose mixers and its own were measured, the
-    # comparison is engaged (or off, when a side measured below the threshold), not 'not measured'.
+    # it is checked against the RLA it derives from, in the validity panel as in a comparison: engaged (or off, when
+    # a side measured below the threshold), not 'not measured'.
     from types import SimpleNamespace
 
     from rla_ablate.dashboard import validity as V
@@ -732,8 +732,8 @@ def test_a_derived_control_without_a_run_of_its_baseline_is_checked_against_the_
         index = V.ValidityIndex(SimpleNamespace(jobs=runs), ValidityThresholds())
         series = {s.key[0]: s for s in index.everything}
         control = series["sgla-wallclock"]
-        assert index.of(control).reference is None and index.of(control).state == (
-            V.NOT_MEASURED if want == V.ENGAGED else V.OFF)
+        # the validity panel's own state of the control is that of the comparison, against the RLA it derives from
+        assert index.of(control).reference is series["rla"] and index.of(control).state == want
         for pair in ((control, series["rla"]), (series["rla"], control)):
             state, detail = V.comparison(index, *pair)
             assert state == want, (pair, detail)
