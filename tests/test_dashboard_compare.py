@@ -771,6 +771,13 @@ def test_a_hint_puts_each_config_value_where_a_sweep_file_takes_it():
     assert sweep_file_hint({"model.target": "tanh", "train.lr": 0.01, "model.clip": 2}) == (
         "model.target = tanh and model.clip = 2 in grid: or an arm's overrides:; train.lr = 0.01 in grid: or base: "
         "or an arm's base:")
+    # a value some run of the sweep already has is not asked for again (the claim lacks its ablation, not its data)
+    has = {"data.kind": {"stdlib"}}
+    assert sweep_file_hint({"ablations": "tied_gamma", "data.kind": "stdlib"},
+                           has=lambda key, values: bool(has.get(key, set()) & set(values))) == \
+        "add tied_gamma to ablations:"
+    assert sweep_file_hint({"data.kind": "mqar"}, has=lambda key, values: bool(has.get(key, set()) & set(values))) \
+        == "data.kind = mqar in grid: or base: or an arm's base:"
 
 
 def test_labels_shorten_a_search_draw_and_keep_what_a_sweep_file_wrote():

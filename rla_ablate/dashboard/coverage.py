@@ -30,11 +30,13 @@ def _add_arm(families: list[str]) -> str:
     return f"add a {' or '.join(families)} arm to models:"
 
 
-def sweep_file_hint(filters: dict, families: set[str] | None = None, present: set[str] | None = None) -> str:
+def sweep_file_hint(filters: dict, families: set[str] | None = None, present: set[str] | None = None,
+                    has=None) -> str:
     """What a sweep file adds to produce such runs, in words ('add logcosh to ablations:'; no brackets, so that the
     line prints as it is through rich markup). A family is named when none of its values is among `families`
     (those the sweep has; None: never); a control's family by the residual arm it is derived from. A control
-    among `present` (the ablations and controls the sweep's runs have) is not asked for again."""
+    among `present` (the ablations and controls the sweep's runs have) is not asked for again, nor a config value
+    that `has(key, values)` says some run of the sweep already has (data.kind = stdlib in a sweep of stdlib data)."""
     from rla_ablate.models.ablations import CONTROL_NAMES
     from rla_ablate.models.config import BASELINE_OF
 
@@ -61,7 +63,8 @@ def sweep_file_hint(filters: dict, families: set[str] | None = None, present: se
                 parts.append(f"add {' or '.join(ablations)} to ablations:")
             if controls:
                 parts.append(f"add {' or '.join(controls)} to controls:")
-        elif (section := key.removeprefix("point.").split(".")[0]) in ("model", "train", "data"):
+        elif (section := key.removeprefix("point.").split(".")[0]) in ("model", "train", "data") \
+                and not (has is not None and has(key, values)):
             config[section == "model"].append(f"{key.removeprefix('point.')} = {' or '.join(values)}")
     # where a sweep file sets such a value: model keys in an arm's overrides:, train and data keys in base: or an
     # arm's base: (an arm's overrides: takes model keys only); any of them in grid:
@@ -104,10 +107,11 @@ class Untested:
 
 
 def for_claim(spec, claim, drawn: bool = True, families: set[str] | None = None,
-              present: set[str] | None = None) -> Untested:
+              present: set[str] | None = None, has=None) -> Untested:
     """The line of a claim whose treatment no run of the sweep matches (`families`: those the sweep has; `present`:
-    the ablations and controls its runs have). The hint also names a reference family the sweep lacks."""
-    hints = [sweep_file_hint(claim.treatment, families, present)]
+    the ablations and controls its runs have; `has`: see `sweep_file_hint`). The hint also names a reference
+    family the sweep lacks."""
+    hints = [sweep_file_hint(claim.treatment, families, present, has)]
     reference = [D.spelled(x) for x in as_list(claim.reference.get("family", [])) if D.spelled(x) != "none"]
     # a reference arm the treatment's hint already asks for is not asked for twice
     if families is not None and reference and not set(reference) & families and _add_arm(reference) not in hints[0]:

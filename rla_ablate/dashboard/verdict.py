@@ -257,7 +257,8 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
         if all(ref is None for _, ref in pairs):
             # no treatment, or no series to compare any with (e.g. a gdn arm without the rdn it is the base of):
             # what the sweep lacks, not a verdict
-            untested.append(C.for_claim(spec, claim, drawn, families, present))
+            untested.append(C.for_claim(spec, claim, drawn, families, present, has=lambda key, values: any(
+                D.spelled(s.value(key)) in values for s in index.everything)))
             continue
         for t, ref in pairs:
             if ref is None:
