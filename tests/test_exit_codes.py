@@ -78,13 +78,14 @@ def test_dashboard_help_has_no_doubled_percent(capsys):
 
 
 def test_an_option_a_command_does_not_take_is_refused_with_that_commands_usage(capsys):
-    """`plan FILE --root R`: plan's usage, not the top-level one, and which commands take --root; exit 2."""
+    """`plan FILE --tracking-uri U`: plan's usage, not the top-level one, and which commands take --tracking-uri;
+    exit 2."""
     with pytest.raises(SystemExit) as info:
-        main(["plan", "sweeps/smoke.yaml", "--root", "/tmp/r"])
+        main(["plan", "sweeps/smoke.yaml", "--tracking-uri", "sqlite:///x.db"])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert "usage: rla-sweep plan" in err and "unrecognized arguments: --root /tmp/r" in err
-    assert "--root is an option of" in err and "launch" in err and "status" in err
+    assert "usage: rla-sweep plan" in err and "unrecognized arguments: --tracking-uri sqlite:///x.db" in err
+    assert "--tracking-uri is an option of dashboard, launch, results, resume" in err
     with pytest.raises(SystemExit) as info:
         main(["status", "x", "--bogus=1"])
     err = capsys.readouterr().err
@@ -103,9 +104,10 @@ def test_an_option_a_command_does_not_take_is_refused_with_that_commands_usage(c
     for argv, said in ((["launch", "f.yaml", "--port", "5000"], "--port is an option of server, ui"),
                        (["eval", "x", "--tasks", "t", "--tokenizer", "t.json"], "--tokenizer is an option of data prepare"),
                        # close to other commands' option only: named as theirs, with what this command takes
-                       (["plan", "f.yaml", "--roott", "r"], "--roott is no command's option (--root is an option of "
-                                                            "cancel, dashboard, eval, export, launch, results, resume, "
-                                                            "server, status, ui); plan takes --help, --json\n"),
+                       (["models", "--roott"], "--roott; it is no command's option (--root is an option of "
+                                               "cancel, dashboard, eval, export, launch, plan, results, resume, "
+                                               "server, status, ui); models takes --help, --json, --seq-len\n"),
+                       (["plan", "f.yaml", "--roott", "r"], "--roott (did you mean '--root'?)"),
                        (["launch", "f.yaml", "--foo"], "arguments: --foo; it is no command's option; launch takes "
                                                        "--address, --help"),
                        # the only word refused: its hint follows it, the option is not named twice
