@@ -1084,3 +1084,43 @@ def test_a_columns_best_mean_is_marked_among_rows_of_one_task(tmp_path):
     bold = sorted(row[0].text for row in out.rows if row[1].best)
     assert len(bold) == 2 and all("rla" in label.lower() and "sgla" not in label.lower() for label in bold), \
         [(row[0].text, row[1].text, row[1].best) for row in out.rows]
+
+
+def test_a_verdict_says_when_its_difference_changed_sign_over_the_last_evaluation(tmp_path):
+    """The mean paired difference at the last two evaluations both sides share: a sign change is a caveat (the
+    comparison is still turning); a steady one, another budget (a wall-clock control's last evaluation is at other
+    tokens) or runs without readable histories say nothing."""
+    from types import SimpleNamespace
+
+    from rla_ablate.dashboard import validity as V
+    from rla_ablate.dashboard.spec import ValidityThresholds
+    from rla_ablate.dashboard.verdict import evaluate
+    from rla_ablate.sweep.identity import ARM, CONTROL, SERIES
+    from rla_ablate.tracking.read import RunRecord
+
+    def run(ablations, seed):
+        tags = {SERIES: ablations, "version": "current", "family": "rla", "ablations": ablations, CONTROL: "none",
+                ARM: "lm-rla", "seed": str(seed)}
+        return RunRecord(f"{ablations}-{seed}", "0", "finished", tags, {},
+                         {"eval/val/loss": 2.0 + (0.05 if ablations == "no_fitting" else 0.0) + 0.01 * seed,
+                          "diag/mixer_rms_over_sqrt_eps": 20.0})
+
+    path = tmp_path / "t4.yaml"
+    path.write_text("kind: table\ntitle: t4\ncolumns: [{metric: eval/val/loss}]\nclaims:\n"
+                    "  - {claim: R helps, metric: eval/val/loss, treatment: {ablations: no_fitting}, "
+                    "reference: {ablations: none}, expect: higher, min_effect: 0.01}\n")
+    spec, jobs = load_spec(path), [run(a, s) for a in ("none", "no_fitting") for s in (0, 1)]
+
+    def caveats(curves):
+        runs = SimpleNamespace(jobs=jobs, history=lambda run_id, key: curves[run_id.split("-")[0]])
+        (verdict,), _ = evaluate(spec, runs, V.ValidityIndex(runs, ValidityThresholds()))
+        return [c for c in verdict.caveats if "changed sign" in c]
+
+    turning = {"none": [(1024, 2.5), (2048, 2.2), (4096, 2.0)], "no_fitting": [(1024, 2.6), (2048, 2.1), (4096, 2.05)]}
+    assert caveats(turning) == ["the mean difference changed sign over the last evaluation interval (-0.1 at 2,048 "
+                                "tokens, +0.05 at 4,096): the comparison is still turning, and more training may "
+                                "turn it back"]
+    assert caveats({**turning, "no_fitting": [(1024, 2.6), (2048, 2.3), (4096, 2.05)]}) == []       # steady sign
+    assert caveats({**turning, "no_fitting": [(1024, 2.6), (2048, 2.1), (4608, 2.05)]}) == []       # another budget
+    runs = SimpleNamespace(jobs=jobs)                                                              # no histories
+    assert evaluate(spec, runs, V.ValidityIndex(runs, ValidityThresholds()))[0][0].caveats == ()

@@ -230,6 +230,33 @@ def _schedule_note(key: str, t: D.Series, ref: D.Series) -> str:
             "at the same tokens")
 
 
+def _settling_note(runs, key: str, t: D.Series, ref: D.Series) -> str:
+    """Where the mean paired difference changed sign between the last two evaluations both sides share (runs of one
+    budget and schedule, their last at the same tokens): the verdict then judges a comparison still turning, which
+    more training may turn back ('' otherwise, or where the runs' histories cannot be read)."""
+    history = getattr(runs, "history", None)
+    if history is None:
+        return ""
+    mine, theirs = t.by_seed(), ref.by_seed()
+    steps: dict[int, list[float]] = {}
+    for seed in [s for s in mine if s in theirs]:
+        a, b = (dict(history(r.run_id, key)) if r.run_id else {} for r in (mine[seed], theirs[seed]))
+        if not a or not b or max(a) != max(b):
+            return ""  # another budget or schedule (a wall-clock control): its evaluations are at other tokens
+        shared = sorted(set(a) & set(b))[-2:]
+        if len(shared) < 2:
+            return ""
+        for step in shared:
+            steps.setdefault(step, []).append(a[step] - b[step])
+    if len(steps) != 2 or len({len(v) for v in steps.values()}) != 1:
+        return ""
+    (before, prev), (last, final) = ((step, sum(v) / len(v)) for step, v in sorted(steps.items()))
+    if prev * final >= 0:
+        return ""
+    return (f"the mean difference changed sign over the last evaluation interval ({prev:+.4g} at {before:,} tokens, "
+            f"{final:+.4g} at {last:,}): the comparison is still turning, and more training may turn it back")
+
+
 OFF_NO_POWER = "more seeds do not help until the mechanism is engaged"
 NO_POWER = {V.OFF: OFF_NO_POWER, V.IDENTICAL: "more seeds do not help: the results are identical",
             "not learned": "more seeds do not help until a model learns the task",
@@ -311,7 +338,7 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
                 state, detail = V.NO_CHECK, "decided by divergence (a diverged run has no final diagnostics)"
             else:
                 caveats = [note for note in (_divergence_note(t, ref), _seeds_note(t, ref, treated, reference),
-                                             _schedule_note(key, t, ref),
+                                             _schedule_note(key, t, ref), _settling_note(runs, key, t, ref),
                                              "" if floor else _learned_note(claim, treated, reference)) if note]
                 reason = "; ".join([reason, *caveats])
             out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], key, d, verdict, reason, needed,
