@@ -585,7 +585,8 @@ def test_small_sweep_draws_what_it_compares_and_lists_the_claims_it_cannot_test(
     got = {v.claim.claim.split(":")[0]: v for v in dash.verdicts}
     assert sorted(got) == ["Persistent R helps RDN", "Persistent R helps RLA"]
     rla, rdn = got["Persistent R helps RLA"], got["Persistent R helps RDN"]
-    assert rla.verdict == "confirmed" and rla.diff.diff.n == 2 and rla.seeds_text() == "2"
+    assert rla.verdict == "confirmed" and rla.diff.diff.n == 2
+    assert rla.seeds_text() == "2 (decided at n=2; a rerun at this count finds it again 80% of the time)"
     assert rdn.verdict == "unresolved" and rdn.diff.diff.n == 1
     assert "seeds finished with the metric: RDN, no fitting: seed 0, not 1; RDN: seeds 0, 1" in rdn.reason
     assert rdn.seeds_text() == "unknown (1 paired seed; 2+ estimate the spread)"
@@ -674,7 +675,10 @@ def test_clip_radius_question_with_the_mechanism_off_recommends_no_seeds(server,
     assert [v.treatment for v in dash.verdicts] == ["RLA, clip=0.5", "RLA, clip=8.0"]
     for v in dash.verdicts:
         assert v.mechanism == "engaged" and v.reference == "RLA, clip=2.0" and v.diff.diff.n == 3
-        assert v.seeds_needed == seeds_for_power(v.diff.diff.std, 0.005) and v.seeds_text() == str(v.seeds_needed)
+        assert v.seeds_needed == seeds_for_power(v.diff.diff.std, 0.005)
+        assert v.seeds_text() == (f"{v.seeds_needed} (decided at n=3; a rerun at this count finds it again 80% of "
+                                  "the time)" if v.verdict != "unresolved" else
+                                  f"{v.seeds_needed} (rough: the spread from 3 seeds)")
 
 
 def test_a_baseline_against_a_residual_model_is_judged_by_its_mixers_not_by_two_clip_radii():
@@ -772,12 +776,15 @@ def test_a_hint_puts_each_config_value_where_a_sweep_file_takes_it():
         "model.target = tanh and model.clip = 2 in grid: or an arm's overrides:; train.lr = 0.01 in grid: or base: "
         "or an arm's base:")
     # a value some run of the sweep already has is not asked for again (the claim lacks its ablation, not its data)
-    has = {"data.kind": {"stdlib"}}
-    assert sweep_file_hint({"ablations": "tied_gamma", "data.kind": "stdlib"},
-                           has=lambda key, values: bool(has.get(key, set()) & set(values))) == \
+    seen = {"data.kind": {"stdlib"}, "model.clip_mode": {"absolute", "relative"}}.get
+    assert sweep_file_hint({"ablations": "tied_gamma", "data.kind": "stdlib"}, seen=lambda k: seen(k, set())) == \
         "add tied_gamma to ablations:"
-    assert sweep_file_hint({"data.kind": "mqar"}, has=lambda key, values: bool(has.get(key, set()) & set(values))) \
-        == "data.kind = mqar in grid: or base: or an arm's base:"
+    assert sweep_file_hint({"data.kind": "mqar"}, seen=lambda k: seen(k, set())) \
+        == "data.kind = mqar (the runs have stdlib) in grid: or base: or an arm's base:"
+    # a value no run has, close to one they have: a typo in the spec, not a value to add to the sweep file
+    assert sweep_file_hint({"model.clip_mode": "relativ"}, seen=lambda k: seen(k, set())) == (
+        "model.clip_mode = relativ (the runs have absolute, relative (did you mean 'relative'?)) in grid: or an "
+        "arm's overrides:")
 
 
 def test_labels_shorten_a_search_draw_and_keep_what_a_sweep_file_wrote():
@@ -1124,3 +1131,32 @@ def test_a_verdict_says_when_its_difference_changed_sign_over_the_last_evaluatio
     assert caveats({**turning, "no_fitting": [(1024, 2.6), (2048, 2.1), (4608, 2.05)]}) == []       # another budget
     runs = SimpleNamespace(jobs=jobs)                                                              # no histories
     assert evaluate(spec, runs, V.ValidityIndex(runs, ValidityThresholds()))[0][0].caveats == ()
+
+
+def test_a_not_tested_claims_hint_names_only_what_is_missing_and_a_self_comparison_is_refused(tmp_path):
+    """An ablation the sweep has is not asked for again; a reference's own config value (train.lr = 0.02) is; values
+    each present but never together say so; a claim whose reference restates its treatment is refused at its line."""
+    from rla_ablate.dashboard.coverage import for_claim
+    from rla_ablate.dashboard.spec import Claim
+    from rla_ablate.errors import UserError
+
+    seen = {"train.lr": {"0.01", "0.003"}}
+    spec = type("Spec", (), {"name": "t"})()
+
+    def hint(treatment, reference):
+        claim = Claim(claim="c", treatment=treatment, reference=reference, expect="higher", min_effect=0.01)
+        return for_claim(spec, claim, True, {"rdn"}, {"tied_gamma"}, seen=lambda k: seen.get(k, set())).hint
+
+    assert hint({"family": "rdn", "ablations": "tied_gamma"}, {"ablations": "none", "train.lr": 0.02}) == \
+        "train.lr = 0.02 (the runs have 0.003, 0.01) in grid: or base: or an arm's base:"
+    assert hint({"family": "rdn", "ablations": "tied_gamma", "train.lr": 0.01}, {"ablations": "none"}) == \
+        "the sweep has runs with each of these values, but none with all of them together"
+    with pytest.raises(ValueError, match="its values are the treatment's own"):
+        Claim(claim="c", treatment={"family": "rdn", "ablations": "none"}, reference={"ablations": "none"},
+              expect="higher", min_effect=0.01)
+    path = tmp_path / "s.yaml"
+    path.write_text("kind: table\ntitle: t\ncolumns: [{metric: eval/val/loss}]\nclaims:\n"
+                    "  - {claim: c, treatment: {ablations: none}, reference: {ablations: none}, expect: higher, "
+                    "min_effect: 0.01}\n")
+    with pytest.raises(UserError, match="s.yaml:5: claims.0: reference: its values are the treatment's own"):
+        load_spec(path)

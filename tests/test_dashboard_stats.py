@@ -115,7 +115,12 @@ def test_power_line_gives_a_seed_count_only_where_more_seeds_are_the_remedy():
         return Verdict("s", claim, "T", "R", "eval/val/loss", diff, "unresolved", "", needed, mechanism, "", no_power)
 
     needed = seeds_for_power(d.diff.std, 0.005)
-    assert verdict(d, needed).seeds_text() == str(needed) and needed > 3
+    assert verdict(d, needed).seeds_text() == f"{needed} (rough: the spread from 3 seeds)" and needed > 3
+    # from 5 paired seeds on, the count alone; a decided verdict's count is no advice to run more
+    d5 = paired_diff({i: 3.0 + 0.01 * i for i in range(5)}, {i: 3.002 + 0.012 * (i % 2) for i in range(5)})
+    assert verdict(d5, 7).seeds_text() == "7"
+    decided = Verdict("s", claim, "T", "R", "eval/val/loss", d5, "confirmed", "", 7, "engaged", "", "")
+    assert decided.seeds_text() == "7 (decided at n=5; a rerun at this count finds it again 80% of the time)"
     # An invalid comparison: more seeds repeat it, so no count, and the line says what would help instead.
     assert verdict(d, None, "off", NO_POWER["off"]).seeds_text() == \
         "— (more seeds do not help until the mechanism is engaged)"

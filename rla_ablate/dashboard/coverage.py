@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rla_ablate.dashboard import data as D
+from rla_ablate.errors import did_you_mean
 
 NOT_TESTED = "not tested"
 
@@ -30,13 +31,22 @@ def _add_arm(families: list[str]) -> str:
     return f"add a {' or '.join(families)} arm to models:"
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def sweep_file_hint(filters: dict, families: set[str] | None = None, present: set[str] | None = None,
-                    has=None) -> str:
+                    seen=None) -> str:
     """What a sweep file adds to produce such runs, in words ('add logcosh to ablations:'; no brackets, so that the
     line prints as it is through rich markup). A family is named when none of its values is among `families`
     (those the sweep has; None: never); a control's family by the residual arm it is derived from. A control
     among `present` (the ablations and controls the sweep's runs have) is not asked for again, nor a config value
-    that `has(key, values)` says some run of the sweep already has (data.kind = stdlib in a sweep of stdlib data)."""
+    some run of the sweep already has (`seen(key)`: the values its runs have of a key; data.kind = stdlib in a sweep
+    of stdlib data); a value none has is named with those the runs have, and the one closest to it (a typo)."""
     from rla_ablate.models.ablations import CONTROL_NAMES
     from rla_ablate.models.config import BASELINE_OF
 
@@ -57,15 +67,20 @@ def sweep_file_hint(filters: dict, families: set[str] | None = None, present: se
                     parts.append(f"{_add_arm(residual)} ({' or '.join(sorted(derived))} derives "
                                  f"{' or '.join(values)} from it)")
         elif key == "ablations":
-            ablations = [a for a in values if a not in CONTROL_NAMES]
+            ablations = [a for a in values if a not in CONTROL_NAMES and (present is None or a not in present)]
             controls = [a for a in values if a in CONTROL_NAMES and (present is None or a not in present)]
             if ablations:
                 parts.append(f"add {' or '.join(ablations)} to ablations:")
             if controls:
                 parts.append(f"add {' or '.join(controls)} to controls:")
-        elif (section := key.removeprefix("point.").split(".")[0]) in ("model", "train", "data") \
-                and not (has is not None and has(key, values)):
-            config[section == "model"].append(f"{key.removeprefix('point.')} = {' or '.join(values)}")
+        elif (section := key.removeprefix("point.").split(".")[0]) in ("model", "train", "data"):
+            have = sorted(seen(key)) if seen is not None else []
+            if set(values) & set(have):
+                continue
+            # a word close to one the runs have is a typo (relativ); a number close to another is a value
+            close = "" if _is_number(values[0]) else did_you_mean(values[0], have)
+            runs_have = f" (the runs have {', '.join(have[:6])}{', ...' if len(have) > 6 else ''}{close})" if have else ""
+            config[section == "model"].append(f"{key.removeprefix('point.')} = {' or '.join(values)}{runs_have}")
     # where a sweep file sets such a value: model keys in an arm's overrides:, train and data keys in base: or an
     # arm's base: (an arm's overrides: takes model keys only); any of them in grid:
     for model, where in ((True, "an arm's overrides:"), (False, "base: or an arm's base:")):
@@ -89,12 +104,14 @@ class Untested:
     """What the sweep file adds to run them: 'ablations: [logcosh]' ('' when nothing simple says it)."""
     drawn: bool
     """Whether the spec is drawn anyway (other series of it are in the sweep)."""
+    fix_in: str = "sweep file"
+    """Where `hint` is to be acted on: the sweep file, or the spec (its `runs:` filter leaves the runs out)."""
 
     def text(self) -> str:
         """The claim and the runs it needs: 'claim: needs runs with ..., compared with ... (sweep file: ...)'."""
         what = f"{self.claim}" if self.claim else "(no claims; not drawn)"
         against = f", compared with {self.against}" if self.against else ""
-        hint = f" (sweep file: {self.hint})" if self.hint else ""
+        hint = f" ({self.fix_in}: {self.hint})" if self.hint else ""
         return f"{what}: needs runs with {self.needs}{against}{hint}"
 
     def line(self) -> str:
@@ -102,22 +119,30 @@ class Untested:
 
     def as_dict(self) -> dict:
         return {"spec": self.spec, "claim": self.claim, "verdict": NOT_TESTED, "needs": self.needs,
-                "compared_with": self.against, "sweep_file": self.hint, "drawn": self.drawn,
+                "compared_with": self.against, "sweep_file": self.hint if self.fix_in == "sweep file" else "",
+                **({"spec": self.hint} if self.fix_in == "spec" else {}), "drawn": self.drawn,
                 "reason": f"no run with {self.needs} in this sweep"}
 
 
 def for_claim(spec, claim, drawn: bool = True, families: set[str] | None = None,
-              present: set[str] | None = None, has=None) -> Untested:
+              present: set[str] | None = None, seen=None) -> Untested:
     """The line of a claim whose treatment no run of the sweep matches (`families`: those the sweep has; `present`:
-    the ablations and controls its runs have; `has`: see `sweep_file_hint`). The hint also names a reference
+    the ablations and controls its runs have; `seen`: see `sweep_file_hint`). The hint also names a reference
     family the sweep lacks."""
-    hints = [sweep_file_hint(claim.treatment, families, present, has)]
+    hints = [sweep_file_hint(claim.treatment, families, present, seen)]
     reference = [D.spelled(x) for x in as_list(claim.reference.get("family", [])) if D.spelled(x) != "none"]
     # a reference arm the treatment's hint already asks for is not asked for twice
     if families is not None and reference and not set(reference) & families and _add_arm(reference) not in hints[0]:
         hints.append(_add_arm(reference))
-    return Untested(spec.name, claim.claim, filters_text(claim.treatment), filters_text(claim.reference),
-                    "; ".join(h for h in hints if h), drawn)
+    # the reference's own config values (train.lr = 0.02 on the reference side), where no run has them
+    hints.append(sweep_file_hint({k: v for k, v in claim.reference.items() if k not in ("family", "ablations")},
+                                 families, present, seen))
+    hint = "; ".join(h for h in dict.fromkeys(hints) if h)
+    if not hint and seen is not None:
+        # every value is in the sweep, but no run has them together (an ablation its arm's family does not get)
+        hint = "the sweep has runs with each of these values, but none with all of them together"
+    return Untested(spec.name, claim.claim, filters_text(claim.treatment), filters_text(claim.reference), hint,
+                    drawn)
 
 
 def differs(series: D.Series, overrides: dict) -> bool:

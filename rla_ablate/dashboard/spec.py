@@ -15,7 +15,7 @@ import fnmatch
 from pathlib import Path
 from typing import Optional, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from rla_ablate.config import load_yaml, validate
 from rla_ablate.errors import UserError, did_you_mean
@@ -158,6 +158,18 @@ class Claim(_Oriented, _Strict):
             check_key(key, where="a claim")
         check_values(v, "a claim")
         return v
+
+    @model_validator(mode="after")
+    def _reference_changes_something(self):
+        # a reference that only restates the treatment's own values compares each series with itself
+        from rla_ablate.dashboard.data import same_value, spelled
+
+        treated = {k: [spelled(x) for x in (v if isinstance(v, list) else [v])] for k, v in self.treatment.items()}
+        if all(k in treated and len(treated[k]) == 1 and same_value(treated[k][0], v) for k, v in self.reference.items()):
+            raise ValueError("reference: its values are the treatment's own, so each series would be compared with "
+                             "itself; give the values the treatment is compared with (e.g. {ablations: none} for a "
+                             "treatment {ablations: tied_gamma})")
+        return self
 
     def selects(self, run_or_tags) -> bool:
         return _matches(self.treatment, run_or_tags)

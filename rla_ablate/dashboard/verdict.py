@@ -34,7 +34,7 @@ needs (`rla_ablate.dashboard.coverage`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 from rla_ablate.dashboard import coverage as C
@@ -44,6 +44,11 @@ from rla_ablate.dashboard.spec import Claim
 from rla_ablate.dashboard.stats import (ALPHA, CONFIRMED, CONTRADICTED, MAX_SEEDS, POWER, UNRESOLVED, PairedDiff,
                                         bh_adjust, classify, paired_diff, seeds_for_power)
 from rla_ablate.outcome import Status
+
+
+# Below this many paired seeds, a seed count rests on a spread estimated from few values (at 3 seeds, 2 degrees of
+# freedom, the upper 95% confidence limit of the spread is 6.3 times the estimate): said beside it.
+ROUGH_BELOW = 5
 
 
 @dataclass
@@ -82,9 +87,14 @@ class Verdict:
             if n == 1:
                 return "unknown (1 paired seed; 2+ estimate the spread)"
             return "—"
-        if self.seeds_needed > MAX_SEEDS:
-            return f"more than {MAX_SEEDS}"
-        return str(self.seeds_needed)
+        count = f"more than {MAX_SEEDS}" if self.seeds_needed > MAX_SEEDS else str(self.seeds_needed)
+        n = self.diff.diff.n if self.diff is not None else 0
+        if self.verdict in (CONFIRMED, CONTRADICTED):
+            # not advice to run more: the count says how often a rerun would find the effect again
+            return f"{count} (decided at n={n}; a rerun at this count finds it again 80% of the time)"
+        if n < ROUGH_BELOW:
+            return f"{count} (rough: the spread from {n} seeds)"
+        return count
 
     def comparison(self) -> str:
         if not self.treatment:
@@ -284,8 +294,13 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
         if all(ref is None for _, ref in pairs):
             # no treatment, or no series to compare any with (e.g. a gdn arm without the rdn it is the base of):
             # what the sweep lacks, not a verdict
-            untested.append(C.for_claim(spec, claim, drawn, families, present, has=lambda key, values: any(
-                D.spelled(s.value(key)) in values for s in index.everything)))
+            missing = C.for_claim(spec, claim, drawn, families, present, seen=lambda key: {
+                D.spelled(v) for s in index.everything if (v := s.value(key)) is not None})
+            if not treatments and any(s.runs and claim.selects(s.runs[0]) for s in index.everything):
+                # the runs exist: the spec's own `runs:` filter leaves them out of what it compares
+                missing = replace(missing, fix_in="spec", hint=f"its treatment's runs are in the sweep, but the "
+                                  f"spec's runs: filter ({C.filters_text(spec.runs)}) leaves them out")
+            untested.append(missing)
             continue
         for t, ref in pairs:
             if ref is None:
