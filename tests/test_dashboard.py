@@ -150,6 +150,17 @@ def test_dashboard_logged_to_parent_run(sweep):
             "dashboard/table5_output_gates.png"} <= files
 
 
+def test_no_log_writes_the_page_without_logging_it(sweep, tmp_path, capsys):
+    """--no-log: a draft render (its own --out) adds no folder to the sweep's parent run."""
+    root, server, runs = sweep
+    client = MlflowClient(server.uri)
+    before = {f.path for f in client.list_artifacts(runs["parent"])}
+    assert main(["dashboard", SWEEP, "--root", str(root), "--out", str(tmp_path / "draft"), "--no-log"]) == 0
+    assert (tmp_path / "draft" / "index.html").is_file()
+    assert "not logged to MLflow (--no-log)" in capsys.readouterr().out
+    assert {f.path for f in client.list_artifacts(runs["parent"])} == before
+
+
 @needs_chromium
 def test_html_page_renders_in_chromium(sweep, tmp_path):
     root, _, _ = sweep

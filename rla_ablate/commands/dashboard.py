@@ -24,6 +24,9 @@ def register(subparsers) -> None:
                         "ROOT/NAME/dashboard-<DIR's name>: a page per set of specs)")
     parser.add_argument("--tracking-uri", default=None,
                         help="read runs from this MLflow server instead of the sweep's own store")
+    parser.add_argument("--no-log", action="store_true",
+                        help="write the page and figures only, without logging them to the sweep's parent run (a "
+                             "draft or a debug render)")
     parser.add_argument("--include-stale", action="store_true",
                         help="also show runs of earlier versions of the sweep file (jobs no longer in its "
                              "expansion), labelled 'older sweep version'; by default only the current jobs")
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         task = bar.add_task("starting the tracking server", total=n)
         dash = build_dashboard(args.name, args.root, specs_dir=args.specs, out_dir=args.out,
                                tracking_uri=args.tracking_uri, include_stale=args.include_stale,
+                               log_artifacts=not args.no_log,
                                progress=lambda spec: bar.update(task, advance=1, description=spec.name))
     if dash.synced:
         console.print(f"backfilled {dash.synced} metrics from the jobs' metrics.jsonl into MLflow", highlight=False)
@@ -118,4 +122,6 @@ def run(args: argparse.Namespace) -> int:
 
         console.print(f"logged to MLflow run {dash.logged_to} (artifacts/{dashboard_folder(args.specs)}/) {where}",
                       highlight=False, soft_wrap=True)
+    elif args.no_log:
+        console.print("not logged to MLflow (--no-log)", highlight=False)
     return 0
