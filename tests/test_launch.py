@@ -182,6 +182,10 @@ def test_edited_file_runs_only_the_new_job_and_retries_a_failure(launched):
     new = [j for j in load_sweep(f).jobs if j.job_id not in launched["first"]]
     assert [j.name for j in new] == ["tiny-rla/tied_gamma/seed0"]
     new_id = new[0].job_id
+    planned = cli("plan", str(f), "--root", str(root))  # what a launch there would run
+    assert planned.returncode == 0, planned.stderr
+    assert f"under {root}: 3 of these jobs are done (finished or diverged), so a launch runs the 1 left" in \
+        " ".join(planned.stdout.split()), planned.stdout
     # The new job raises once at 2048 tokens (after its checkpoint at 2048); the retry resumes from there.
     out = cli("launch", str(f), "--root", str(root), env={"RLA_SWEEP_FAIL_ONCE": f"{new_id}@2048"})
     assert out.returncode == 0, out.stdout + out.stderr

@@ -55,6 +55,18 @@ def _trials_done(sweep, root: str) -> int | None:
     return counted(study)
 
 
+def _jobs_done(sweep, root: str) -> int | None:
+    """How many of the expansion's jobs an earlier launch under `root` finished or saw diverge, which a launch does
+    not run again (None: the sweep has no folder there yet)."""
+    from rla_ablate.outcome import TERMINAL
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(root, sweep.name)
+    if not sdir.has_job_list():
+        return None
+    return sum(sdir.status(job.job_id).status in TERMINAL for job in sweep.jobs)
+
+
 def _h(n: float) -> str:
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
         if abs(n) >= scale:
@@ -76,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     doc = plan(sweep)
     if sweep.config.search is not None:
         doc["totals"]["search_trials_done"] = _trials_done(sweep, args.root)
+    else:
+        doc["totals"]["jobs_done"] = _jobs_done(sweep, args.root)
     if args.json:
         print(json.dumps(doc, indent=1))
         return 0
@@ -121,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
                         f"as {t['search_trials']} trials (totals include them), each with "
                         f"{escape(space_text(s['params']))}; {s['direction']} {escape(s['metric'])} "
                         f"({s['sampler']} sampler, {s['pruner']} pruner){so_far}")
+    if t.get("jobs_done") is not None:
+        left = t["jobs"] - t["jobs_done"]
+        captions.append(f"under {escape(args.root)}: {t['jobs_done']} of these jobs are done (finished or diverged), so "
+                        + (f"a launch runs the {left} left" if left else "a launch runs none"))
     from rla_ablate.sweep.plan import unset_budget_note
 
     unset = unset_budget_note(sweep, t["runs_on"] == "cpu")
