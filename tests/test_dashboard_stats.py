@@ -121,6 +121,12 @@ def test_power_line_gives_a_seed_count_only_where_more_seeds_are_the_remedy():
     assert verdict(d5, 7).seeds_text() == "7"
     decided = Verdict("s", claim, "T", "R", "eval/val/loss", d5, "confirmed", "", 7, "engaged", "", "")
     assert decided.seeds_text() == "7 (decided at n=5; a rerun at this count finds it again 80% of the time)"
+    # a count no one would run says how far the spread is from the effect looked for
+    wide = paired_diff({i: 3.0 + 0.08 * (-1) ** i for i in range(6)}, {i: 3.0 for i in range(6)})
+    needed = seeds_for_power(wide.diff.std, 0.005)
+    assert needed > 100 and verdict(wide, needed).seeds_text() == (
+        f"{needed} (the paired differences spread {wide.diff.std:.3g}, {wide.diff.std / 0.005:.0f}x min_effect: "
+        "longer training, or a min_effect the question can afford, needs fewer)")
     # An invalid comparison: more seeds repeat it, so no count, and the line says what would help instead.
     assert verdict(d, None, "off", NO_POWER["off"]).seeds_text() == \
         "— (more seeds do not help until the mechanism is engaged)"

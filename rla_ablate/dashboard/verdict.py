@@ -49,6 +49,8 @@ from rla_ablate.outcome import Status
 # Below this many paired seeds, a seed count rests on a spread estimated from few values (at 3 seeds, 2 degrees of
 # freedom, the upper 95% confidence limit of the spread is 6.3 times the estimate): said beside it.
 ROUGH_BELOW = 5
+# A seed count above this is no practical advice: the power line then says how the spread compares with min_effect.
+MANY_SEEDS = 100
 
 
 @dataclass
@@ -92,9 +94,13 @@ class Verdict:
         if self.verdict in (CONFIRMED, CONTRADICTED):
             # not advice to run more: the count says how often a rerun would find the effect again
             return f"{count} (decided at n={n}; a rerun at this count finds it again 80% of the time)"
-        if n < ROUGH_BELOW:
-            return f"{count} (rough: the spread from {n} seeds)"
-        return count
+        notes = [f"rough: the spread from {n} seeds"] if n < ROUGH_BELOW else []
+        if self.seeds_needed > MANY_SEEDS and self.diff is not None and self.claim.min_effect > 0:
+            # more seeds are not the practical remedy: say how far the spread is from the effect looked for
+            spread = self.diff.diff.std
+            notes.append(f"the paired differences spread {spread:.3g}, {spread / self.claim.min_effect:.0f}x "
+                         "min_effect: longer training, or a min_effect the question can afford, needs fewer")
+        return f"{count} ({'; '.join(notes)})" if notes else count
 
     def comparison(self) -> str:
         if not self.treatment:
