@@ -586,7 +586,8 @@ def test_small_sweep_draws_what_it_compares_and_lists_the_claims_it_cannot_test(
     assert sorted(got) == ["Persistent R helps RDN", "Persistent R helps RLA"]
     rla, rdn = got["Persistent R helps RLA"], got["Persistent R helps RDN"]
     assert rla.verdict == "confirmed" and rla.diff.diff.n == 2
-    assert rla.seeds_text() == "2 (decided at n=2; a rerun at this count finds it again 80% of the time)"
+    assert rla.seeds_text() == ("2 (decided at n=2; a rerun with this many seeds detects an effect of min_effect "
+                                "80% of the time)")
     assert rdn.verdict == "unresolved" and rdn.diff.diff.n == 1
     assert "seeds finished with the metric: RDN, no fitting: seed 0, not 1; RDN: seeds 0, 1" in rdn.reason
     assert rdn.seeds_text() == "unknown (1 paired seed; 2+ estimate the spread)"
@@ -676,8 +677,8 @@ def test_clip_radius_question_with_the_mechanism_off_recommends_no_seeds(server,
     for v in dash.verdicts:
         assert v.mechanism == "engaged" and v.reference == "RLA, clip=2.0" and v.diff.diff.n == 3
         assert v.seeds_needed == seeds_for_power(v.diff.diff.std, 0.005)
-        assert v.seeds_text() == (f"{v.seeds_needed} (decided at n=3; a rerun at this count finds it again 80% of "
-                                  "the time)" if v.verdict != "unresolved" else
+        assert v.seeds_text() == (f"{v.seeds_needed} (decided at n=3; a rerun with this many seeds detects an "
+                                  "effect of min_effect 80% of the time)" if v.verdict != "unresolved" else
                                   f"{v.seeds_needed} (rough: the spread from 3 seeds)")
 
 

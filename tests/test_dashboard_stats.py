@@ -120,7 +120,8 @@ def test_power_line_gives_a_seed_count_only_where_more_seeds_are_the_remedy():
     d5 = paired_diff({i: 3.0 + 0.01 * i for i in range(5)}, {i: 3.002 + 0.012 * (i % 2) for i in range(5)})
     assert verdict(d5, 7).seeds_text() == "7"
     decided = Verdict("s", claim, "T", "R", "eval/val/loss", d5, "confirmed", "", 7, "engaged", "", "")
-    assert decided.seeds_text() == "7 (decided at n=5; a rerun at this count finds it again 80% of the time)"
+    assert decided.seeds_text() == ("7 (decided at n=5; a rerun with this many seeds detects an effect of min_effect "
+                                    "80% of the time)")
     # a count no one would run says how far the spread is from the effect looked for
     wide = paired_diff({i: 3.0 + 0.08 * (-1) ** i for i in range(6)}, {i: 3.0 for i in range(6)})
     needed = seeds_for_power(wide.diff.std, 0.005)

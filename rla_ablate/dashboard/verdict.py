@@ -93,7 +93,8 @@ class Verdict:
         n = self.diff.diff.n if self.diff is not None else 0
         if self.verdict in (CONFIRMED, CONTRADICTED):
             # not advice to run more: the count says how often a rerun would find the effect again
-            return f"{count} (decided at n={n}; a rerun at this count finds it again 80% of the time)"
+            return (f"{count} (decided at n={n}; a rerun with this many seeds detects an effect of min_effect 80% of "
+                    "the time)")
         notes = [f"rough: the spread from {n} seeds"] if n < ROUGH_BELOW else []
         if self.seeds_needed > MANY_SEEDS and self.diff is not None and self.claim.min_effect > 0:
             # more seeds are not the practical remedy: say how far the spread is from the effect looked for
@@ -250,9 +251,16 @@ def _settling_note(runs, key: str, t: D.Series, ref: D.Series) -> str:
     """Where the mean paired difference changed sign between the last two evaluations both sides share (runs of one
     budget and schedule, their last at the same tokens): the verdict then judges a comparison still turning, which
     more training may turn back ('' otherwise, or where the runs' histories cannot be read)."""
-    history = getattr(runs, "history", None)
-    if history is None:
+    read = getattr(runs, "history", None)
+    if read is None:
         return ""
+
+    def history(run_id: str, key: str) -> list[tuple[int, float]]:
+        try:
+            return read(run_id, key)
+        except Exception:  # an unreadable history (a store gone mid-render) costs the note, not the page
+            return []
+
     mine, theirs = t.by_seed(), ref.by_seed()
     steps: dict[int, list[float]] = {}
     for seed in [s for s in mine if s in theirs]:
