@@ -713,7 +713,7 @@ def test_a_baseline_against_a_residual_model_is_judged_by_its_mixers_not_by_two_
     assert state == V.OFF and "target_engaged" in detail, detail
 
 
-def test_a_derived_control_without_a_run_of_its_baseline_is_checked_against_the_run_it_is_compared_with():
+def test_a_derived_control_without_a_run_of_its_baseline_is_checked_against_the_run_it_is_compared_with(tmp_path):
     # A sweep with RLA and its matched-state control but no plain sGLA: the control's own reference has no run, so
     # it is checked against the RLA it derives from, in the validity panel as in a comparison: engaged (or off, when
     # a side measured below the threshold), not 'not measured'.
@@ -737,8 +737,18 @@ def test_a_derived_control_without_a_run_of_its_baseline_is_checked_against_the_
         index = V.ValidityIndex(SimpleNamespace(jobs=runs), ValidityThresholds())
         series = {s.key[0]: s for s in index.everything}
         control = series["sgla-wallclock"]
-        # the validity panel's own state of the control is that of the comparison, against the RLA it derives from
+        # the validity panel's own state of the control is that of the comparison, against the RLA it derives from,
+        # which the panel names as its reference
         assert index.of(control).reference is series["rla"] and index.of(control).state == want
+        from rla_ablate.dashboard.render import Rendered, validity_rows
+
+        path = tmp_path / "v.yaml"
+        path.write_text("kind: validity\ntitle: v\n")
+        out = Rendered("v", "v", "", "validity")
+        validity_rows(load_spec(path), SimpleNamespace(jobs=runs), out, lambda run_id: None, index)
+        measured = {row[0].text: row[3].text for row in out.rows}
+        assert [m for label, m in measured.items() if label.startswith("sGLA")][0].endswith(
+            f"; reference: {series['rla'].label}, the model it is derived from"), measured
         for pair in ((control, series["rla"]), (series["rla"], control)):
             state, detail = V.comparison(index, *pair)
             assert state == want, (pair, detail)

@@ -658,6 +658,9 @@ def validity_rows(spec: ValiditySpec, runs: SweepRuns, out: Rendered, run_url, i
                 if sv is not None and sv.run is r:
                     state = sv.state
                     measured = "; ".join(m.text() for m in sv.measured)
+                    if v.reference is not None and v.reference.value("family") != s.value("family"):
+                        # a derived control without a run of its baseline: checked against the model it derives from
+                        measured += f"; reference: {v.reference.label}, the model it is derived from"
                     if sv.identical:
                         measured += f"; final results identical to {v.reference.label if v.reference else 'reference'}"
                 elif not v.checks:
