@@ -31,14 +31,6 @@ def _add_arm(families: list[str]) -> str:
     return f"add a {' or '.join(families)} arm to models:"
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def sweep_file_hint(filters: dict, families: set[str] | None = None, present: set[str] | None = None,
                     seen=None) -> str:
     """What a sweep file adds to produce such runs, in words ('add logcosh to ablations:'; no brackets, so that the
@@ -78,7 +70,7 @@ def sweep_file_hint(filters: dict, families: set[str] | None = None, present: se
             if set(values) & set(have):
                 continue
             # a word close to one the runs have is a typo (relativ); a number close to another is a value
-            close = "" if _is_number(values[0]) else did_you_mean(values[0], have)
+            close = "" if D.is_number(values[0]) else did_you_mean(values[0], have)
             runs_have = f" (the runs have {', '.join(have[:6])}{', ...' if len(have) > 6 else ''}{close})" if have else ""
             config[section == "model"].append(f"{key.removeprefix('point.')} = {' or '.join(values)}{runs_have}")
     # where a sweep file sets such a value: model keys in an arm's overrides:, train and data keys in base: or an

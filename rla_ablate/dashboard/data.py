@@ -315,6 +315,14 @@ def resolve_metric(pattern: str, runs: list[RunRecord]) -> str | None:
     return hits[0] if hits else None
 
 
+def is_number(v: str) -> bool:
+    """Whether a tag, param or spec value reads as a finite number."""
+    try:
+        return math.isfinite(float(v))
+    except ValueError:
+        return False
+
+
 def eval_set_names(runs: list[RunRecord]) -> set[str]:
     """The names of the eval sets the runs are configured with (their `eval.<i>.name` params): what `eval/<set>/...`
     metrics they log during training (lm-eval tasks scored after it are not among them)."""

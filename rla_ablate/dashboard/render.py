@@ -410,7 +410,7 @@ def render_scatter(spec: ScatterSpec, runs: SweepRuns, out: Rendered, index: V.V
         lines: dict[object, tuple[tuple, list[tuple[float, float]]]] = {}
         for i, s in enumerate(series):
             finals = D.final_by_seed(s, key)
-            xs = [float(v) for r in s.finished if (v := D.value_of(r, axis.param)) is not None and _is_number(v)]
+            xs = [float(v) for r in s.finished if (v := D.value_of(r, axis.param)) is not None and D.is_number(v)]
             if not finals or not xs:
                 continue
             state = _flag(out, index, s, _validity_reference(spec, s, series))
@@ -476,13 +476,6 @@ def _unstack(fig, notes: list) -> None:
                 break
             note.xyann = (note.xyann[0], note.xyann[1] - box.height * 72 / fig.dpi - 1)
         placed.append(note.get_window_extent(renderer))
-
-
-def _is_number(v: str) -> bool:
-    try:
-        return math.isfinite(float(v))
-    except ValueError:
-        return False
 
 
 def _column_keys(c, jobs: list) -> list[str]:

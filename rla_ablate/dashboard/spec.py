@@ -164,7 +164,7 @@ class Claim(_Oriented, _Strict):
         # a reference that only restates the treatment's own values compares each series with itself
         from rla_ablate.dashboard.data import same_value, spelled
 
-        treated = {k: [spelled(x) for x in (v if isinstance(v, list) else [v])] for k, v in self.treatment.items()}
+        treated = {k: [spelled(x) for x in _as_list(v)] for k, v in self.treatment.items()}
         if all(k in treated and len(treated[k]) == 1 and same_value(treated[k][0], v) for k, v in self.reference.items()):
             raise ValueError("reference: its values are the treatment's own, so each series would be compared with "
                              "itself; give the values the treatment is compared with (e.g. {ablations: none} for a "

@@ -260,19 +260,15 @@ class ValidityIndex:
         # A derived control without a plain run of its baseline in the sweep (controls of RLA, no sGLA arm) is
         # checked against the residual model it is derived from, as every comparison of it is (`comparison`): the
         # validity panel and the tables then give it one state.
+        # the plain series of each arm, at each version and grid point: what a control there is derived from
+        plain = {(s.value(D.ARM), *self._bucket(s)[1:]): s for s in self.everything
+                 if (s.value(D.CONTROL) or "none") == "none" and (s.value("ablations") or "none") == "none"}
         for s in self.everything:
             v = self._by_key[s.key]
             if v.reference is None and v.checks and (s.value(D.CONTROL) or "none") != "none":
-                source = self._derived_from(s)
-                if source is not None:
+                source = plain.get((s.value(D.ARM), *self._bucket(s)[1:]))
+                if source is not None and source.value("family") != s.value("family"):
                     self._by_key[s.key] = assess(s, [], thresholds, reference=source)
-
-    def _derived_from(self, control: D.Series) -> D.Series | None:
-        """The residual series a derived control is derived from: its arm's plain series at its grid point."""
-        point = self._bucket(control)[1:]
-        return next((s for s in self.everything if s.value(D.ARM) == control.value(D.ARM)
-                     and (s.value(D.CONTROL) or "none") == "none" and (s.value("ablations") or "none") == "none"
-                     and s.value("family") != control.value("family") and self._bucket(s)[1:] == point), None)
 
     @staticmethod
     def _bucket(s: D.Series) -> tuple:
