@@ -50,8 +50,12 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
         parser.error(message)
     own = _innermost(subs[command], args)  # `data prepare`'s parser, not `data`'s
     every = dict(_all_parsers(subs))
+
+    def takers_of(option: str) -> list[str]:
+        return sorted(name for name, sub in every.items() if option in sub._option_string_actions)
+
     for option in dict.fromkeys(x.split("=", 1)[0] for x in extras if x.startswith("--")):
-        takers = sorted(name for name, sub in every.items() if option in sub._option_string_actions)
+        takers = takers_of(option)
         if option == "--resume":
             message += ("; rerun the same command to resume: train goes on from the newest checkpoint in its --out, "
                         "a launch from each job's (`rla-sweep resume NAME` for a sweep)")
@@ -67,10 +71,8 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.
             if not hint:
                 # close to another command's option only: named as theirs, with what this command takes instead
                 near = closest(word, sorted(anyone), 1)
-                theirs = sorted(name for name, sub in every.items() if "--" + near[0] in sub._option_string_actions
-                                ) if near else []
                 hint = (("; it is" if alone else " is") + " no command's option"
-                        + (f" (--{near[0]} is an option of {', '.join(theirs)})" if near else "")
+                        + (f" (--{near[0]} is an option of {', '.join(takers_of('--' + near[0]))})" if near else "")
                         + f"; {own.prog.removeprefix('rla-sweep ')} takes {', '.join('--' + o for o in sorted(mine))}")
             message += ("" if alone else f"; {option}") + hint
     own.error(message)
