@@ -1104,10 +1104,11 @@ def test_a_columns_best_mean_is_marked_among_rows_of_one_task(tmp_path):
         [(row[0].text, row[1].text, row[1].best) for row in out.rows]
 
 
-def test_a_verdict_says_when_its_difference_changed_sign_over_the_last_evaluation(tmp_path):
+def test_a_verdict_says_when_its_difference_changed_sign_or_is_closing(tmp_path):
     """The mean paired difference at the last two evaluations both sides share: a sign change is a caveat (the
     comparison is still turning); a steady one, another budget (a wall-clock control's last evaluation is at other
-    tokens) or runs without readable histories say nothing."""
+    tokens) or runs without readable histories say nothing. A difference that shrank to half or less over the second
+    half of the run, from at least min_effect, is a caveat too (the gap is closing)."""
     from types import SimpleNamespace
 
     from rla_ablate.dashboard import validity as V
@@ -1129,10 +1130,10 @@ def test_a_verdict_says_when_its_difference_changed_sign_over_the_last_evaluatio
                     "reference: {ablations: none}, expect: higher, min_effect: 0.01}\n")
     spec, jobs = load_spec(path), [run(a, s) for a in ("none", "no_fitting") for s in (0, 1)]
 
-    def caveats(curves):
+    def caveats(curves, about="changed sign"):
         runs = SimpleNamespace(jobs=jobs, history=lambda run_id, key: curves[run_id.split("-")[0]])
         (verdict,), _ = evaluate(spec, runs, V.ValidityIndex(runs, ValidityThresholds()))
-        return [c for c in verdict.caveats if "changed sign" in c]
+        return [c for c in verdict.caveats if about in c]
 
     turning = {"none": [(1024, 2.5), (2048, 2.2), (4096, 2.0)], "no_fitting": [(1024, 2.6), (2048, 2.1), (4096, 2.05)]}
     assert caveats(turning) == ["the mean difference changed sign over the last evaluation interval (-0.1 at 2,048 "
@@ -1142,6 +1143,19 @@ def test_a_verdict_says_when_its_difference_changed_sign_over_the_last_evaluatio
     assert caveats({**turning, "no_fitting": [(1024, 2.6), (2048, 2.1), (4608, 2.05)]}) == []       # another budget
     runs = SimpleNamespace(jobs=jobs)                                                              # no histories
     assert evaluate(spec, runs, V.ValidityIndex(runs, ValidityThresholds()))[0][0].caveats == ()
+
+    # closing: +0.12 at half the run (2,048 of 4,096 tokens), +0.05 at the end
+    closing = {"none": [(1024, 2.5), (2048, 2.2), (3072, 2.1), (4096, 2.0)],
+               "no_fitting": [(1024, 2.7), (2048, 2.32), (3072, 2.18), (4096, 2.05)]}
+    assert caveats(closing, "closing") == ["the gap is closing: the mean difference shrank from +0.12 at 2,048 "
+                                           "tokens to +0.05 at 4,096, so the verdict holds for this budget and a "
+                                           "longer run may narrow it further"]
+    assert caveats({**closing, "no_fitting": [(1024, 2.7), (2048, 2.28), (3072, 2.18), (4096, 2.05)]},
+                   "closing") == []                      # +0.08 to +0.05: not halved
+    assert caveats({**closing, "no_fitting": [(1024, 2.7), (2048, 2.208), (3072, 2.1), (4096, 2.003)]},
+                   "closing") == []                      # +0.008 to +0.003: below min_effect at half the run
+    assert caveats({**closing, "no_fitting": [(1024, 2.7), (2048, 2.32), (3072, 2.0), (4096, 2.05)]},
+                   "closing") == []                      # turned and back: the last interval's change is the caveat
 
 
 def test_a_not_tested_claims_hint_names_only_what_is_missing_and_a_self_comparison_is_refused(tmp_path):

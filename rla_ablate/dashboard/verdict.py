@@ -247,10 +247,15 @@ def _schedule_note(key: str, t: D.Series, ref: D.Series) -> str:
             "at the same tokens")
 
 
-def _settling_note(runs, key: str, t: D.Series, ref: D.Series) -> str:
-    """Where the mean paired difference changed sign between the last two evaluations both sides share (runs of one
-    budget and schedule, their last at the same tokens): the verdict then judges a comparison still turning, which
-    more training may turn back ('' otherwise, or where the runs' histories cannot be read)."""
+def _settling_note(runs, key: str, t: D.Series, ref: D.Series, min_effect: float) -> str:
+    """How the mean paired difference moved over the evaluations both sides share (runs of one budget and schedule,
+    their last at the same tokens), where the verdict should say it ('' otherwise, or where the runs' histories
+    cannot be read):
+    - it changed sign between the last two: the verdict judges a comparison still turning, which more training may
+      turn back;
+    - it shrank to half or less over the second half of the run, from at least `min_effect`: the gap is closing,
+      so the verdict holds for this budget and a longer run may narrow it further (small proxies often learn
+      faster early, and the difference of an early lead fades)."""
     read = getattr(runs, "history", None)
     if read is None:
         return ""
@@ -262,23 +267,30 @@ def _settling_note(runs, key: str, t: D.Series, ref: D.Series) -> str:
             return []
 
     mine, theirs = t.by_seed(), ref.by_seed()
-    steps: dict[int, list[float]] = {}
+    diffs: list[dict[int, float]] = []
     for seed in [s for s in mine if s in theirs]:
         a, b = (dict(history(r.run_id, key)) if r.run_id else {} for r in (mine[seed], theirs[seed]))
         if not a or not b or max(a) != max(b):
             return ""  # another budget or schedule (a wall-clock control): its evaluations are at other tokens
-        shared = sorted(set(a) & set(b))[-2:]
-        if len(shared) < 2:
-            return ""
-        for step in shared:
-            steps.setdefault(step, []).append(a[step] - b[step])
-    if len(steps) != 2 or len({len(v) for v in steps.values()}) != 1:
+        diffs.append({step: a[step] - b[step] for step in set(a) & set(b)})
+    common = sorted(set.intersection(*(set(d) for d in diffs))) if diffs else []
+    if len(common) < 2:
         return ""
-    (before, prev), (last, final) = ((step, sum(v) / len(v)) for step, v in sorted(steps.items()))
-    if prev * final >= 0:
+    mean = {step: sum(d[step] for d in diffs) / len(diffs) for step in common}
+    (before, prev), (last, final) = ((step, mean[step]) for step in common[-2:])
+    if prev * final < 0:
+        return (f"the mean difference changed sign over the last evaluation interval ({prev:+.4g} at {before:,} "
+                f"tokens, {final:+.4g} at {last:,}): the comparison is still turning, and more training may turn "
+                "it back")
+    half = [step for step in common if step <= last / 2]
+    if not half:
         return ""
-    return (f"the mean difference changed sign over the last evaluation interval ({prev:+.4g} at {before:,} tokens, "
-            f"{final:+.4g} at {last:,}): the comparison is still turning, and more training may turn it back")
+    middle, then = half[-1], mean[half[-1]]
+    if abs(then) >= min_effect and then * final >= 0 and abs(final) <= abs(then) / 2:
+        return (f"the gap is closing: the mean difference shrank from {then:+.4g} at {middle:,} tokens to "
+                f"{final:+.4g} at {last:,}, so the verdict holds for this budget and a longer run may narrow it "
+                "further")
+    return ""
 
 
 OFF_NO_POWER = "more seeds do not help until the mechanism is engaged"
@@ -367,7 +379,8 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
                 state, detail = V.NO_CHECK, "decided by divergence (a diverged run has no final diagnostics)"
             else:
                 caveats = [note for note in (_divergence_note(t, ref), _seeds_note(t, ref, treated, reference),
-                                             _schedule_note(key, t, ref), _settling_note(runs, key, t, ref),
+                                             _schedule_note(key, t, ref),
+                                             _settling_note(runs, key, t, ref, claim.min_effect),
                                              "" if floor else _learned_note(claim, treated, reference)) if note]
                 reason = "; ".join([reason, *caveats])
             out.append(Verdict(spec.name, claim, labels[t.key], labels[ref.key], key, d, verdict, reason, needed,
