@@ -1104,6 +1104,41 @@ def test_a_columns_best_mean_is_marked_among_rows_of_one_task(tmp_path):
         [(row[0].text, row[1].text, row[1].best) for row in out.rows]
 
 
+def test_a_column_no_run_logs_is_left_out_unless_every_column_is(tmp_path):
+    """A sweep that runs one task of a study (an LM-only replication read with the study's specs): the MQAR column
+    is left out of the table, and the figure's note names its metric; a table of nothing but unlogged columns keeps
+    them (missing), so it still says what it looked for."""
+    from types import SimpleNamespace
+
+    from rla_ablate.dashboard import validity as V
+    from rla_ablate.dashboard.render import Rendered, table_rows, unlogged
+    from rla_ablate.dashboard.spec import ValidityThresholds
+    from rla_ablate.sweep.identity import ARM, CONTROL, SERIES
+    from rla_ablate.tracking.read import RunRecord
+
+    def run(family, seed):
+        tags = {SERIES: family, "version": "current", "family": family, "ablations": "none", CONTROL: "none",
+                ARM: f"lm-{family}", "seed": str(seed)}
+        return RunRecord(f"{family}-{seed}", "0", "finished", tags, {"eval.0.name": "val"},
+                         {"eval/val/loss": 1.2 + seed / 100})
+
+    runs = SimpleNamespace(jobs=[run(f, s) for f in ("rla", "sgla") for s in (0, 1)])
+    index = V.ValidityIndex(runs, ValidityThresholds())
+
+    def table(columns):
+        path = tmp_path / "t.yaml"
+        path.write_text(f"kind: table\ntitle: t\nseries: [family]\ncolumns: {columns}\n")
+        spec, out = load_spec(path), Rendered("t", "t", "", "table")
+        table_rows(spec, runs, out, lambda run_id: None, index)
+        return out.header, [row[1].text for row in out.rows], unlogged(spec, runs) + out.left_out
+
+    header, cells, notes = table('[{metric: eval/val/loss, label: loss}, {metric: "eval/mqar_*/acc", label: acc}]')
+    assert header == ["model", "loss ↓", "Δ loss ↓", "mechanism", "runs"], header
+    assert notes == ["no run of this sweep logged eval/mqar_*/acc", "acc (eval/mqar_*/acc)"], notes
+    header, cells, _ = table('[{metric: "eval/mqar_*/acc", label: acc}]')
+    assert header[1] == "acc ↑" and cells == ["missing", "missing"], (header, cells)
+
+
 def test_a_verdict_says_when_its_difference_changed_sign_or_is_closing(tmp_path):
     """The mean paired difference at the last two evaluations both sides share: a sign change is a caveat (the
     comparison is still turning); a steady one, another budget (a wall-clock control's last evaluation is at other

@@ -68,6 +68,8 @@ class Rendered:
     """A table's cells list each seed's value (a column's `per_seed`)."""
     not_applicable: bool = False
     """A table has n/a cells: rows whose runs do not log a column's metric (another task's)."""
+    left_out: list[str] = field(default_factory=list)
+    """A table's columns that no run of the sweep logs, left out of it: 'label (metric)'."""
     checks: dict[str, list[str]] = field(default_factory=dict)
     """The validity checks behind a table's mechanism column: each condition (`validity.Check.condition`), in order
     of first use, with every run it reads (`check_lines`)."""
@@ -525,7 +527,15 @@ def table_rows(spec: TableSpec, runs: SweepRuns, out: Rendered, run_url, index: 
     panels = D.group(spec, runs)
     # A glob column becomes one column per matching metric (eval/*/loss -> eval loss (val), eval loss (mqar)).
     columns = []
+    # A column no run of the sweep logs (another task's, in a sweep of one task; or a misspelt metric) is left out,
+    # unless every column is: a sweep that runs part of a study reads as what it measured. The note of `unlogged`
+    # names its metric.
+    unlogged = [c for c in spec.columns if not _column_keys(c, runs.jobs)
+                and (c.fallback is None or not _column_keys(c.fallback, runs.jobs))]
     for c in spec.columns:
+        if len(unlogged) < len(spec.columns) and any(c is u for u in unlogged):
+            out.left_out.append(f"{c.label} ({c.metric})" if c.label else c.metric)
+            continue
         keys = _column_keys(c, runs.jobs)
         if not keys and c.fallback is not None:
             note = f"FALLBACK: no run has {c.metric}; column {c.fallback.label or c.fallback.metric} shown instead"
@@ -722,6 +732,8 @@ def _footer(fig, out: Rendered) -> None:
                                                 if out.not_applicable else "") + ".")
         if out.checks:
             lines.append(f"mechanism: {MECHANISM_CHECKS} ({'; '.join(check_lines(out.checks))}).")
+        if out.left_out:
+            lines.append(f"Columns left out, no run of this sweep logs them: {', '.join(out.left_out)}.")
     if out.verdicts:
         lines.append("Verdicts (paired by seed, 95% t-interval; q: false-discovery rate over the sweep's claims):")
         lines += [f"  {v.verdict.upper()}: {v.claim.claim} [{v.comparison()}: Δ = {v.diff_text()}; "
