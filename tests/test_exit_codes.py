@@ -162,7 +162,8 @@ def test_cancel_exits_130_and_ends_every_run_killed(tmp_path):
 @pytest.mark.slow
 def test_a_second_ctrl_c_abandons_the_jobs_closes_their_runs_and_says_how_to_resume(tmp_path):
     """Ctrl-C twice: exit 130 at once, the running jobs' MLflow runs closed as cancelled (not RUNNING until the
-    next launch), their folders pending (`status` says to resume), and the launch names the command."""
+    next launch) with no metric step logged twice, their folders pending (`status` says to resume), and the launch
+    names the command."""
     import signal
 
     from mlflow.tracking import MlflowClient
@@ -201,6 +202,10 @@ def test_a_second_ctrl_c_abandons_the_jobs_closes_their_runs_and_says_how_to_res
         run = client.get_run(job["mlflow_run_id"])
         # closed by this launch, or by the job itself (its stop beat the second Ctrl-C, or Ray's exit ended it)
         assert run.info.status == "KILLED", run.data.tags.get("rla.status_reason")
+        # the workers were ended before the runs were filled from metrics.jsonl: no step of any metric twice
+        for key in run.data.metrics:
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+            assert len(steps) == len(set(steps)), (key, sorted(steps))
     parent = json.loads((root / "twice" / "sweep.json").read_text())["parent_run_id"]
     assert client.get_run(parent).info.status == "KILLED"  # the sweep's own run too
 

@@ -44,6 +44,8 @@ from rla_ablate.sweep.status import starts_from
 DEFAULT_ROOT = "rla-runs"
 # Seconds jobs get to write a checkpoint and return after Ctrl-C or `rla-sweep cancel`.
 STOP_GRACE_S = 60.0
+# A second Ctrl-C kills the running attempts and waits this long for their workers to end before closing their runs.
+ABANDON_WAIT_S = 10.0
 # Seconds the launch waits for its restarted tracking server before a run update is given up (and noted).
 TRACKING_WAIT_S = 120.0
 
@@ -1066,8 +1068,8 @@ class _Runner:
         self.stop("interrupted")
 
     def abandon(self) -> None:
-        """The running jobs are left to stop with Ray (a second Ctrl-C). Their MLflow runs are closed now, as
-        cancelled, with what their metrics.jsonl holds (else they would read RUNNING until the next launch), and
+        """The running jobs are given up (a second Ctrl-C): their workers are killed, their MLflow runs closed now,
+        as cancelled, with what their metrics.jsonl holds (else they would read RUNNING until the next launch), and
         the launch says how to resume them; their folders keep them pending. A third Ctrl-C cuts this short."""
         from rla_ablate.terminal import count
 
@@ -1076,6 +1078,19 @@ class _Runner:
         if not jobs:
             return
         reason = "abandoned by a second Ctrl-C; the next launch or `resume` continues it from its last checkpoint"
+        # Their workers are ended first: one still logging while its metrics.jsonl is copied into the run could
+        # send a step the copy sends too, and MLflow would keep both. Killed now, a job resumes from its last
+        # checkpoint, as an abandoned job does anyway.
+        refs = list(self.inflight)
+        for ref in refs:
+            try:
+                self.ray.cancel(ref, force=True)
+            except Exception:  # an attempt that ended meanwhile
+                pass
+        try:
+            self.ray.wait(refs, num_returns=len(refs), timeout=ABANDON_WAIT_S)
+        except Exception:
+            pass
         for job in jobs:
             self.end_run(job, Status.CANCELLED, reason)
         parent = self.sdir.meta().get("parent_run_id")
