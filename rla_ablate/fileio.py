@@ -64,19 +64,44 @@ def shell_arg(value: object) -> str:
     return shlex.quote(str(value))
 
 
-def check_sqlite(path: str | Path) -> None:
-    """A UserError naming `path` when it is there and is not an SQLite database (damaged from outside): MLflow would
-    fail on it with a long traceback, a launch only after starting Ray. An empty file is an empty database."""
+def check_sqlite(path: str | Path, remedy: str = "restore the sweep's tracking store from a copy") -> None:
+    """A UserError naming `path` when it is there and is not a readable SQLite database (damaged from outside: not
+    SQLite at all, cut short by a copy or a full disk, or its schema unreadable): MLflow would fail on it with a
+    long traceback, a launch only after starting Ray. An empty file is an empty database. `remedy`: what the message
+    says to do."""
+    import sqlite3
+    import struct
+
     from rla_ablate.errors import UserError
 
     try:
         with open(path, "rb") as f:
-            head = f.read(16)
+            head = f.read(100)
     except FileNotFoundError:
         return
-    if head and head != b"SQLite format 3\x00":
-        raise UserError("damaged: not an SQLite database; restore the sweep's tracking store from a copy",
-                        file=str(path))
+    if not head:
+        return
+    if not head.startswith(b"SQLite format 3\x00"):
+        raise UserError(f"damaged: not an SQLite database; {remedy}", file=str(path))
+    # The header's page count, valid when its version number matches the change counter (SQLite writes both), times
+    # the page size is the file's length (in write-ahead-log mode too: the header and the file change together at a
+    # checkpoint); a shorter file was cut short.
+    if len(head) == 100:
+        size = struct.unpack(">H", head[16:18])[0]
+        counter, pages, valid_for = struct.unpack(">III", head[24:36])[0:2] + struct.unpack(">I", head[92:96])
+        if pages and counter == valid_for and os.path.getsize(path) < pages * (65536 if size == 1 else size):
+            raise UserError(f"damaged: the file is shorter than its header says ({os.path.getsize(path):,} of "
+                            f"{pages * (65536 if size == 1 else size):,} bytes: a copy cut short, or a full disk); "
+                            f"{remedy}", file=str(path))
+    con = None
+    try:
+        con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise UserError(f"damaged: SQLite cannot read it ({exc}); {remedy}", file=str(path)) from None
+    finally:
+        if con is not None:
+            con.close()
 
 
 class LockHeld(Exception):

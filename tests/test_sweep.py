@@ -970,6 +970,38 @@ def test_a_damaged_sweep_record_is_named_not_read_as_an_empty_sweep(tmp_path, ca
     assert "mlflow.db is missing; no launch has run a job yet)" in " ".join(capsys.readouterr().err.split())
 
 
+def test_a_damaged_sqlite_store_is_named_whatever_the_damage(tmp_path):
+    """`check_sqlite`: a store cut short (a copy or a full disk), one whose schema page was overwritten, or one that
+    is not SQLite at all is a UserError naming the file and the remedy; an intact, an empty or a missing file is
+    not."""
+    import sqlite3
+
+    from rla_ablate.errors import UserError
+    from rla_ablate.fileio import check_sqlite
+
+    db = tmp_path / "mlflow.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE metrics (key TEXT, value REAL)")
+    con.executemany("INSERT INTO metrics VALUES (?, ?)", [(f"k{i}", i) for i in range(5000)])
+    con.commit()
+    con.close()
+    check_sqlite(db)
+    check_sqlite(tmp_path / "missing.db")
+    (tmp_path / "empty.db").write_bytes(b"")
+    check_sqlite(tmp_path / "empty.db")
+    good = db.read_bytes()
+
+    def damage(data: bytes, match: str) -> None:
+        db.write_bytes(data)
+        with pytest.raises(UserError, match=match) as err:
+            check_sqlite(db, remedy="do this")
+        assert err.value.file == str(db) and str(err.value).endswith("do this"), str(err.value)
+
+    damage(good[:len(good) // 2], r"shorter than its header says \([\d,]+ of [\d,]+ bytes")
+    damage(good[:100] + b"\xff" * 3996 + good[4096:], "SQLite cannot read it")
+    damage(b"garbage" * 10, "not an SQLite database")
+
+
 def test_a_new_version_that_changes_only_bookkeeping_says_its_jobs_train_again(tmp_path):
     """A job's id hashes its whole config, checkpoint interval included: a file that changes only such keys makes
     every job new. The launch's note on the previous version says which keys and how to keep the earlier runs."""

@@ -654,7 +654,7 @@ def check_store(sdir: SweepDir, tracking_uri: str | None) -> None:
     from rla_ablate.fileio import check_sqlite
 
     if tracking_uri is None:
-        check_sqlite(sdir.mlflow_dir / "mlflow.db")
+        check_sqlite(sdir.mlflow_dir / "mlflow.db", remedy=sdir.store_remedy(sdir.mlflow_dir / "mlflow.db"))
     meta = sdir.meta()
     if not meta.get("tracking_uri"):
         return

@@ -200,7 +200,13 @@ class SweepDir:
                             + ("; its jobs ran, so it was moved or deleted): put it back, or `rla-sweep resume "
                                f"{shell_arg(self.name)} --root {shell_arg(self.root)}` makes the runs again from each "
                                "job's metrics.jsonl" if ran else "; no launch has run a job yet)"))
-        check_sqlite(db)
+        check_sqlite(db, remedy=self.store_remedy(db))
+
+    def store_remedy(self, db: Path) -> str:
+        """What to do about a damaged embedded tracking store: its runs come back from the jobs' metrics.jsonl."""
+        return (f"restore it from a copy, or move it aside (`mv {shell_arg(db)} {shell_arg(str(db) + '.damaged')}`) "
+                f"and `rla-sweep resume {shell_arg(self.name)} --root {shell_arg(self.root)}` makes the runs again "
+                "from each job's metrics.jsonl")
 
     def job_config(self, job_id: str) -> dict | None:
         """The resolved JobConfig a job ran with (its job.json), also for jobs of earlier versions of the file."""
