@@ -248,7 +248,7 @@ def test_a_finished_job_whose_folder_was_deleted_trains_in_a_new_run(launched):
     shutil.rmtree(root / "e2e" / "jobs" / job_id)
     out = cli("launch", str(launched["dir"] / "e2e.yaml"), "--root", str(root))
     assert out.returncode == 0, out.stdout + out.stderr
-    said = " ".join(out.stdout.split())
+    said = " ".join((out.stdout + out.stderr).split())
     assert f"its folder has nothing of the attempt that logged to MLflow run {before['mlflow_run_id'][:12]}" in said
     job = next(j for j in status(root)["jobs"] if j["job_id"] == job_id)
     assert job["status"] == "finished" and job["mlflow_run_id"] != before["mlflow_run_id"]
@@ -302,7 +302,7 @@ def test_a_lost_tracking_store_is_made_again_from_the_jobs_metrics(launched):
         "--root" in said, said
     out = cli("launch", str(launched["dir"] / "e2e.yaml"), "--root", str(root))
     assert out.returncode == 0, out.stdout + out.stderr
-    said = " ".join(out.stdout.split())
+    said = " ".join((out.stdout + out.stderr).split())
     assert "was gone: 5 runs of ended jobs made again from their metrics.jsonl" in said, said
     doc = status(root)
     # this process's MLflow client keeps its SQLite connection per URI, to the moved file: the new store by a link
@@ -369,9 +369,17 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
     moved = max((j for j in doc["jobs"] if j["status"] != "finished"), key=lambda j: j["tokens_done"])
     assert moved["tokens_done"] > 0 and moved["mlflow_run_id"]
     shutil.rmtree(root / "e2e-kill" / "jobs" / moved["job_id"] / "checkpoints", ignore_errors=True)
+    # and a line of its metrics.jsonl damaged from outside: the rewrite (here the launch's, for the new run) moves it
+    # aside, and the launch says so
+    metrics = root / "e2e-kill" / "jobs" / moved["job_id"] / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([lines[0], "\x00garbage", *lines[1:]]) + "\n")
     out = cli("launch", str(f), "--root", str(root))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no checkpoint of its earlier attempt, so it starts from its first step in a new MLflow run" in out.stdout
+    said = " ".join((out.stdout + out.stderr).split())
+    assert f"warning: {metrics}: line 2 is not a metrics record: moved to {metrics}.damaged" in said, out.stdout
+    assert (metrics.parent / "metrics.jsonl.damaged").read_text() == "\x00garbage\n"
     from mlflow.tracking import MlflowClient
 
     assert MlflowClient(doc["tracking_uri"]).get_run(moved["mlflow_run_id"]).info.lifecycle_stage == "deleted"

@@ -112,3 +112,32 @@ def test_a_jobs_report_carries_the_tokens_of_its_last_step_not_of_its_last_log(t
     assert sent[-1] == 3072, sent
     log.tokens_trained(1024)  # never backwards (a resumed attempt reports from its checkpoint through `start`)
     assert log.tokens == 3072
+
+
+def test_a_jobs_project_warnings_reach_the_launch_as_notes(monkeypatch):
+    """`execute` sends the project's warnings (errors.Notice: a damaged metrics.jsonl line that a resume moves aside)
+    to the monitor as the job's notes, which the launch prints and keeps in the job's status; the worker's own stderr
+    reaches no one. Other warnings are shown as Python shows them."""
+    import warnings
+
+    from rla_ablate.errors import Notice
+    from rla_ablate.sweep import worker
+
+    sent = []
+
+    class Note:
+        def remote(self, job_id, text, keep=True):
+            sent.append((job_id, text, keep))
+
+    monitor = type("Monitor", (), {"note": Note()})()
+
+    def job(*args):
+        warnings.warn("metrics.jsonl: line 2 is not a metrics record: moved to metrics.jsonl.damaged", Notice)
+        warnings.warn("a library's own warning", UserWarning)
+        return "outcome"
+
+    monkeypatch.setattr(worker, "_execute", job)
+    with pytest.warns(UserWarning, match="a library's own warning"):
+        assert worker.execute(None, "out", "job1", None, None, monitor, 1.0) == "outcome"
+    assert sent == [("job1", "warning: metrics.jsonl: line 2 is not a metrics record: moved to metrics.jsonl.damaged",
+                     True)]

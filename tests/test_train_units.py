@@ -186,6 +186,13 @@ def test_read_jsonl_names_damaged_lines_inside_the_file(tmp_path):
         records = read_jsonl(path)
     assert metric_series(records, "train/loss") == [(10, 1.0), (30, 3.0)]
     assert records[-1]["type"] == "close"
+    # a resume's rewrite moves them aside, with a warning, rather than losing them
+    with pytest.warns(Notice, match=r"m\.jsonl: lines 2, 4 are not a metrics record: moved to .*m\.jsonl\.damaged"):
+        assert truncate_jsonl(path, 20) == 4  # the two damaged lines, step 30 and the close record
+    assert (tmp_path / "m.jsonl.damaged").read_text() == "\x00\x00garbage\n5\n"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert metric_series(read_jsonl(path), "train/loss") == [(10, 1.0)]
 
 
 def test_the_cli_shows_the_projects_warnings_as_one_line(tmp_path, capsys):

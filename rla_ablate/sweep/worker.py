@@ -239,7 +239,32 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
             monitor: Any, cpus: float, watch: str | None = None, allocator_cap: float | None = None) -> JobOutcome:
     """Run one job to its end (or a stop request) and return its outcome; never raises.
 
-    `allocator_cap`: the fraction of the GPU this job's allocator may hold (its share when jobs are packed)."""
+    `allocator_cap`: the fraction of the GPU this job's allocator may hold (its share when jobs are packed). The
+    project's warnings (`errors.Notice`: damaged lines of the job's metrics.jsonl) go to the launch's output and the
+    job's status through the monitor: the worker's own stderr reaches no one."""
+    import warnings
+
+    from rla_ablate.errors import Notice
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", Notice)
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):
+            if issubclass(category, Notice) and monitor is not None:
+                try:
+                    monitor.note.remote(job_id, f"warning: {message}")
+                    return
+                except Exception:
+                    pass
+            shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        return _execute(job, out_dir, job_id, tracking_uri, run_id, monitor, cpus, watch, allocator_cap)
+
+
+def _execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_id: str | None,
+             monitor: Any, cpus: float, watch: str | None, allocator_cap: float | None) -> JobOutcome:
     entered = time.time()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -118,22 +118,38 @@ def metric_series(records: Iterable[dict], key: str) -> list[tuple[int, float]]:
 def truncate_jsonl(path: str | Path, after_step: int) -> int:
     """Drop metric and event records past `after_step` and any close record (a resumed job rewrites them).
 
-    Written to a temp file and renamed, so a crash here leaves the old file. Returns how many were dropped.
+    A line that is not a record (damage from outside) is moved, not dropped: appended to `<file>.damaged` beside it,
+    with a warning naming both, so the rewrite loses nothing a person could still read; the torn last line of a crash
+    goes. Written to a temp file and renamed, so a crash here leaves the old file. Returns how many were dropped.
     """
     path = Path(path)
     if not path.exists():
         return 0
-    keep, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
+    keep, dropped, damaged = [], 0, []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
+            record = None
+        if not (isinstance(record, dict) and isinstance(record.get("type"), str)):
             dropped += 1
+            if number < len(lines) or record is not None:  # not the torn last line of a crash
+                damaged.append((number, line))
             continue
         if record.get("type") == "close" or record.get("step", 0) > after_step:
             dropped += 1
             continue
         keep.append(line)
+    if damaged:
+        aside = path.with_name(path.name + ".damaged")
+        with open(aside, "a", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for _, line in damaged))
+        numbers = [n for n, _ in damaged]
+        shown = ", ".join(map(str, numbers[:5])) + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
+        warnings.warn(f"{path}: line{'s' if len(numbers) > 1 else ''} {shown} {'are' if len(numbers) > 1 else 'is'} "
+                      f"not a metrics record: moved to {aside} as the resumed job rewrites the file", Notice,
+                      stacklevel=2)
     atomic_write_text(path, "".join(line + "\n" for line in keep))
     return dropped
 
