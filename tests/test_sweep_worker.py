@@ -132,8 +132,9 @@ def test_a_jobs_project_warnings_reach_the_launch_as_notes(monkeypatch):
     monitor = type("Monitor", (), {"note": Note()})()
 
     def job(*args):
-        warnings.warn("metrics.jsonl: line 2 is not a metrics record: moved to metrics.jsonl.damaged", Notice)
-        warnings.warn("a library's own warning", UserWarning)
+        warnings.warn("metrics.jsonl: line 2 is not a metrics record: moved to metrics.jsonl.damaged", Notice,
+                      stacklevel=2)
+        warnings.warn("a library's own warning", UserWarning, stacklevel=2)
         return "outcome"
 
     monkeypatch.setattr(worker, "_execute", job)
