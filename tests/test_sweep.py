@@ -532,6 +532,13 @@ BAD = {
                             "    - {name: val, data: {kind: stdlib}, tokens: 10}\n", 5,
                             ": base.eval: set 0 ('val'): tokens 10 is under one window of train.seq_len (128); an "
                             "eval set scores whole windows: use at least 128"),
+    # a section that is not a mapping (a traceback before); seeds torch, numpy and Python all take
+    "train_not_mapping": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  data: {kind: stdlib}\n"
+                          "  train: [tokens, 8192]\n", 5,
+                          "base.train: must be a mapping of train keys, e.g. {tokens: 8192, lr: 3.0e-3} (got list)"),
+    "train_empty": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  train:\n", 4, "(got nothing)"),
+    "seed_too_large": ("name: x\nmodels: [{preset: tiny-rla}]\nseeds: [0, 18446744073709551616]\n", 3,
+                       "seeds.1: Input should be less than or equal to 9223372036854775807"),
     "whole_job_check": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  train: {seq_len: 128}\n"
                         "  data: {kind: mqar, seq_len: 64}\n", 3,
                         ":3: base: data.seq_len (64) must equal train.seq_len (128)"),

@@ -590,7 +590,11 @@ class _Resolver:
     def _validate_job(self, model_cfg: BaseModel, point: dict[str, Any], seed: int,
                       arm: int | None = None) -> BaseModel:
         data = copy.deepcopy(self.cfg.base)
-        data.setdefault("train", {})
+        if not isinstance(data.setdefault("train", {}), dict):
+            train = data["train"]
+            got = "nothing" if train is None else type(train).__name__
+            raise _err(self.located, ("base", "train"),
+                       f"must be a mapping of train keys, e.g. {{tokens: 8192, lr: 3.0e-3}} (got {got})")
         if arm is not None:
             own = copy.deepcopy(self.cfg.models[arm].base)
             data["train"].update(own.pop("train", {}))

@@ -294,8 +294,8 @@ class SweepConfig(_Strict):
     """Dotted key -> values; every combination runs."""
     zip: dict[SweptKey, list[Any]] = Field(default_factory=dict)
     """Dotted key -> values; the i-th values run together (all lists the same length)."""
-    seeds: list[int] = Field(default_factory=lambda: [0])
-    """Training seeds (train.seed); each job runs once per seed."""
+    seeds: list[Annotated[int, Field(ge=0, le=2**63 - 1)]] = Field(default_factory=lambda: [0])
+    """Training seeds (train.seed, 0 to 2^63 - 1); each job runs once per seed."""
     resources: Resources = Field(default_factory=Resources)
     """What each job asks Ray for."""
     search: SearchConfig | None = None

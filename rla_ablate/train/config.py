@@ -15,6 +15,8 @@ from pydantic import ConfigDict, Field, model_serializer, model_validator
 from rla_ablate.config.numbers import NumbersNotBools
 
 PAPER_BATCH_TOKENS = 2**22
+# The largest seed every generator a job seeds takes (torch, numpy, Python's random), with room for offsets.
+MAX_SEED = 2**63 - 1
 # Fields added after job ids were first recorded, with the value every earlier job meant: the dump leaves them out
 # at that value, so configs that do not use them keep their job ids (and the golden job its own).
 _LATER_FIELDS = {"reset_state_at_documents": False, "cuda_graphs": False}
@@ -72,8 +74,9 @@ class TrainConfig(NumbersNotBools):
     """Log per-layer norms (Fig. 4a) and mechanism diagnostics, from one eval batch, at this interval. null: at
     every eval."""
 
-    seed: int = 0
-    """Seed for initialization, data order and every random number generator."""
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Seed for initialization, data order and every random number generator (0 to 2^63 - 1: what torch, numpy and
+    Python all take)."""
 
     reset_state_at_documents: bool = False
     """Start every document from a zero state: the batch runs as packed sequences (FLA's cu_seqlens, from where
