@@ -205,13 +205,16 @@ def test_matched_state_control_needs_more_memory_than_its_baseline(table):
     assert C.estimate_memory(wide).total > C.estimate_memory(job("100m-sgla")).total
 
 
-def test_speed_from_measured_flops_and_never_faster_below_the_narrowest_row(table):
+def test_speed_from_measured_flops_and_never_faster_below_the_narrowest_row_nor_as_fast_deeper(table):
     table.append(row("100m-rla", peak=44.6, tok_s=165_000))
     table.append(row("1.5b-rla", peak=98.7, tok_s=33_452, mb=4, seq=4096))
     assert C.estimate_speed(job("100m-rla"), 400).tokens_per_s == pytest.approx(165_000)
     assert C.estimate_speed(job("tiny-rla"), 400).tokens_per_s == pytest.approx(165_000)
     s = C.estimate_speed(job("100m-gdn"), 400)
     assert s.source == "assumed 400 TFLOP/s"
+    # a narrow model deeper than the row launches more kernels a step: 48 layers against the row's 12
+    deep = C.estimate_speed(job("tiny-rla", num_layers=48), 400)
+    assert deep.tokens_per_s == pytest.approx(165_000 / 4) and deep.source.endswith("deeper: fewer tokens/s")
 
 
 def test_graphed_rows_give_graphed_jobs_their_speed_and_no_memory_coefficient(table):

@@ -1139,6 +1139,45 @@ def test_a_column_no_run_logs_is_left_out_unless_every_column_is(tmp_path):
     assert header[1] == "acc ↑" and cells == ["missing", "missing"], (header, cells)
 
 
+def test_a_claim_never_compares_a_series_with_itself_and_a_tag_no_run_has_is_named(tmp_path):
+    """A reference that leaves the treatment's runs as they are ({family: sgla} against {ablations: none}) is a
+    spec to fix, not a sweep to extend; in a treatment of several series the one that is its own reference is left
+    out; a tag value no run has (a misspelt arm) is named with the values the runs have."""
+    from types import SimpleNamespace
+
+    from rla_ablate.dashboard import validity as V
+    from rla_ablate.dashboard.spec import ValidityThresholds
+    from rla_ablate.dashboard.verdict import evaluate
+    from rla_ablate.sweep.identity import ARM, CONTROL, SERIES
+    from rla_ablate.tracking.read import RunRecord
+
+    def run(family, seed):
+        tags = {SERIES: family, "version": "current", "family": family, "ablations": "none", CONTROL: "none",
+                ARM: f"tiny-{family}", "seed": str(seed)}
+        return RunRecord(f"{family}-{seed}", "0", "finished", tags, {},
+                         {"eval/val/loss": 2.0 + (0.1 if family == "sgla" else 0) + seed / 100,
+                          "diag/mixer_rms_over_sqrt_eps": 20.0})
+
+    runs = SimpleNamespace(jobs=[run(f, s) for f in ("rla", "sgla") for s in (0, 1)])
+
+    def claim(treatment, reference):
+        path = tmp_path / "c.yaml"
+        path.write_text(f"kind: table\ntitle: t\ncolumns: [{{metric: eval/val/loss}}]\nclaims:\n  - {{claim: c, "
+                        f"treatment: {treatment}, reference: {reference}, expect: higher, min_effect: 0.01}}\n")
+        return evaluate(load_spec(path), runs, V.ValidityIndex(runs, ValidityThresholds()))
+
+    verdicts, (untested,) = claim("{family: sgla}", "{ablations: none}")
+    assert not verdicts and untested.fix_in == "spec"
+    assert untested.hint.startswith("its reference changes nothing for the runs its treatment selects (sGLA, "
+                                    "tiny-sgla), so each would be compared with itself"), untested.hint
+    (verdict,), untested = claim("{family: [sgla, rla]}", "{family: rla}")
+    assert not untested and (verdict.verdict, verdict.treatment, verdict.reference) == \
+        ("confirmed", "sGLA, tiny-sgla", "RLA, tiny-rla")
+    _, (untested,) = claim("{arm: tiny-sgl}", "{arm: tiny-rla}")
+    assert untested.hint == ("arm = tiny-sgl: an arm named tiny-sgl in models: (the runs have tiny-rla, tiny-sgla "
+                             "(did you mean 'tiny-sgla'?))"), untested.hint
+
+
 def test_a_verdict_says_when_its_difference_changed_sign_or_is_closing(tmp_path):
     """The mean paired difference at the last two evaluations both sides share: a sign change is a caveat (the
     comparison is still turning); a steady one, another budget (a wall-clock control's last evaluation is at other

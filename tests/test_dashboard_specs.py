@@ -139,6 +139,52 @@ def write(tmp_path, text, name="spec.yaml"):
        ablations: [none, no_clip+no_nrom]
      y: train/loss
      """, ":3: runs", "ablations 'no_nrom' in runs is no ablation or control (did you mean 'no_norm'?)"),
+    # control and version are closed sets too
+    ("""\
+     kind: table
+     title: t
+     columns: [{metric: eval/val/loss}]
+     claims:
+       - {claim: c, treatment: {control: matched_stat}, reference: {control: none}, expect: higher, min_effect: 0.01}
+     """, ":5: claims.0.treatment", "control 'matched_stat' in a claim is no derived control (did you mean "
+         "'matched_state'?)"),
+    ("""\
+     kind: curve
+     title: t
+     runs: {version: olde}
+     y: train/loss
+     """, ":3: runs", "version 'olde' in runs is no version of the sweep file (did you mean 'older'?)"),
+    # numbers as in sweep files: no bool, no infinity
+    ("""\
+     kind: table
+     title: t
+     columns: [{metric: eval/val/loss}]
+     claims:
+       - {claim: c, treatment: {family: sgla}, reference: {family: rla}, expect: higher, min_effect: .inf}
+     """, ":5: claims.0.min_effect", "finite number"),
+    ("""\
+     kind: table
+     title: t
+     columns: [{metric: eval/val/loss}]
+     validity: {target_engaged_min: true}
+     """, ":4: validity.target_engaged_min", "true is not a number"),
+    # a glob over what is measured, and one comparison stated twice
+    ("""\
+     kind: table
+     title: t
+     columns: [{metric: eval/val/loss}]
+     claims:
+       - {claim: c, metric: eval/val/*, treatment: {family: sgla}, reference: {family: rla}, expect: higher,
+          min_effect: 0.01}
+     """, ":5: claims.0.metric", "a glob may stand for an eval set or task (eval/*/loss), not for what is measured"),
+    ("""\
+     kind: table
+     title: t
+     columns: [{metric: eval/val/loss}]
+     claims:
+       - {claim: c, treatment: {family: sgla}, reference: {family: rla}, expect: higher, min_effect: 0.01}
+       - {claim: d, treatment: {family: sgla}, reference: {family: rla}, expect: higher, min_effect: 0.01}
+     """, ":6: claims.1", "repeats claims.0 (the same comparison and rule, in other words)"),
 ])
 def test_bad_specs_name_file_line_key(tmp_path, text, where, says):
     path = write(tmp_path, text)

@@ -537,6 +537,9 @@ BAD = {
                           "  train: [tokens, 8192]\n", 5,
                           "base.train: must be a mapping of train keys, e.g. {tokens: 8192, lr: 3.0e-3} (got list)"),
     "train_empty": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  train:\n", 4, "(got nothing)"),
+    # an overridden key's bad value at its own line (it was at overrides:)
+    "override_value_line": ("name: x\nmodels:\n  - preset: tiny-rla\n    overrides:\n      clip: 0.5\n"
+                            "      head_dim: zero\n", 6, "models.0.overrides.head_dim: Input should be a valid integer"),
     "seed_too_large": ("name: x\nmodels: [{preset: tiny-rla}]\nseeds: [0, 18446744073709551616]\n", 3,
                        "seeds.1: Input should be less than or equal to 9223372036854775807"),
     "whole_job_check": ("name: x\nmodels: [{preset: tiny-rla}]\nbase:\n  train: {seq_len: 128}\n"

@@ -31,6 +31,15 @@ def _add_arm(families: list[str]) -> str:
     return f"add a {' or '.join(families)} arm to models:"
 
 
+def _runs_have(values: list[str], have: list[str]) -> str:
+    """' (the runs have a, b, c (did you mean 'b'?))': the values the runs have of a key, and the one closest to the
+    first asked for when it is a word (relativ is a typo; a number close to another is a value); '' for none."""
+    if not have:
+        return ""
+    close = "" if D.is_number(values[0]) else did_you_mean(values[0], have)
+    return f" (the runs have {', '.join(have[:6])}{', ...' if len(have) > 6 else ''}{close})"
+
+
 def sweep_file_hint(filters: dict, families: set[str] | None = None, present: set[str] | None = None,
                     seen=None) -> str:
     """What a sweep file adds to produce such runs, in words ('add logcosh to ablations:'; no brackets, so that the
@@ -69,10 +78,14 @@ def sweep_file_hint(filters: dict, families: set[str] | None = None, present: se
             have = sorted(seen(key)) if seen is not None else []
             if set(values) & set(have):
                 continue
-            # a word close to one the runs have is a typo (relativ); a number close to another is a value
-            close = "" if D.is_number(values[0]) else did_you_mean(values[0], have)
-            runs_have = f" (the runs have {', '.join(have[:6])}{', ...' if len(have) > 6 else ''}{close})" if have else ""
-            config[section == "model"].append(f"{key.removeprefix('point.')} = {' or '.join(values)}{runs_have}")
+            config[section == "model"].append(f"{key.removeprefix('point.')} = {' or '.join(values)}"
+                                              f"{_runs_have(values, have)}")
+        elif seen is not None:
+            # a tag (arm, preset, ...): a value no run has is a name the sweep does not use, or a typo of one
+            have = sorted(seen(key))
+            if not set(values) & set(have):
+                where = f": an arm named {' or '.join(values)} in models:" if key == "arm" else ""
+                parts.append(f"{key} = {' or '.join(values)}{where}{_runs_have(values, have)}")
     # where a sweep file sets such a value: model keys in an arm's overrides:, train and data keys in base: or an
     # arm's base: (an arm's overrides: takes model keys only); any of them in grid:
     for model, where in ((True, "an arm's overrides:"), (False, "base: or an arm's base:")):

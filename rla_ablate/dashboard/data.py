@@ -406,6 +406,16 @@ def config_distance(a: Series, b: Series) -> int:
     return sum(ca.get(k) != cb.get(k) for k in set(ca) | set(cb))
 
 
+def changes_nothing(series: Series, overrides: dict, keys=()) -> bool:
+    """Whether `overrides` leave this series as it is: it would be its own reference (a claim's reference
+    {ablations: none} for a treatment that selects the plain model)."""
+    return _fits(series, _wanted(series, overrides, keys))
+
+
+def _fits(s: Series, want: dict) -> bool:
+    return all((s.value(k) is None and v is None) or same_value(s.value(k), v) for k, v in want.items())
+
+
 def reference_of(series: Series, overrides: dict, candidates: list[Series], keys=()) -> Series | None:
     """The series this one is compared with: the one whose values equal this one's with `overrides` applied.
 
@@ -413,6 +423,17 @@ def reference_of(series: Series, overrides: dict, candidates: list[Series], keys
     and the sweep version. Among several matches (e.g. two arms of the family) the nearest wins: the same
     arm first (a matched-state control's arm is the residual arm it is derived from), then the fewest differing
     config keys. None when absent, or when the overrides change nothing (the series is its own reference)."""
+    want = _wanted(series, overrides, keys)
+    if _fits(series, want):
+        return None
+    hits = [c for c in candidates if c is not series and _fits(c, want)]
+    if not hits:
+        return None
+    return min(hits, key=lambda c: (c.tags.get(ARM) != series.tags.get(ARM), config_distance(series, c), c.order))
+
+
+def _wanted(series: Series, overrides: dict, keys=()) -> dict[str, object]:
+    """The values a reference of `series` has: its own at `keys`, its grid/zip point and version, `overrides`."""
     want: dict[str, object] = {}
     for k in (*keys, *(k for k in series.tags if k.startswith(POINT_PREFIX)), VERSION):
         want[k] = series.value(k)
@@ -422,13 +443,4 @@ def reference_of(series: Series, overrides: dict, candidates: list[Series], keys
             want[POINT_PREFIX + k] = v
         if k.startswith(POINT_PREFIX) and k[len(POINT_PREFIX):] in want:
             want[k[len(POINT_PREFIX):]] = v
-
-    def fits(s: Series) -> bool:
-        return all((s.value(k) is None and v is None) or same_value(s.value(k), v) for k, v in want.items())
-
-    if fits(series):
-        return None
-    hits = [c for c in candidates if c is not series and fits(c)]
-    if not hits:
-        return None
-    return min(hits, key=lambda c: (c.tags.get(ARM) != series.tags.get(ARM), config_distance(series, c), c.order))
+    return want

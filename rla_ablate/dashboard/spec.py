@@ -15,9 +15,10 @@ import fnmatch
 from pathlib import Path
 from typing import Optional, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from rla_ablate.config import load_yaml, validate
+from rla_ablate.config.numbers import NumbersNotBools
 from rla_ablate.errors import UserError, did_you_mean
 
 KINDS = ("curve", "layers", "gains", "table", "scatter", "validity")
@@ -69,20 +70,23 @@ def _as_list(v) -> list:
 
 
 def check_values(filters: dict, where: str) -> None:
-    """The values of `family` and `ablations` in a filter are names those closed sets hold: a misspelt one matched
-    nothing, and the spec then asked for a sweep edit that adds it. ValueError with a did-you-mean otherwise."""
+    """The values of `family`, `ablations`, `control` and `version` in a filter are names those closed sets hold: a
+    misspelt one matched nothing, and the spec then asked for a sweep edit that adds it. ValueError with a
+    did-you-mean otherwise."""
+    from rla_ablate.dashboard.selection import CURRENT, OLDER
     from rla_ablate.models.ablations import ABLATIONS, CONTROL_NAMES
     from rla_ablate.models.config import FAMILIES
 
-    known = {"family": FAMILIES, "ablations": ("none", *ABLATIONS, *CONTROL_NAMES)}
+    known = {"family": FAMILIES, "ablations": ("none", *ABLATIONS, *CONTROL_NAMES),
+             "control": ("none", *CONTROL_NAMES), "version": (CURRENT, OLDER)}
+    whats = {"ablations": "ablation or control", "control": "derived control", "version": "version of the sweep file"}
     for key, names in known.items():
         for value in _as_list(filters.get(key, [])):
             # a run's ablations tag joins stacked ablations with '+' (no_clip+no_norm)
             for part in str(value).split("+") if key == "ablations" else [str(value)]:
                 if part not in names:
-                    what = "ablation or control" if key == "ablations" else key
-                    raise ValueError(f"{key} '{part}' in {where} is no {what}{did_you_mean(part, names)}; "
-                                     f"allowed: {', '.join(names)}")
+                    raise ValueError(f"{key} '{part}' in {where} is no {whats.get(key, key)}"
+                                     f"{did_you_mean(part, names)}; allowed: {', '.join(names)}")
 
 
 def _matches(filters: dict, run_or_tags) -> bool:
@@ -97,8 +101,9 @@ def _matches(filters: dict, run_or_tags) -> bool:
     return all(any(same_value(get(k), v) for v in _as_list(vals)) for k, vals in filters.items())
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Strict(NumbersNotBools):
+    # as the sweep file's numbers: `min_effect: true` is not 1, `.inf` is no effect size
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ValidityThresholds(_Strict):
@@ -148,6 +153,15 @@ class Claim(_Oriented, _Strict):
     last part is `acc`, `accuracy` or `acc_norm`, or one of these with `_area`) and the training speed, false
     otherwise (losses; `rla_ablate.train.job.better_direction`). A run
     that diverged counts as the worse side."""
+
+    @field_validator("metric")
+    @classmethod
+    def _metric_named(cls, v: str) -> str:
+        # eval/val/* would be decided on whichever of acc, loss, ppl sorts first
+        if any(c in v.rsplit("/", 1)[-1] for c in "*?["):
+            raise ValueError(f"'{v}': a glob may stand for an eval set or task (eval/*/loss), not for what is "
+                             "measured; name the metric (e.g. eval/val/loss, eval/*/acc)")
+        return v
 
     @field_validator("treatment", "reference")
     @classmethod
@@ -413,6 +427,14 @@ def load_spec(path: str | Path) -> FigureSpec:
                         key="kind")
     spec = validate(SPEC_TYPES[kind], located)
     spec._name = Path(path).stem
+    # a claim stated twice would be one more test among those the q-values correct for, and one more verdict
+    seen: dict[str, int] = {}
+    for i, c in enumerate(spec.claims):
+        key = repr(c.model_dump(exclude={"claim"}))
+        if key in seen:
+            raise UserError(f"repeats claims.{seen[key]} (the same comparison and rule, in other words); state each "
+                            "claim once", file=located.file, line=located.line(("claims", i)), key=f"claims.{i}")
+        seen[key] = i
     return spec
 
 

@@ -313,8 +313,21 @@ def evaluate(spec, runs, index: V.ValidityIndex, drawn: bool = True) -> tuple[li
     present = {D.spelled(x) for s in index.everything for x in C.as_list(s.value("ablations"))}
     for claim in spec.claims:
         treatments = [s for s in everything if s.runs and claim.selects(s.runs[0])]
-        pairs = [(t, D.reference_of(t, claim.reference, everything, keys=("family", "ablations", "control")))
-                 for t in treatments]
+        keys = ("family", "ablations", "control")
+        # A treatment series the reference leaves as it is would be compared with itself: the reference of a claim
+        # over {family: [sgla, rla]} with reference {family: rla}, not a treatment of it.
+        own = [t for t in treatments if D.changes_nothing(t, claim.reference, keys)]
+        if own and len(own) == len(treatments):
+            # e.g. treatment {family: sgla}, reference {ablations: none}: the plain sGLA runs are their own reference
+            untested.append(C.Untested(
+                spec.name, claim.claim, C.filters_text(claim.treatment), C.filters_text(claim.reference),
+                f"its reference changes nothing for the runs its treatment selects ({_labelled(spec, own)[own[0].key]}"
+                f"{' and others' if len(own) > 1 else ''}), so each would be compared with itself: give the "
+                "reference a value those runs do not have, or the treatment one the reference does not",
+                drawn, fix_in="spec"))
+            continue
+        treatments = [t for t in treatments if not any(t is o for o in own)]
+        pairs = [(t, D.reference_of(t, claim.reference, everything, keys=keys)) for t in treatments]
         labels = _labelled(spec, [s for pair in pairs for s in pair if s is not None])
         sweep_key = D.resolve_metric(claim.metric, runs.jobs)
         if all(ref is None for _, ref in pairs):

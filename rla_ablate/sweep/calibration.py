@@ -315,7 +315,14 @@ def estimate_speed(job: Any, assumed_tflops: float, name: str = TABLE) -> SpeedE
         return f"{r['preset']} ({r['micro_batch_size']} x {r['seq_len']}, {r.get('backend', '?')}{graph})"
 
     if x < pts[0][0] - 1e-9:
-        return SpeedEstimate(float(pts[0][1]["tokens_per_s"]), f"measured {label(pts[0][1])}, narrower model")
+        # Launch-bound: a step's time goes with its kernel launches, which go with the depth. Deeper than the row,
+        # fewer tokens/s; shallower, not more (the launches outside the layers stay); and never faster than the
+        # row's achieved FLOP/s would make it.
+        row = pts[0][1]
+        depth = min(1.0, int(row["model"]["num_layers"]) / model.num_layers)
+        deeper = ", deeper: fewer tokens/s" if depth < 1.0 else ""
+        return SpeedEstimate(min(float(row["tokens_per_s"]) * depth, pts[0][2] / flops),
+                             f"measured {label(row)}, narrower model{deeper}")
     if x >= pts[-1][0] - 1e-9:
         return SpeedEstimate(pts[-1][2] / flops, f"measured {label(pts[-1][1])}")
     i = bisect.bisect_left([p[0] for p in pts], x)

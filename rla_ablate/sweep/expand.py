@@ -540,7 +540,11 @@ class _Resolver:
         try:
             return type(base).model_validate(data)
         except ValidationError as exc:
-            raise _err(self.located, ("models", i, "overrides"), validation_message(exc, type(base))) from None
+            # a problem of one overridden key is said at that key's line; others (a check across keys) at overrides:
+            keys = {str(e["loc"][0]) for e in exc.errors() if e.get("loc")}
+            at = keys.pop() if len(keys) == 1 and next(iter(keys)) in arm.overrides else None
+            where = ("models", i, "overrides", at) if at else ("models", i, "overrides")
+            raise _err(self.located, where, validation_message(exc, type(base), at=at)) from None
 
     def model(self, i: int, arm_cfg: BaseModel, point: dict[str, Any], ablation: str | None) -> BaseModel:
         model_keys = tuple((k, repr(v)) for k, v in point.items() if k.startswith("model."))
