@@ -152,6 +152,12 @@ def test_cancel_exits_130_and_ends_every_run_killed(tmp_path):
             os.killpg(proc.pid, 9)
     doc = sweep_status(SweepDir(root, "stop"))
     assert {j["status"] for j in doc["jobs"]} == {"cancelled"}
+    # each at what a resume keeps: the one that ran at its cancellation checkpoint, the queued ones at 0
+    from rla_ablate.sweep.status import resume_tokens
+
+    sdir = SweepDir(root, "stop")
+    assert [j["tokens_done"] for j in doc["jobs"]] == [resume_tokens(sdir, j["job_id"]) for j in doc["jobs"]]
+    assert any(j["tokens_done"] > 0 for j in doc["jobs"]), doc["jobs"]
     client = MlflowClient(doc["tracking_uri"])
     run_ids = [j["mlflow_run_id"] for j in doc["jobs"] if j["mlflow_run_id"]]
     assert len(run_ids) >= 2

@@ -10,7 +10,7 @@ from rla_ablate.errors import UserError
 from rla_ablate.fileio import shell_arg
 from rla_ablate.outcome import ACTIVE, Status
 from rla_ablate.sweep.state import SweepDir
-from rla_ablate.train.checkpoint import list_checkpoints
+from rla_ablate.train.checkpoint import is_whole, list_checkpoints
 
 INTERRUPTED = "the launch stopped before this job ended; `rla-sweep resume {name} --root {root}` {how}"
 
@@ -18,8 +18,9 @@ INTERRUPTED = "the launch stopped before this job ended; `rla-sweep resume {name
 def resume_tokens(sdir: SweepDir, job_id: str) -> int:
     """The tokens an unfinished job starts again from: its newest checkpoint's, or 0 (none written, or none came
     along when the sweep folder was copied). Its last progress report may be ahead of that, or behind."""
-    found = list_checkpoints(sdir.job_dir(job_id))
-    return int(found[-1][0]) if found else 0
+    # the newest whole one: a resume skips a torn file (a bad copy, a full disk) for the one before it
+    whole = [tokens for tokens, path in list_checkpoints(sdir.job_dir(job_id)) if is_whole(path)]
+    return int(whole[-1]) if whole else 0
 
 
 def starts_from(sdir: SweepDir, job_id: str, st: Any) -> int:
@@ -167,6 +168,10 @@ def sweep_status(sdir: SweepDir) -> dict[str, Any]:
             # what a resume keeps is the checkpoint, not the last progress the job reported (either may be ahead)
             how, done = _resume_how(sdir, rec["job_id"])
             status, error = Status.PENDING, error or INTERRUPTED.format(name=sdir.name, root=shell_arg(sdir.root), how=how)
+        elif status == Status.CANCELLED and not live:
+            # likewise for a cancelled job: a launch stopped before it started reports 0 tokens, one stopped mid-step
+            # the step it reached, and a resume continues from the checkpoint
+            done = resume_tokens(sdir, rec["job_id"])
         log = sdir.error_log(rec["job_id"])
         jobs.append({"job_id": rec["job_id"], "name": rec["name"], "ablations": rec.get("ablations", []),
                      "control": rec.get("control"),
