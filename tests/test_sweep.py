@@ -980,6 +980,48 @@ def test_a_damaged_sweep_record_is_named_not_read_as_an_empty_sweep(tmp_path, ca
     assert "mlflow.db is missing; no launch has run a job yet)" in " ".join(capsys.readouterr().err.split())
 
 
+def test_a_damaged_job_status_is_named_once_and_read_as_an_attempt_that_ran(tmp_path):
+    """A status.json damaged from outside was read as a job never started: `status` showed it at 0 tokens, and a
+    resume said none of its jobs came from a checkpoint while it resumed one. It is now named (once a process) and
+    read as pending after an attempt, so a resume's count looks for the job's checkpoints."""
+    import warnings
+
+    from rla_ablate.errors import Notice
+    from rla_ablate.outcome import Status
+    from rla_ablate.sweep.state import SweepDir
+
+    sdir = SweepDir(tmp_path, "s")
+    path = sdir.job_dir("abc") / "status.json"
+    path.parent.mkdir(parents=True)
+    assert sdir.status("abc").attempts == 0  # no file: never started
+    path.write_text('{"attempts": 1, "stat')
+    with pytest.warns(Notice, match=r"status\.json: damaged: not a job's status record; the job is read as pending"):
+        st = sdir.status("abc")
+    assert (st.status, st.attempts) == (Status.PENDING, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sdir.status("abc")  # named once
+
+
+def test_the_resume_point_said_is_the_newest_whole_checkpoint(tmp_path):
+    """`status` names where a resume starts: the newest checkpoint a resume can load, not a torn newer file."""
+    import zipfile
+
+    from rla_ablate.sweep.state import SweepDir
+    from rla_ablate.sweep.status import resume_tokens
+
+    sdir = SweepDir(tmp_path, "s")
+    folder = sdir.job_dir("abc") / "checkpoints"
+    folder.mkdir(parents=True)
+    for tokens in (1024, 2048):
+        with zipfile.ZipFile(folder / f"ckpt-{tokens:015d}.pt", "w") as z:
+            z.writestr("data.pkl", b"x" * 100)
+    assert resume_tokens(sdir, "abc") == 2048
+    whole = (folder / f"ckpt-{2048:015d}.pt").read_bytes()
+    (folder / f"ckpt-{2048:015d}.pt").write_bytes(whole[:len(whole) // 2])
+    assert resume_tokens(sdir, "abc") == 1024
+
+
 def test_a_damaged_sqlite_store_is_named_whatever_the_damage(tmp_path):
     """`check_sqlite`: a store cut short (a copy or a full disk), one whose schema page was overwritten, or one that
     is not SQLite at all is a UserError naming the file and the remedy; an intact, an empty or a missing file is

@@ -44,6 +44,21 @@ def write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=1, sort_keys=True, default=str))
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(path: Path, text: str) -> None:
+    """A Notice naming `path` (the CLI prints it as one line), once per file and process: a record read by every
+    command many times is named once."""
+    import warnings
+
+    from rla_ablate.errors import Notice
+
+    if str(path) not in _WARNED:
+        _WARNED.add(str(path))
+        warnings.warn(f"{path}: {text}", Notice, stacklevel=3)
+
+
 def read_json(path: Path, default: Any = None) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -215,11 +230,23 @@ class SweepDir:
 
     # per-job records
     def status(self, job_id: str) -> JobStatus:
-        data = read_json(self.job_dir(job_id) / "status.json")
-        if not data:
+        path = self.job_dir(job_id) / "status.json"
+        data = read_json(path)
+        if not isinstance(data, dict) or not data:
+            if path.exists():
+                # Written atomically, it is damaged only from outside. Read as an attempt that ran: pending, and a
+                # resume continues from the newest checkpoint (what the job's folder still holds), as said here.
+                _warn_once(path, "damaged: not a job's status record; the job is read as pending, and a resume "
+                                 "continues it from its newest checkpoint (if any)")
+                return JobStatus(attempts=1)
             return JobStatus()
         known = {k: v for k, v in data.items() if k in JobStatus.__dataclass_fields__}
-        return JobStatus(**known)
+        try:
+            return JobStatus(**known)
+        except (TypeError, ValueError):
+            _warn_once(path, "damaged: a value of the job's status record is not one the launch writes; the job is "
+                             "read as pending")
+            return JobStatus(attempts=1)
 
     def set_status(self, job_id: str, **changes: Any) -> JobStatus:
         st = self.status(job_id)
