@@ -298,3 +298,17 @@ def test_two_spec_folders_of_one_name_cannot_share_a_sweeps_page(tmp_path):
     import json
 
     assert json.loads((sdir.path / FOLDERS).read_text()) == {"dashboard-specs": str(first.resolve())}
+
+
+def test_every_bad_spec_of_a_folder_is_named_in_one_report(tmp_path):
+    """A folder of specs is fixed in one pass: each bad file's problem at its own file and line, in one error."""
+    (tmp_path / "a.yaml").write_text("kind: table\ntitle: t\ncolumns: [{metric: eval/val/loss}]\n"
+                                     "validity: {target_engaged_min: true}\n")
+    (tmp_path / "b.yaml").write_text("kind: curve\ntitle: t\nruns: {version: olde}\ny: train/loss\n")
+    (tmp_path / "c.yaml").write_text("kind: curve\ntitle: t\ny: train/loss\n")
+    with pytest.raises(UserError) as err:
+        load_specs(tmp_path)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"{tmp_path}: --specs: 2 specs have problems", lines
+    assert lines[1].startswith(f"{tmp_path / 'a.yaml'}:4: validity.target_engaged_min: true is not a number"), lines
+    assert lines[2].startswith(f"{tmp_path / 'b.yaml'}:3: runs: version 'olde'"), lines

@@ -459,4 +459,16 @@ def load_specs(directory: str | Path | None = None) -> list[FigureSpec]:
             raise UserError(f"two specs named {f.stem!r}: {stems[f.stem].name} and {f.name}; rename one",
                             key="--specs", file=str(directory))
         stems[f.stem] = f
-    return [load_spec(f) for f in files]
+    # every spec's problem in one report: a folder of specs is fixed in one pass, not one file a run
+    specs, problems = [], []
+    for f in files:
+        try:
+            specs.append(load_spec(f))
+        except UserError as exc:
+            problems.append(str(exc))
+    if len(problems) == 1:
+        raise UserError(problems[0])
+    if problems:
+        raise UserError(f"{len(problems)} specs have problems\n" + "\n".join(problems), key="--specs",
+                        file=str(directory))
+    return specs
