@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import zipfile
 from types import SimpleNamespace
 
 import pytest
@@ -266,7 +267,8 @@ def test_status_says_whether_a_resume_continues_an_interrupted_job_or_starts_it_
     for job in ("a", "b"):
         sdir.set_status(job, status="running", attempts=1, tokens_done=2_400_000)
     (sdir.job_dir("b") / "checkpoints").mkdir()
-    (sdir.job_dir("b") / "checkpoints" / "ckpt-000000002500000.pt").write_bytes(b"")
+    with zipfile.ZipFile(sdir.job_dir("b") / "checkpoints" / "ckpt-000000002500000.pt", "w") as z:
+        z.writestr("data.pkl", b"")  # a torch checkpoint is a zip archive; a torn one is not, and is not said
     jobs = sweep_status(sdir)["jobs"]
     errors = {j["name"]: (j["status"], j["error"]) for j in jobs}
     assert errors["a/seed0"][0] == errors["b/seed0"][0] == "pending"

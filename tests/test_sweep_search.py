@@ -4,6 +4,7 @@ instance, intermediate eval losses fed to the pruner, one MLflow child run per t
 from __future__ import annotations
 
 import json
+import zipfile
 
 import pytest
 import yaml
@@ -287,7 +288,8 @@ def test_a_trial_that_resumes_an_interrupted_job_holds_the_jobs_earlier_reports(
     again = relaunch()  # no checkpoint: the job starts over, and so does what its trial holds
     assert reports(again, 1) == {}
     (sdir.job_dir(job.job_id) / "checkpoints").mkdir()
-    (sdir.job_dir(job.job_id) / "checkpoints" / f"ckpt-{2048:015d}.pt").write_bytes(b"")
+    with zipfile.ZipFile(sdir.job_dir(job.job_id) / "checkpoints" / f"ckpt-{2048:015d}.pt", "w") as z:
+        z.writestr("data.pkl", b"")  # whole, as a torch checkpoint is a zip archive
     again = relaunch()
     assert again.observe(job, [(3072, 2.9), (4096, 2.75)]) is None  # the resumed job from its 2,048 checkpoint
     assert [t.state for t in again.study.get_trials()][:2] == [TrialState.FAIL, TrialState.FAIL]
