@@ -64,6 +64,10 @@ def shell_arg(value: object) -> str:
     return shlex.quote(str(value))
 
 
+# Files beside an SQLite database that are part of its state: a rollback journal, a write-ahead log and its index.
+SQLITE_COMPANIONS = ("-journal", "-wal", "-shm")
+
+
 def check_sqlite(path: str | Path, remedy: str = "restore the sweep's tracking store from a copy") -> None:
     """A UserError naming `path` when it is there and is not a readable SQLite database (damaged from outside: not
     SQLite at all, cut short by a copy or a full disk, or its schema unreadable): MLflow would fail on it with a
@@ -83,9 +87,12 @@ def check_sqlite(path: str | Path, remedy: str = "restore the sweep's tracking s
         return
     if not head.startswith(b"SQLite format 3\x00"):
         raise UserError(f"damaged: not an SQLite database; {remedy}", file=str(path))
+    if any(Path(f"{path}{end}").exists() for end in SQLITE_COMPANIONS):
+        # A write a crash interrupted (its rollback journal) or a write-ahead log: the next read-write open completes
+        # or undoes it, which a read-only check cannot; the file alone is not the database's state.
+        return
     # The header's page count, valid when its version number matches the change counter (SQLite writes both), times
-    # the page size is the file's length (in write-ahead-log mode too: the header and the file change together at a
-    # checkpoint); a shorter file was cut short.
+    # the page size is the file's length; a shorter file was cut short.
     if len(head) == 100:
         size = struct.unpack(">H", head[16:18])[0]
         counter, pages, valid_for = struct.unpack(">III", head[24:36])[0:2] + struct.unpack(">I", head[92:96])
@@ -97,6 +104,8 @@ def check_sqlite(path: str | Path, remedy: str = "restore the sweep's tracking s
     try:
         con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
         con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError:
+        return  # busy, locked or not openable here: not damage; MLflow says what it is if it persists
     except sqlite3.DatabaseError as exc:
         raise UserError(f"damaged: SQLite cannot read it ({exc}); {remedy}", file=str(path)) from None
     finally:

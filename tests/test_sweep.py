@@ -1025,7 +1025,7 @@ def test_the_resume_point_said_is_the_newest_whole_checkpoint(tmp_path):
 def test_a_damaged_sqlite_store_is_named_whatever_the_damage(tmp_path):
     """`check_sqlite`: a store cut short (a copy or a full disk), one whose schema page was overwritten, or one that
     is not SQLite at all is a UserError naming the file and the remedy; an intact, an empty or a missing file is
-    not."""
+    not, nor one beside a rollback journal or write-ahead log (SQLite's to finish)."""
     import sqlite3
 
     from rla_ablate.errors import UserError
@@ -1052,6 +1052,11 @@ def test_a_damaged_sqlite_store_is_named_whatever_the_damage(tmp_path):
     damage(good[:len(good) // 2], r"shorter than its header says \([\d,]+ of [\d,]+ bytes")
     damage(good[:100] + b"\xff" * 3996 + good[4096:], "SQLite cannot read it")
     damage(b"garbage" * 10, "not an SQLite database")
+    # a write a crash interrupted leaves its journal beside the file: the next read-write open finishes or undoes it,
+    # so the file alone is not judged (a read-only open cannot roll it back, and said 'damaged')
+    db.write_bytes(good[:len(good) // 2])
+    (tmp_path / "mlflow.db-journal").write_bytes(b"\xd9\xd5\x05\xf9 \xa1c\xd7")
+    check_sqlite(db)
 
 
 def test_a_new_version_that_changes_only_bookkeeping_says_its_jobs_train_again(tmp_path):

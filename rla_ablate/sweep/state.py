@@ -219,9 +219,10 @@ class SweepDir:
 
     def store_remedy(self, db: Path) -> str:
         """What to do about a damaged embedded tracking store: its runs come back from the jobs' metrics.jsonl."""
-        return (f"restore it from a copy, or move it aside (`mv {shell_arg(db)} {shell_arg(str(db) + '.damaged')}`) "
-                f"and `rla-sweep resume {shell_arg(self.name)} --root {shell_arg(self.root)}` makes the runs again "
-                "from each job's metrics.jsonl")
+        aside = shell_arg(str(db.parent) + ".damaged")
+        return (f"restore it from a copy, or move its folder aside (`mv {shell_arg(db.parent)} {aside}`: the "
+                f"database and any files beside it) and `rla-sweep resume {shell_arg(self.name)} --root "
+                f"{shell_arg(self.root)}` makes the runs again from each job's metrics.jsonl")
 
     def job_config(self, job_id: str) -> dict | None:
         """The resolved JobConfig a job ran with (its job.json), also for jobs of earlier versions of the file."""
