@@ -185,6 +185,16 @@ def write(tmp_path, text, name="spec.yaml"):
        - {claim: c, treatment: {family: sgla}, reference: {family: rla}, expect: higher, min_effect: 0.01}
        - {claim: d, treatment: {family: sgla}, reference: {family: rla}, expect: higher, min_effect: 0.01}
      """, ":6: claims.1", "repeats claims.0 (the same comparison and rule, in other words)"),
+    ("""\
+     kind: table
+     title: t
+     columns: [{metric: eval/val/loss}]
+     claims:
+       - {claim: c, treatment: {family: rla, ablations: tied_gamma}, reference: {ablations: none}, expect: higher,
+          min_effect: 0.01}
+       - {claim: d, treatment: {ablations: [tied_gamma], family: rla}, reference: {ablations: none}, expect: higher,
+          min_effect: 0.01}
+     """, ":7: claims.1", "repeats claims.0"),
 ])
 def test_bad_specs_name_file_line_key(tmp_path, text, where, says):
     path = write(tmp_path, text)
@@ -312,3 +322,12 @@ def test_every_bad_spec_of_a_folder_is_named_in_one_report(tmp_path):
     assert lines[0] == f"{tmp_path}: --specs: 2 specs have problems", lines
     assert lines[1].startswith(f"{tmp_path / 'a.yaml'}:4: validity.target_engaged_min: true is not a number"), lines
     assert lines[2].startswith(f"{tmp_path / 'b.yaml'}:3: runs: version 'olde'"), lines
+
+
+def test_a_control_widened_on_another_axis_is_a_control_value():
+    """matched_state[heads] tags the control widened by heads: a filter may select it by that value."""
+    from rla_ablate.dashboard.spec import check_values
+
+    check_values({"control": ["none", "matched_state[heads]", "matched_params[head_dim]"]}, "runs")
+    with pytest.raises(ValueError, match=r"control 'matched_state\[head\]' in runs is no derived control"):
+        check_values({"control": "matched_state[head]"}, "runs")

@@ -75,18 +75,24 @@ def check_values(filters: dict, where: str) -> None:
     did-you-mean otherwise."""
     from rla_ablate.dashboard.selection import CURRENT, OLDER
     from rla_ablate.models.ablations import ABLATIONS, CONTROL_NAMES
+    from rla_ablate.models.budget import AXES
     from rla_ablate.models.config import FAMILIES
 
+    # a control widened on another axis is tagged by it: matched_state[heads]
+    controls = (*CONTROL_NAMES, *(f"{c}[{a}]" for c in CONTROL_NAMES if c != "matched_wallclock" for a in AXES))
     known = {"family": FAMILIES, "ablations": ("none", *ABLATIONS, *CONTROL_NAMES),
-             "control": ("none", *CONTROL_NAMES), "version": (CURRENT, OLDER)}
+             "control": ("none", *controls), "version": (CURRENT, OLDER)}
     whats = {"ablations": "ablation or control", "control": "derived control", "version": "version of the sweep file"}
     for key, names in known.items():
         for value in _as_list(filters.get(key, [])):
             # a run's ablations tag joins stacked ablations with '+' (no_clip+no_norm)
             for part in str(value).split("+") if key == "ablations" else [str(value)]:
                 if part not in names:
+                    shown = [n for n in names if "[" not in n] + (
+                        [f"matched_state[<axis>] or matched_params[<axis>] (axis {' or '.join(AXES)})"]
+                        if key == "control" else [])
                     raise ValueError(f"{key} '{part}' in {where} is no {whats.get(key, key)}"
-                                     f"{did_you_mean(part, names)}; allowed: {', '.join(names)}")
+                                     f"{did_you_mean(part, names)}; allowed: {', '.join(shown)}")
 
 
 def _matches(filters: dict, run_or_tags) -> bool:
@@ -428,9 +434,15 @@ def load_spec(path: str | Path) -> FigureSpec:
     spec = validate(SPEC_TYPES[kind], located)
     spec._name = Path(path).stem
     # a claim stated twice would be one more test among those the q-values correct for, and one more verdict
-    seen: dict[str, int] = {}
+    from rla_ablate.dashboard.data import spelled
+
+    def values(filters: dict) -> tuple:
+        return tuple(sorted((k, tuple(sorted(spelled(x) for x in _as_list(v)))) for k, v in filters.items()))
+
+    seen: dict[tuple, int] = {}
     for i, c in enumerate(spec.claims):
-        key = repr(c.model_dump(exclude={"claim"}))
+        rule = c.model_dump(exclude={"claim", "treatment", "reference"})
+        key = (values(c.treatment), values(c.reference), tuple(sorted((k, repr(v)) for k, v in rule.items())))
         if key in seen:
             raise UserError(f"repeats claims.{seen[key]} (the same comparison and rule, in other words); state each "
                             "claim once", file=located.file, line=located.line(("claims", i)), key=f"claims.{i}")
@@ -465,10 +477,10 @@ def load_specs(directory: str | Path | None = None) -> list[FigureSpec]:
         try:
             specs.append(load_spec(f))
         except UserError as exc:
-            problems.append(str(exc))
+            problems.append(exc)
     if len(problems) == 1:
-        raise UserError(problems[0])
+        raise problems[0]
     if problems:
-        raise UserError(f"{len(problems)} specs have problems\n" + "\n".join(problems), key="--specs",
+        raise UserError(f"{len(problems)} specs have problems\n" + "\n".join(map(str, problems)), key="--specs",
                         file=str(directory))
     return specs
