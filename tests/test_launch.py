@@ -369,8 +369,8 @@ def test_sigkill_of_the_launch_group_then_relaunch_finishes(campaign):
     # `results` says what `status` says, once the killed workers are gone (MLflow still holds their runs as running)
     out = cli("results", "e2e-kill", "--root", str(root), "--json")
     assert out.returncode == 0, out.stderr
-    assert {(r["job_id"], r["status"], r["tokens"]) for r in json.loads(out.stdout)} == \
-        {(j["job_id"], j["status"], j["tokens_done"]) for j in doc["jobs"]}
+    assert {(r["job_id"], r["status"]) for r in json.loads(out.stdout)} == \
+        {(j["job_id"], j["status"]) for j in doc["jobs"]}
     moved = max((j for j in doc["jobs"] if j["status"] != "finished"), key=lambda j: j["tokens_done"])
     assert moved["tokens_done"] > 0 and moved["mlflow_run_id"]
     shutil.rmtree(root / "e2e-kill" / "jobs" / moved["job_id"] / "checkpoints", ignore_errors=True)

@@ -82,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
     sdir = SweepDir(args.root, name)  # a search sweep's folder holds its study: each job's trial and value
     columns, rows = result_rows(runs.jobs, trials_of_jobs(sdir) if sdir.exists() else None)
     if sdir.exists() and sdir.has_job_list():
-        # A job's status and tokens as `status` says them, from its folder: a run a killed launch left RUNNING in
-        # MLflow is pending there, at the checkpoint a resume starts from.
+        # A job's status as `status` says it, from its folder: a run a killed launch left RUNNING in MLflow is
+        # pending there. `tokens` stays the last step of the metrics the row shows (the run's), which a resume may
+        # start before: `status` names that checkpoint.
         from rla_ablate.sweep.status import sweep_status
 
         known = {j["job_id"]: j for j in sweep_status(sdir)["jobs"]
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         for row in rows:
             job = known.get(row["job_id"])
             if job is not None:
-                row["status"], row["tokens"] = job["status"], job["tokens_done"]
+                row["status"] = job["status"]
     if args.json:
         print(json.dumps([{c: _json_value(v, c) for c, v in row.items()} for row in rows], indent=1))
     elif args.csv:
