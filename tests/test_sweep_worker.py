@@ -132,6 +132,8 @@ def test_a_jobs_project_warnings_reach_the_launch_as_notes(monkeypatch):
     monitor = type("Monitor", (), {"note": Note()})()
 
     def job(*args):
+        # said by the job's own `resumed` event: not twice
+        warnings.warn("skipped unreadable checkpoints: ckpt-1.pt: torn", Notice, stacklevel=2)
         warnings.warn("metrics.jsonl: line 2 is not a metrics record: moved to metrics.jsonl.damaged", Notice,
                       stacklevel=2)
         warnings.warn("a library's own warning", UserWarning, stacklevel=2)

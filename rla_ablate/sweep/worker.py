@@ -248,6 +248,8 @@ def execute(job: Any, out_dir: str, job_id: str, tracking_uri: str | None, run_i
 
     with warnings.catch_warnings():
         warnings.simplefilter("always", Notice)
+        # the job reports a skipped checkpoint itself (its `resumed` event), as `rla-sweep train` does
+        warnings.filterwarnings("ignore", message="skipped unreadable checkpoints")
         shown = warnings.showwarning
 
         def show(message, category, filename, lineno, file=None, line=None):
