@@ -126,7 +126,8 @@ class Untested:
         return {"spec": self.spec, "claim": self.claim, "verdict": NOT_TESTED, "needs": self.needs,
                 "compared_with": self.against, "sweep_file": self.hint if self.fix_in == "sweep file" else "",
                 **({"spec": self.hint} if self.fix_in == "spec" else {}), "drawn": self.drawn,
-                "reason": f"no run with {self.needs} in this sweep"}
+                # what keeps it from a verdict: runs the sweep lacks, or the spec's own wording
+                "reason": f"no run with {self.needs} in this sweep" if self.fix_in != "spec" else self.hint}
 
 
 def for_claim(spec, claim, drawn: bool = True, families: set[str] | None = None,

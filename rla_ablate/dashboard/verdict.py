@@ -286,7 +286,7 @@ def _settling_note(runs, key: str, t: D.Series, ref: D.Series, min_effect: float
     if not half:
         return ""
     middle, then = half[-1], mean[half[-1]]
-    if abs(then) >= min_effect and then * final >= 0 and abs(final) <= abs(then) / 2:
+    if then != 0 and abs(then) >= min_effect and then * final >= 0 and abs(final) <= abs(then) / 2:
         return (f"the gap is closing: the mean difference shrank from {then:+.4g} at {middle:,} tokens to "
                 f"{final:+.4g} at {last:,}, so the verdict holds for this budget and a longer run may narrow it "
                 "further")

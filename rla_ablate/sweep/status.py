@@ -8,7 +8,7 @@ from typing import Any
 
 from rla_ablate.errors import UserError
 from rla_ablate.fileio import shell_arg
-from rla_ablate.outcome import ACTIVE, Status
+from rla_ablate.outcome import ACTIVE, Cause, Status
 from rla_ablate.sweep.state import SweepDir
 from rla_ablate.train.checkpoint import is_whole, list_checkpoints
 
@@ -168,7 +168,7 @@ def sweep_status(sdir: SweepDir) -> dict[str, Any]:
             # what a resume keeps is the checkpoint, not the last progress the job reported (either may be ahead)
             how, done = _resume_how(sdir, rec["job_id"])
             status, error = Status.PENDING, error or INTERRUPTED.format(name=sdir.name, root=shell_arg(sdir.root), how=how)
-        elif status == Status.CANCELLED and not live:
+        elif status == Status.CANCELLED and st.cause != Cause.PRUNED and not live:
             # likewise for a cancelled job: a launch stopped before it started reports 0 tokens, one stopped mid-step
             # the step it reached, and a resume continues from the checkpoint
             done = resume_tokens(sdir, rec["job_id"])
