@@ -92,6 +92,15 @@ def test_plan_says_what_a_launch_on_this_machine_would_refuse(tmp_path, capsys):
         assert main(["plan", str(path)]) == 0
         said = " ".join(capsys.readouterr().out.split())
         assert "this machine has no GPU: a launch here trains every job on the CPU" in said, said
+        assert "a launch on a GPU of" not in said, said
+        # a job no GPU of the table's size holds: what a launch on such a GPU refuses, said without one here
+        sweep["models"] = [{"preset": "tiny-rla", "overrides": {"num_layers": 100_000_000}}]
+        sweep["ablations"], sweep["controls"] = [], []
+        path.write_text(yaml.safe_dump(sweep))
+        assert main(["plan", str(path)]) == 0
+        said = " ".join(capsys.readouterr().out.split())
+        assert "stops at resources.gpus: job tiny-rla/seed0 needs an estimated" in said and "a launch on a GPU of" \
+            in said, said
 
 
 def test_ablation_suite_covers_the_paper():

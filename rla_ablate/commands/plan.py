@@ -155,6 +155,16 @@ def run(args: argparse.Namespace) -> int:
         captions.insert(0, f"[bold yellow]this machine has no GPU[/]: a launch here trains every job on the CPU "
                            f"({_h(t['tokens'])} tokens), far slower than the GPU times above; `launch --address` of a "
                            "Ray cluster with GPUs runs them there")
+        # what a launch on a GPU of the table's size would refuse (a job larger than the GPU): said here, where the
+        # machine has no GPU to check it against
+        from rla_ablate.errors import UserError
+        from rla_ablate.sweep.packing import place
+
+        try:
+            place(sweep, int(t["gpu_memory_gib"] * 2**30))
+        except UserError as exc:
+            captions.insert(0, f"[bold yellow]a launch on a GPU of {t['gpu_memory_gib']:g} GiB ({escape(t['gpu'])}) "
+                               f"stops[/] at {exc.key}: {escape(exc.message)}")
     console = stdout_console()
     # a narrow terminal loses the columns least needed to choose what to run first
     console.print(fitted_table(console, title, columns, rows, keep=1, right=tuple(columns[4:]), captions=captions,
