@@ -103,6 +103,28 @@ def test_plan_says_what_a_launch_on_this_machine_would_refuse(tmp_path, capsys):
             in said, said
 
 
+def test_plan_of_a_cpu_sweep_times_its_job_shapes_here(capsys):
+    """No calibration exists for CPUs: `plan` times each distinct job shape's step on this machine and estimates the
+    sweep's time from it (never asserted: only its parts and how they add up)."""
+    from rla_ablate.sweep.cputime import eval_tokens, shape_key
+
+    sweep = load_sweep(REPO / "sweeps" / "smoke.yaml")
+    job = sweep.jobs[0].job
+    # 16 steps of 1,024 tokens, evaluated every 8 steps on 4,096 tokens: two evaluations
+    assert eval_tokens(job) == 2 * 4096
+    assert main(["plan", str(REPO / "sweeps" / "smoke.yaml"), "--json"]) == 0
+    c = json.loads(capsys.readouterr().out)["totals"]["cpu_estimate"]
+    shapes = {shape_key(j.job, 1) for j in sweep.jobs}
+    assert c["shapes"] == len(shapes) and 1 <= c["timed_shapes"] <= c["shapes"]
+    assert c["jobs_at_once"] == min(len(sweep.jobs), os.cpu_count() or 1)
+    assert 0 < c["setup_seconds"] < c["job_seconds"] and c["job_seconds"] / c["jobs_at_once"] <= c["seconds"] + 1e-9
+    assert c["seconds"] <= c["job_seconds"] + 1e-9
+    assert main(["plan", str(REPO / "sweeps" / "smoke.yaml")]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "on the CPU (resources.gpus: 0): about" in said and "on this machine" in said, said
+    assert "CPU time:" in said and "job shapes' step" in said, said
+
+
 def test_ablation_suite_covers_the_paper():
     sweep = load_sweep(REPO / "sweeps" / "ablations.yaml")
     by = {(j.family, tuple(j.ablations)) for j in sweep.jobs}

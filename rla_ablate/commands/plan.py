@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from rla_ablate.environment import add_root_option
 from rla_ablate.terminal import count
@@ -16,7 +17,8 @@ def register(subparsers) -> None:
                     "and eval set of its jobs once and take a batch (a config that cannot be read is reported "
                     "at its line, exit 2). Peak GPU memory and GPU-hours "
                     "come from the calibration table of measured H200 runs (rla_ablate/sweep/calibration/); GPU "
-                    "shares are for this machine's GPU, or the calibration device without one.")
+                    "shares are for this machine's GPU, or the calibration device without one. A CPU sweep "
+                    "(resources.gpus: 0) is timed here instead: each distinct job shape's step, within 5 s.")
     parser.add_argument("file", help="the sweep file (YAML)")
     parser.add_argument("--json", action="store_true",
                         help='print {"jobs": [{job_id, name, family, ablations, control, params, state_elements, '
@@ -26,6 +28,17 @@ def register(subparsers) -> None:
     add_root_option(parser, help="where a launch of the sweep would run: a search's existing study there is "
                                  "checked and its trials counted")
     parser.set_defaults(func=run)
+
+
+def _duration(seconds: float) -> str:
+    """'40 s', '12 min', '3.5 h', '2.1 days': a CPU estimate in the unit that reads."""
+    if seconds < 90:
+        return f"{max(seconds, 1):.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:,.1f} days"
 
 
 def _gpu_time(hours: float, short: bool = False) -> str:
@@ -86,6 +99,14 @@ def run(args: argparse.Namespace) -> int:
 
     check_evals(sweep)
     doc = plan(sweep)
+    if doc["totals"]["runs_on"] == "cpu":
+        # no calibration for CPUs: each distinct job shape's step timed here
+        from rla_ablate.sweep.cputime import estimate
+
+        search = sweep.config.search
+        jobs = [j.job for j in sweep.jobs] * (search.n_trials if search else 1)
+        doc["totals"]["cpu_estimate"] = estimate(jobs, float(sweep.config.resources.cpus),
+                                                 data_s=checked.seconds / max(1, checked.data + checked.evals))
     if sweep.config.search is not None:
         doc["totals"]["search_trials_done"] = _trials_done(sweep, args.root)
     else:
@@ -101,9 +122,14 @@ def run(args: argparse.Namespace) -> int:
     t = doc["totals"]
     packing = f", {t['jobs_per_gpu']:g} jobs per GPU" if t["jobs_per_gpu"] else ""
     if t["runs_on"] == "cpu":
+        c = t["cpu_estimate"]
+        when = (f"about {_duration(c['seconds'] + 5)} to {_duration(c['seconds'] + 20)} on this machine, "
+                f"{c['jobs_at_once']} at a time" if c["seconds"] is not None else
+                f"no time estimate: no job's step ran here ({c['failed']})")
         title = (f"sweep {t['sweep']}: {count(t['jobs'], 'job')}, {_h(t['tokens'])} tokens on the CPU "
-                 f"(resources.gpus: 0), whose speed is not calibrated: no time estimate. On one GPU ({t['gpu']}) "
-                 f"{'it' if t['jobs'] == 1 else 'they'} would take {_gpu_time(t['gpu_hours'])} (resources.gpus: auto)")
+                 f"(resources.gpus: 0): {escape(when)}. On one GPU ({t['gpu']}) "
+                 f"{'it' if t['jobs'] == 1 else 'they'} "
+                 f"would take {_gpu_time(t['gpu_hours'])} (resources.gpus: auto)")
     else:
         title = (f"sweep {t['sweep']}: {count(t['jobs'], 'job')}, {_h(t['tokens'])} tokens, "
                  f"{_gpu_time(t['gpu_hours'])}; peak memory up to {_gib(t['max_mem_gib'])} GiB of "
@@ -123,6 +149,17 @@ def run(args: argparse.Namespace) -> int:
     captions = [f"tok/s alone on one {where} from: " + "; ".join(sources), checked.line()]
     if t["runs_on"] != "cpu":
         captions.insert(1, _glue_caption(doc["jobs"]))
+    elif t["cpu_estimate"]["seconds"] is not None:
+        c = t["cpu_estimate"]
+        timed = (f"each of the {c['shapes']} job shapes' step timed here ({c['timing_s']:.1f} s)"
+                 if c["timed_shapes"] == c["shapes"] else
+                 f"{c['timed_shapes']} of the {c['shapes']} job shapes' steps timed here ({c['timing_s']:.1f} s), the "
+                 "others priced at their FLOP/s")
+        captions.insert(1, f"CPU time: {timed}; {_duration(c['job_seconds'])} over all jobs (of which "
+                           f"{_duration(c['setup_seconds'])} building models and opening data), placed longest first on "
+                           f"{c['jobs_at_once']} at a time (this machine's {os.cpu_count()} cores over resources.cpus "
+                           f"{sweep.config.resources.cpus:g}), and the launch's start-up (Ray and MLflow, 5-20 s); "
+                           "checkpoints and logging add to it")
     if t["budgets"]:
         captions += ["matched wall-clock budgets (tok/s above are each job's own estimate):"] + t["budgets"]
     if "search_trials" in t:
