@@ -73,30 +73,44 @@ class JSONLLogger:
         self._file.close()
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    """All records of a metrics.jsonl file. A torn last line (a crash mid-write) is ignored; any other line that is
-    not a record (damage from outside: an edit, a disk error) is dropped with a warning naming the file and its
-    lines, so a curve with a hole never passes unnoticed."""
-    records: list[dict] = []
-    path = Path(path)
-    if not path.exists():
-        return records
-    lines = path.read_text(encoding="utf-8").splitlines()
-    damaged = []
+def _parse_lines(lines: list[str]) -> tuple[list[tuple[str, dict]], list[tuple[int, str]]]:
+    """(line, record) of each line that is a record, and (number, line) of each other line but the torn last line of
+    a crash (a line cut mid-write, which is no damage): those are damage from outside (an edit, a disk error)."""
+    records, damaged = [], []
     for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             record = None
         if isinstance(record, dict) and isinstance(record.get("type"), str):
-            records.append(record)
-        elif number < len(lines) or record is not None:  # not the torn last line of a crash
-            damaged.append(number)
+            records.append((line, record))
+        elif number < len(lines) or record is not None:
+            damaged.append((number, line))
+    return records, damaged
+
+
+def _warn_damaged(path: Path, damaged: list[tuple[int, str]], moved_to: Path | None = None) -> None:
+    """Warn that these lines of `path` are not a metrics record: skipped, or moved to `moved_to`."""
+    numbers = [n for n, _ in damaged]
+    shown = ", ".join(map(str, numbers[:5])) + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
+    many = len(numbers) > 1
+    what = (f" and {'were' if many else 'was'} skipped" if moved_to is None else
+            f": moved to {moved_to} as the resumed job rewrites the file")
+    warnings.warn(f"{path}: line{'s' if many else ''} {shown} {'are' if many else 'is'} not a metrics record{what}",
+                  Notice, stacklevel=3)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """All records of a metrics.jsonl file. A torn last line (a crash mid-write) is ignored; any other line that is
+    not a record (damage from outside: an edit, a disk error) is dropped with a warning naming the file and its
+    lines, so a curve with a hole never passes unnoticed."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records, damaged = _parse_lines(path.read_text(encoding="utf-8").splitlines())
     if damaged:
-        shown = ", ".join(map(str, damaged[:5])) + (f" and {len(damaged) - 5} more" if len(damaged) > 5 else "")
-        warnings.warn(f"{path}: line{'s' if len(damaged) > 1 else ''} {shown} {'are' if len(damaged) > 1 else 'is'} "
-                      f"not a metrics record and {'were' if len(damaged) > 1 else 'was'} skipped", Notice, stacklevel=2)
-    return records
+        _warn_damaged(path, damaged)
+    return [record for _, record in records]
 
 
 def last_close(records: Iterable[dict]) -> dict | None:
@@ -125,33 +139,16 @@ def truncate_jsonl(path: str | Path, after_step: int) -> int:
     path = Path(path)
     if not path.exists():
         return 0
-    keep, dropped, damaged = [], 0, []
     lines = path.read_text(encoding="utf-8").splitlines()
-    for number, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            record = None
-        if not (isinstance(record, dict) and isinstance(record.get("type"), str)):
-            dropped += 1
-            if number < len(lines) or record is not None:  # not the torn last line of a crash
-                damaged.append((number, line))
-            continue
-        if record.get("type") == "close" or record.get("step", 0) > after_step:
-            dropped += 1
-            continue
-        keep.append(line)
+    records, damaged = _parse_lines(lines)
+    keep = [line for line, record in records if record.get("type") != "close" and record.get("step", 0) <= after_step]
     if damaged:
         aside = path.with_name(path.name + ".damaged")
         with open(aside, "a", encoding="utf-8") as f:
             f.write("".join(line + "\n" for _, line in damaged))
-        numbers = [n for n, _ in damaged]
-        shown = ", ".join(map(str, numbers[:5])) + (f" and {len(numbers) - 5} more" if len(numbers) > 5 else "")
-        warnings.warn(f"{path}: line{'s' if len(numbers) > 1 else ''} {shown} {'are' if len(numbers) > 1 else 'is'} "
-                      f"not a metrics record: moved to {aside} as the resumed job rewrites the file", Notice,
-                      stacklevel=2)
+        _warn_damaged(path, damaged, moved_to=aside)
     atomic_write_text(path, "".join(line + "\n" for line in keep))
-    return dropped
+    return len(lines) - len(keep)
 
 
 class CompositeLogger:
