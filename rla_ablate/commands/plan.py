@@ -30,17 +30,6 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _duration(seconds: float) -> str:
-    """'40 s', '12 min', '3.5 h', '2.1 days': a CPU estimate in the unit that reads."""
-    if seconds < 90:
-        return f"{max(seconds, 1):.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:,.1f} days"
-
-
 def _gpu_time(hours: float, short: bool = False) -> str:
     """GPU time in the unit that shows it: '2.40 GPU-hours', '12 GPU-minutes', '8 GPU-seconds' (short: '2.40h',
     '12m', '8s'); a smoke sweep's few seconds are not '0.00 GPU-hours'."""
@@ -104,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
         from rla_ablate.sweep.cputime import estimate
 
         search = sweep.config.search
-        jobs = [j.job for j in sweep.jobs] * (search.n_trials if search else 1)
-        doc["totals"]["cpu_estimate"] = estimate(jobs, float(sweep.config.resources.cpus),
-                                                 data_s=checked.seconds / max(1, checked.data + checked.evals))
+        doc["totals"]["cpu_estimate"] = estimate([j.job for j in sweep.jobs], float(sweep.config.resources.cpus),
+                                                 data_s=checked.seconds / max(1, checked.data + checked.evals),
+                                                 repeat=search.n_trials if search else 1)
     if sweep.config.search is not None:
         doc["totals"]["search_trials_done"] = _trials_done(sweep, args.root)
     else:
@@ -121,9 +110,11 @@ def run(args: argparse.Namespace) -> int:
 
     t = doc["totals"]
     packing = f", {t['jobs_per_gpu']:g} jobs per GPU" if t["jobs_per_gpu"] else ""
+    from rla_ablate.sweep.progress import fmt_duration
+
     if t["runs_on"] == "cpu":
         c = t["cpu_estimate"]
-        when = (f"about {_duration(c['seconds'] + 5)} to {_duration(c['seconds'] + 20)} on this machine, "
+        when = (f"about {fmt_duration(c['seconds'] + 5)} to {fmt_duration(c['seconds'] + 20)} on this machine, "
                 f"{c['jobs_at_once']} at a time" if c["seconds"] is not None else
                 f"no time estimate: no job's step ran here ({c['failed']})")
         title = (f"sweep {t['sweep']}: {count(t['jobs'], 'job')}, {_h(t['tokens'])} tokens on the CPU "
@@ -155,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
                  if c["timed_shapes"] == c["shapes"] else
                  f"{c['timed_shapes']} of the {c['shapes']} job shapes' steps timed here ({c['timing_s']:.1f} s), the "
                  "others priced at their FLOP/s")
-        captions.insert(1, f"CPU time: {timed}; {_duration(c['job_seconds'])} over all jobs (of which "
-                           f"{_duration(c['setup_seconds'])} building models and opening data), placed longest first on "
+        captions.insert(1, f"CPU time: {timed}; {fmt_duration(c['job_seconds'])} over all jobs (of which "
+                           f"{fmt_duration(c['setup_seconds'])} building models and opening data), placed longest first on "
                            f"{c['jobs_at_once']} at a time (this machine's {os.cpu_count()} cores over resources.cpus "
                            f"{sweep.config.resources.cpus:g}), and the launch's start-up (Ray and MLflow, 5-20 s); "
                            "checkpoints and logging add to it")

@@ -33,7 +33,7 @@ class CpuSpeed:
     timed: bool
     """Timed here; otherwise priced from the timed shapes' FLOP/s."""
     build_s: float = 0.0
-    """Seconds to build the model (each job does, at its start)."""
+    """Seconds to build the model (each job does, at its start); an untimed shape's is the timed ones' median."""
 
 
 def _threads(job: Any, cpus: float) -> int:
@@ -98,18 +98,20 @@ def eval_tokens(job: Any) -> int:
     return per_eval * math.ceil(train.total_steps / train.eval_every_steps)
 
 
-def estimate(jobs: list[Any], cpus: float, data_s: float = 0.0, budget_s: float = TIMING_BUDGET_S) -> dict[str, Any]:
+def estimate(jobs: list[Any], cpus: float, data_s: float = 0.0, repeat: int = 1,
+             budget_s: float = TIMING_BUDGET_S) -> dict[str, Any]:
     """The plan's CPU estimate: {"seconds": the sweep's time with `jobs_at_once` jobs at a time (None, with
     "failed", when no shape's step ran here), "job_seconds": its
     sum over jobs, "setup_seconds": the part of that sum each job spends building its model and opening its data
     (`data_s`: the data dry run's time for one config, what a job spends opening its data), "jobs_at_once",
     "shapes", "timed_shapes", "timing_s"}; the launch's own start-up comes on top. `cpus`: resources.cpus (a local
-    launch runs this machine's cores over it at once)."""
+    launch runs this machine's cores over it at once); `repeat`: how many times each job runs (a search's trials)."""
     from rla_ablate.models.accounting import flops_per_token
 
+    keys = [shape_key(job, cpus) for job in jobs]
     shapes: dict[str, Any] = {}
-    for job in jobs:
-        shapes.setdefault(shape_key(job, cpus), job)
+    for key, job in zip(keys, jobs):
+        shapes.setdefault(key, job)
     speeds: dict[str, CpuSpeed] = {}
     started = time.perf_counter()
     failed = ""
@@ -128,17 +130,16 @@ def estimate(jobs: list[Any], cpus: float, data_s: float = 0.0, budget_s: float 
               speeds[k].eval * flops_per_token(shapes[k].model, shapes[k].train.seq_len)) for k in speeds]
     train_flops = statistics.median(r[0] for r in rates)
     eval_flops = statistics.median(r[1] for r in rates)
+    build_s = statistics.median(s.build_s for s in speeds.values())  # of the timed shapes: a model build
     for key, job in shapes.items():
         if key not in speeds:
             f = flops_per_token(job.model, job.train.seq_len)
-            speeds[key] = CpuSpeed(train_flops / f, eval_flops / f, False)
-    build_s = statistics.median(s.build_s for s in speeds.values())
+            speeds[key] = CpuSpeed(train_flops / f, eval_flops / f, False, build_s)
     times, setup = [], 0.0
-    for job in jobs:
-        s = speeds[shape_key(job, cpus)]
-        ready = (s.build_s if s.timed else build_s) + data_s
-        setup += ready
-        times.append(ready + job.train.total_tokens / s.train + eval_tokens(job) / s.eval)
+    for key, job in zip(keys, jobs):
+        s = speeds[key]
+        setup += (s.build_s + data_s) * repeat
+        times += [s.build_s + data_s + job.train.total_tokens / s.train + eval_tokens(job) / s.eval] * repeat
     at_once = max(1, int((os.cpu_count() or 1) // max(cpus, 1e-9)))
     slots = [0.0] * min(at_once, len(times) or 1)
     for t in sorted(times, reverse=True):  # longest first, each on the slot that frees first
