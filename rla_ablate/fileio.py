@@ -94,12 +94,12 @@ def check_sqlite(path: str | Path, remedy: str = "restore the sweep's tracking s
     # The header's page count, valid when its version number matches the change counter (SQLite writes both), times
     # the page size is the file's length; a shorter file was cut short.
     if len(head) == 100:
-        size = struct.unpack(">H", head[16:18])[0]
+        page = struct.unpack(">H", head[16:18])[0]
         counter, pages, valid_for = struct.unpack(">III", head[24:36])[0:2] + struct.unpack(">I", head[92:96])
-        if pages and counter == valid_for and os.path.getsize(path) < pages * (65536 if size == 1 else size):
-            raise UserError(f"damaged: the file is shorter than its header says ({os.path.getsize(path):,} of "
-                            f"{pages * (65536 if size == 1 else size):,} bytes: a copy cut short, or a full disk); "
-                            f"{remedy}", file=str(path))
+        expected, actual = pages * (65536 if page == 1 else page), os.path.getsize(path)
+        if pages and counter == valid_for and actual < expected:
+            raise UserError(f"damaged: the file is shorter than its header says ({actual:,} of {expected:,} bytes: a "
+                            f"copy cut short, or a full disk); {remedy}", file=str(path))
     con = None
     try:
         con = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)

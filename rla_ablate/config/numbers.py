@@ -12,6 +12,11 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
+# The largest seed every generator a job seeds takes (torch, numpy, Python's random), with room for offsets: the
+# bound of a sweep's `seeds:` and of train.seed.
+MAX_SEED = 2**63 - 1
+
+
 def _numeric(annotation: Any) -> bool:
     """Whether a field takes numbers and not bools (int, float, or a union of them with None or literals)."""
     args = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)

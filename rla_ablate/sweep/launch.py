@@ -651,10 +651,8 @@ def check_store(sdir: SweepDir, tracking_uri: str | None) -> None:
     """A sweep's runs stay in the store its first launch logged them to: a relaunch that logs elsewhere would leave
     its finished jobs' runs behind, and `results` and dashboards (which read one store) would show those jobs as
     not started and compare the rest with fewer seeds. A damaged embedded store is said before anything starts."""
-    from rla_ablate.fileio import check_sqlite
-
     if tracking_uri is None:
-        check_sqlite(sdir.mlflow_dir / "mlflow.db", remedy=sdir.store_remedy(sdir.mlflow_dir / "mlflow.db"))
+        sdir.check_store_intact()
     meta = sdir.meta()
     if not meta.get("tracking_uri"):
         return

@@ -26,7 +26,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from rla_ablate.config.numbers import NumbersNotBools
+from rla_ablate.config.numbers import MAX_SEED, NumbersNotBools
 from rla_ablate.errors import closest
 from rla_ablate.evals.core import EvalRequest
 
@@ -294,7 +294,7 @@ class SweepConfig(_Strict):
     """Dotted key -> values; every combination runs."""
     zip: dict[SweptKey, list[Any]] = Field(default_factory=dict)
     """Dotted key -> values; the i-th values run together (all lists the same length)."""
-    seeds: list[Annotated[int, Field(ge=0, le=2**63 - 1)]] = Field(default_factory=lambda: [0])
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(default_factory=lambda: [0])
     """Training seeds (train.seed, 0 to 2^63 - 1); each job runs once per seed."""
     resources: Resources = Field(default_factory=Resources)
     """What each job asks Ray for."""

@@ -206,8 +206,6 @@ class SweepDir:
     def check_own_store(self) -> None:
         """The sweep's embedded tracking store is there and is an SQLite file, or a UserError says what happened
         to it (and, when its jobs ran, how to make it again from their metrics.jsonl)."""
-        from rla_ablate.fileio import check_sqlite
-
         db = self.mlflow_dir / "mlflow.db"
         if not db.exists():
             ran = any(self.status(j["job_id"]).mlflow_run_id for j in self.job_list())
@@ -215,14 +213,18 @@ class SweepDir:
                             + ("; its jobs ran, so it was moved or deleted): put it back, or `rla-sweep resume "
                                f"{shell_arg(self.name)} --root {shell_arg(self.root)}` makes the runs again from each "
                                "job's metrics.jsonl" if ran else "; no launch has run a job yet)"))
-        check_sqlite(db, remedy=self.store_remedy(db))
+        self.check_store_intact()
 
-    def store_remedy(self, db: Path) -> str:
-        """What to do about a damaged embedded tracking store: its runs come back from the jobs' metrics.jsonl."""
-        aside = shell_arg(str(db.parent) + ".damaged")
-        return (f"restore it from a copy, or move its folder aside (`mv {shell_arg(db.parent)} {aside}`: the "
-                f"database and any files beside it) and `rla-sweep resume {shell_arg(self.name)} --root "
-                f"{shell_arg(self.root)}` makes the runs again from each job's metrics.jsonl")
+    def check_store_intact(self) -> None:
+        """A UserError when the embedded tracking store is there but damaged (`check_sqlite`), saying how to make it
+        again: its runs come back from the jobs' metrics.jsonl."""
+        from rla_ablate.fileio import check_sqlite
+
+        folder = self.mlflow_dir
+        check_sqlite(folder / "mlflow.db", remedy=(
+            f"restore it from a copy, or move its folder aside (`mv {shell_arg(folder)} "
+            f"{shell_arg(str(folder) + '.damaged')}`: the database and any files beside it) and `rla-sweep resume "
+            f"{shell_arg(self.name)} --root {shell_arg(self.root)}` makes the runs again from each job's metrics.jsonl"))
 
     def job_config(self, job_id: str) -> dict | None:
         """The resolved JobConfig a job ran with (its job.json), also for jobs of earlier versions of the file."""

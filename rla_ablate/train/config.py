@@ -12,11 +12,9 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_serializer, model_validator
 
-from rla_ablate.config.numbers import NumbersNotBools
+from rla_ablate.config.numbers import MAX_SEED, NumbersNotBools
 
 PAPER_BATCH_TOKENS = 2**22
-# The largest seed every generator a job seeds takes (torch, numpy, Python's random), with room for offsets.
-MAX_SEED = 2**63 - 1
 # Fields added after job ids were first recorded, with the value every earlier job meant: the dump leaves them out
 # at that value, so configs that do not use them keep their job ids (and the golden job its own).
 _LATER_FIELDS = {"reset_state_at_documents": False, "cuda_graphs": False}
