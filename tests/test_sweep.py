@@ -1032,6 +1032,12 @@ def test_a_damaged_job_status_is_named_once_and_read_as_an_attempt_that_ran(tmp_
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sdir.status("abc")  # named once
+    # a record whose values are not the launch's (an error that is not text) is named the same way
+    other = sdir.job_dir("def") / "status.json"
+    other.parent.mkdir(parents=True)
+    other.write_text('{"status": "failed", "error": 5}')
+    with pytest.warns(Notice, match="damaged: a value of the job's status record is not one the launch writes"):
+        assert sdir.status("def").status == Status.PENDING
 
 
 def test_the_resume_point_said_is_the_newest_whole_checkpoint(tmp_path):

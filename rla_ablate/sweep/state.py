@@ -246,7 +246,7 @@ class SweepDir:
         known = {k: v for k, v in data.items() if k in JobStatus.__dataclass_fields__}
         try:
             return JobStatus(**known)
-        except (TypeError, ValueError):
+        except (AttributeError, TypeError, ValueError):  # e.g. an error that is not text
             _warn_once(path, "damaged: a value of the job's status record is not one the launch writes; the job is "
                              "read as pending")
             return JobStatus(attempts=1)
